@@ -1,0 +1,76 @@
+"""Shared test setup: quiet telemetry, one local Ray for the session, and leak checks."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+os.environ["DO_NOT_TRACK"] = "1"
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Ray workers inherit this, so training functions defined in test modules unpickle there.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT), str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+#: CPUs the shared test Ray advertises: 2 training workers plus room for Ray Data and the driver.
+TEST_NUM_CPUS = 4
+
+
+@pytest.fixture(scope="session")
+def _ray_session():
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=TEST_NUM_CPUS, include_dashboard=False, log_to_driver=True)
+        started = True
+    yield
+    if started and ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture
+def ray_local(_ray_session):
+    """A running local Ray (shared by the session); fails the test if it leaks actors or placement groups."""
+    import ray
+
+    if not ray.is_initialized():  # a test module with its own cluster shut the shared one down
+        ray.init(num_cpus=TEST_NUM_CPUS, include_dashboard=False, log_to_driver=True)
+    yield
+    assert_no_leaks()
+
+
+def live_train_workers() -> list[dict]:
+    import ray
+
+    actors = ray._private.state.actors()
+    return [a for a in actors.values() if a.get("State") != "DEAD" and "TrainWorker" in a.get("ActorClassName", "")]
+
+
+def live_placement_groups() -> list[dict]:
+    from ray.util import placement_group_table
+
+    return [pg for pg in placement_group_table().values() if pg.get("state") not in ("REMOVED",)]
+
+
+def assert_no_leaks(timeout_s: float = 10.0) -> None:
+    """Every worker actor and placement group of finished runs is gone (teardown is asynchronous in Ray)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        actors, groups = live_train_workers(), live_placement_groups()
+        if not actors and not groups:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"leaked after the test: {len(actors)} worker actor(s), {len(groups)} placement group(s)")
+        time.sleep(0.1)

@@ -1,0 +1,105 @@
+"""Training functions the tests run on workers (a module, so workers import it by name)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import trainers
+from trainers import Checkpoint, get_checkpoint, get_context, report
+
+GLOBAL_BATCH = 16
+NUM_ROWS = 128
+
+
+def dataset(seed: int = 0):
+    """A small seeded regression problem: y = x @ w + noise."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(NUM_ROWS, 4, generator=generator)
+    w = torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+    y = x @ w + 0.1 * torch.randn(NUM_ROWS, 1, generator=generator)
+    return x, y
+
+
+def linear_ddp_loop(config: dict) -> dict:
+    """DDP over a fixed global batch: each rank takes every world_size-th row of each batch.
+
+    With gradients averaged by DDP this is the same computation as one process on the whole
+    global batch, so the final weights must match a single-process run.
+    """
+    import torch
+
+    from trainers.torch import prepare_model
+
+    context = get_context()
+    rank, size = context.get_world_rank(), context.get_world_size()
+    torch.manual_seed(config.get("seed", 0))
+    model = prepare_model(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.get("lr", 0.05))
+    x, y = dataset()
+    step = 0
+    for epoch in range(config.get("epochs", 2)):
+        for start in range(0, NUM_ROWS, GLOBAL_BATCH):
+            xb, yb = x[start : start + GLOBAL_BATCH][rank::size], y[start : start + GLOBAL_BATCH][rank::size]
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            loss.backward()
+            optimizer.step()
+            report(
+                {
+                    "epoch": epoch,
+                    "step": step,
+                    "loss": loss.item(),
+                    "world_rank": rank,
+                    "local_rank": context.get_local_rank(),
+                    "node_rank": context.get_node_rank(),
+                    "env_rank": int(os.environ.get("RANK", "0")),
+                    "dist_rank": torch.distributed.get_rank() if torch.distributed.is_initialized() else 0,
+                }
+            )
+            step += 1
+    module = getattr(model, "module", model)
+    return {name: tensor.detach().tolist() for name, tensor in module.state_dict().items()}
+
+
+def checkpointing_loop(config: dict) -> None:
+    """Counts steps, checkpointing every ``every`` steps; resumes from get_checkpoint()."""
+    start = 0
+    checkpoint = get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            with open(os.path.join(folder, "step.txt")) as f:
+                start = int(f.read()) + 1
+    rank = get_context().get_world_rank()
+    for step in range(start, config["steps"]):
+        if config.get("fail_at") == step and rank == config.get("fail_rank", 0):
+            marker = config["fail_marker"]
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                raise RuntimeError(f"injected failure at step {step}")
+        if step % config.get("every", 1) == 0 and rank == 0:
+            with tempfile.TemporaryDirectory() as folder:
+                with open(os.path.join(folder, "step.txt"), "w") as f:
+                    f.write(str(step))
+                report({"step": step, "score": config.get("scores", {}).get(step, step)}, checkpoint=Checkpoint.from_directory(folder))
+        else:
+            report({"step": step, "score": config.get("scores", {}).get(step, step)})
+
+
+def failing_loop(config: dict) -> None:
+    rank = get_context().get_world_rank()
+    report({"step": 0})
+    if rank == config["rank"]:
+        raise ValueError(f"bad value on rank {rank}")
+    report({"step": 1})
+
+
+def no_arg_loop():
+    report({"ok": 1})
+    return "no-arg"
+
+
+def sees_no_package_trainers():
+    return trainers.__name__

@@ -1,0 +1,119 @@
+"""Configs reject bad values at construction, naming the field, the value and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainers import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+from trainers.torch import TorchConfig, TorchTrainer
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_workers": -1}, r"ScalingConfig.num_workers=-1: must be an integer >= 0"),
+        ({"num_workers": True}, r"ScalingConfig.num_workers=True"),
+        ({"num_workers": 2.0}, r"ScalingConfig.num_workers=2.0"),
+        ({"resources_per_worker": {"CPU": -1}}, r"resources_per_worker\['CPU'\]=-1: must be a number >= 0"),
+        ({"resources_per_worker": {"CPU": float("nan")}}, r"resources_per_worker\['CPU'\]=nan"),
+        ({"use_gpu": True, "resources_per_worker": {"GPU": 0}}, r"use_gpu=True with resources_per_worker\['GPU'\]=0"),
+        ({"resources_per_worker": {"GPU": 1}}, r"use_gpu=False"),
+        ({"use_gpu": "yes"}, r"ScalingConfig.use_gpu='yes': must be True or False"),
+        ({"placement_strategy": "PACKED"}, r"placement_strategy='PACKED': must be one of 'PACK', 'SPREAD'"),
+    ],
+)
+def test_scaling_config_rejects(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        ScalingConfig(**kwargs)
+
+
+def test_scaling_config_defaults_fill_resources():
+    assert ScalingConfig(num_workers=2).total_resources == {"CPU": 2}
+    assert ScalingConfig(num_workers=2, use_gpu=True).worker_resources == {"CPU": 1, "GPU": 1}
+    assert ScalingConfig(resources_per_worker={"CPU": 0, "custom": 2}).worker_resources == {"custom": 2}
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_failures": -2}, r"FailureConfig.max_failures=-2: must be an integer >= -1"),
+        ({"max_failures": "3"}, r"FailureConfig.max_failures='3'"),
+        ({"max_failures": True}, r"FailureConfig.max_failures=True"),
+        ({"controller_failure_limit": -5}, r"controller_failure_limit=-5"),
+    ],
+)
+def test_failure_config_rejects(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FailureConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_to_keep": 0}, r"num_to_keep=0"),
+        ({"num_to_keep": True}, r"num_to_keep=True"),
+        ({"checkpoint_score_order": "best"}, r"checkpoint_score_order='best'"),
+    ],
+)
+def test_checkpoint_config_rejects(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        CheckpointConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"storage_path": "relative/dir"}, r"storage_path='relative/dir': a relative path"),
+        ({"storage_path": ""}, r"storage_path='': must be a non-empty absolute path or a URI"),
+        ({"name": "a/b"}, r"RunConfig.name='a/b': must be one folder name"),
+        ({"name": ""}, r"RunConfig.name='': must be a non-empty string"),
+        ({"name": ".."}, r"RunConfig.name='..'"),
+        ({"checkpoint_config": {"num_to_keep": 1}}, r"must be a CheckpointConfig"),
+        ({"failure_config": 3}, r"must be a FailureConfig"),
+        ({"callbacks": [object()]}, r"is not a trainers.UserCallback"),
+        ({"storage_filesystem": "s3"}, r"must be a pyarrow.fs.FileSystem"),
+    ],
+)
+def test_run_config_rejects(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        RunConfig(**kwargs)
+
+
+def test_run_config_accepts_uris_and_home(tmp_path):
+    assert RunConfig(storage_path="s3://bucket/prefix").resolved_storage_path == "s3://bucket/prefix"
+    assert RunConfig(storage_path="~/runs").resolved_storage_path.endswith("/runs")
+    assert not RunConfig(storage_path="~/runs").resolved_storage_path.startswith("~")
+    assert RunConfig(storage_path=str(tmp_path), name="run-1").name == "run-1"
+
+
+def test_torch_config_rejects():
+    with pytest.raises(ValueError, match=r"TorchConfig.backend='mpi': must be one of 'gloo', 'nccl'"):
+        TorchConfig(backend="mpi")
+    with pytest.raises(ValueError, match=r"TorchConfig.timeout_s=0"):
+        TorchConfig(timeout_s=0)
+    with pytest.raises(ValueError, match=r"backend='nccl'\) needs GPUs"):
+        TorchTrainer(lambda: None, torch_config=TorchConfig(backend="nccl"))
+
+
+def test_data_config_rejects():
+    with pytest.raises(TypeError, match=r"DataConfig.datasets_to_split=3"):
+        DataConfig(datasets_to_split=3)
+
+
+def test_trainer_rejects_bad_arguments():
+    with pytest.raises(ValueError, match=r"takes 2 required arguments"):
+        TorchTrainer(lambda a, b: None)
+    with pytest.raises(ValueError, match=r"train_loop_config was given, but train_loop_per_worker takes no argument"):
+        TorchTrainer(lambda: None, train_loop_config={"lr": 1})
+    with pytest.raises(TypeError, match=r"scaling_config=\{'num_workers': 2\}: must be a trainers.ScalingConfig"):
+        TorchTrainer(lambda: None, scaling_config={"num_workers": 2})
+    with pytest.raises(TypeError, match=r"train_loop_per_worker=3: must be a function"):
+        TorchTrainer(3)
+
+
+def test_configs_are_frozen_and_keyword_only():
+    with pytest.raises(TypeError):
+        ScalingConfig(2)  # type: ignore[misc]
+    config = ScalingConfig(num_workers=2)
+    with pytest.raises(AttributeError):
+        config.num_workers = 3  # type: ignore[misc]

@@ -1,0 +1,159 @@
+"""The controller, stepped by hand with scripted workers and an in-memory store: no Ray."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainers._internal.controller import LAUNCH, Controller, State, may_restart
+from trainers._internal.events import FailedEvent, FinishedEvent, ReportEvent
+from trainers.errors import WorkerGroupError
+
+
+class MemoryStore:
+    """Records what the controller commits; same calls as storage.RunStorage."""
+
+    def __init__(self):
+        self.attempts = 0
+        self.reports = []  # (attempt, index, metrics, staged)
+        self.num_failures = 0
+        self.latest_checkpoint = None
+        self.rewinds = 0
+
+    def start_attempt(self):
+        self.attempts += 1
+        return self.attempts
+
+    def record_report(self, metrics, *, report_index, attempt, staged):
+        self.reports.append((attempt, report_index, metrics, staged))
+        if staged:
+            self.latest_checkpoint = f"checkpoint@{attempt}/{report_index}"
+            return self.latest_checkpoint
+        return None
+
+    def record_failure(self, kind="worker"):
+        self.num_failures += 1
+        return self.num_failures
+
+    def rewind_to_latest_checkpoint(self):
+        self.rewinds += 1
+        return self.latest_checkpoint
+
+
+class ScriptedWorkers:
+    """Hands out one scripted batch of events per poll, per attempt."""
+
+    def __init__(self, world_size, attempts, fail_launch=()):
+        self.world_size = world_size
+        self.attempts = attempts  # list (per attempt) of lists (per poll) of events
+        self.fail_launch = set(fail_launch)
+        self.launched = []
+        self.shutdowns = 0
+        self.finished = 0
+        self._script = []
+
+    def launch(self, attempt, checkpoint):
+        self.launched.append((attempt, checkpoint))
+        if attempt in self.fail_launch:
+            raise RuntimeError("placement group timed out")
+        self._script = list(self.attempts[len(self.launched) - 1])
+
+    def poll(self, timeout_s):
+        return self._script.pop(0) if self._script else []
+
+    def where(self, rank):
+        return (f"node-{rank}", f"10.0.0.{rank}")
+
+    def finish(self):
+        self.finished += 1
+
+    def shutdown(self):
+        self.shutdowns += 1
+
+
+def report(rank, index, staged=False, **metrics):
+    return ReportEvent(rank, index, {"i": index, **metrics}, staged)
+
+
+def test_commits_a_round_only_when_every_rank_reported():
+    workers = ScriptedWorkers(2, [[[report(0, 0, True)], [report(1, 0), report(0, 1)], [report(1, 1)], [FinishedEvent(0, 7), FinishedEvent(1, None)]]])
+    store = MemoryStore()
+    seen = []
+    controller = Controller(workers=workers, storage=store, max_failures=0, on_report=lambda a, m, c: seen.append((m, c)))
+    assert controller.step() is State.RUNNING
+    assert controller.step() is State.RUNNING and store.reports == []
+    controller.step()
+    assert store.reports == [(1, 0, {"i": 0}, True)]
+    assert seen == [([{"i": 0}, {"i": 0}], "checkpoint@1/0")]
+    controller.step()
+    assert [r[1] for r in store.reports] == [0, 1]
+    assert controller.step() is State.FINISHED
+    assert controller.return_value == 7 and workers.finished == 1
+
+
+def test_failure_restarts_from_latest_checkpoint_within_budget():
+    attempt1 = [[report(0, 0, True), report(1, 0)], [FailedEvent(1, ValueError("boom"), "Traceback ...boom")]]
+    attempt2 = [[FinishedEvent(0, "done"), FinishedEvent(1, None)]]
+    workers = ScriptedWorkers(2, [attempt1, attempt2])
+    store = MemoryStore()
+    restarts = []
+    controller = Controller(
+        workers=workers, storage=store, max_failures=1, on_restart=lambda a, f, c: restarts.append((a, f, c))
+    )
+    assert controller.run() == "done"
+    assert workers.launched == [(1, None), (2, "checkpoint@1/0")]
+    assert store.num_failures == 1 and store.rewinds == 1
+    (attempt, failures, checkpoint), = restarts
+    assert attempt == 1 and checkpoint == "checkpoint@1/0"
+    assert failures[0].world_rank == 1 and failures[0].node_ip == "10.0.0.1" and failures[0].error_type == "ValueError"
+
+
+def test_budget_exhausted_raises_with_rank_node_traceback_attempt():
+    failing = [[FailedEvent(0, RuntimeError("oom"), "Traceback (most recent call last):\n  line 1\nRuntimeError: oom", kind="died")]]
+    workers = ScriptedWorkers(2, [failing, failing, failing])
+    store = MemoryStore()
+    controller = Controller(workers=workers, storage=store, max_failures=2)
+    with pytest.raises(WorkerGroupError) as info:
+        controller.run()
+    error = info.value
+    assert len(workers.launched) == 3 and store.num_failures == 2
+    assert error.attempt == 3 and error.budget_exhausted
+    text = str(error)
+    assert "attempt 3" in text and "max_failures=2" in text and "2 restart(s) used" in text
+    assert "rank 0 on node 10.0.0.0" in text and "died" in text and "RuntimeError: oom" in text
+    assert "Traceback of rank 0" in text
+    assert workers.shutdowns >= 3
+
+
+def test_max_failures_zero_never_restarts():
+    workers = ScriptedWorkers(1, [[[FailedEvent(0, ValueError("x"), "tb")]]])
+    controller = Controller(workers=workers, storage=MemoryStore(), max_failures=0)
+    with pytest.raises(WorkerGroupError, match="max_failures=0, so the run does not restart"):
+        controller.run()
+    assert len(workers.launched) == 1
+
+
+def test_launch_failure_counts_as_a_failure_and_is_retried():
+    workers = ScriptedWorkers(1, [[], [[FinishedEvent(0, "ok")]]], fail_launch={1})
+    controller = Controller(workers=workers, storage=MemoryStore(), max_failures=1)
+    assert controller.run() == "ok"
+    assert len(workers.launched) == 2
+
+
+def test_launch_failure_over_budget_names_the_group():
+    workers = ScriptedWorkers(1, [[]], fail_launch={1})
+    with pytest.raises(WorkerGroupError, match="the worker group failed to start: RuntimeError: placement group timed out") as info:
+        Controller(workers=workers, storage=MemoryStore(), max_failures=0).run()
+    assert LAUNCH in info.value.worker_failures
+
+
+def test_uneven_report_counts_are_an_error():
+    events = [[report(0, 0), report(0, 1), report(1, 0)], [FinishedEvent(0, None), FinishedEvent(1, None)]]
+    workers = ScriptedWorkers(2, [events])
+    with pytest.raises(WorkerGroupError, match="same number of times"):
+        Controller(workers=workers, storage=MemoryStore(), max_failures=0).run()
+
+
+def test_unlimited_budget_policy():
+    assert may_restart(-1, 10_000)
+    assert may_restart(2, 1) and not may_restart(2, 2)
+    assert not may_restart(0, 0)

@@ -1,0 +1,48 @@
+"""flowtrain's trainers: the Ray Train API, implemented on Ray Core.
+
+A Ray Train script changes only its imports::
+
+    import trainers as train                      # was: from ray import train
+    from trainers.torch import TorchTrainer       # was: from ray.train.torch import TorchTrainer
+"""
+
+from storage import Checkpoint, CheckpointConfig
+from trainers.backend import Backend, BackendConfig
+from trainers.callback import TrainRunContext, UserCallback
+from trainers.config import DataConfig, FailureConfig, RunConfig, ScalingConfig
+from trainers.context import TrainContext, get_context
+from trainers.data_parallel_trainer import DataParallelTrainer
+from trainers.errors import (
+    ControllerError,
+    InsufficientResourcesError,
+    RankFailure,
+    TrainingFailedError,
+    WorkerGroupError,
+)
+from trainers.result import Result
+from trainers.train_fn import get_checkpoint, get_dataset_shard, report
+
+__all__ = [
+    "Backend",
+    "BackendConfig",
+    "Checkpoint",
+    "CheckpointConfig",
+    "ControllerError",
+    "DataConfig",
+    "DataParallelTrainer",
+    "FailureConfig",
+    "InsufficientResourcesError",
+    "RankFailure",
+    "Result",
+    "RunConfig",
+    "ScalingConfig",
+    "TrainContext",
+    "TrainRunContext",
+    "TrainingFailedError",
+    "UserCallback",
+    "WorkerGroupError",
+    "get_checkpoint",
+    "get_context",
+    "get_dataset_shard",
+    "report",
+]

@@ -1,0 +1,1 @@
+"""Trainer internals: worker actors, the worker group, the controller. Not a public API."""

@@ -1,0 +1,175 @@
+"""One attempt's workers, as the controller sees them: on Ray actors, or in this process.
+
+``RayWorkers.launch`` does everything between "the controller wants workers" and "the training
+function runs": start the group, pin GPUs, let the backend set up communication, split the
+datasets and hand every worker its session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import socket
+import threading
+from typing import Any, Callable
+
+import pyarrow.fs
+
+from storage import Checkpoint, RunLayout
+from trainers._internal.data import split_datasets
+from trainers._internal.events import Event
+from trainers._internal.session import WorkerSession
+from trainers._internal.worker import run_training_function
+from trainers._internal.worker_group import RayWorkerGroup
+from trainers.backend import BackendConfig
+from trainers.config import DataConfig, ScalingConfig
+from trainers.context import StorageInfo, TrainContext
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """What every attempt of one run starts from."""
+
+    name: str
+    train_fn: Callable[..., Any]
+    train_loop_config: Any
+    takes_config: bool
+    scaling: ScalingConfig
+    backend_config: BackendConfig
+    datasets: dict[str, Any]
+    dataset_config: DataConfig
+    storage_info: StorageInfo
+    layout: RunLayout
+    filesystem: pyarrow.fs.FileSystem
+    metadata: dict[str, Any]
+    start_timeout_s: float
+    runtime_env: dict | None = None
+
+
+def _session_args(spec: RunSpec, context: TrainContext, attempt: int, checkpoint: Checkpoint | None, shards: dict) -> dict:
+    return dict(
+        context=context,
+        attempt=attempt,
+        layout=spec.layout,
+        filesystem=spec.filesystem,
+        checkpoint=checkpoint,
+        dataset_shards=shards,
+    )
+
+
+class RayWorkers:
+    """The workers of one attempt as Ray actors."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.world_size = spec.scaling.num_workers
+        self.backend = spec.backend_config.backend_cls()
+        self.group: RayWorkerGroup | None = None
+        self._nodes: dict[int, tuple[str, str]] = {}
+        self._training = False
+
+    def launch(self, attempt: int, checkpoint: Checkpoint | None) -> None:
+        spec = self.spec
+        self.group = group = RayWorkerGroup(
+            scaling=spec.scaling, start_timeout_s=spec.start_timeout_s, runtime_env=spec.runtime_env
+        )
+        group.start()
+        self._nodes = {w.ranks.world_rank: (w.metadata.node_id, w.metadata.node_ip) for w in group.workers}
+        accelerators: list[tuple[int, ...]] = [() for _ in group.workers]
+        if spec.scaling.use_gpu:
+            from trainers.torch.devices import assign_visible_devices
+
+            visible = assign_visible_devices(
+                [list(w.metadata.gpu_ids) for w in group.workers], [w.metadata.node_id for w in group.workers]
+            )
+            import ray
+
+            ray.get([w.actor.set_env.remote({"CUDA_VISIBLE_DEVICES": v}) for w, (v, _) in zip(group.workers, visible)])
+            accelerators = [ids for _, ids in visible]
+        self.backend.on_start(group, spec.backend_config)
+        shards = split_datasets(spec.datasets, spec.dataset_config, self.world_size)
+        session_args = []
+        for worker, ids, shard in zip(group.workers, accelerators, shards):
+            context = TrainContext(
+                experiment_name=spec.name,
+                world_size=self.world_size,
+                world_rank=worker.ranks.world_rank,
+                local_rank=worker.ranks.local_rank,
+                local_world_size=worker.ranks.local_world_size,
+                node_rank=worker.ranks.node_rank,
+                storage=spec.storage_info,
+                accelerator_ids=tuple(ids),
+                metadata=spec.metadata,
+            )
+            session_args.append(_session_args(spec, context, attempt, checkpoint, shard))
+        self.backend.on_training_start(group, spec.backend_config)
+        group.start_training(spec.train_fn, spec.train_loop_config, spec.takes_config, session_args)
+        self._training = True
+
+    def poll(self, timeout_s: float) -> list[Event]:
+        return self.group.poll(timeout_s) if self.group is not None else []
+
+    def where(self, rank: int) -> tuple[str, str]:
+        return self._nodes.get(rank, ("", ""))
+
+    def finish(self) -> None:
+        """Clean end of training: let the backend tear down before the actors go."""
+        if self.group is not None and self.group.workers:
+            self.backend.on_shutdown(self.group, self.spec.backend_config)
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            self.group.shutdown()
+
+
+class LocalWorkers:
+    """``num_workers=0``: the training function runs in a thread of this process, as rank 0 of 1."""
+
+    world_size = 1
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self._events: queue.Queue[Event] = queue.Queue()
+        self._session: WorkerSession | None = None
+
+    def launch(self, attempt: int, checkpoint: Checkpoint | None) -> None:
+        spec = self.spec
+        self._events = queue.Queue()
+        context = TrainContext(
+            experiment_name=spec.name,
+            world_size=1,
+            world_rank=0,
+            local_rank=0,
+            local_world_size=1,
+            node_rank=0,
+            storage=spec.storage_info,
+            metadata=spec.metadata,
+        )
+        shards = split_datasets(spec.datasets, spec.dataset_config, 1)[0]
+        args = _session_args(spec, context, attempt, checkpoint, shards)
+        self._session = WorkerSession(emit=self._events.put, **args)
+        threading.Thread(
+            target=run_training_function,
+            args=(spec.train_fn, spec.train_loop_config, spec.takes_config, self._session, self._events.put),
+            name="train_loop_per_worker",
+            daemon=True,
+        ).start()
+
+    def poll(self, timeout_s: float) -> list[Event]:
+        try:
+            events = [self._events.get(timeout=timeout_s)]
+        except queue.Empty:
+            return []
+        while not self._events.empty():
+            events.append(self._events.get_nowait())
+        return events
+
+    def where(self, rank: int) -> tuple[str, str]:
+        return ("local", socket.gethostname())
+
+    def finish(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        if self._session is not None:
+            self._session.stop_requested.set()

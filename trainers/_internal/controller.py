@@ -1,0 +1,214 @@
+"""The controller: drives one run's attempts, commits its reports, applies the failure policy.
+
+It is a plain object in the driver process with an explicit state and a ``step()`` that moves to
+the next one, so tests can drive it with a scripted worker group and no Ray. It talks to the
+workers through the small ``Workers`` protocol and to storage through ``RunStorage`` directly.
+"""
+
+from __future__ import annotations
+
+import enum
+import traceback
+from typing import Any, Callable, Protocol
+
+from storage import Checkpoint
+from trainers._internal.events import Event, FailedEvent, FinishedEvent, ReportEvent
+from trainers.errors import RankFailure, WorkerGroupError
+
+
+class Workers(Protocol):
+    """What the controller needs from one attempt's workers."""
+
+    world_size: int
+
+    def launch(self, attempt: int, checkpoint: Checkpoint | None) -> None: ...
+    def poll(self, timeout_s: float) -> list[Event]: ...
+    def where(self, rank: int) -> tuple[str, str]: ...
+    def finish(self) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+#: The rank under which a failure to start the whole group is recorded.
+LAUNCH = -1
+
+
+class State(enum.Enum):
+    LAUNCHING = "launching"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+def may_restart(max_failures: int, failures_so_far: int) -> bool:
+    """The failure policy: restart while fewer than ``max_failures`` failures happened (-1: always)."""
+    return max_failures == -1 or failures_so_far < max_failures
+
+
+class Controller:
+    """Runs attempts until the training function returns on every worker or the budget is spent."""
+
+    def __init__(
+        self,
+        *,
+        workers: Workers,
+        storage: Any,
+        max_failures: int,
+        on_report: Callable[[int, list[dict[str, Any]], Checkpoint | None], None] = lambda *a: None,
+        on_failure: Callable[[int, dict[int, FailedEvent]], None] = lambda *a: None,
+        on_restart: Callable[[int, list[RankFailure], Checkpoint | None], None] = lambda *a: None,
+        poll_timeout_s: float = 1.0,
+    ) -> None:
+        self.workers = workers
+        self.storage = storage
+        self.max_failures = max_failures
+        self.on_report = on_report
+        self.on_failure = on_failure
+        self.on_restart = on_restart
+        self.poll_timeout_s = poll_timeout_s
+        self.state = State.LAUNCHING
+        self.attempt = 0
+        self.return_value: Any = None
+        self.error: WorkerGroupError | None = None
+        self._pending: dict[int, dict[int, ReportEvent]] = {}
+        self._finished: dict[int, Any] = {}
+        self._failed: dict[int, FailedEvent] = {}
+        self._last_failures: list[RankFailure] = []
+
+    # -- the state machine ----------------------------------------------------------------------
+
+    def step(self) -> State:
+        """Do one unit of work and return the new state."""
+        if self.state is State.LAUNCHING:
+            self._launch()
+        elif self.state is State.RUNNING:
+            self._handle(self.workers.poll(self.poll_timeout_s))
+        elif self.state is State.RESTARTING:
+            self._restart()
+        return self.state
+
+    def run(self) -> Any:
+        """Step until done; return rank 0's return value or raise ``WorkerGroupError``."""
+        try:
+            while self.state not in (State.FINISHED, State.FAILED):
+                self.step()
+        finally:
+            self.workers.shutdown()
+        if self.error is not None:
+            raise self.error
+        return self.return_value
+
+    def _launch(self) -> None:
+        self.attempt = self.storage.start_attempt()
+        self._pending.clear()
+        self._finished.clear()
+        self._failed.clear()
+        try:
+            self.workers.launch(self.attempt, self.storage.latest_checkpoint)
+        except (ValueError, TypeError):
+            raise  # a configuration mistake: restarting cannot help
+        except Exception as error:
+            self._failed[LAUNCH] = FailedEvent(LAUNCH, error, traceback.format_exc(), kind="failed to start")
+            self._fail()
+            return
+        self.state = State.RUNNING
+
+    def _handle(self, events: list[Event]) -> None:
+        for event in events:
+            if isinstance(event, ReportEvent):
+                self._pending.setdefault(event.index, {})[event.world_rank] = event
+            elif isinstance(event, FinishedEvent):
+                self._finished[event.world_rank] = event.return_value
+            elif isinstance(event, FailedEvent):
+                self._failed.setdefault(event.world_rank, event)
+        self._commit_complete_rounds()
+        if self._failed:
+            self._fail()
+        elif len(self._finished) == self.workers.world_size:
+            self._finish()
+
+    def _commit_complete_rounds(self) -> None:
+        size = self.workers.world_size
+        while self._pending:
+            index = min(self._pending)
+            round_ = self._pending[index]
+            if len(round_) < size:
+                return
+            del self._pending[index]
+            metrics = [round_[rank].metrics for rank in range(size)]
+            staged = any(event.staged for event in round_.values())
+            checkpoint = self.storage.record_report(metrics[0], report_index=index, attempt=self.attempt, staged=staged)
+            self.on_report(self.attempt, metrics, checkpoint)
+
+    def _finish(self) -> None:
+        if self._pending:
+            counts = {rank: 0 for rank in range(self.workers.world_size)}
+            for round_ in self._pending.values():
+                for rank in round_:
+                    counts[rank] += 1
+            uneven = ", ".join(f"rank {r}: {c} extra" for r, c in counts.items() if c)
+            self._failed[0] = FailedEvent(
+                0,
+                RuntimeError(
+                    "every worker must call report() the same number of times; the training function "
+                    f"returned with reports missing from some ranks ({uneven})."
+                ),
+                "",
+            )
+            self._fail()
+            return
+        self.return_value = self._finished.get(0)
+        self.workers.finish()
+        self.state = State.FINISHED
+
+    def _fail(self) -> None:
+        self.workers.shutdown()
+        failures = [self._describe(event) for event in self._failed.values()]
+        self.on_failure(self.attempt, dict(self._failed))
+        failures_so_far = self.storage.num_failures
+        if may_restart(self.max_failures, failures_so_far):
+            self.storage.record_failure("worker")
+            self._last_failures = failures
+            self.state = State.RESTARTING
+            return
+        self.error = self._error(failures, budget_exhausted=self.max_failures != 0)
+        self.state = State.FAILED
+
+    def _restart(self) -> None:
+        checkpoint = self.storage.rewind_to_latest_checkpoint()
+        self.on_restart(self.attempt, self._last_failures, checkpoint)
+        self.state = State.LAUNCHING
+
+    # -- errors ----------------------------------------------------------------------------------
+
+    def _describe(self, event: FailedEvent) -> RankFailure:
+        node_id, node_ip = self.workers.where(event.world_rank) if event.world_rank >= 0 else ("", "")
+        return RankFailure(
+            world_rank=event.world_rank,
+            node_id=node_id,
+            node_ip=node_ip,
+            kind=event.kind,
+            error_type=type(event.error).__name__,
+            message=str(event.error),
+            traceback=event.traceback,
+        )
+
+    def _error(self, failures: list[RankFailure], *, budget_exhausted: bool) -> WorkerGroupError:
+        failures = sorted(failures, key=lambda f: f.world_rank)
+        used = self.storage.num_failures
+        if budget_exhausted:
+            budget = f"the failure budget is spent (FailureConfig.max_failures={self.max_failures}, {used} restart(s) used)"
+        else:
+            budget = "FailureConfig.max_failures=0, so the run does not restart"
+        lines = [f"Training failed in attempt {self.attempt}: {budget}."]
+        lines += [f"  - {f.describe()}" for f in failures]
+        first = failures[0]
+        if first.traceback:
+            lines.append(f"Traceback of rank {first.world_rank}:\n{first.traceback.rstrip()}")
+        return WorkerGroupError(
+            "\n".join(lines),
+            {event.world_rank: event.error for event in self._failed.values()},
+            {f.world_rank: f for f in failures},
+            attempt=self.attempt,
+            budget_exhausted=budget_exhausted,
+        )

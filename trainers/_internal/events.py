@@ -1,0 +1,39 @@
+"""Messages a worker pushes to the controller. Small, picklable, one per event."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportEvent:
+    """Worker ``world_rank`` called ``report()`` for the ``index``-th time in this attempt."""
+
+    world_rank: int
+    index: int
+    metrics: dict[str, Any]
+    #: True when this rank uploaded checkpoint files into the staging folder of ``index``.
+    staged: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishedEvent:
+    """The worker's training function returned."""
+
+    world_rank: int
+    return_value: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class FailedEvent:
+    """The worker's training function raised, or the worker died."""
+
+    world_rank: int
+    error: BaseException
+    traceback: str
+    #: "error" when the function raised, "died" when the worker process or its node went away.
+    kind: str = "error"
+
+
+Event = ReportEvent | FinishedEvent | FailedEvent

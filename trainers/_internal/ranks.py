@@ -1,0 +1,40 @@
+"""Rank assignment: workers on one node get consecutive ranks (a pure function, tested alone)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Ranks:
+    """A worker's ranks."""
+
+    world_rank: int
+    local_rank: int
+    node_rank: int
+    local_world_size: int
+
+
+def assign_ranks(node_ids: list[str], first_node: str | None = None) -> list[Ranks]:
+    """Ranks for workers placed on ``node_ids`` (one entry per worker, in start order).
+
+    Nodes are ordered by ``first_node`` (usually the driver's) first, then by where their first
+    worker stands; workers keep their start order within a node. So local ranks on every node are
+    0..k-1 and world ranks of one node are consecutive, which is what torch's launchers promise.
+    """
+    order: list[str] = []
+    if first_node is not None and first_node in node_ids:
+        order.append(first_node)
+    for node in node_ids:
+        if node not in order:
+            order.append(node)
+    sorted_workers = sorted(range(len(node_ids)), key=lambda i: (order.index(node_ids[i]), i))
+    per_node = {node: node_ids.count(node) for node in order}
+    result: list[Ranks | None] = [None] * len(node_ids)
+    seen: dict[str, int] = {}
+    for world_rank, worker in enumerate(sorted_workers):
+        node = node_ids[worker]
+        local_rank = seen.get(node, 0)
+        seen[node] = local_rank + 1
+        result[worker] = Ranks(world_rank, local_rank, order.index(node), per_node[node])
+    return [r for r in result if r is not None]

@@ -1,0 +1,108 @@
+"""The state behind ``report()``, ``get_checkpoint()`` and ``get_dataset_shard()`` in a worker.
+
+One ``WorkerSession`` exists per worker process (or per driver in local mode) while the training
+function runs. ``report()`` stages a checkpoint into the run's storage and pushes one event to the
+controller through ``emit``; it never waits on a timer.
+"""
+
+from __future__ import annotations
+
+import numbers
+import threading
+from typing import Any, Callable
+
+import pyarrow.fs
+
+from storage import Checkpoint, RunLayout, upload_directory
+from trainers._internal.events import Event, ReportEvent
+from trainers.context import TrainContext, _set_context
+
+
+class TrainingInterrupted(BaseException):
+    """Raised inside the training function when the controller stops the run (restart, Ctrl-C).
+
+    A ``BaseException`` so that a user's ``except Exception`` does not swallow it.
+    """
+
+
+class WorkerSession:
+    """Everything one worker needs while its training function runs."""
+
+    def __init__(
+        self,
+        *,
+        context: TrainContext,
+        attempt: int,
+        layout: RunLayout,
+        filesystem: pyarrow.fs.FileSystem,
+        checkpoint: Checkpoint | None,
+        dataset_shards: dict[str, Any],
+        emit: Callable[[Event], None],
+    ) -> None:
+        self.context = context
+        self.attempt = attempt
+        self.layout = layout
+        self.filesystem = filesystem
+        self.checkpoint = checkpoint
+        self.dataset_shards = dataset_shards
+        self.emit = emit
+        self.num_reports = 0
+        self.stop_requested = threading.Event()
+
+    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None) -> None:
+        if self.stop_requested.is_set():
+            raise TrainingInterrupted("the controller stopped this attempt")
+        if not isinstance(metrics, dict):
+            raise TypeError(f"report(metrics={metrics!r}): metrics must be a dict of name to value.")
+        if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+            raise TypeError(
+                f"report(checkpoint={checkpoint!r}): pass a trainers.Checkpoint, "
+                "e.g. Checkpoint.from_directory(folder)."
+            )
+        index = self.num_reports
+        self.num_reports += 1
+        staged = False
+        if checkpoint is not None:
+            with checkpoint.as_directory() as local_dir:
+                upload_directory(local_dir, self.filesystem, self.layout.staging_path(self.attempt, index))
+            staged = True
+        self.emit(ReportEvent(self.context.world_rank, index, plain_metrics(metrics), staged))
+
+
+def plain_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Turn tensors and numpy scalars into Python numbers so metrics pickle small and store as JSON."""
+    return {str(key): _plain(value) for key, value in metrics.items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return plain_metrics(value)
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if isinstance(value, numbers.Number):
+        return value.item() if hasattr(value, "item") else float(value)
+    item = getattr(value, "item", None)
+    numel = getattr(value, "numel", None) or getattr(value, "size", None)
+    if callable(item) and (numel() if callable(numel) else numel) == 1:
+        return item()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+_session: WorkerSession | None = None
+
+
+def set_session(session: WorkerSession | None) -> None:
+    """Install (or clear) the session of this process; called by the worker around the loop."""
+    global _session
+    _session = session
+    _set_context(session.context if session is not None else None)
+
+
+def get_session(caller: str) -> WorkerSession:
+    if _session is None:
+        raise RuntimeError(
+            f"{caller}() works only inside train_loop_per_worker, while a trainer's fit() runs."
+        )
+    return _session

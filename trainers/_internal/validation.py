@@ -1,0 +1,37 @@
+"""Small checks shared by the config dataclasses, each raising a message that names the field."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def is_count(value: Any) -> bool:
+    """True for a real int (bool is an int to Python, never a count to us)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(field: str, value: Any, *, minimum: int, allowed: str) -> None:
+    if not is_count(value) or value < minimum:
+        raise ValueError(f"{field}={value!r}: must be {allowed}.")
+
+
+def check_number(field: str, value: Any, *, minimum: float, allowed: str, strict: bool = False) -> None:
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > minimum if strict else value >= minimum)
+    )
+    if not ok:
+        raise ValueError(f"{field}={value!r}: must be {allowed}.")
+
+
+def check_bool(field: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{field}={value!r}: must be True or False.")
+
+
+def check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{field}={value!r}: must be one of {', '.join(repr(c) for c in choices)}.")

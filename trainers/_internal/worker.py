@@ -1,0 +1,129 @@
+"""The body of one training worker (a Ray actor).
+
+The user's training function runs in a thread of the actor, so the actor still answers the
+controller while it trains: ``next_events`` blocks until the worker has something to say, which
+is how reports reach the driver at once without any polling timer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import queue
+import socket
+import threading
+import traceback
+from typing import Any, Callable
+
+import ray
+
+from trainers._internal.events import Event, FailedEvent, FinishedEvent
+from trainers._internal.session import TrainingInterrupted, WorkerSession, set_session
+from trainers.errors import WorkerError
+
+@dataclasses.dataclass(frozen=True)
+class WorkerMetadata:
+    """Where a worker landed."""
+
+    node_id: str
+    node_ip: str
+    hostname: str
+    pid: int
+    gpu_ids: tuple[str, ...]
+
+
+def sendable(error: BaseException) -> BaseException:
+    """The error itself when it pickles, else a WorkerError carrying its type and message."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return WorkerError(f"{type(error).__module__}.{type(error).__qualname__}: {error}")
+
+
+def run_training_function(
+    train_fn: Callable[..., Any],
+    config: Any,
+    takes_config: bool,
+    session: WorkerSession,
+    emit: Callable[[Event], None],
+) -> None:
+    """Run the user's function under ``session`` and emit how it ended."""
+    rank = session.context.world_rank
+    set_session(session)
+    try:
+        value = train_fn(config) if takes_config else train_fn()
+    except TrainingInterrupted:
+        return
+    except BaseException as error:  # the user's code may raise anything; all of it goes back
+        emit(FailedEvent(rank, sendable(error), traceback.format_exc()))
+        return
+    finally:
+        set_session(None)
+    try:
+        pickle.dumps(value)
+    except Exception as error:
+        emit(
+            FailedEvent(
+                rank,
+                WorkerError(f"the training function returned {type(value).__name__}, which cannot be pickled: {error}"),
+                traceback.format_exc(),
+            )
+        )
+        return
+    emit(FinishedEvent(rank, value))
+
+
+class TrainWorker:
+    """One training worker. Methods are called by the controller through Ray."""
+
+    def __init__(self) -> None:
+        self._events: queue.Queue[Event] = queue.Queue()
+        self._session: WorkerSession | None = None
+        self._thread: threading.Thread | None = None
+
+    def metadata(self) -> WorkerMetadata:
+        return WorkerMetadata(
+            node_id=ray.get_runtime_context().get_node_id(),
+            node_ip=ray.util.get_node_ip_address(),
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()),
+        )
+
+    def set_env(self, env: dict[str, str]) -> None:
+        os.environ.update(env)
+
+    def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn`` in this worker (backends use it to set up process groups)."""
+        return fn(*args, **kwargs)
+
+    def start(
+        self, train_fn: Callable[..., Any], config: Any, takes_config: bool, session_args: dict[str, Any]
+    ) -> None:
+        self._session = WorkerSession(emit=self._events.put, **session_args)
+        self._thread = threading.Thread(
+            target=run_training_function,
+            args=(train_fn, config, takes_config, self._session, self._events.put),
+            name="train_loop_per_worker",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def next_events(self, timeout_s: float) -> list[Event]:
+        """Wait up to ``timeout_s`` for the next event, then return it with any queued behind it."""
+        try:
+            events = [self._events.get(timeout=timeout_s)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                events.append(self._events.get_nowait())
+            except queue.Empty:
+                return events
+
+    def stop(self) -> None:
+        """Ask the training function to stop at its next ``report()``."""
+        if self._session is not None:
+            self._session.stop_requested.set()

@@ -1,0 +1,198 @@
+"""N training workers as Ray actors in one placement group, ranked by node.
+
+The controller drives a group through four calls: ``start``, ``poll``, ``stop`` and
+``shutdown``. ``poll`` keeps one outstanding ``next_events`` call per worker and waits on all of
+them at once, so a report reaches the driver the moment a worker makes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from trainers._internal.events import Event, FailedEvent, FinishedEvent
+from trainers._internal.ranks import Ranks, assign_ranks
+from trainers._internal.worker import TrainWorker, WorkerMetadata
+from trainers.config import ScalingConfig
+from trainers.errors import WorkerError
+
+#: How long a worker's next_events call waits before answering "nothing yet".
+LONG_POLL_S = 10.0
+
+
+class WorkerStartError(RuntimeError):
+    """The workers could not be started in time (placement, actor start or backend setup)."""
+
+
+@dataclasses.dataclass
+class Worker:
+    """One started worker: its actor, where it runs and its ranks."""
+
+    actor: Any
+    metadata: WorkerMetadata
+    ranks: Ranks
+
+
+def _kwargs_for_worker(resources: dict[str, float]) -> dict[str, Any]:
+    custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU", "memory")}
+    options: dict[str, Any] = {"num_cpus": resources.get("CPU", 0), "num_gpus": resources.get("GPU", 0)}
+    if "memory" in resources:
+        options["memory"] = resources["memory"]
+    if custom:
+        options["resources"] = custom
+    return options
+
+
+class RayWorkerGroup:
+    """Starts, watches and stops the workers of one attempt."""
+
+    def __init__(
+        self,
+        *,
+        scaling: ScalingConfig,
+        start_timeout_s: float,
+        runtime_env: dict | None = None,
+    ) -> None:
+        self.scaling = scaling
+        self.start_timeout_s = start_timeout_s
+        self.runtime_env = runtime_env
+        self.workers: list[Worker] = []
+        self._pg = None
+        self._inflight: dict[Any, int] = {}
+
+    @property
+    def world_size(self) -> int:
+        return self.scaling.num_workers
+
+    # -- starting -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Reserve the placement group, start the actors and assign ranks by node."""
+        deadline = time.monotonic() + self.start_timeout_s
+        bundle = self.scaling.worker_resources
+        self._pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy=self.scaling.placement_strategy)
+        if not self._pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):
+            state = placement_group_table(self._pg).get("state", "?")
+            raise WorkerStartError(
+                f"could not reserve {self.world_size} x {bundle} ({self.scaling.placement_strategy}) within "
+                f"{self.start_timeout_s:g} s (placement group {state}): other work holds the resources, "
+                "or a node is missing."
+            )
+        remote_cls = ray.remote(TrainWorker)
+        actors = [
+            remote_cls.options(
+                max_concurrency=4,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i),
+                runtime_env=self.runtime_env,
+                **_kwargs_for_worker(bundle),
+            ).remote()
+            for i in range(self.world_size)
+        ]
+        try:
+            metadata = ray.get([a.metadata.remote() for a in actors], timeout=max(0.1, deadline - time.monotonic()))
+        except GetTimeoutError as error:
+            for actor in actors:
+                ray.kill(actor, no_restart=True)
+            raise WorkerStartError(f"worker actors did not start within {self.start_timeout_s:g} s") from error
+        driver_node = ray.get_runtime_context().get_node_id()
+        ranks = assign_ranks([m.node_id for m in metadata], first_node=driver_node)
+        workers = [Worker(a, m, r) for a, m, r in zip(actors, metadata, ranks)]
+        self.workers = sorted(workers, key=lambda w: w.ranks.world_rank)
+        ray.get(
+            [
+                w.actor.set_env.remote(
+                    {
+                        "RANK": str(w.ranks.world_rank),
+                        "WORLD_SIZE": str(self.world_size),
+                        "LOCAL_RANK": str(w.ranks.local_rank),
+                        "LOCAL_WORLD_SIZE": str(w.ranks.local_world_size),
+                        "NODE_RANK": str(w.ranks.node_rank),
+                        "GROUP_RANK": str(w.ranks.node_rank),
+                    }
+                )
+                for w in self.workers
+            ]
+        )
+
+    # -- running ------------------------------------------------------------------------------
+
+    def execute(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> list[Any]:
+        """Run ``fn(*args)`` on every worker at once; results in world-rank order."""
+        return ray.get([w.actor.execute.remote(fn, *args) for w in self.workers], timeout=timeout_s)
+
+    def execute_single(self, rank: int, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the worker of world rank ``rank``."""
+        return ray.get(self.workers[rank].actor.execute.remote(fn, *args))
+
+    def start_training(self, train_fn: Callable[..., Any], config: Any, takes_config: bool, session_args: list[dict]) -> None:
+        """Start the training function on every worker, then listen for their events."""
+        ray.get(
+            [w.actor.start.remote(train_fn, config, takes_config, args) for w, args in zip(self.workers, session_args)]
+        )
+        for worker in self.workers:
+            self._listen(worker.ranks.world_rank)
+
+    def _listen(self, rank: int) -> None:
+        self._inflight[self.workers[rank].actor.next_events.remote(LONG_POLL_S)] = rank
+
+    def poll(self, timeout_s: float) -> list[Event]:
+        """Events that arrived within ``timeout_s``; a dead worker shows up as a ``FailedEvent``."""
+        if not self._inflight:
+            return []
+        refs = list(self._inflight)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout_s)
+        if ready:
+            more, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            ready = more or ready
+        events: list[Event] = []
+        for ref in ready:
+            rank = self._inflight.pop(ref)
+            try:
+                batch = ray.get(ref)
+            except (RayActorError, RayTaskError) as error:
+                events.append(self._died(rank, error))
+                continue
+            events.extend(batch)
+            if not any(isinstance(e, (FinishedEvent, FailedEvent)) for e in batch):
+                self._listen(rank)
+        return events
+
+    def _died(self, rank: int, error: BaseException) -> FailedEvent:
+        meta = self.workers[rank].metadata
+        cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return FailedEvent(
+            rank,
+            WorkerError(f"worker process (pid {meta.pid}) on node {meta.node_ip} died: {cause}"),
+            "",
+            kind="died",
+        )
+
+    def stop(self) -> None:
+        """Ask every training function to stop at its next report (best effort, no waiting)."""
+        for worker in self.workers:
+            try:
+                worker.actor.stop.remote()
+            except Exception:
+                pass
+
+    def shutdown(self) -> None:
+        """Kill every actor and release the placement group. Safe to call twice."""
+        for worker in self.workers:
+            try:
+                ray.kill(worker.actor, no_restart=True)
+            except Exception:
+                pass
+        self.workers = []
+        self._inflight.clear()
+        if self._pg is not None:
+            try:
+                remove_placement_group(self._pg)
+            except Exception:
+                pass
+            self._pg = None

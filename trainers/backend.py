@@ -1,0 +1,36 @@
+"""Backends set up a framework's communication on the workers (developer API, as in Ray Train).
+
+A ``BackendConfig`` names its ``Backend``; the trainer calls ``on_start`` after the workers are up
+and ranked and before the training function starts, and ``on_shutdown`` before they are stopped.
+Torch, XGBoost and LightGBM are backends; you can write your own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Backend:
+    """Hooks around the life of a worker group. The default does nothing."""
+
+    def on_start(self, worker_group: Any, backend_config: "BackendConfig") -> None:
+        """Set up communication between the workers (e.g. a torch process group)."""
+
+    def on_training_start(self, worker_group: Any, backend_config: "BackendConfig") -> None:
+        """Called right before the training function starts on the workers."""
+
+    def on_shutdown(self, worker_group: Any, backend_config: "BackendConfig") -> None:
+        """Tear down what ``on_start`` set up; the workers are killed afterwards anyway."""
+
+
+class BackendConfig:
+    """Configuration of a backend; ``backend_cls`` names the Backend it configures."""
+
+    @property
+    def backend_cls(self) -> type[Backend]:
+        return Backend
+
+    @property
+    def framework(self) -> str | None:
+        """A short name shown in logs (``"torch"``), or None."""
+        return None

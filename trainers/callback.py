@@ -1,0 +1,43 @@
+"""Callbacks run in the driver process as a run progresses."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from storage import Checkpoint
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainRunContext:
+    """What a callback knows about the run it watches."""
+
+    name: str
+    #: The run folder, as a URI or absolute local path.
+    run_path: str
+    #: 1 for the first attempt, +1 after each restart (and each resume of the run).
+    attempt: int
+    run_config: Any
+    scaling_config: Any
+    train_loop_config: Any
+
+
+class UserCallback:
+    """Subclass and override the hooks you need; pass instances in ``RunConfig(callbacks=[...])``.
+
+    Hooks run in the driver, between reports, so keep them quick.
+    """
+
+    def after_report(
+        self,
+        run_context: TrainRunContext,
+        metrics: list[dict[str, Any]],
+        checkpoint: Checkpoint | None,
+    ) -> None:
+        """Every worker reported a step: ``metrics[i]`` is rank i's, ``checkpoint`` the committed one (or None)."""
+
+    def after_exception(self, run_context: TrainRunContext, worker_exceptions: dict[int, BaseException]) -> None:
+        """One or more workers failed; ``worker_exceptions`` maps world rank to its exception."""
+
+    def on_restart(self, run_context: TrainRunContext, failures: list[Any], resume_from: Checkpoint | None) -> None:
+        """The worker group is being restarted after ``failures``, from ``resume_from``."""

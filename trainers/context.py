@@ -1,0 +1,104 @@
+"""What a training worker knows about itself: ranks, sizes, run name and storage.
+
+``get_context()`` inside ``train_loop_per_worker`` returns the :class:`TrainContext` of the
+calling worker, exactly as ``ray.train.get_context()`` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pyarrow.fs
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageInfo:
+    """Where the run keeps its checkpoints and state.
+
+    ``storage_path`` is what the user gave (``RunConfig.storage_path``), ``experiment_fs_path``
+    the run folder inside ``storage_filesystem``, and ``experiment_path`` the same folder as a
+    URI or absolute local path a person can paste somewhere.
+    """
+
+    storage_path: str
+    experiment_path: str
+    experiment_fs_path: str
+    storage_filesystem: pyarrow.fs.FileSystem
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainContext:
+    """The calling worker's place in the run.
+
+    Ranks are assigned by node: workers on the same node get consecutive world ranks, the node of
+    world rank 0 is node rank 0, and local ranks count from 0 on every node.
+    """
+
+    experiment_name: str
+    world_size: int
+    world_rank: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    storage: StorageInfo
+    #: Accelerator ids of this worker, as indices into its ``CUDA_VISIBLE_DEVICES`` (empty on CPU).
+    accelerator_ids: tuple[int, ...] = ()
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def get_experiment_name(self) -> str:
+        """The run's name (``RunConfig.name``)."""
+        return self.experiment_name
+
+    def get_world_size(self) -> int:
+        """How many workers train together."""
+        return self.world_size
+
+    def get_world_rank(self) -> int:
+        """This worker's rank among all workers, from 0."""
+        return self.world_rank
+
+    def get_local_rank(self) -> int:
+        """This worker's rank among the workers on its node, from 0."""
+        return self.local_rank
+
+    def get_local_world_size(self) -> int:
+        """How many workers run on this worker's node."""
+        return self.local_world_size
+
+    def get_node_rank(self) -> int:
+        """The rank of this worker's node, from 0 (the node of world rank 0)."""
+        return self.node_rank
+
+    def get_storage(self) -> StorageInfo:
+        """Where the run's checkpoints and state live."""
+        return self.storage
+
+    def get_metadata(self) -> dict[str, Any]:
+        """User metadata attached to the trainer (``metadata=`` on the trainer)."""
+        return dict(self.metadata)
+
+    def get_trial_name(self) -> str:
+        """The run's name; kept for Ray Train (Tune) code that asks for a trial name."""
+        return self.experiment_name
+
+
+_current: TrainContext | None = None
+
+
+def _set_context(context: TrainContext | None) -> None:
+    global _current
+    _current = context
+
+
+def get_context() -> TrainContext:
+    """Return the calling worker's :class:`TrainContext`.
+
+    Raises:
+        RuntimeError: when called outside ``train_loop_per_worker``.
+    """
+    if _current is None:
+        raise RuntimeError(
+            "get_context() works only inside train_loop_per_worker, while a trainer's fit() runs."
+        )
+    return _current

@@ -1,0 +1,190 @@
+"""DataParallelTrainer: run one training function on N workers, as Ray Train's does."""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import os
+import socket
+import uuid
+from typing import Any, Callable
+
+from storage import CheckpointConfig, RunStorage
+from trainers._internal.attempt import LocalWorkers, RayWorkers, RunSpec
+from trainers._internal.controller import Controller
+from trainers._internal.data import resolve_datasets
+from trainers._internal.progress import ProgressLine
+from trainers.backend import BackendConfig
+from trainers.callback import TrainRunContext
+from trainers.config import DataConfig, FailureConfig, RunConfig, ScalingConfig
+from trainers.context import StorageInfo
+from trainers.errors import ControllerError, TrainingFailedError, WorkerGroupError
+from trainers.result import Result
+
+#: Seconds to wait for the placement group, the actors and the backend before counting a failure.
+DEFAULT_START_TIMEOUT_S = float(os.environ.get("FLOWTRAIN_WORKER_START_TIMEOUT_S", "120"))
+
+
+def _takes_config(fn: Callable[..., Any]) -> bool:
+    """Whether the training function takes the config argument (0 or 1 parameters allowed)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    required = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(required) > 1:
+        raise ValueError(
+            f"train_loop_per_worker {getattr(fn, '__name__', fn)!r} takes {len(required)} required arguments; "
+            "it must take none, or one (the train_loop_config dict)."
+        )
+    return bool(positional) or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
+def _check_type(field: str, value: Any, cls: type) -> None:
+    if value is not None and not isinstance(value, cls):
+        raise TypeError(f"{field}={value!r}: must be a trainers.{cls.__name__}.")
+
+
+class DataParallelTrainer:
+    """Runs ``train_loop_per_worker`` on ``scaling_config.num_workers`` workers.
+
+    Each worker calls ``trainers.report(...)`` to report metrics and checkpoints; ``fit()`` returns
+    a :class:`Result`, or raises :class:`TrainingFailedError` when the failure budget is spent.
+    A second ``fit()`` with the same ``RunConfig(storage_path=..., name=...)`` resumes the run
+    from its latest checkpoint.
+    """
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        backend_config: BackendConfig | None = None,
+        scaling_config: ScalingConfig | None = None,
+        run_config: RunConfig | None = None,
+        datasets: dict[str, Any] | None = None,
+        dataset_config: DataConfig | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        if not callable(train_loop_per_worker):
+            raise TypeError(f"train_loop_per_worker={train_loop_per_worker!r}: must be a function.")
+        self._takes_config = _takes_config(train_loop_per_worker)
+        if train_loop_config is not None and not self._takes_config:
+            raise ValueError(
+                "train_loop_config was given, but train_loop_per_worker takes no argument; "
+                "add a `config` parameter to receive it."
+            )
+        _check_type("scaling_config", scaling_config, ScalingConfig)
+        _check_type("run_config", run_config, RunConfig)
+        _check_type("dataset_config", dataset_config, DataConfig)
+        _check_type("backend_config", backend_config, BackendConfig)
+        if datasets is not None and not isinstance(datasets, dict):
+            raise TypeError(f"datasets={datasets!r}: must be a dict of name to ray.data.Dataset, e.g. {{'train': ds}}.")
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = train_loop_config
+        self.backend_config = backend_config or BackendConfig()
+        self.scaling_config = scaling_config or ScalingConfig()
+        self.run_config = run_config or RunConfig()
+        self.datasets = datasets or {}
+        self.dataset_config = dataset_config or DataConfig()
+        self.metadata = metadata or {}
+
+    def _default_name(self) -> str:
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        return f"{type(self).__name__}_{stamp}"
+
+    def fit(self) -> Result:
+        """Train; return the Result, or raise TrainingFailedError when training cannot finish."""
+        scaling, run_config = self.scaling_config, self.run_config
+        local = scaling.num_workers == 0
+        if not local:
+            from trainers._internal.ray_init import ensure_ray
+            from trainers._internal.resources import check_feasible, cluster_nodes
+
+            ensure_ray()
+            check_feasible(scaling, cluster_nodes())
+        name = run_config.name or self._default_name()
+        storage = RunStorage(
+            run_config.resolved_storage_path,
+            name,
+            filesystem=run_config.storage_filesystem,
+            checkpoint_config=run_config.checkpoint_config or CheckpointConfig(),
+        )
+        storage.open(owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+        try:
+            return self._run(name, storage)
+        finally:
+            storage.close()
+
+    def _run(self, name: str, storage: RunStorage) -> Result:
+        run_config = self.run_config
+        spec = RunSpec(
+            name=name,
+            train_fn=self.train_loop_per_worker,
+            train_loop_config=self.train_loop_config,
+            takes_config=self._takes_config,
+            scaling=self.scaling_config,
+            backend_config=self.backend_config,
+            datasets=resolve_datasets(self.datasets),
+            dataset_config=self.dataset_config,
+            storage_info=StorageInfo(
+                storage_path=run_config.resolved_storage_path,
+                experiment_path=storage.run_uri,
+                experiment_fs_path=storage.run_path,
+                storage_filesystem=storage.filesystem,
+            ),
+            layout=storage.layout,
+            filesystem=storage.filesystem,
+            metadata=self.metadata,
+            start_timeout_s=DEFAULT_START_TIMEOUT_S,
+            runtime_env=run_config.worker_runtime_env,
+        )
+        workers = LocalWorkers(spec) if self.scaling_config.num_workers == 0 else RayWorkers(spec)
+        callbacks = list(run_config.callbacks or [])
+        progress = ProgressLine(name)
+
+        def context(attempt: int) -> TrainRunContext:
+            return TrainRunContext(name, storage.run_uri, attempt, run_config, self.scaling_config, self.train_loop_config)
+
+        def on_report(attempt, metrics, checkpoint):
+            progress.update(attempt, metrics[0])
+            for callback in callbacks:
+                callback.after_report(context(attempt), metrics, checkpoint)
+
+        def on_failure(attempt, failed):
+            for callback in callbacks:
+                callback.after_exception(context(attempt), {rank: e.error for rank, e in failed.items()})
+
+        def on_restart(attempt, failures, checkpoint):
+            progress.note(f"restarting after attempt {attempt} failed; resuming from {checkpoint.path if checkpoint else 'the start'}")
+            for callback in callbacks:
+                callback.on_restart(context(attempt), failures, checkpoint)
+
+        failure_config = run_config.failure_config or FailureConfig()
+        controller = Controller(
+            workers=workers,
+            storage=storage,
+            max_failures=failure_config.max_failures,
+            on_report=on_report,
+            on_failure=on_failure,
+            on_restart=on_restart,
+        )
+        try:
+            value = controller.run()
+        except WorkerGroupError as error:
+            progress.close()
+            storage.finish(error=str(error))
+            raise
+        except (KeyboardInterrupt, ValueError, TypeError):
+            progress.close()
+            raise
+        except TrainingFailedError:
+            progress.close()
+            raise
+        except Exception as error:
+            progress.close()
+            raise ControllerError(error) from error
+        progress.close()
+        storage.finish()
+        return Result._from_run(storage, return_value=value, error=None)

@@ -1,0 +1,85 @@
+"""Errors ``fit()`` raises. Each is a type you can catch, and each survives pickling."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+class TrainingFailedError(RuntimeError):
+    """Training stopped for good: the failure budget ran out, or the run could not go on."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RankFailure:
+    """What went wrong on one worker: its rank, where it ran, and the original traceback."""
+
+    world_rank: int
+    node_id: str
+    node_ip: str
+    #: ``"error"`` (the loop raised), ``"died"`` (the process or its node went away), ``"hung"``.
+    kind: str
+    error_type: str
+    message: str
+    traceback: str
+
+    def describe(self) -> str:
+        """One line a person can read: rank, node, cause."""
+        if self.world_rank < 0:
+            return f"the worker group {self.kind}: {self.error_type}: {self.message}"
+        where = f"node {self.node_ip or '?'} ({self.node_id[:12] or '?'})"
+        return f"rank {self.world_rank} on {where} {self.kind}: {self.error_type}: {self.message}"
+
+
+class WorkerGroupError(TrainingFailedError):
+    """One or more workers failed.
+
+    ``worker_failures`` maps each failed world rank to the exception it raised (or a stand-in
+    when the original could not be sent back); ``failures`` holds the rank, node and original
+    traceback of each.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        worker_failures: dict[int, BaseException],
+        failures: dict[int, RankFailure] | None = None,
+        *,
+        attempt: int = 0,
+        budget_exhausted: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.worker_failures = worker_failures
+        self.failures = failures or {}
+        self.attempt = attempt
+        self.budget_exhausted = budget_exhausted
+
+    def __reduce__(self):
+        return (
+            _rebuild_worker_group_error,
+            (str(self), self.worker_failures, self.failures, self.attempt, self.budget_exhausted),
+        )
+
+
+def _rebuild_worker_group_error(message, worker_failures, failures, attempt, budget_exhausted):
+    return WorkerGroupError(
+        message, worker_failures, failures, attempt=attempt, budget_exhausted=budget_exhausted
+    )
+
+
+class ControllerError(TrainingFailedError):
+    """The driver-side controller failed (not the user's code): storage, scheduling or Ray."""
+
+    def __init__(self, controller_failure: BaseException) -> None:
+        super().__init__(f"{type(controller_failure).__name__}: {controller_failure}")
+        self.controller_failure = controller_failure
+
+    def __reduce__(self):
+        return (ControllerError, (self.controller_failure,))
+
+
+class InsufficientResourcesError(ValueError):
+    """The cluster can never give the run what its ScalingConfig asks for."""
+
+
+class WorkerError(RuntimeError):
+    """Stand-in for an exception from a worker that could not be sent back as itself."""

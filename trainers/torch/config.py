@@ -1,0 +1,102 @@
+"""TorchConfig and the torch backend: one process group over all workers before the loop runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import socket
+from typing import Any
+
+from trainers._internal.validation import check_choice, check_number
+from trainers.backend import Backend, BackendConfig
+
+BACKENDS = ("gloo", "nccl")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TorchConfig(BackendConfig):
+    """How the workers' torch process group is set up.
+
+    The process group is ready (``torch.distributed.is_initialized()``) when your training
+    function starts, with ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK`` set as ``torchrun`` would.
+    """
+
+    #: "gloo" or "nccl"; None picks nccl when training on GPUs and gloo otherwise.
+    backend: str | None = None
+    #: Seconds a collective (and process-group setup) may wait before failing.
+    timeout_s: float = 1800
+
+    def __post_init__(self) -> None:
+        if self.backend is not None:
+            check_choice("TorchConfig.backend", self.backend, BACKENDS)
+        check_number("TorchConfig.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0")
+
+    @property
+    def backend_cls(self) -> type[Backend]:
+        return TorchBackend
+
+    @property
+    def framework(self) -> str:
+        return "torch"
+
+    def resolved_backend(self, use_gpu: bool) -> str:
+        """The process-group backend that will be used."""
+        return self.backend or ("nccl" if use_gpu else "gloo")
+
+
+def free_port() -> int:
+    """A TCP port free on this node right now (asked of the OS, not guessed)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def _init_process_group(env: dict[str, str], backend: str, timeout_s: float) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(env)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class TorchBackend(Backend):
+    """Sets up ``torch.distributed`` on every worker (gloo on CPU, nccl on GPU)."""
+
+    def on_start(self, worker_group: Any, backend_config: TorchConfig) -> None:
+        if worker_group.world_size < 1:
+            return
+        use_gpu = worker_group.scaling.use_gpu
+        backend = backend_config.resolved_backend(use_gpu)
+        if backend == "nccl" and not use_gpu:
+            raise ValueError(
+                "TorchConfig.backend='nccl' needs GPUs: set ScalingConfig(use_gpu=True) or use backend='gloo'."
+            )
+        master = worker_group.workers[0]
+        env = {
+            "MASTER_ADDR": master.metadata.node_ip,
+            "MASTER_PORT": str(worker_group.execute_single(0, free_port)),
+        }
+        worker_group.execute(_init_process_group, env, backend, backend_config.timeout_s, timeout_s=backend_config.timeout_s + 30)
+
+    def on_shutdown(self, worker_group: Any, backend_config: TorchConfig) -> None:
+        # The actors are killed right after; destroying first lets nccl release its communicators cleanly.
+        try:
+            worker_group.execute(_destroy_process_group, timeout_s=5)
+        except Exception:
+            pass

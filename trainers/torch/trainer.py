@@ -1,0 +1,50 @@
+"""TorchTrainer: data-parallel PyTorch training with a ready process group on every worker."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from trainers.config import DataConfig, RunConfig, ScalingConfig
+from trainers.data_parallel_trainer import DataParallelTrainer
+from trainers.torch.config import TorchConfig
+
+
+class TorchTrainer(DataParallelTrainer):
+    """Runs a PyTorch training function on N workers with ``torch.distributed`` set up.
+
+    Inside the function use ``trainers.torch.prepare_model`` / ``prepare_data_loader`` (or your own
+    DDP code: the process group is already initialised), and ``trainers.report`` for metrics and
+    checkpoints. Same arguments as ``ray.train.torch.TorchTrainer``.
+    """
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        torch_config: TorchConfig | None = None,
+        scaling_config: ScalingConfig | None = None,
+        run_config: RunConfig | None = None,
+        datasets: dict[str, Any] | None = None,
+        dataset_config: DataConfig | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        if torch_config is not None and not isinstance(torch_config, TorchConfig):
+            raise TypeError(f"torch_config={torch_config!r}: must be a trainers.torch.TorchConfig.")
+        scaling = scaling_config or ScalingConfig()
+        config = torch_config or TorchConfig()
+        config.resolved_backend(scaling.use_gpu)
+        if config.backend == "nccl" and not scaling.use_gpu:
+            raise ValueError(
+                "TorchConfig(backend='nccl') needs GPUs: set ScalingConfig(use_gpu=True), or use backend='gloo'."
+            )
+        super().__init__(
+            train_loop_per_worker,
+            train_loop_config=train_loop_config,
+            backend_config=config,
+            scaling_config=scaling,
+            run_config=run_config,
+            datasets=datasets,
+            dataset_config=dataset_config,
+            metadata=metadata,
+        )
