@@ -24,13 +24,17 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 
 
 class RecordReports(UserCallback):
-    """Keeps every rank's metrics of every report (callbacks run in the driver)."""
+    """Keeps every rank's metrics of every report, and each restart (callbacks run in the driver)."""
 
     def __init__(self):
         self.rounds = []
+        self.restarts = []
 
     def after_report(self, run_context, metrics, checkpoint):
         self.rounds.append(metrics)
+
+    def on_restart(self, run_context, failures, resume_from):
+        self.restarts.append((len(self.rounds), failures, resume_from))
 
 
 def single_process_reference(config):
@@ -150,11 +154,17 @@ def test_restart_resumes_from_latest_checkpoint(tmp_path):
         ),
     ).fit()
     assert marker.exists()
-    # Steps 0..4 ran, the failure came at 5 with step 4 checkpointed: the restart resumes at 5.
+    # Every step's metrics appear exactly once in the run's history, resumed or not.
     assert list(result.metrics_dataframe["step"]) == list(range(8))
+    (rounds_before, failures, resume_from), = recorder.restarts
+    assert [f.world_rank for f in failures] == [1] and "injected failure at step 5" in failures[0].message
+    with resume_from.as_directory() as folder:
+        checkpointed = int(open(os.path.join(folder, "step.txt")).read())
+    assert checkpointed in (2, 4)  # 4 unless rank 0's step-4 report was still in flight
     reported = [m[0]["step"] for m in recorder.rounds]
-    assert reported == [0, 1, 2, 3, 4, 5, 6, 7] or reported[:5] == [0, 1, 2, 3, 4]
-    assert reported[5:] == [5, 6, 7]
+    assert reported[:rounds_before] == list(range(rounds_before))
+    # The first step after the restart is exactly the one after the checkpoint.
+    assert reported[rounds_before:] == list(range(checkpointed + 1, 8))
 
 
 def test_infeasible_scaling_config_fails_fast_naming_resources(tmp_path):

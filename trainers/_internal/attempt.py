@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 import pyarrow.fs
 
-from storage import Checkpoint, RunLayout
+from storage import Checkpoint
+from storage.layout import RunLayout
 from trainers._internal.data import split_datasets
 from trainers._internal.events import Event
 from trainers._internal.session import WorkerSession

@@ -8,6 +8,7 @@ workers through the small ``Workers`` protocol and to storage through ``RunStora
 from __future__ import annotations
 
 import enum
+import time
 import traceback
 from typing import Any, Callable, Protocol
 
@@ -58,6 +59,7 @@ class Controller:
         on_failure: Callable[[int, dict[int, FailedEvent]], None] = lambda *a: None,
         on_restart: Callable[[int, list[RankFailure], Checkpoint | None], None] = lambda *a: None,
         poll_timeout_s: float = 1.0,
+        drain_timeout_s: float = 1.0,
     ) -> None:
         self.workers = workers
         self.storage = storage
@@ -66,6 +68,7 @@ class Controller:
         self.on_failure = on_failure
         self.on_restart = on_restart
         self.poll_timeout_s = poll_timeout_s
+        self.drain_timeout_s = drain_timeout_s
         self.state = State.LAUNCHING
         self.attempt = 0
         self.return_value: Any = None
@@ -123,6 +126,7 @@ class Controller:
                 self._failed.setdefault(event.world_rank, event)
         self._commit_complete_rounds()
         if self._failed:
+            self._drain_rounds_the_failed_ranks_finished()
             self._fail()
         elif len(self._finished) == self.workers.world_size:
             self._finish()
@@ -139,6 +143,25 @@ class Controller:
             staged = any(event.staged for event in round_.values())
             checkpoint = self.storage.record_report(metrics[0], report_index=index, attempt=self.attempt, staged=staged)
             self.on_report(self.attempt, metrics, checkpoint)
+
+    def _drain_rounds_the_failed_ranks_finished(self) -> None:
+        """A round every failed rank reported may still complete: the healthy ranks' reports can
+        be in flight (a checkpoint upload). Wait briefly for them so that progress is kept."""
+        deadline = time.monotonic() + self.drain_timeout_s
+        while self._pending and time.monotonic() < deadline:
+            failed = set(self._failed)
+            waiting = [
+                index for index, round_ in self._pending.items()
+                if failed <= set(round_) or all(r in round_ for r in failed if r >= 0)
+            ]
+            if not waiting:
+                return
+            for event in self.workers.poll(max(0.0, deadline - time.monotonic())):
+                if isinstance(event, ReportEvent):
+                    self._pending.setdefault(event.index, {})[event.world_rank] = event
+                elif isinstance(event, FailedEvent):
+                    self._failed.setdefault(event.world_rank, event)
+            self._commit_complete_rounds()
 
     def _finish(self) -> None:
         if self._pending:

@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 import pyarrow.fs
 
-from storage import Checkpoint, RunLayout, upload_directory
+from storage import Checkpoint, upload_directory
+from storage.layout import RunLayout
 from trainers._internal.events import Event, ReportEvent
 from trainers.context import TrainContext, _set_context
 

@@ -26,6 +26,17 @@ from trainers.errors import WorkerError
 LONG_POLL_S = 10.0
 
 
+_remote_cls = None
+
+
+def _remote_worker_class():
+    """TrainWorker as a Ray actor class, made once per process (Ray exports it on first use)."""
+    global _remote_cls
+    if _remote_cls is None:
+        _remote_cls = ray.remote(TrainWorker)
+    return _remote_cls
+
+
 class WorkerStartError(RuntimeError):
     """The workers could not be started in time (placement, actor start or backend setup)."""
 
@@ -84,7 +95,7 @@ class RayWorkerGroup:
                 f"{self.start_timeout_s:g} s (placement group {state}): other work holds the resources, "
                 "or a node is missing."
             )
-        remote_cls = ray.remote(TrainWorker)
+        remote_cls = _remote_worker_class()
         actors = [
             remote_cls.options(
                 max_concurrency=4,

@@ -31,10 +31,8 @@ class TorchTrainer(DataParallelTrainer):
     ) -> None:
         if torch_config is not None and not isinstance(torch_config, TorchConfig):
             raise TypeError(f"torch_config={torch_config!r}: must be a trainers.torch.TorchConfig.")
-        scaling = scaling_config or ScalingConfig()
         config = torch_config or TorchConfig()
-        config.resolved_backend(scaling.use_gpu)
-        if config.backend == "nccl" and not scaling.use_gpu:
+        if config.backend == "nccl" and not (isinstance(scaling_config, ScalingConfig) and scaling_config.use_gpu):
             raise ValueError(
                 "TorchConfig(backend='nccl') needs GPUs: set ScalingConfig(use_gpu=True), or use backend='gloo'."
             )
@@ -42,7 +40,7 @@ class TorchTrainer(DataParallelTrainer):
             train_loop_per_worker,
             train_loop_config=train_loop_config,
             backend_config=config,
-            scaling_config=scaling,
+            scaling_config=scaling_config,
             run_config=run_config,
             datasets=datasets,
             dataset_config=dataset_config,
