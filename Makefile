@@ -28,3 +28,6 @@ clean:
 
 demo: $(STAMP)
 	$(PY) examples/torch_quickstart.py $(CURDIR)/demo_results
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.bench $(BENCH_ARGS)

@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks: flowtrain vs ray.train vs raw torch.distributed (see README.md here)."""

@@ -1,0 +1,29 @@
+"""flowtrain storage: checkpoints and run state on any ``pyarrow.fs`` filesystem.
+
+Commits are atomic, retention never deletes the best or the latest checkpoint, and a run can
+always be resumed from what its snapshot (``run.json``) names. Imports neither ``trainers`` nor
+Prefect nor Ray.
+"""
+
+from storage.checkpoint import Checkpoint
+from storage.config import CheckpointConfig
+from storage.errors import RunInProgressError, SnapshotCorruptError, StorageError
+from storage.filesystem import download_directory, resolve_filesystem, upload_directory
+from storage.layout import RunLayout
+from storage.run_storage import RunStorage, load_run
+from storage.snapshot import RunSnapshot
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointConfig",
+    "RunInProgressError",
+    "RunLayout",
+    "RunSnapshot",
+    "RunStorage",
+    "SnapshotCorruptError",
+    "StorageError",
+    "download_directory",
+    "load_run",
+    "resolve_filesystem",
+    "upload_directory",
+]

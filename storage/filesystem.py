@@ -1,0 +1,91 @@
+"""Resolve a storage path or URI to a ``pyarrow.fs`` filesystem, and copy folders in and out of it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pyarrow.fs as pafs
+
+
+def resolve_filesystem(storage_path: str, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
+    """Return ``(filesystem, path inside it)`` for a local path or a URI.
+
+    Local paths must be absolute (``~`` is expanded). ``file://``, ``s3://``, ``gs://``,
+    ``hdfs://`` go through pyarrow; other schemes through fsspec when it knows them. With an
+    explicit ``filesystem`` the path is used as it is.
+    """
+    path = os.fspath(storage_path)
+    if filesystem is not None:
+        return filesystem, path.rstrip("/") or "/"
+    if "://" not in path:
+        path = os.path.expanduser(path)
+        if not os.path.isabs(path):
+            raise ValueError(f"storage path {storage_path!r} is relative: give an absolute path or a URI.")
+        return pafs.LocalFileSystem(), os.path.normpath(path)
+    try:
+        fs, inner = pafs.FileSystem.from_uri(path)
+        return fs, inner.rstrip("/")
+    except (pafs.ArrowInvalid, ValueError) as pyarrow_error:
+        try:
+            import fsspec
+        except ImportError:  # pragma: no cover - fsspec ships with ray[data]
+            raise ValueError(f"storage path {storage_path!r}: no filesystem for this URI ({pyarrow_error}).") from None
+        try:
+            fs_spec, inner = fsspec.core.url_to_fs(path)
+        except (ValueError, ImportError) as fsspec_error:
+            raise ValueError(
+                f"storage path {storage_path!r}: neither pyarrow nor fsspec knows this URI scheme "
+                f"({pyarrow_error}; {fsspec_error})."
+            ) from None
+        return pafs.PyFileSystem(pafs.FSSpecHandler(fs_spec)), inner.rstrip("/")
+
+
+def is_local(fs: pafs.FileSystem) -> bool:
+    """True for the local disk, where folders can be renamed atomically."""
+    return isinstance(fs, pafs.LocalFileSystem)
+
+
+def display_path(fs: pafs.FileSystem, path: str) -> str:
+    """What to show a person: the plain path on local disk, a URI elsewhere."""
+    if is_local(fs):
+        return path
+    scheme = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs"}.get(fs.type_name, fs.type_name)
+    return f"{scheme}://{path.lstrip('/')}"
+
+
+def upload_directory(local_dir: str, fs: pafs.FileSystem, dest_path: str) -> None:
+    """Copy the files of ``local_dir`` into ``dest_path`` on ``fs``, merging with what is there."""
+    if is_local(fs):
+        shutil.copytree(local_dir, dest_path, dirs_exist_ok=True)
+        return
+    fs.create_dir(dest_path, recursive=True)
+    pafs.copy_files(local_dir, dest_path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+
+
+def download_directory(fs: pafs.FileSystem, src_path: str, local_dir: str) -> None:
+    """Copy the folder ``src_path`` on ``fs`` into ``local_dir``."""
+    os.makedirs(local_dir, exist_ok=True)
+    if is_local(fs):
+        shutil.copytree(src_path, local_dir, dirs_exist_ok=True)
+        return
+    pafs.copy_files(src_path, local_dir, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+
+
+def exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:
+    with fs.open_input_stream(path) as stream:
+        return stream.read()
+
+
+def write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    with fs.open_output_stream(path) as stream:
+        stream.write(data)
+
+
+def delete_dir(fs: pafs.FileSystem, path: str) -> None:
+    if exists(fs, path):
+        fs.delete_dir(path)

@@ -1,0 +1,280 @@
+"""RunStorage: one run's folder -- commit checkpoints, keep the snapshot, apply retention, resume.
+
+The order of every change is what makes a crash at any point safe:
+
+1. workers upload into ``.staging/attempt_N/report_K`` (never read on resume);
+2. the controller moves the staged folder to ``checkpoint_{seq}`` (an atomic rename on local
+   disk; a copy and then a ``.committed`` marker on object stores);
+3. the snapshot is written naming it (this is the commit point), with the folders retention
+   drops listed for deletion;
+4. only then are those folders deleted; a failed deletion is retried later.
+
+On ``open`` everything the snapshot does not name (staging, half-committed folders) is removed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, TypeVar
+
+import pyarrow.fs as pafs
+
+from storage.checkpoint import Checkpoint
+from storage.config import CheckpointConfig
+from storage.errors import StorageError
+from storage.filesystem import delete_dir, display_path, exists, is_local, resolve_filesystem, write_bytes
+from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout
+from storage.lease import Lease
+from storage.retention import rank_best_first, score_of, select_kept
+from storage.snapshot import CheckpointRecord, RunSnapshot, read_snapshot, write_snapshot
+
+T = TypeVar("T")
+
+#: Metrics-only reports are flushed to run.json at most this often (commits flush at once).
+METRICS_FLUSH_INTERVAL_S = 10.0
+
+
+class RunStorage:
+    """The folder ``{storage_path}/{name}`` of one run, on any ``pyarrow.fs`` filesystem."""
+
+    def __init__(
+        self,
+        storage_path: str,
+        name: str,
+        *,
+        filesystem: pafs.FileSystem | None = None,
+        checkpoint_config: CheckpointConfig | None = None,
+        lease_stale_after_s: float = 30.0,
+        check_timeout_s: float = 5.0,
+    ) -> None:
+        self.filesystem, root = resolve_filesystem(storage_path, filesystem)
+        self.name = name
+        self.run_path = f"{root.rstrip('/')}/{name}"
+        self.run_uri = display_path(self.filesystem, self.run_path)
+        self.layout = RunLayout(self.run_path)
+        self.checkpoint_config = checkpoint_config or CheckpointConfig()
+        self.lease_stale_after_s = lease_stale_after_s
+        self.check_timeout_s = check_timeout_s
+        self.snapshot = RunSnapshot(name=name)
+        self._lease: Lease | None = None
+        self._last_write = 0.0
+
+    # -- opening and closing -------------------------------------------------------------------
+
+    def open(self, owner: str) -> RunSnapshot:
+        """Check the storage answers, take the lease, load the snapshot (resume) or start one.
+
+        Fails within ``check_timeout_s`` with a ``StorageError`` naming the path and the operation
+        when the storage cannot be written, and with ``RunInProgressError`` when another live
+        process owns the run.
+        """
+        self._checked("create the run folder", lambda: self.filesystem.create_dir(self.run_path, recursive=True))
+        lease = Lease(self.filesystem, self.layout.lease, owner, stale_after_s=self.lease_stale_after_s, display=self.run_uri)
+        self._checked("write the run's lease", lease.acquire)
+        self._lease = lease
+        try:
+            found = self._checked("read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri))
+            if found is not None:
+                self.snapshot = found
+                self.snapshot.finished = False
+                self.snapshot.error = None
+            self._remove_untracked()
+            self._rewind()
+            self._write()
+        except BaseException:
+            self.close()
+            raise
+        return self.snapshot
+
+    def finish(self, error: str | None = None) -> None:
+        """Record the end of the run (``error`` when it failed), clean staging, release the lease."""
+        self.snapshot.finished = error is None
+        self.snapshot.error = error
+        self._write()
+        self._try(lambda: delete_dir(self.filesystem, self.layout.staging_root))
+        self.close()
+
+    def close(self) -> None:
+        """Release the lease without marking the run finished (crash or interrupt). Idempotent."""
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+
+    @classmethod
+    def read(cls, path: str, filesystem: pafs.FileSystem | None = None) -> "RunStorage":
+        """A read-only view of the run at ``path`` (its folder), e.g. for ``Result.from_path``."""
+        fs, inner = resolve_filesystem(path, filesystem)
+        parent, _, name = inner.rstrip("/").rpartition("/")
+        view = cls(parent or "/", name, filesystem=fs)
+        found = read_snapshot(fs, view.layout, view.run_uri)
+        if found is None:
+            raise StorageError(f"no run at {view.run_uri}: it has no run.json (is this the run folder, Result.path?)")
+        view.snapshot = found
+        return view
+
+    # -- what the controller calls --------------------------------------------------------------
+
+    def start_attempt(self) -> int:
+        """Begin a new attempt and return its id; uploads of older attempts can no longer commit."""
+        self._try(lambda: delete_dir(self.filesystem, self.layout.staging_root))
+        self.snapshot.attempt += 1
+        self._write()
+        return self.snapshot.attempt
+
+    def record_report(self, metrics: dict[str, Any], *, report_index: int, attempt: int, staged: bool) -> Checkpoint | None:
+        """Record one report (rank 0's metrics); with ``staged`` commit its checkpoint and return it."""
+        if attempt != self.snapshot.attempt:
+            raise StorageError(
+                f"report {report_index} of attempt {attempt} arrived after attempt {self.snapshot.attempt} began "
+                f"at {self.run_uri}; it is not committed."
+            )
+        self.snapshot.reports.append({"attempt": attempt, "report_index": report_index, "metrics": metrics})
+        if not staged:
+            if time.monotonic() - self._last_write > METRICS_FLUSH_INTERVAL_S:
+                self._write()
+            return None
+        attribute = self.checkpoint_config.checkpoint_score_attribute
+        if attribute is not None:
+            try:
+                score_of(metrics, attribute)
+            except KeyError as error:
+                raise ValueError(error.args[0]) from None
+        seq = self.snapshot.next_seq
+        self._commit_folder(self.layout.staging_path(attempt, report_index), self.layout.checkpoint_path(seq))
+        self.snapshot.checkpoints.append(
+            CheckpointRecord(seq=seq, dir_name=RunLayout.checkpoint_name(seq), metrics=metrics, report=len(self.snapshot.reports) - 1)
+        )
+        self.snapshot.next_seq = seq + 1
+        kept = select_kept([(c.seq, c.metrics) for c in self.snapshot.checkpoints], self.checkpoint_config)
+        dropped = [c.dir_name for c in self.snapshot.checkpoints if c.seq not in kept]
+        self.snapshot.checkpoints = [c for c in self.snapshot.checkpoints if c.seq in kept]
+        self.snapshot.to_delete.extend(dropped)
+        self._write()  # the commit point: from here the checkpoint exists and the dropped ones do not
+        self._delete_dropped()
+        return Checkpoint(self.layout.checkpoint_path(seq), self.filesystem)
+
+    def rewind_to_latest_checkpoint(self) -> Checkpoint | None:
+        """Forget reports made after the latest checkpoint (a restart reports them again)."""
+        self._rewind()
+        self._write()
+        return self.latest_checkpoint
+
+    def record_failure(self, kind: str = "worker") -> int:
+        """Count a failure in the snapshot (so a driver restart does not reset it); return the count."""
+        if kind == "controller":
+            self.snapshot.num_controller_failures += 1
+            count = self.snapshot.num_controller_failures
+        else:
+            self.snapshot.num_failures += 1
+            count = self.snapshot.num_failures
+        self._write()
+        return count
+
+    # -- what Result reads -----------------------------------------------------------------------
+
+    @property
+    def num_failures(self) -> int:
+        return self.snapshot.num_failures
+
+    @property
+    def metrics_history(self) -> list[dict[str, Any]]:
+        """Rank 0's metrics of every recorded report, in order."""
+        return [report["metrics"] for report in self.snapshot.reports]
+
+    @property
+    def latest_checkpoint(self) -> Checkpoint | None:
+        if not self.snapshot.checkpoints:
+            return None
+        latest = max(self.snapshot.checkpoints, key=lambda c: c.seq)
+        return Checkpoint(self.layout.checkpoint_path(latest.seq), self.filesystem)
+
+    @property
+    def best_checkpoints(self) -> list[tuple[Checkpoint, dict[str, Any]]]:
+        """The kept checkpoints with their metrics, best first by the CheckpointConfig's rule."""
+        records = {c.seq: c for c in self.snapshot.checkpoints}
+        order = rank_best_first([(c.seq, c.metrics) for c in records.values()], self.checkpoint_config)
+        return [(Checkpoint(self.layout.checkpoint_path(seq), self.filesystem), records[seq].metrics) for seq in order]
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _commit_folder(self, staged: str, final: str) -> None:
+        if not exists(self.filesystem, staged):
+            raise StorageError(f"cannot commit checkpoint: its staged files are missing at {display_path(self.filesystem, staged)}")
+        if is_local(self.filesystem):
+            self.filesystem.move(staged, final)  # rename(2): all or nothing
+            return
+        pafs.copy_files(staged, final, source_filesystem=self.filesystem, destination_filesystem=self.filesystem)
+        write_bytes(self.filesystem, f"{final}/{COMMIT_MARKER}", b"")
+        self._try(lambda: delete_dir(self.filesystem, staged))
+
+    def _rewind(self) -> None:
+        if self.snapshot.checkpoints:
+            latest = max(self.snapshot.checkpoints, key=lambda c: c.seq)
+            del self.snapshot.reports[latest.report + 1 :]
+        else:
+            self.snapshot.reports.clear()
+
+    def _remove_untracked(self) -> None:
+        named = {c.dir_name for c in self.snapshot.checkpoints}
+        entries = self.filesystem.get_file_info(pafs.FileSelector(self.run_path, allow_not_found=True))
+        for entry in entries:
+            if entry.type != pafs.FileType.Directory:
+                continue
+            if entry.base_name.startswith(CHECKPOINT_PREFIX) and entry.base_name not in named:
+                self._try(lambda path=entry.path: delete_dir(self.filesystem, path))
+        self._try(lambda: delete_dir(self.filesystem, self.layout.staging_root))
+        self.snapshot.to_delete = [d for d in self.snapshot.to_delete if d not in named]
+        self._delete_dropped()
+
+    def _delete_dropped(self) -> None:
+        remaining = []
+        for dir_name in self.snapshot.to_delete:
+            if not self._try(lambda d=dir_name: delete_dir(self.filesystem, f"{self.run_path}/{d}")):
+                remaining.append(dir_name)
+        self.snapshot.to_delete = remaining
+
+    def _write(self) -> None:
+        try:
+            write_snapshot(self.filesystem, self.layout, self.snapshot)
+        except OSError as error:
+            raise StorageError(f"cannot write the run snapshot at {self.run_uri}/run.json: {error}") from error
+        self._last_write = time.monotonic()
+
+    @staticmethod
+    def _try(action: Callable[[], Any]) -> bool:
+        """Best-effort cleanup: True when it worked; failures are retried at the next chance."""
+        try:
+            action()
+            return True
+        except OSError:
+            return False
+
+    def _checked(self, operation: str, action: Callable[[], T]) -> T:
+        """Run a storage call, failing within ``check_timeout_s`` with the path and the operation."""
+        outcome: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                outcome["value"] = action()
+            except BaseException as error:  # carried to the caller's thread
+                outcome["error"] = error
+
+        thread = threading.Thread(target=target, name=f"flowtrain-storage-{operation}", daemon=True)
+        thread.start()
+        thread.join(self.check_timeout_s)
+        if thread.is_alive():
+            raise StorageError(f"cannot {operation} at {self.run_uri}: no answer within {self.check_timeout_s:g} s.")
+        error = outcome.get("error")
+        if isinstance(error, StorageError):  # already names the run (RunInProgressError among them)
+            raise error
+        if isinstance(error, OSError):
+            raise StorageError(f"cannot {operation} at {self.run_uri}: {error}") from error
+        if error is not None:
+            raise error
+        return outcome.get("value")
+
+
+def load_run(path: str, filesystem: pafs.FileSystem | None = None) -> RunStorage:
+    """Read the run at ``path`` (its folder, local or URI) without taking it over."""
+    return RunStorage.read(path, filesystem)

@@ -1,0 +1,105 @@
+"""The run snapshot (run.json): the one record of what a run has committed.
+
+A checkpoint folder is real only when the snapshot names it. The snapshot is written as a new
+file that then replaces the old one, and the old one is kept as ``run.json.prev``, so a write
+cut off half way never leaves a run without a good snapshot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from storage.errors import SnapshotCorruptError
+from storage.filesystem import exists, read_bytes, write_bytes
+from storage.layout import RunLayout
+
+FORMAT = 1
+
+
+@dataclasses.dataclass
+class CheckpointRecord:
+    """One committed checkpoint: its number, folder name, metrics, and the report it came with."""
+
+    seq: int
+    dir_name: str
+    metrics: dict[str, Any]
+    #: Position of its report in ``RunSnapshot.reports``.
+    report: int
+
+
+@dataclasses.dataclass
+class RunSnapshot:
+    """Everything a run has committed: reports, checkpoints, attempts and failures."""
+
+    name: str
+    attempt: int = 0
+    num_failures: int = 0
+    num_controller_failures: int = 0
+    #: Every recorded report in order: {"attempt", "report_index", "metrics"}.
+    reports: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    checkpoints: list[CheckpointRecord] = dataclasses.field(default_factory=list)
+    next_seq: int = 0
+    #: Checkpoint folders retention dropped whose deletion has not succeeded yet.
+    to_delete: list[str] = dataclasses.field(default_factory=list)
+    finished: bool = False
+    error: str | None = None
+    updated_at: float = 0.0
+
+    def to_json(self) -> bytes:
+        body = dataclasses.asdict(self)
+        body["format"] = FORMAT
+        return json.dumps(body, default=_jsonable, allow_nan=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "RunSnapshot":
+        body = json.loads(data)
+        if not isinstance(body, dict) or body.get("format") != FORMAT:
+            raise ValueError(f"unknown snapshot format {body.get('format') if isinstance(body, dict) else body!r}")
+        body.pop("format")
+        known = {f.name for f in dataclasses.fields(cls)}
+        body = {k: v for k, v in body.items() if k in known}  # newer writers may add fields
+        body["checkpoints"] = [CheckpointRecord(**c) for c in body.get("checkpoints", [])]
+        return cls(**body)
+
+
+def _jsonable(value: Any) -> Any:
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    return repr(value)
+
+
+def write_snapshot(fs: pafs.FileSystem, layout: RunLayout, snapshot: RunSnapshot) -> None:
+    """Write new, keep the current as the previous good copy, then move the new one in place."""
+    snapshot.updated_at = time.time()
+    write_bytes(fs, layout.snapshot_new, snapshot.to_json())
+    if exists(fs, layout.snapshot):
+        fs.copy_file(layout.snapshot, layout.snapshot_previous)
+    fs.move(layout.snapshot_new, layout.snapshot)
+
+
+def read_snapshot(fs: pafs.FileSystem, layout: RunLayout, display: str) -> RunSnapshot | None:
+    """The run's snapshot; the previous good copy if the current is damaged; None for a new run.
+
+    Raises ``SnapshotCorruptError`` naming the path when neither copy can be read: a damaged run
+    is never silently started over.
+    """
+    problems = []
+    for path in (layout.snapshot, layout.snapshot_previous):
+        if not exists(fs, path):
+            continue
+        try:
+            return RunSnapshot.from_json(read_bytes(fs, path))
+        except (ValueError, TypeError, KeyError) as error:
+            problems.append(f"{path}: {error}")
+    if problems:
+        raise SnapshotCorruptError(
+            f"the run state at {display} cannot be read ({'; '.join(problems)}); move the run folder "
+            "away to start over, or restore run.json from a backup."
+        )
+    return None
