@@ -204,6 +204,7 @@ class RunStorage:
         if is_local(self.filesystem):
             self.filesystem.move(staged, final)  # rename(2): all or nothing
             return
+        self.filesystem.create_dir(final, recursive=True)
         pafs.copy_files(staged, final, source_filesystem=self.filesystem, destination_filesystem=self.filesystem)
         write_bytes(self.filesystem, f"{final}/{COMMIT_MARKER}", b"")
         self._try(lambda: delete_dir(self.filesystem, staged))
