@@ -17,6 +17,8 @@ def resolve_filesystem(storage_path: str, filesystem: pafs.FileSystem | None = N
     """
     path = os.fspath(storage_path)
     if filesystem is not None:
+        if "://" in path:  # "s3://bucket/prefix" with an explicit S3 filesystem: the bucket path
+            path = path.split("://", 1)[1]
         return filesystem, path.rstrip("/") or "/"
     if "://" not in path:
         path = os.path.expanduser(path)
