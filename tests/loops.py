@@ -83,7 +83,11 @@ def checkpointing_loop(config: dict) -> None:
             with tempfile.TemporaryDirectory() as folder:
                 with open(os.path.join(folder, "step.txt"), "w") as f:
                     f.write(str(step))
-                report({"step": step, "score": config.get("scores", {}).get(step, step)}, checkpoint=Checkpoint.from_directory(folder))
+                report(
+                    {"step": step, "score": config.get("scores", {}).get(step, step)},
+                    checkpoint=Checkpoint.from_directory(folder),
+                    checkpoint_upload_mode=config.get("upload_mode", trainers.CheckpointUploadMode.SYNC),
+                )
         else:
             report({"step": step, "score": config.get("scores", {}).get(step, step)})
 

@@ -10,6 +10,7 @@ import pytest
 import loops
 from trainers import (
     CheckpointConfig,
+    CheckpointUploadMode,
     FailureConfig,
     InsufficientResourcesError,
     Result,
@@ -103,10 +104,11 @@ def test_local_mode_gives_the_single_process_result(tmp_path):
     assert len(result.metrics_dataframe) == 16
 
 
-def test_every_report_is_a_row_and_checkpoints_are_committed(tmp_path):
+@pytest.mark.parametrize("upload_mode", [CheckpointUploadMode.SYNC, CheckpointUploadMode.ASYNC])
+def test_every_report_is_a_row_and_checkpoints_are_committed(tmp_path, upload_mode):
     result = TorchTrainer(
         loops.checkpointing_loop,
-        train_loop_config={"steps": 7, "every": 3},
+        train_loop_config={"steps": 7, "every": 3, "upload_mode": upload_mode},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="ckpt", storage_path=str(tmp_path), checkpoint_config=CheckpointConfig(num_to_keep=2)),
     ).fit()

@@ -19,6 +19,7 @@ from trainers.errors import (
     TrainingFailedError,
     WorkerGroupError,
 )
+from trainers._internal.session import CheckpointUploadMode
 from trainers.result import Result
 from trainers.train_fn import get_checkpoint, get_dataset_shard, report
 
@@ -27,6 +28,7 @@ __all__ = [
     "BackendConfig",
     "Checkpoint",
     "CheckpointConfig",
+    "CheckpointUploadMode",
     "ControllerError",
     "DataConfig",
     "DataParallelTrainer",

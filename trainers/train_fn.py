@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from storage import Checkpoint
-from trainers._internal.session import get_session
+from trainers._internal.session import CheckpointUploadMode, get_session
 
 
 def report(
     metrics: dict[str, Any],
     checkpoint: Checkpoint | None = None,
     checkpoint_dir_name: str | None = None,
-    **_ray_train_options: Any,
+    checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
 ) -> None:
     """Report this worker's metrics, and optionally a checkpoint, for the current step.
 
@@ -20,9 +21,22 @@ def report(
     run's metrics (one row of ``Result.metrics_dataframe`` per call). A checkpoint is copied into
     the run's storage before ``report`` returns, and is committed once every worker has reported
     this step; when several workers pass a checkpoint, their files are merged into one.
-    Metrics-only reports cost about a millisecond: they are pushed to the driver, not polled.
+    Metrics-only reports cost microseconds: they are pushed to the driver, not polled.
+
+    With ``checkpoint_upload_mode=CheckpointUploadMode.ASYNC`` the checkpoint is copied to local
+    disk and uploaded in the background, so the loop does not wait for remote storage.
+    ``checkpoint_dir_name`` is accepted for Ray Train compatibility; folders are always named
+    ``checkpoint_NNNNNN`` in commit order.
     """
-    get_session("report").report(metrics, checkpoint)
+    session = get_session("report")
+    if checkpoint_dir_name is not None and not session.warned_dir_name:
+        session.warned_dir_name = True
+        warnings.warn(
+            f"report(checkpoint_dir_name={checkpoint_dir_name!r}) is ignored: flowtrain names committed "
+            "checkpoints checkpoint_NNNNNN in commit order.",
+            stacklevel=2,
+        )
+    session.report(metrics, checkpoint, checkpoint_upload_mode)
 
 
 def get_checkpoint() -> Checkpoint | None:

@@ -7,7 +7,10 @@ controller through ``emit``; it never waits on a timer.
 
 from __future__ import annotations
 
+import enum
 import numbers
+import shutil
+import tempfile
 import threading
 from typing import Any, Callable
 
@@ -16,7 +19,20 @@ import pyarrow.fs
 from storage import Checkpoint, upload_directory
 from storage.layout import RunLayout
 from trainers._internal.events import Event, ReportEvent
+from trainers._internal.uploader import OrderedUploader
 from trainers.context import TrainContext, _set_context
+
+
+class CheckpointUploadMode(enum.Enum):
+    """How ``report()`` moves a checkpoint into the run's storage.
+
+    ``SYNC`` uploads before ``report()`` returns. ``ASYNC`` copies the folder to local disk,
+    returns, and uploads in the background (reports stay in order); use it with remote storage
+    so the loop waits only for the local copy.
+    """
+
+    SYNC = "SYNC"
+    ASYNC = "ASYNC"
 
 
 class TrainingInterrupted(BaseException):
@@ -49,8 +65,15 @@ class WorkerSession:
         self.emit = emit
         self.num_reports = 0
         self.stop_requested = threading.Event()
+        self.uploader = OrderedUploader()
+        self.warned_dir_name = False
 
-    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None) -> None:
+    def report(
+        self,
+        metrics: dict[str, Any],
+        checkpoint: Checkpoint | None,
+        upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
+    ) -> None:
         if self.stop_requested.is_set():
             raise TrainingInterrupted("the controller stopped this attempt")
         if not isinstance(metrics, dict):
@@ -60,14 +83,35 @@ class WorkerSession:
                 f"report(checkpoint={checkpoint!r}): pass a trainers.Checkpoint, "
                 "e.g. Checkpoint.from_directory(folder)."
             )
+        if not isinstance(upload_mode, CheckpointUploadMode):
+            raise ValueError(f"report(checkpoint_upload_mode={upload_mode!r}): must be CheckpointUploadMode.SYNC or ASYNC.")
         index = self.num_reports
         self.num_reports += 1
-        staged = False
+        event = ReportEvent(self.context.world_rank, index, plain_metrics(metrics), checkpoint is not None)
+        staging = self.layout.staging_path(self.attempt, index)
+        if checkpoint is not None and upload_mode is CheckpointUploadMode.ASYNC:
+            local_copy = tempfile.mkdtemp(prefix="flowtrain-upload-")
+            with checkpoint.as_directory() as folder:
+                shutil.copytree(folder, local_copy, dirs_exist_ok=True)
+
+            def upload_then_report() -> None:
+                try:
+                    upload_directory(local_copy, self.filesystem, staging)
+                finally:
+                    shutil.rmtree(local_copy, ignore_errors=True)
+                self.emit(event)
+
+            self.uploader.submit(upload_then_report)
+            return
+        self.uploader.flush()  # earlier background uploads (if any) come first; re-raises their errors
         if checkpoint is not None:
-            with checkpoint.as_directory() as local_dir:
-                upload_directory(local_dir, self.filesystem, self.layout.staging_path(self.attempt, index))
-            staged = True
-        self.emit(ReportEvent(self.context.world_rank, index, plain_metrics(metrics), staged))
+            with checkpoint.as_directory() as folder:
+                upload_directory(folder, self.filesystem, staging)
+        self.emit(event)
+
+    def flush(self) -> None:
+        """Finish background uploads (called when the training function returns)."""
+        self.uploader.flush()
 
 
 def plain_metrics(metrics: dict[str, Any]) -> dict[str, Any]:

@@ -54,6 +54,7 @@ def run_training_function(
     set_session(session)
     try:
         value = train_fn(config) if takes_config else train_fn()
+        session.flush()
     except TrainingInterrupted:
         return
     except BaseException as error:  # the user's code may raise anything; all of it goes back

@@ -1,0 +1,43 @@
+"""Ordered background work for one worker: checkpoint uploads and the reports queued behind them.
+
+A worker's reports must reach the controller in the order they were made, so once one
+checkpoint upload runs in the background, later reports wait in the same queue behind it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Callable
+
+
+class OrderedUploader:
+    """A single background thread running jobs in submission order; a job's error is re-raised
+    in the training loop at its next ``report()`` or when it returns."""
+
+    def __init__(self) -> None:
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: list[concurrent.futures.Future] = []
+
+    @property
+    def busy(self) -> bool:
+        """True while a submitted job has not finished."""
+        return any(not future.done() for future in self._pending)
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.raise_failure()
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowtrain-upload")
+        self._pending = [future for future in self._pending if not future.done()]
+        self._pending.append(self._pool.submit(job))
+
+    def raise_failure(self) -> None:
+        """Re-raise the error of a job that failed."""
+        for future in self._pending:
+            if future.done() and future.exception() is not None:
+                raise future.exception()
+
+    def flush(self) -> None:
+        """Wait for every submitted job; raise the first failure, if any."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
