@@ -107,3 +107,52 @@ def no_arg_loop():
 
 def sees_no_package_trainers():
     return trainers.__name__
+
+
+def resumable_ddp_loop(config: dict) -> dict:
+    """DDP training that checkpoints model and optimizer every step and resumes from get_checkpoint().
+
+    ``kill_at`` makes rank ``kill_rank`` SIGKILL its own process: once when a ``marker`` file is
+    given (it remembers the kill), in every attempt otherwise.
+    """
+    import signal
+
+    import torch
+
+    from trainers.torch import prepare_model
+
+    context = get_context()
+    rank, size = context.get_world_rank(), context.get_world_size()
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    start = 0
+    checkpoint = get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            state = torch.load(os.path.join(folder, "state.pt"))
+        getattr(model, "module", model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["step"] + 1
+    x, y = dataset()
+    for step in range(start, config["steps"]):
+        if step == config.get("kill_at") and rank == config.get("kill_rank", 1):
+            marker = config.get("marker")
+            if marker is None or not os.path.exists(marker):
+                if marker is not None:
+                    open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+        batch = slice((step * GLOBAL_BATCH) % NUM_ROWS, (step * GLOBAL_BATCH) % NUM_ROWS + GLOBAL_BATCH)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x[batch][rank::size]), y[batch][rank::size])
+        loss.backward()
+        optimizer.step()
+        with tempfile.TemporaryDirectory() as folder:
+            saved = None
+            if rank == 0:
+                module = getattr(model, "module", model)
+                torch.save({"model": module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, os.path.join(folder, "state.pt"))
+                saved = Checkpoint.from_directory(folder)
+            report({"step": step, "loss": loss.item(), "attempt_pid": os.getpid()}, checkpoint=saved)
+    module = getattr(model, "module", model)
+    return {name: tensor.detach().tolist() for name, tensor in module.state_dict().items()}

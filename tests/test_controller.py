@@ -47,6 +47,7 @@ class ScriptedWorkers:
         self.attempts = attempts  # list (per attempt) of lists (per poll) of events
         self.fail_launch = set(fail_launch)
         self.launched = []
+        self.dead = set()
         self.shutdowns = 0
         self.finished = 0
         self._script = []
@@ -62,6 +63,9 @@ class ScriptedWorkers:
 
     def where(self, rank):
         return (f"node-{rank}", f"10.0.0.{rank}")
+
+    def find_dead(self, ranks):
+        return [FailedEvent(rank, RuntimeError("process gone"), "", kind="died") for rank in ranks if rank in self.dead]
 
     def finish(self):
         self.finished += 1
@@ -122,6 +126,18 @@ def test_budget_exhausted_raises_with_rank_node_traceback_attempt():
     assert "rank 0 on node 10.0.0.0" in text and "died" in text and "RuntimeError: oom" in text
     assert "Traceback of rank 0" in text
     assert workers.shutdowns >= 3
+
+
+def test_a_dead_rank_is_named_first_when_others_fail_in_the_collective():
+    collective_error = [[FailedEvent(1, RuntimeError("gloo: connection closed by peer"), "tb1")]]
+    workers = ScriptedWorkers(2, [collective_error])
+    workers.dead = {0}
+    with pytest.raises(WorkerGroupError) as info:
+        Controller(workers=workers, storage=MemoryStore(), max_failures=0).run()
+    lines = str(info.value).splitlines()
+    assert "rank 0 on node 10.0.0.0 (node-0) died: RuntimeError: process gone" in lines[1]
+    assert "rank 1" in lines[2] and "connection closed" in lines[2]
+    assert set(info.value.worker_failures) == {0, 1}
 
 
 def test_max_failures_zero_never_restarts():

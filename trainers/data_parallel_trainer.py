@@ -173,18 +173,13 @@ class DataParallelTrainer:
         try:
             value = controller.run()
         except WorkerGroupError as error:
-            progress.close()
             storage.finish(error=str(error))
             raise
-        except (KeyboardInterrupt, ValueError, TypeError):
-            progress.close()
-            raise
-        except TrainingFailedError:
-            progress.close()
-            raise
+        except (ValueError, TypeError, TrainingFailedError):
+            raise  # the user's mistake, or already a training failure: as it is
         except Exception as error:
-            progress.close()
             raise ControllerError(error) from error
-        progress.close()
+        finally:
+            progress.close()
         storage.finish()
         return Result._from_run(storage, return_value=value, error=None)

@@ -113,6 +113,9 @@ class RayWorkers:
     def where(self, rank: int) -> tuple[str, str]:
         return self._nodes.get(rank, ("", ""))
 
+    def find_dead(self, ranks: list[int]) -> list[Event]:
+        return self.group.find_dead(ranks) if self.group is not None and self.group.workers else []
+
     def finish(self) -> None:
         """Clean end of training: let the backend tear down before the actors go."""
         if self.group is not None and self.group.workers:
@@ -167,6 +170,9 @@ class LocalWorkers:
 
     def where(self, rank: int) -> tuple[str, str]:
         return ("local", socket.gethostname())
+
+    def find_dead(self, ranks: list[int]) -> list[Event]:
+        return []  # this process is the only worker, and it is alive
 
     def finish(self) -> None:
         pass

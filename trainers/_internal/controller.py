@@ -25,6 +25,7 @@ class Workers(Protocol):
     def launch(self, attempt: int, checkpoint: Checkpoint | None) -> None: ...
     def poll(self, timeout_s: float) -> list[Event]: ...
     def where(self, rank: int) -> tuple[str, str]: ...
+    def find_dead(self, ranks: list[int]) -> list[Event]: ...
     def finish(self) -> None: ...
     def shutdown(self) -> None: ...
 
@@ -127,6 +128,9 @@ class Controller:
         self._commit_complete_rounds()
         if self._failed:
             self._drain_rounds_the_failed_ranks_finished()
+            others = [rank for rank in range(self.workers.world_size) if rank not in self._failed]
+            for event in self.workers.find_dead(others) if others else []:
+                self._failed[event.world_rank] = event
             self._fail()
         elif len(self._finished) == self.workers.world_size:
             self._finish()
@@ -217,7 +221,8 @@ class Controller:
         )
 
     def _error(self, failures: list[RankFailure], *, budget_exhausted: bool) -> WorkerGroupError:
-        failures = sorted(failures, key=lambda f: f.world_rank)
+        # A dead process is the likely root cause of the others' collective errors: list it first.
+        failures = sorted(failures, key=lambda f: (f.kind != "died", f.world_rank))
         used = self.storage.num_failures
         if budget_exhausted:
             budget = f"the failure budget is spent (FailureConfig.max_failures={self.max_failures}, {used} restart(s) used)"

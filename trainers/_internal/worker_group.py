@@ -174,6 +174,22 @@ class RayWorkerGroup:
                 self._listen(rank)
         return events
 
+    def find_dead(self, ranks: list[int], timeout_s: float = 2.0) -> list[FailedEvent]:
+        """Ask ``ranks`` if they are alive; a worker that died answers at once with an error.
+
+        When one rank fails in a collective, the root cause is often another rank's death that
+        the controller has not heard of yet: this finds it in one round trip.
+        """
+        refs = {self.workers[rank].actor.metadata.remote(): rank for rank in ranks}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        dead = []
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except (RayActorError, RayTaskError) as error:
+                dead.append(self._died(refs[ref], error))
+        return dead
+
     def _died(self, rank: int, error: BaseException) -> FailedEvent:
         meta = self.workers[rank].metadata
         cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
