@@ -156,3 +156,17 @@ def resumable_ddp_loop(config: dict) -> dict:
             report({"step": step, "loss": loss.item(), "attempt_pid": os.getpid()}, checkpoint=saved)
     module = getattr(model, "module", model)
     return {name: tensor.detach().tolist() for name, tensor in module.state_dict().items()}
+
+
+def hang_loop(config: dict) -> None:
+    """Rank ``sleeper`` dawdles before an all-reduce; the others wait in it until the timeout."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    report({"step": 0})
+    if get_context().get_world_rank() == config["sleeper"]:
+        time.sleep(config["sleep_s"])
+    dist.all_reduce(torch.ones(1))
+    report({"step": 1})

@@ -64,8 +64,9 @@ class ScriptedWorkers:
     def where(self, rank):
         return (f"node-{rank}", f"10.0.0.{rank}")
 
-    def find_dead(self, ranks):
-        return [FailedEvent(rank, RuntimeError("process gone"), "", kind="died") for rank in ranks if rank in self.dead]
+    def probe(self, ranks):
+        dead = [FailedEvent(rank, RuntimeError("process gone"), "", kind="died") for rank in ranks if rank in self.dead]
+        return dead, {rank: "running train.py:7 in loop: time.sleep(60)" for rank in ranks if rank not in self.dead}
 
     def finish(self):
         self.finished += 1
@@ -138,6 +139,13 @@ def test_a_dead_rank_is_named_first_when_others_fail_in_the_collective():
     assert "rank 0 on node 10.0.0.0 (node-0) died: RuntimeError: process gone" in lines[1]
     assert "rank 1" in lines[2] and "connection closed" in lines[2]
     assert set(info.value.worker_failures) == {0, 1}
+
+
+def test_ranks_that_did_not_fail_say_what_they_were_doing():
+    timeout = [[FailedEvent(0, RuntimeError("gloo: Timed out waiting 3000ms for recv"), "tb0")]]
+    with pytest.raises(WorkerGroupError) as info:
+        Controller(workers=ScriptedWorkers(2, [timeout]), storage=MemoryStore(), max_failures=0).run()
+    assert "rank 1 on node 10.0.0.1 had not failed; it was running train.py:7 in loop: time.sleep(60)" in str(info.value)
 
 
 def test_max_failures_zero_never_restarts():

@@ -113,8 +113,8 @@ class RayWorkers:
     def where(self, rank: int) -> tuple[str, str]:
         return self._nodes.get(rank, ("", ""))
 
-    def find_dead(self, ranks: list[int]) -> list[Event]:
-        return self.group.find_dead(ranks) if self.group is not None and self.group.workers else []
+    def probe(self, ranks: list[int]) -> tuple[list[Event], dict[int, str]]:
+        return self.group.probe(ranks) if self.group is not None and self.group.workers else ([], {})
 
     def finish(self) -> None:
         """Clean end of training: let the backend tear down before the actors go."""
@@ -171,8 +171,8 @@ class LocalWorkers:
     def where(self, rank: int) -> tuple[str, str]:
         return ("local", socket.gethostname())
 
-    def find_dead(self, ranks: list[int]) -> list[Event]:
-        return []  # this process is the only worker, and it is alive
+    def probe(self, ranks: list[int]) -> tuple[list[Event], dict[int, str]]:
+        return [], {}  # this process is the only worker
 
     def finish(self) -> None:
         pass

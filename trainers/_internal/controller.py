@@ -25,7 +25,7 @@ class Workers(Protocol):
     def launch(self, attempt: int, checkpoint: Checkpoint | None) -> None: ...
     def poll(self, timeout_s: float) -> list[Event]: ...
     def where(self, rank: int) -> tuple[str, str]: ...
-    def find_dead(self, ranks: list[int]) -> list[Event]: ...
+    def probe(self, ranks: list[int]) -> tuple[list[Event], dict[int, str]]: ...
     def finish(self) -> None: ...
     def shutdown(self) -> None: ...
 
@@ -78,6 +78,8 @@ class Controller:
         self._finished: dict[int, Any] = {}
         self._failed: dict[int, FailedEvent] = {}
         self._last_failures: list[RankFailure] = []
+        #: What the ranks that did not fail were doing when the others failed (hang diagnosis).
+        self._activity: dict[int, str] = {}
 
     # -- the state machine ----------------------------------------------------------------------
 
@@ -129,7 +131,8 @@ class Controller:
         if self._failed:
             self._drain_rounds_the_failed_ranks_finished()
             others = [rank for rank in range(self.workers.world_size) if rank not in self._failed]
-            for event in self.workers.find_dead(others) if others else []:
+            dead, self._activity = self.workers.probe(others) if others else ([], {})
+            for event in dead:
                 self._failed[event.world_rank] = event
             self._fail()
         elif len(self._finished) == self.workers.world_size:
@@ -230,6 +233,9 @@ class Controller:
             budget = "FailureConfig.max_failures=0, so the run does not restart"
         lines = [f"Training failed in attempt {self.attempt}: {budget}."]
         lines += [f"  - {f.describe()}" for f in failures]
+        for rank, doing in sorted(self._activity.items()):
+            node_ip = self.workers.where(rank)[1]
+            lines.append(f"  - rank {rank} on node {node_ip or '?'} had not failed; it was {doing}")
         first = failures[0]
         if first.traceback:
             lines.append(f"Traceback of rank {first.world_rank}:\n{first.traceback.rstrip()}")

@@ -12,6 +12,7 @@ import os
 import pickle
 import queue
 import socket
+import sys
 import threading
 import traceback
 from typing import Any, Callable
@@ -76,6 +77,23 @@ def run_training_function(
     emit(FinishedEvent(rank, value))
 
 
+def describe_activity(thread: threading.Thread | None) -> str:
+    """The innermost line of user code the training thread is running, and whether it waits in
+    torch.distributed (a collective) below it."""
+    if thread is None or not thread.is_alive():
+        return "not training"
+    frame = sys._current_frames().get(thread.ident)
+    if frame is None:
+        return "not training"
+    stack = traceback.extract_stack(frame)
+    in_collective = any("torch/distributed" in f.filename for f in stack)
+    ours = (os.sep + "trainers" + os.sep, os.sep + "storage" + os.sep, "site-packages", "threading.py")
+    user = [f for f in stack if not any(part in f.filename for part in ours)]
+    where = user[-1] if user else stack[-1]
+    text = f"{os.path.basename(where.filename)}:{where.lineno} in {where.name}: {(where.line or '').strip()}"
+    return ("waiting in a torch.distributed collective at " if in_collective else "running ") + text
+
+
 class TrainWorker:
     """One training worker. Methods are called by the controller through Ray."""
 
@@ -123,6 +141,10 @@ class TrainWorker:
                 events.append(self._events.get_nowait())
             except queue.Empty:
                 return events
+
+    def activity(self) -> str:
+        """Where the training function is right now (file:line and the code), for hang reports."""
+        return describe_activity(self._thread)
 
     def stop(self) -> None:
         """Ask the training function to stop at its next ``report()``."""

@@ -174,21 +174,21 @@ class RayWorkerGroup:
                 self._listen(rank)
         return events
 
-    def find_dead(self, ranks: list[int], timeout_s: float = 2.0) -> list[FailedEvent]:
-        """Ask ``ranks`` if they are alive; a worker that died answers at once with an error.
+    def probe(self, ranks: list[int], timeout_s: float = 2.0) -> tuple[list[FailedEvent], dict[int, str]]:
+        """Ask ``ranks`` what they are doing: dead ones answer at once with an error.
 
-        When one rank fails in a collective, the root cause is often another rank's death that
-        the controller has not heard of yet: this finds it in one round trip.
+        When one rank fails in a collective, the root cause is often another rank that died, or
+        one still busy elsewhere (a hang): one round trip tells which.
         """
-        refs = {self.workers[rank].actor.metadata.remote(): rank for rank in ranks}
+        refs = {self.workers[rank].actor.activity.remote(): rank for rank in ranks}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-        dead = []
+        dead, activity = [], {}
         for ref in ready:
             try:
-                ray.get(ref)
+                activity[refs[ref]] = ray.get(ref)
             except (RayActorError, RayTaskError) as error:
                 dead.append(self._died(refs[ref], error))
-        return dead
+        return dead, activity
 
     def _died(self, rank: int, error: BaseException) -> FailedEvent:
         meta = self.workers[rank].metadata
