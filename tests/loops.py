@@ -74,6 +74,10 @@ def checkpointing_loop(config: dict) -> None:
                 start = int(f.read()) + 1
     rank = get_context().get_world_rank()
     for step in range(start, config["steps"]):
+        if config.get("sleep_s"):
+            import time
+
+            time.sleep(config["sleep_s"])
         if config.get("fail_at") == step and rank == config.get("fail_rank", 0):
             marker = config["fail_marker"]
             if not os.path.exists(marker):

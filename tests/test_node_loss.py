@@ -1,0 +1,106 @@
+"""A real two-node Ray cluster on this machine: losing the node of one rank mid-run."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import loops
+import trainers.data_parallel_trainer
+from conftest import assert_no_leaks
+from trainers import FailureConfig, RunConfig, ScalingConfig, UserCallback, WorkerGroupError
+from trainers.torch import TorchTrainer
+
+
+@pytest.fixture
+def two_nodes(monkeypatch):
+    """Head and one more node, 1 CPU each, so STRICT_SPREAD puts one rank on each."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()  # the suite's shared single-node Ray; ray_local restarts it when needed
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    spare = cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address)
+    monkeypatch.setattr(trainers.data_parallel_trainer, "DEFAULT_START_TIMEOUT_S", 15.0)
+    yield cluster, spare
+    assert_no_leaks()
+    ray.shutdown()
+    cluster.shutdown()
+
+
+class Watch(UserCallback):
+    """Signals when ``step`` was reported; records restarts."""
+
+    def __init__(self, step):
+        self.step = step
+        self.reached = threading.Event()
+        self.restarts = []
+
+    def after_report(self, run_context, metrics, checkpoint):
+        if metrics[0]["step"] >= self.step:
+            self.reached.set()
+
+    def on_restart(self, run_context, failures, resume_from):
+        self.restarts.append(failures)
+
+
+def fit_in_background(trainer):
+    """Run fit() in a thread (Ray's cluster utilities must run in the main thread)."""
+    outcome = {}
+
+    def target():
+        try:
+            outcome["result"] = trainer.fit()
+        except BaseException as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, outcome
+
+
+def trainer(tmp_path, name, callback, max_failures):
+    return TorchTrainer(
+        loops.checkpointing_loop,
+        train_loop_config={"steps": 10, "every": 1, "sleep_s": 0.2},
+        scaling_config=ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"),
+        run_config=RunConfig(
+            name=name, storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=max_failures), callbacks=[callback]
+        ),
+    )
+
+
+def test_lost_node_resumes_when_a_node_comes_back(two_nodes, tmp_path):
+    cluster, spare = two_nodes
+    watch = Watch(step=3)
+    thread, outcome = fit_in_background(trainer(tmp_path, "node-loss", watch, max_failures=2))
+    assert watch.reached.wait(120)
+    cluster.remove_node(spare)  # the rank on it dies with its node
+    time.sleep(3)  # the restart now waits for a second node
+    cluster.add_node(num_cpus=1)
+    thread.join(180)
+    assert not thread.is_alive()
+    assert "error" not in outcome, outcome.get("error")
+    result = outcome["result"]
+    assert watch.restarts and watch.restarts[0][0].kind == "died"
+    assert list(result.metrics_dataframe["step"]) == list(range(10))
+
+
+def test_lost_node_without_replacement_is_a_clear_error_not_a_hang(two_nodes, tmp_path):
+    cluster, spare = two_nodes
+    watch = Watch(step=2)
+    thread, outcome = fit_in_background(trainer(tmp_path, "node-gone", watch, max_failures=1))
+    assert watch.reached.wait(120)
+    cluster.remove_node(spare)
+    thread.join(120)
+    assert not thread.is_alive()
+    error = outcome.get("error")
+    assert isinstance(error, WorkerGroupError), outcome
+    message = str(error)
+    assert "the worker group failed to start" in message
+    assert "could not reserve 2 x {'CPU': 1} (STRICT_SPREAD) within 15 s" in message
+    assert error.budget_exhausted
