@@ -174,3 +174,26 @@ def hang_loop(config: dict) -> None:
         time.sleep(config["sleep_s"])
     dist.all_reduce(torch.ones(1))
     report({"step": 1})
+
+
+def stuck_rank_loop(config: dict) -> None:
+    """Rank ``stuck`` stops reporting after step 0 (no collective involved)."""
+    import time
+
+    report({"step": 0})
+    if get_context().get_world_rank() == config["stuck"]:
+        time.sleep(config["sleep_s"])
+    report({"step": 1})
+
+
+def endless_loop(config: dict) -> None:
+    """Reports forever; every rank writes its pid to ``pid_dir`` first."""
+    import time
+
+    with open(os.path.join(config["pid_dir"], f"rank{get_context().get_world_rank()}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    step = 0
+    while True:
+        report({"step": step})
+        step += 1
+        time.sleep(0.1)

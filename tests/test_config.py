@@ -40,6 +40,7 @@ def test_scaling_config_defaults_fill_resources():
         ({"max_failures": "3"}, r"FailureConfig.max_failures='3'"),
         ({"max_failures": True}, r"FailureConfig.max_failures=True"),
         ({"controller_failure_limit": -5}, r"controller_failure_limit=-5"),
+        ({"report_timeout_s": 0}, r"FailureConfig.report_timeout_s=0: must be None or seconds > 0"),
     ],
 )
 def test_failure_config_rejects(kwargs, message):

@@ -148,6 +148,22 @@ def test_ranks_that_did_not_fail_say_what_they_were_doing():
     assert "rank 1 on node 10.0.0.1 had not failed; it was running train.py:7 in loop: time.sleep(60)" in str(info.value)
 
 
+def test_a_rank_that_stops_reporting_is_hung_after_the_report_timeout():
+    now = [0.0]
+    events = [[report(0, 0)], [], [], []]
+    workers = ScriptedWorkers(2, [events])
+    controller = Controller(workers=workers, storage=MemoryStore(), max_failures=0, report_timeout_s=30, clock=lambda: now[0])
+    controller.step()  # launch
+    controller.step()  # rank 0 reports step 0 at t=0
+    now[0] = 29.0
+    assert controller.step() is State.RUNNING  # within the timeout
+    now[0] = 31.0
+    assert controller.step() is State.FAILED
+    message = str(controller.error)
+    assert "rank 1 on node 10.0.0.1 (node-1) hung: TimeoutError: rank 1 has not reported step 0" in message
+    assert "31 s after rank(s) 0 did (FailureConfig.report_timeout_s=30); it is running train.py:7" in message
+
+
 def test_max_failures_zero_never_restarts():
     workers = ScriptedWorkers(1, [[[FailedEvent(0, ValueError("x"), "tb")]]])
     controller = Controller(workers=workers, storage=MemoryStore(), max_failures=0)

@@ -91,3 +91,16 @@ def test_a_rank_that_hangs_before_a_collective_is_named_within_the_timeout(tmp_p
     assert "rank 0 on node" in message  # the rank whose all-reduce timed out
     assert "rank 1 on node" in message and "had not failed; it was running loops.py" in message
     assert "time.sleep(config[\"sleep_s\"])" in message
+
+
+def test_a_rank_that_stops_reporting_is_named_after_the_report_timeout(tmp_path):
+    with pytest.raises(WorkerGroupError) as info:
+        TorchTrainer(
+            loops.stuck_rank_loop,
+            train_loop_config={"stuck": 0, "sleep_s": 120},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(name="stuck", storage_path=str(tmp_path), failure_config=FailureConfig(report_timeout_s=3)),
+        ).fit()
+    message = str(info.value)
+    assert "rank 0 on node" in message and "hung: TimeoutError: rank 0 has not reported step 1" in message
+    assert "it is running loops.py" in message and "time.sleep(config[\"sleep_s\"])" in message

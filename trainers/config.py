@@ -105,6 +105,9 @@ class FailureConfig:
     max_failures: int = 0
     #: Retries of the driver itself (the Prefect train task) after it crashed: -1 without limit.
     controller_failure_limit: int = -1
+    #: Seconds a rank may lag behind the others' report of the same step before the run counts
+    #: it as hung (a failure, restarted per ``max_failures``). None: never.
+    report_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         check_int("FailureConfig.max_failures", self.max_failures, minimum=-1, allowed="an integer >= -1 (-1 means unlimited)")
@@ -114,6 +117,10 @@ class FailureConfig:
             minimum=-1,
             allowed="an integer >= -1 (-1 means unlimited)",
         )
+        if self.report_timeout_s is not None:
+            check_number(
+                "FailureConfig.report_timeout_s", self.report_timeout_s, minimum=0, strict=True, allowed="None or seconds > 0"
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

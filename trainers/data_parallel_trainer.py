@@ -166,6 +166,7 @@ class DataParallelTrainer:
             workers=workers,
             storage=storage,
             max_failures=failure_config.max_failures,
+            report_timeout_s=failure_config.report_timeout_s,
             on_report=on_report,
             on_failure=on_failure,
             on_restart=on_restart,

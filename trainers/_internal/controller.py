@@ -61,6 +61,8 @@ class Controller:
         on_restart: Callable[[int, list[RankFailure], Checkpoint | None], None] = lambda *a: None,
         poll_timeout_s: float = 1.0,
         drain_timeout_s: float = 1.0,
+        report_timeout_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.workers = workers
         self.storage = storage
@@ -70,6 +72,10 @@ class Controller:
         self.on_restart = on_restart
         self.poll_timeout_s = poll_timeout_s
         self.drain_timeout_s = drain_timeout_s
+        self.report_timeout_s = report_timeout_s
+        self.clock = clock
+        #: When the first rank reported each pending round (for the report timeout).
+        self._first_seen: dict[int, float] = {}
         self.state = State.LAUNCHING
         self.attempt = 0
         self.return_value: Any = None
@@ -88,7 +94,8 @@ class Controller:
         if self.state is State.LAUNCHING:
             self._launch()
         elif self.state is State.RUNNING:
-            self._handle(self.workers.poll(self.poll_timeout_s))
+            timeout = self.poll_timeout_s if self.report_timeout_s is None else min(self.poll_timeout_s, self.report_timeout_s / 4)
+            self._handle(self.workers.poll(timeout))
         elif self.state is State.RESTARTING:
             self._restart()
         return self.state
@@ -107,8 +114,10 @@ class Controller:
     def _launch(self) -> None:
         self.attempt = self.storage.start_attempt()
         self._pending.clear()
+        self._first_seen.clear()
         self._finished.clear()
         self._failed.clear()
+        self._activity = {}
         try:
             self.workers.launch(self.attempt, self.storage.latest_checkpoint)
         except (ValueError, TypeError):
@@ -123,15 +132,17 @@ class Controller:
         for event in events:
             if isinstance(event, ReportEvent):
                 self._pending.setdefault(event.index, {})[event.world_rank] = event
+                self._first_seen.setdefault(event.index, self.clock())
             elif isinstance(event, FinishedEvent):
                 self._finished[event.world_rank] = event.return_value
             elif isinstance(event, FailedEvent):
                 self._failed.setdefault(event.world_rank, event)
         self._commit_complete_rounds()
+        self._check_laggards()
         if self._failed:
             self._drain_rounds_the_failed_ranks_finished()
-            others = [rank for rank in range(self.workers.world_size) if rank not in self._failed]
-            dead, self._activity = self.workers.probe(others) if others else ([], {})
+            alive = [r for r in range(self.workers.world_size) if r not in self._failed or self._failed[r].kind == "hung"]
+            dead, self._activity = self.workers.probe(alive) if alive else ([], {})
             for event in dead:
                 self._failed[event.world_rank] = event
             self._fail()
@@ -146,10 +157,32 @@ class Controller:
             if len(round_) < size:
                 return
             del self._pending[index]
+            self._first_seen.pop(index, None)
             metrics = [round_[rank].metrics for rank in range(size)]
             staged = any(event.staged for event in round_.values())
             checkpoint = self.storage.record_report(metrics[0], report_index=index, attempt=self.attempt, staged=staged)
             self.on_report(self.attempt, metrics, checkpoint)
+
+    def _check_laggards(self) -> None:
+        """A rank that has not reported a step ``report_timeout_s`` after another rank did is hung."""
+        if self.report_timeout_s is None or not self._pending or self._failed:
+            return
+        index = min(self._pending)
+        waited = self.clock() - self._first_seen.get(index, self.clock())
+        if waited <= self.report_timeout_s:
+            return
+        reported = sorted(self._pending[index])
+        for rank in range(self.workers.world_size):
+            if rank not in self._pending[index] and rank not in self._finished:
+                self._failed[rank] = FailedEvent(
+                    rank,
+                    TimeoutError(
+                        f"rank {rank} has not reported step {index} of this attempt {waited:.0f} s after rank(s) "
+                        f"{', '.join(map(str, reported))} did (FailureConfig.report_timeout_s={self.report_timeout_s:g})"
+                    ),
+                    "",
+                    kind="hung",
+                )
 
     def _drain_rounds_the_failed_ranks_finished(self) -> None:
         """A round every failed rank reported may still complete: the healthy ranks' reports can
@@ -232,10 +265,13 @@ class Controller:
         else:
             budget = "FailureConfig.max_failures=0, so the run does not restart"
         lines = [f"Training failed in attempt {self.attempt}: {budget}."]
-        lines += [f"  - {f.describe()}" for f in failures]
+        for failure in failures:
+            doing = self._activity.get(failure.world_rank)
+            lines.append(f"  - {failure.describe()}" + (f"; it is {doing}" if doing else ""))
         for rank, doing in sorted(self._activity.items()):
-            node_ip = self.workers.where(rank)[1]
-            lines.append(f"  - rank {rank} on node {node_ip or '?'} had not failed; it was {doing}")
+            if rank not in self._failed:
+                node_ip = self.workers.where(rank)[1]
+                lines.append(f"  - rank {rank} on node {node_ip or '?'} had not failed; it was {doing}")
         first = failures[0]
         if first.traceback:
             lines.append(f"Traceback of rank {first.world_rank}:\n{first.traceback.rstrip()}")

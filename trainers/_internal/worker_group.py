@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -24,6 +24,9 @@ from trainers.errors import WorkerError
 
 #: How long a worker's next_events call waits before answering "nothing yet".
 LONG_POLL_S = 10.0
+#: A worker Ray calls unavailable (unreachable, maybe back soon) is given this long before it
+#: counts as failed; a worker that died fails at once.
+UNAVAILABLE_GRACE_S = 10.0
 
 
 _remote_cls = None
@@ -76,6 +79,7 @@ class RayWorkerGroup:
         self.workers: list[Worker] = []
         self._pg = None
         self._inflight: dict[Any, int] = {}
+        self._unavailable_since: dict[int, float] = {}
 
     @property
     def world_size(self) -> int:
@@ -166,9 +170,18 @@ class RayWorkerGroup:
             rank = self._inflight.pop(ref)
             try:
                 batch = ray.get(ref)
+            except ActorUnavailableError as error:
+                since = self._unavailable_since.setdefault(rank, time.monotonic())
+                if time.monotonic() - since > UNAVAILABLE_GRACE_S:
+                    events.append(self._died(rank, error))
+                else:
+                    time.sleep(0.2)  # not dead: ask again shortly, no restart spent yet
+                    self._listen(rank)
+                continue
             except (RayActorError, RayTaskError) as error:
                 events.append(self._died(rank, error))
                 continue
+            self._unavailable_since.pop(rank, None)
             events.extend(batch)
             if not any(isinstance(e, (FinishedEvent, FailedEvent)) for e in batch):
                 self._listen(rank)

@@ -1,0 +1,73 @@
+"""Ctrl-C in the driver: fit() stops at once and leaves no workers, placement groups or lease."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import ROOT, assert_no_leaks
+
+DRIVER = textwrap.dedent(
+    """
+    import sys
+    import loops
+    from trainers import RunConfig, ScalingConfig
+    from trainers.torch import TorchTrainer
+
+    storage, pid_dir = sys.argv[1], sys.argv[2]
+    TorchTrainer(
+        loops.endless_loop,
+        train_loop_config={"pid_dir": pid_dir},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="interrupted", storage_path=storage),
+    ).fit()
+    """
+)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_ctrl_c_tears_everything_down(tmp_path):
+    import ray
+
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)  # fit() joins this cluster
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(tmp_path), str(pid_dir)], env=env, cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(pid_dir.iterdir())) < 2:
+            assert driver.poll() is None, driver.stdout.read()
+            assert time.monotonic() < deadline, "workers never started"
+            time.sleep(0.2)
+        assert (tmp_path / "interrupted" / "lease.json").exists()
+        worker_pids = [int(p.read_text()) for p in pid_dir.iterdir()]
+        time.sleep(1)
+        driver.send_signal(signal.SIGINT)
+        output, _ = driver.communicate(timeout=30)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode != 0 and "KeyboardInterrupt" in output
+    assert not (tmp_path / "interrupted" / "lease.json").exists()  # the run was let go cleanly
+    assert_no_leaks()
+    deadline = time.monotonic() + 15
+    while any(alive(pid) for pid in worker_pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(pid) for pid in worker_pids)
