@@ -47,15 +47,34 @@ def ray_local(_ray_session):
 
     if not ray.is_initialized():  # a test module with its own cluster shut the shared one down
         ray.init(num_cpus=TEST_NUM_CPUS, include_dashboard=False, log_to_driver=True)
+    before = set(train_worker_actors())
     yield
-    assert_no_leaks()
+    assert_no_leaks(new_since=before)
+
+
+def train_worker_actors() -> dict[str, dict]:
+    """Every worker actor Ray knows of (dead ones too), by actor id."""
+    import ray
+
+    return {
+        actor_id: actor
+        for actor_id, actor in ray._private.state.actors().items()
+        if "TrainWorker" in actor.get("ActorClassName", "")
+    }
 
 
 def live_train_workers() -> list[dict]:
-    import ray
+    return [a for a in train_worker_actors().values() if a.get("State") != "DEAD"]
 
-    actors = ray._private.state.actors()
-    return [a for a in actors.values() if a.get("State") != "DEAD" and "TrainWorker" in a.get("ActorClassName", "")]
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def live_placement_groups() -> list[dict]:
@@ -64,13 +83,21 @@ def live_placement_groups() -> list[dict]:
     return [pg for pg in placement_group_table().values() if pg.get("state") not in ("REMOVED",)]
 
 
-def assert_no_leaks(timeout_s: float = 10.0) -> None:
-    """Every worker actor and placement group of finished runs is gone (teardown is asynchronous in Ray)."""
+def assert_no_leaks(timeout_s: float = 10.0, new_since: set[str] | None = None) -> None:
+    """Every worker actor, its process, and every placement group of finished runs is gone
+    (teardown is asynchronous in Ray, so this waits a little)."""
     deadline = time.monotonic() + timeout_s
     while True:
         actors, groups = live_train_workers(), live_placement_groups()
-        if not actors and not groups:
+        pids = []
+        if new_since is not None:
+            started = [a for actor_id, a in train_worker_actors().items() if actor_id not in new_since]
+            pids = [a["Pid"] for a in started if a.get("Pid") and process_alive(a["Pid"])]
+        if not actors and not groups and not pids:
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"leaked after the test: {len(actors)} worker actor(s), {len(groups)} placement group(s)")
+            raise AssertionError(
+                f"leaked after the test: {len(actors)} worker actor(s), {len(groups)} placement group(s), "
+                f"worker processes still alive: {pids}"
+            )
         time.sleep(0.1)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, assert_no_leaks
+from conftest import ROOT, assert_no_leaks, process_alive
 
 DRIVER = textwrap.dedent(
     """
@@ -29,14 +29,6 @@ DRIVER = textwrap.dedent(
     ).fit()
     """
 )
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.usefixtures("ray_local")
@@ -68,6 +60,6 @@ def test_ctrl_c_tears_everything_down(tmp_path):
     assert not (tmp_path / "interrupted" / "lease.json").exists()  # the run was let go cleanly
     assert_no_leaks()
     deadline = time.monotonic() + 15
-    while any(alive(pid) for pid in worker_pids) and time.monotonic() < deadline:
+    while any(process_alive(pid) for pid in worker_pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(alive(pid) for pid in worker_pids)
+    assert not any(process_alive(pid) for pid in worker_pids)
