@@ -197,3 +197,39 @@ def endless_loop(config: dict) -> None:
         report({"step": step})
         step += 1
         time.sleep(0.1)
+
+
+def collect_ids_loop(config: dict) -> None:
+    """One epoch over this rank's shard of "train": reports the ids it saw."""
+    shard = trainers.get_dataset_shard("train")
+    ids = [int(i) for batch in shard.iter_batches(batch_size=64, batch_format="numpy") for i in batch["id"]]
+    report({"ids": ids, "count": len(ids)})
+
+
+def ray_data_regression_loop(config: dict) -> float:
+    """Linear regression over iter_torch_batches; returns the last epoch's mean loss."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    shard = trainers.get_dataset_shard("train")
+    mean = 0.0
+    for epoch in range(config["epochs"]):
+        total, rows = 0.0, 0
+        for batch in shard.iter_torch_batches(batch_size=32, dtypes=torch.float32):
+            x = torch.stack([batch[f"x{i}"] for i in range(4)], dim=1)
+            y = batch["y"].unsqueeze(1)
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * len(y)
+            rows += len(y)
+        mean = total / rows
+        report({"epoch": epoch, "loss": mean})
+    return mean
+
+
+def ask_for_unknown_dataset(config: dict) -> None:
+    trainers.get_dataset_shard("valid")

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from storage import CheckpointConfig, RunStorage
 from trainers._internal.attempt import LocalWorkers, RayWorkers, RunSpec
 from trainers._internal.controller import Controller
-from trainers._internal.data import resolve_datasets
+from trainers._internal.data import check_dataset_values, check_row_counts, resolve_datasets
 from trainers._internal.progress import ProgressLine
 from trainers.backend import BackendConfig
 from trainers.callback import TrainRunContext
@@ -81,6 +81,7 @@ class DataParallelTrainer:
         _check_type("backend_config", backend_config, BackendConfig)
         if datasets is not None and not isinstance(datasets, dict):
             raise TypeError(f"datasets={datasets!r}: must be a dict of name to ray.data.Dataset, e.g. {{'train': ds}}.")
+        check_dataset_values(datasets or {})
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
         self.backend_config = backend_config or BackendConfig()
@@ -97,13 +98,21 @@ class DataParallelTrainer:
     def fit(self) -> Result:
         """Train; return the Result, or raise TrainingFailedError when training cannot finish."""
         scaling, run_config = self.scaling_config, self.run_config
-        local = scaling.num_workers == 0
-        if not local:
+        datasets: dict[str, Any] = {}
+        if scaling.num_workers > 0 or self.datasets:
             from trainers._internal.ray_init import ensure_ray
-            from trainers._internal.resources import check_feasible, cluster_nodes
 
             ensure_ray()
-            check_feasible(scaling, cluster_nodes())
+        if scaling.num_workers > 0:
+            from trainers._internal.resources import check_feasible, cluster_nodes, leave_cpu_for_data
+
+            nodes = cluster_nodes()
+            check_feasible(scaling, nodes)
+            if self.datasets:
+                scaling = leave_cpu_for_data(scaling, nodes)
+        if self.datasets:
+            datasets = resolve_datasets(self.datasets)
+            check_row_counts(datasets, self.dataset_config, max(1, scaling.num_workers))
         name = run_config.name or self._default_name()
         storage = RunStorage(
             run_config.resolved_storage_path,
@@ -113,20 +122,20 @@ class DataParallelTrainer:
         )
         storage.open(owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
         try:
-            return self._run(name, storage)
+            return self._run(name, storage, scaling, datasets)
         finally:
             storage.close()
 
-    def _run(self, name: str, storage: RunStorage) -> Result:
+    def _run(self, name: str, storage: RunStorage, scaling: ScalingConfig, datasets: dict[str, Any]) -> Result:
         run_config = self.run_config
         spec = RunSpec(
             name=name,
             train_fn=self.train_loop_per_worker,
             train_loop_config=self.train_loop_config,
             takes_config=self._takes_config,
-            scaling=self.scaling_config,
+            scaling=scaling,
             backend_config=self.backend_config,
-            datasets=resolve_datasets(self.datasets),
+            datasets=datasets,
             dataset_config=self.dataset_config,
             storage_info=StorageInfo(
                 storage_path=run_config.resolved_storage_path,
@@ -140,12 +149,12 @@ class DataParallelTrainer:
             start_timeout_s=DEFAULT_START_TIMEOUT_S,
             runtime_env=run_config.worker_runtime_env,
         )
-        workers = LocalWorkers(spec) if self.scaling_config.num_workers == 0 else RayWorkers(spec)
+        workers = LocalWorkers(spec) if scaling.num_workers == 0 else RayWorkers(spec)
         callbacks = list(run_config.callbacks or [])
         progress = ProgressLine(name)
 
         def context(attempt: int) -> TrainRunContext:
-            return TrainRunContext(name, storage.run_uri, attempt, run_config, self.scaling_config, self.train_loop_config)
+            return TrainRunContext(name, storage.run_uri, attempt, run_config, scaling, self.train_loop_config)
 
         def on_report(attempt, metrics, checkpoint):
             progress.update(attempt, metrics[0])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
 
 from trainers.config import ScalingConfig
 from trainers.errors import InsufficientResourcesError
@@ -62,3 +64,35 @@ def cluster_nodes() -> list[dict[str, float]]:
     import ray
 
     return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]
+
+
+def leave_cpu_for_data(scaling: ScalingConfig, nodes: list[dict[str, float]]) -> ScalingConfig:
+    """Make room for the Ray Data pipeline beside the training workers.
+
+    Ray Data's read and map tasks need a CPU each; when the workers hold every CPU, those tasks
+    never run and training waits forever. With the default one CPU per worker, the workers here
+    get a fraction of a CPU instead (a warning says so), which leaves one whole CPU to the
+    pipeline; when you set the workers' CPUs yourself and none is left, this fails at once
+    saying what to change.
+    """
+    total_cpu = sum(node.get("CPU", 0.0) for node in nodes)
+    workers_cpu = scaling.worker_resources.get("CPU", 0.0) * scaling.num_workers
+    if total_cpu - workers_cpu >= 1 or scaling.num_workers == 0:
+        return scaling
+    user_set = "CPU" in (scaling.resources_per_worker or {})
+    per_worker = math.floor((total_cpu - 1) / scaling.num_workers * 100) / 100
+    if user_set or per_worker <= 0:
+        raise InsufficientResourcesError(
+            f"Ray Data needs at least 1 CPU beside the training workers, but {scaling.num_workers} workers "
+            f"take {workers_cpu:g} of the cluster's {total_cpu:g} CPUs, so the data pipeline would never run. "
+            "Leave one free: lower ScalingConfig.num_workers or resources_per_worker['CPU'] "
+            "(fractions such as 0.5 are fine), or add CPUs."
+        )
+    warnings.warn(
+        f"Giving each of the {scaling.num_workers} training workers {per_worker:g} CPU (not 1) so that Ray Data "
+        f"keeps 1 of the cluster's {total_cpu:g} CPUs for its pipeline; set ScalingConfig.resources_per_worker "
+        "to choose yourself.",
+        stacklevel=3,
+    )
+    resources = {**(scaling.resources_per_worker or {}), "CPU": per_worker}
+    return dataclasses.replace(scaling, resources_per_worker=resources)
