@@ -200,9 +200,18 @@ def endless_loop(config: dict) -> None:
 
 
 def collect_ids_loop(config: dict) -> None:
-    """One epoch over this rank's shard of "train": reports the ids it saw."""
+    """One epoch over this rank's shard of "train": reports the ids it saw.
+
+    With ``fail_marker``, rank 1 dies half way through its shard once (the marker remembers).
+    """
     shard = trainers.get_dataset_shard("train")
-    ids = [int(i) for batch in shard.iter_batches(batch_size=64, batch_format="numpy") for i in batch["id"]]
+    ids = []
+    for batch in shard.iter_batches(batch_size=64, batch_format="numpy"):
+        ids.extend(int(i) for i in batch["id"])
+        marker = config.get("fail_marker") if config else None
+        if marker and get_context().get_world_rank() == 1 and len(ids) >= 200 and not os.path.exists(marker):
+            open(marker, "w").close()
+            raise RuntimeError("injected failure mid-epoch")
     report({"ids": ids, "count": len(ids)})
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import loops
 from conftest import assert_no_leaks
-from trainers import DataConfig, InsufficientResourcesError, RunConfig, ScalingConfig, UserCallback, WorkerGroupError
+from trainers import DataConfig, FailureConfig, InsufficientResourcesError, RunConfig, ScalingConfig, UserCallback, WorkerGroupError
 from trainers.data import DatasetError, read_dataset
 from trainers.torch import TorchTrainer
 
@@ -63,6 +63,28 @@ def test_two_workers_see_every_row_exactly_once_and_equal_counts(two_cpus, tmp_p
     ids = round_[0]["ids"] + round_[1]["ids"]
     assert sorted(ids) == list(range(1000))  # the union is the whole dataset, no duplicates
     assert round_[0]["count"] == round_[1]["count"] == 500
+
+
+def test_shards_are_rebuilt_after_a_restart(two_cpus, tmp_path):
+    import warnings
+
+    dataset = read_dataset(str(write_ids(tmp_path / "ids")))
+    seen = AllRanks()
+    marker = tmp_path / "failed-once"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the fractional-CPU notice, tested above
+        TorchTrainer(
+            loops.collect_ids_loop,
+            train_loop_config={"fail_marker": str(marker)},
+            datasets={"train": dataset},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(
+                name="restart", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=1), callbacks=[seen]
+            ),
+        ).fit()
+    assert marker.exists()
+    (round_,) = seen.rounds  # the failed attempt reported nothing
+    assert sorted(round_[0]["ids"] + round_[1]["ids"]) == list(range(1000))
 
 
 def test_iter_torch_batches_trains_like_a_dataloader(two_cpus, tmp_path):
