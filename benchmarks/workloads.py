@@ -132,3 +132,89 @@ WORKLOADS = {
     "startup": (startup, ("flowtrain", "ray.train", "raw")),
     "report_latency": (report_latency, ("flowtrain", "ray.train")),
 }
+
+
+# -- Ray Data ingestion -------------------------------------------------------------------------
+
+DATA_ROWS = 250_000
+_data_path: str | None = None
+
+
+def parquet_dataset() -> str:
+    """A 250k-row parquet folder (8 float features and a label), written once per benchmark run."""
+    global _data_path
+    if _data_path is None:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        folder = tempfile.mkdtemp(prefix="flowtrain-bench-data-")
+        rng = np.random.default_rng(0)
+        per_file = DATA_ROWS // 8
+        for part in range(8):
+            columns = {f"x{i}": rng.standard_normal(per_file).astype("float32") for i in range(8)}
+            columns["y"] = rng.standard_normal(per_file).astype("float32")
+            pq.write_table(pa.table(columns), os.path.join(folder, f"part-{part}.parquet"))
+        _data_path = folder
+    return _data_path
+
+
+def _consume(shard, out_dir, rank):
+    """One epoch of iter_torch_batches with a token of compute per batch; writes rows and seconds."""
+    start = time.perf_counter()
+    rows = 0
+    for batch in shard.iter_torch_batches(batch_size=1024):
+        batch["y"].sum()  # touch the data as a training step would
+        rows += len(batch["y"])
+    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+        f.write(f"{rows},{time.perf_counter() - start}")
+
+
+def ingest_flowtrain(config):
+    import trainers
+
+    _consume(trainers.get_dataset_shard("train"), config["out"], trainers.get_context().get_world_rank())
+
+
+def ingest_ray(config):
+    import ray.train
+
+    _consume(ray.train.get_dataset_shard("train"), config["out"], ray.train.get_context().get_world_rank())
+
+
+def ray_data_throughput(impl: str, storage: str, run: int) -> dict:
+    """Rows per second through ``iter_torch_batches`` on 2 workers (whole dataset / slowest rank)."""
+    import ray.data
+
+    out = tempfile.mkdtemp()
+    dataset = ray.data.read_parquet(parquet_dataset())
+    config = {"out": out}
+    if impl == "flowtrain":
+        from trainers import RunConfig, ScalingConfig
+        from trainers.torch import TorchTrainer
+
+        TorchTrainer(
+            ingest_flowtrain,
+            train_loop_config=config,
+            datasets={"train": dataset},
+            scaling_config=ScalingConfig(num_workers=NUM_WORKERS),
+            run_config=RunConfig(name=f"ingest-{run}", storage_path=storage),
+        ).fit()
+    else:
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        TorchTrainer(
+            ingest_ray,
+            train_loop_config=config,
+            datasets={"train": dataset},
+            scaling_config=ScalingConfig(num_workers=NUM_WORKERS),
+            run_config=RunConfig(name=f"ingest-{run}", storage_path=storage),
+        ).fit()
+    results = [open(os.path.join(out, name)).read().split(",") for name in sorted(os.listdir(out))]
+    rows = sum(int(r) for r, _ in results)
+    slowest = max(float(s) for _, s in results)
+    return {"rows_per_s": rows / slowest, "rows": float(rows)}
+
+
+WORKLOADS["ray_data"] = (ray_data_throughput, ("flowtrain", "ray.train"))

@@ -178,3 +178,18 @@ def test_reader_names_the_file_and_the_column(two_cpus, tmp_path):
     csv = tmp_path / "table.csv"
     csv.write_text("id,score\n1,0.5\n2,1.5\n")
     assert read_dataset(str(csv), required_columns={"score": "float"}).count() == 2
+
+
+def test_datasets_not_split_reach_every_rank_whole(two_cpus, tmp_path):
+    import ray.data
+
+    seen = AllRanks()
+    TorchTrainer(
+        loops.collect_ids_loop,
+        datasets={"train": ray.data.range(40)},
+        dataset_config=DataConfig(datasets_to_split=[]),
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+        run_config=RunConfig(name="whole", storage_path=str(tmp_path), callbacks=[seen]),
+    ).fit()
+    (round_,) = seen.rounds
+    assert sorted(round_[0]["ids"]) == sorted(round_[1]["ids"]) == list(range(40))
