@@ -70,9 +70,7 @@ class RunStorage:
         process owns the run.
         """
         self._checked("create the run folder", lambda: self.filesystem.create_dir(self.run_path, recursive=True))
-        lease = Lease(self.filesystem, self.layout.lease, owner, stale_after_s=self.lease_stale_after_s, display=self.run_uri)
-        self._checked("write the run's lease", lease.acquire)
-        self._lease = lease
+        self._take_lease(owner)
         try:
             found = self._checked("read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri))
             if found is not None:
@@ -100,6 +98,45 @@ class RunStorage:
         if self._lease is not None:
             self._lease.release()
             self._lease = None
+
+    def verify_and_tidy(self, owner: str) -> list[Checkpoint]:
+        """Check a run after training and clean it up; return its kept checkpoints, best first.
+
+        Under the run's lease (a live run makes this fail with ``RunInProgressError``): every
+        checkpoint the snapshot names must be there, and committed on object stores (else a
+        ``StorageError`` names it); retention is applied with this storage's ``CheckpointConfig``;
+        folders the snapshot does not name, staging left by a crash and failed deletions are
+        removed. Unlike ``open`` this never forgets reports, so a finished run's history stays whole.
+        """
+        if not self._checked("look for the run snapshot", lambda: exists(self.filesystem, self.layout.snapshot)):
+            raise StorageError(f"no run at {self.run_uri}: it has no run.json.")
+        self._take_lease(owner)
+        try:
+            self.snapshot = self._checked("read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri))
+            for record in self.snapshot.checkpoints:
+                self._check_committed(record.dir_name)
+            kept = select_kept([(c.seq, c.metrics) for c in self.snapshot.checkpoints], self.checkpoint_config)
+            self.snapshot.to_delete.extend(c.dir_name for c in self.snapshot.checkpoints if c.seq not in kept)
+            self.snapshot.checkpoints = [c for c in self.snapshot.checkpoints if c.seq in kept]
+            self._write()  # what is kept is on record before anything goes
+            self._remove_untracked()
+            self._write()
+        finally:
+            self.close()
+        return [checkpoint for checkpoint, _ in self.best_checkpoints]
+
+    def _take_lease(self, owner: str) -> None:
+        lease = Lease(self.filesystem, self.layout.lease, owner, stale_after_s=self.lease_stale_after_s, display=self.run_uri)
+        self._checked("write the run's lease", lease.acquire)
+        self._lease = lease
+
+    def _check_committed(self, dir_name: str) -> None:
+        path = f"{self.run_path}/{dir_name}"
+        info = self.filesystem.get_file_info(path)
+        if info.type != pafs.FileType.Directory:
+            raise StorageError(f"checkpoint {dir_name} is named in {self.run_uri}/run.json but missing at {display_path(self.filesystem, path)}.")
+        if not is_local(self.filesystem) and not exists(self.filesystem, f"{path}/{COMMIT_MARKER}"):
+            raise StorageError(f"checkpoint {display_path(self.filesystem, path)} has no commit marker: its upload never finished.")
 
     @classmethod
     def read(cls, path: str, filesystem: pafs.FileSystem | None = None) -> "RunStorage":
