@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
+import tempfile
 import time
 
 import pytest
@@ -15,6 +16,9 @@ TESTS = ROOT / "tests"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+# Prefect's database, results and settings for this session only (read when prefect is imported).
+os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="flowtrain-test-prefect-home-")
+os.environ.pop("PREFECT_API_URL", None)
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # Ray workers inherit this, so training functions defined in test modules unpickle there.
 os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -38,6 +42,15 @@ def _ray_session():
     yield
     if started and ray.is_initialized():
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """A temporary Prefect server and database for flow tests, started once per session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
 
 
 @pytest.fixture

@@ -1,0 +1,79 @@
+"""The training pipeline: ingest (Ray Data) -> distributed training -> checkpoints, as one Prefect flow.
+
+Run it ad hoc (``training_pipeline(train_loop=my_loop, ...)``), as a deployment
+(``prefect deployment run 'flowtrain-pipeline/...' --param ...``), or on a schedule (``prefect.yaml``).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Callable
+
+from prefect import flow
+from prefect.runtime import flow_run
+
+from tasks.checkpoints import checkpoints
+from tasks.ingest import ingest
+from tasks.params import Checkpointing, DatasetSource, Failures, RunSettings, Scaling, TorchTraining
+from tasks.train import train_with_retries
+
+#: Keys of ``train_loop_config`` that say how many reports a run makes (for the progress artifact).
+_REPORT_COUNT_KEYS = ("epochs", "num_epochs", "num_boost_round")
+
+
+def pipeline_run_name() -> str:
+    """``<run name or loop name>-<time>``: what the flow run is called in the UI."""
+    params = flow_run.parameters or {}
+    run = params.get("run")
+    name = run.get("name") if isinstance(run, dict) else getattr(run, "name", None)
+    if not name:
+        loop = params.get("train_loop", "train")
+        name = loop.rpartition(":")[2] if isinstance(loop, str) else getattr(loop, "__name__", "train")
+    return f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+
+
+def name_the_run(run: RunSettings) -> RunSettings:
+    """``run`` with a name: the one given, else one made from this flow run's id (stable across retries)."""
+    if run.name:
+        return run
+    return run.model_copy(update={"name": f"pipeline-{str(flow_run.id)[:8]}"})
+
+
+@flow(name="flowtrain-pipeline", flow_run_name=pipeline_run_name)
+def training_pipeline(
+    train_loop: str | Callable[..., Any] = "tasks.loops:tabular_mlp_loop",
+    train_loop_config: dict[str, Any] | None = None,
+    datasets: dict[str, DatasetSource] | None = None,
+    scaling: Scaling = Scaling(),
+    checkpointing: Checkpointing = Checkpointing(),
+    failures: Failures = Failures(),
+    run: RunSettings = RunSettings(),
+) -> dict[str, Any]:
+    """Ingest ``datasets``, train ``train_loop`` on ``scaling.num_workers`` workers, keep and publish
+    the checkpoints. Returns the run's folder, its final metrics and its best checkpoint.
+
+    ``train_loop`` is ``package.module:function`` (deployments) or a function (ad hoc calls); it
+    receives ``train_loop_config``. The same ``run.name`` resumes a run from its latest checkpoint.
+    """
+    run = name_the_run(run)
+    config = dict(train_loop_config or {})
+    expected = next((config[k] for k in _REPORT_COUNT_KEYS if isinstance(config.get(k), int)), None)
+    specs = [ingest(name, source) for name, source in (datasets or {}).items()]
+    summary = train_with_retries(failures)(
+        TorchTraining(train_loop=train_loop, train_loop_config=config, expected_reports=expected),
+        datasets=specs,
+        scaling=scaling,
+        checkpointing=checkpointing,
+        failures=failures,
+        run=run,
+    )
+    kept = checkpoints(summary, checkpointing, run)
+    return {
+        "run_name": summary.run_name,
+        "run_path": summary.run_path,
+        "metrics": summary.metrics,
+        "num_reports": summary.num_reports,
+        "best_checkpoint": kept.best_path,
+        "best_metrics": kept.best_metrics,
+        "kept_checkpoints": kept.kept,
+    }

@@ -1,0 +1,36 @@
+"""The ingest stage: open each dataset with Ray Data, check it, and hand on a small spec of it."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+
+from tasks.params import DatasetSource, DatasetSpec
+from tasks.retries import retry_io_errors
+
+
+@task(
+    name="ingest",
+    task_run_name="ingest {name}",
+    retries=3,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_io_errors,
+    persist_result=True,
+)
+def ingest(name: str, source: DatasetSource) -> DatasetSpec:
+    """Read the dataset ``name`` from ``source``, check its columns and that it has rows.
+
+    Returns where it is and what it holds (not its rows): the train stage opens it again, so
+    nothing large passes through Prefect. I/O errors are retried; a missing file or column is not.
+    """
+    from trainers._internal.ray_init import ensure_ray
+    from trainers.data import DatasetError, read_dataset
+
+    ensure_ray()
+    dataset = read_dataset(source.uri, format=source.format, required_columns=source.required_columns)
+    num_rows = dataset.count()
+    if num_rows == 0:
+        raise DatasetError(f"{source.uri}: dataset {name!r} has no rows.")
+    schema = dataset.schema()
+    columns = {column: str(kind) for column, kind in zip(schema.names, schema.types)}
+    get_run_logger().info("dataset %r at %s: %d rows, columns %s", name, source.uri, num_rows, columns)
+    return DatasetSpec(name=name, uri=source.uri, format=source.format, columns=columns, num_rows=num_rows)

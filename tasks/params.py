@@ -1,0 +1,189 @@
+"""The pipeline's parameters as pydantic models: the Prefect UI shows them as a form, and the server
+checks ``prefect deployment run --param`` against them before a run is created.
+
+Each model turns into the plain config a Ray Train user knows (``ScalingConfig``, ``RunConfig``,
+...) with ``to_config()``; those check themselves too, so a mistake fails before any worker starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from trainers import CheckpointConfig, FailureConfig, ScalingConfig
+
+ColumnKind = Literal["float", "int", "number", "string", "bool"]
+
+#: ``package.module:function``: how a deployment names its training loop (no pickled code).
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetSource(_Params):
+    """One dataset the pipeline reads with Ray Data."""
+
+    uri: str = Field(description="A file or folder: an absolute local path, or s3://, gs://, ... URI.")
+    format: Literal["parquet", "csv", "json"] | None = Field(
+        None, description="The file format; None guesses it from the file names."
+    )
+    required_columns: dict[str, ColumnKind] = Field(
+        default_factory=dict, description="Columns that must exist, with the kind of values they hold."
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _absolute(cls, uri: str) -> str:
+        if "://" not in uri and not uri.startswith(("/", "~")):
+            raise ValueError(f"uri={uri!r}: give an absolute path or a URI; a relative path differs between machines.")
+        return uri
+
+
+class Scaling(_Params):
+    """How many training workers to start and what each one reserves (``ScalingConfig``)."""
+
+    num_workers: int = Field(2, ge=0, description="Training workers; 0 runs the loop in the task's process.")
+    use_gpu: bool = Field(False, description="One GPU per worker, nccl between them.")
+    resources_per_worker: dict[str, float] | None = Field(None, description='e.g. {"CPU": 1}')
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+
+    def to_config(self) -> ScalingConfig:
+        """The ``ScalingConfig`` these parameters describe."""
+        return ScalingConfig(**self.model_dump())
+
+
+class Checkpointing(_Params):
+    """Which checkpoints the run keeps (``CheckpointConfig``)."""
+
+    num_to_keep: int | None = Field(None, ge=1, description="Keep the n best (plus the latest); None keeps all.")
+    score_attribute: str | None = Field(None, description='The metric that ranks checkpoints, "outer/inner" for nested.')
+    score_order: Literal["max", "min"] = "max"
+
+    def to_config(self) -> CheckpointConfig:
+        """The ``CheckpointConfig`` these parameters describe."""
+        return CheckpointConfig(
+            num_to_keep=self.num_to_keep,
+            checkpoint_score_attribute=self.score_attribute,
+            checkpoint_score_order=self.score_order,
+        )
+
+
+class Failures(_Params):
+    """How many failures the run survives (``FailureConfig``) and how Prefect retries the driver."""
+
+    max_failures: int = Field(
+        0, ge=-1, description="Worker-group restarts inside one task run, from the latest checkpoint; -1 unlimited."
+    )
+    controller_failure_limit: int = Field(
+        3, ge=-1, description="Prefect retries of the train task after a driver-level failure; -1 unlimited."
+    )
+    report_timeout_s: float | None = Field(None, gt=0, description="A rank this far behind the others counts as hung.")
+    retry_delay_s: float = Field(2.0, ge=0, description="Seconds between Prefect retries of the train task.")
+
+    def to_config(self) -> FailureConfig:
+        """The ``FailureConfig`` these parameters describe."""
+        return FailureConfig(
+            max_failures=self.max_failures,
+            controller_failure_limit=self.controller_failure_limit,
+            report_timeout_s=self.report_timeout_s,
+        )
+
+
+class RunSettings(_Params):
+    """Where the run keeps its checkpoints and state (``RunConfig``)."""
+
+    name: str | None = Field(
+        None, description="The run's folder under storage_path; same name = resume. Default: from the flow run."
+    )
+    storage_path: str | None = Field(
+        None, description="Absolute local path or URI (s3://bucket/prefix). Default ~/flowtrain_results."
+    )
+    callbacks: list[str] = Field(
+        default_factory=list, description="UserCallback classes as package.module:Class, called in the driver."
+    )
+
+    @field_validator("callbacks")
+    @classmethod
+    def _import_paths(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            check_import_path("callbacks", path)
+        return paths
+
+
+class TorchTraining(_Params):
+    """A torch training loop to run on every worker (``TorchTrainer``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    framework: Literal["torch"] = "torch"
+    #: ``package.module:function`` (deployments), or the function itself (ad hoc calls).
+    train_loop: str | Callable[..., Any]
+    train_loop_config: dict[str, Any] = Field(default_factory=dict)
+    #: How many reports a full run makes (e.g. epochs), for the progress artifact; None: unknown.
+    expected_reports: int | None = None
+
+
+class DatasetSpec(_Params):
+    """What the ingest stage hands on: where a checked dataset is and what it holds (not its rows)."""
+
+    name: str
+    uri: str
+    format: Literal["parquet", "csv", "json"] | None
+    columns: dict[str, str]
+    num_rows: int
+
+
+class TrainSummary(_Params):
+    """What the train stage hands on: the run's folder and its outcome."""
+
+    run_name: str
+    run_path: str
+    metrics: dict[str, Any] | None
+    checkpoint_path: str | None
+    num_reports: int
+
+
+class CheckpointSummary(_Params):
+    """What the checkpoints stage hands on: the kept checkpoints, best first, and the best one."""
+
+    run_path: str
+    kept: list[str]
+    best_path: str | None
+    best_metrics: dict[str, Any] | None
+    score_attribute: str | None
+
+
+def check_import_path(field: str, path: str) -> str:
+    """Raise ``ValueError`` unless ``path`` looks like ``package.module:name``."""
+    if not isinstance(path, str) or not IMPORT_PATH.match(path):
+        raise ValueError(f"{field}={path!r}: name it as package.module:name, e.g. 'tasks.loops:tabular_mlp_loop'.")
+    return path
+
+
+def import_object(field: str, path: str) -> Any:
+    """Import ``package.module:name``; a ``ValueError`` naming the field when it cannot be found."""
+    check_import_path(field, path)
+    module_name, _, attribute = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"{field}={path!r}: cannot import {module_name!r} ({error}).") from error
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        raise ValueError(f"{field}={path!r}: module {module_name!r} has no {attribute!r}.") from None
+
+
+def resolve_train_loop(train_loop: str | Callable[..., Any]) -> Callable[..., Any]:
+    """The training function: a callable as it is (ad hoc calls), or imported from its path (deployments)."""
+    if callable(train_loop):
+        return train_loop
+    loop = import_object("train_loop", train_loop)
+    if not callable(loop):
+        raise ValueError(f"train_loop={train_loop!r} names a {type(loop).__name__}, not a function.")
+    return loop

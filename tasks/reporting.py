@@ -1,0 +1,122 @@
+"""What Prefect shows of a training run, made in the task's process from what the workers report.
+
+``PrefectReporter`` is a ``UserCallback``: every report becomes a log line and moves one progress
+artifact; every checkpoint and restart becomes a Prefect event; worker failures are logged with
+rank, node and message. After ``fit()``, ``publish_metrics`` writes a table of every report.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.events import emit_event
+
+from storage import Checkpoint
+from trainers import TrainRunContext, UserCallback
+from trainers.errors import WorkerGroupError
+
+
+def artifact_key(run_name: str, what: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits and dashes) for ``what`` of the run."""
+    slug = re.sub(r"[^a-z0-9]+", "-", run_name.lower()).strip("-") or "run"
+    return f"{slug}-{what}"
+
+
+def run_resource(run_name: str, run_path: str) -> dict[str, str]:
+    """The Prefect event resource that stands for one training run."""
+    return {"prefect.resource.id": f"flowtrain.run.{run_name}", "prefect.resource.name": run_name, "flowtrain.run-path": run_path}
+
+
+def _plain(value: Any) -> Any:
+    """A value a JSON table or log line can hold (NaN and inf become None)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _brief(metrics: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+
+
+class PrefectReporter(UserCallback):
+    """Streams a run's reports into the Prefect task run: logs, a progress artifact and events.
+
+    ``expected_reports`` (e.g. the number of epochs) sets the progress scale; without it the
+    progress artifact stays at 0 until the run ends. Create it inside a Prefect task run.
+    """
+
+    def __init__(self, run_name: str, *, expected_reports: int | None = None, reports_so_far: int = 0) -> None:
+        self.run_name = run_name
+        self.expected_reports = expected_reports
+        self.num_reports = reports_so_far
+        #: Reports up to the latest checkpoint: where a restart resumes counting.
+        self._reports_at_checkpoint = reports_so_far
+        self.logger = get_run_logger()
+        self.progress_id = create_progress_artifact(
+            progress=self._progress(),
+            key=artifact_key(run_name, "progress"),
+            description=f"Reports of training run {run_name!r}"
+            + (f" out of {expected_reports}" if expected_reports else ""),
+        )
+
+    def _progress(self) -> float:
+        if not self.expected_reports:
+            return 0.0
+        return min(100.0, 100.0 * self.num_reports / self.expected_reports)
+
+    def after_report(self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
+        self.num_reports += 1
+        shown = {k: _plain(v) for k, v in metrics[0].items()}
+        saved = f"; checkpoint {checkpoint.path}" if checkpoint else ""
+        self.logger.info("report %d (attempt %d): %s%s", self.num_reports, run_context.attempt, _brief(shown), saved)
+        update_progress_artifact(self.progress_id, self._progress())
+        if checkpoint is not None:
+            self._reports_at_checkpoint = self.num_reports
+            emit_event(
+                "flowtrain.checkpoint.committed",
+                resource=run_resource(run_context.name, run_context.run_path),
+                payload={"checkpoint": checkpoint.path, "metrics": shown, "attempt": run_context.attempt},
+            )
+
+    def after_exception(self, run_context: TrainRunContext, worker_exceptions: dict[int, BaseException]) -> None:
+        for rank, error in sorted(worker_exceptions.items()):
+            self.logger.error("rank %d failed in attempt %d: %s: %s", rank, run_context.attempt, type(error).__name__, error)
+
+    def on_restart(self, run_context: TrainRunContext, failures: list[Any], resume_from: Checkpoint | None) -> None:
+        where = resume_from.path if resume_from else "the start"
+        self.num_reports = self._reports_at_checkpoint if resume_from else 0  # later reports are made again
+        causes = "; ".join(f.describe() for f in failures)
+        self.logger.warning("restarting the workers after attempt %d (%s); resuming from %s", run_context.attempt, causes, where)
+        emit_event(
+            "flowtrain.run.restarted",
+            resource=run_resource(run_context.name, run_context.run_path),
+            payload={"attempt": run_context.attempt, "failures": causes, "resume_from": resume_from.path if resume_from else None},
+        )
+
+    def finish(self) -> None:
+        """Mark the progress artifact complete."""
+        update_progress_artifact(self.progress_id, 100.0)
+
+
+def publish_metrics(run_name: str, history: list[dict[str, Any]]) -> None:
+    """A table artifact with one row per report (nested metrics as ``outer/inner`` columns)."""
+    from storage.retention import flatten
+
+    rows = [{k: _plain(v) for k, v in flatten(metrics).items()} for metrics in history]
+    create_table_artifact(
+        table=rows,
+        key=artifact_key(run_name, "metrics"),
+        description=f"Every report of training run {run_name!r}, in order ({len(rows)} rows).",
+    )
+
+
+def log_failure(error: BaseException) -> None:
+    """Log each failed rank's original traceback, so the Prefect run shows what the workers saw."""
+    logger = get_run_logger()
+    if isinstance(error, WorkerGroupError):
+        for failure in error.failures.values():
+            logger.error("%s\n%s", failure.describe(), failure.traceback or "(no traceback)")

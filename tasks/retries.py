@@ -1,0 +1,87 @@
+"""FailureConfig -> Prefect task options: the one table that says who retries what.
+
+| failure                                             | handled by                          | budget                          |
+| --------------------------------------------------- | ----------------------------------- | ------------------------------- |
+| a worker raises, dies, its node is lost, it hangs   | the controller, inside one task run | ``FailureConfig.max_failures``  |
+| the driver fails: Ray connection, storage, crash    | Prefect retries the train task      | ``controller_failure_limit``    |
+| bad config, bad data, unsatisfiable resources       | nobody: fails at once               | none                            |
+| the worker budget is spent (``WorkerGroupError``)   | nobody: it is counted in run.json   | none                            |
+
+A retry calls ``fit()`` again with the same ``storage_path`` and ``name``, so it resumes from the
+run's snapshot (its latest checkpoint and its failure counts), never from scratch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from storage import RunInProgressError, SnapshotCorruptError, StorageError
+from tasks.params import Failures
+from trainers import ControllerError, WorkerGroupError
+
+#: Prefect needs a number; ``controller_failure_limit=-1`` (unlimited) becomes this many retries.
+UNLIMITED_RETRIES = 100
+
+#: Errors a second try can get past (checked in order: the first matching row decides).
+RETRY_TABLE: tuple[tuple[type[BaseException], bool, str], ...] = (
+    (WorkerGroupError, False, "the workers' failure budget (max_failures) is spent; it is kept in run.json"),
+    (SnapshotCorruptError, False, "the run's snapshot cannot be read; a retry would read it again"),
+    (RunInProgressError, True, "another driver holds the run; its lease goes stale if it died"),
+    (ControllerError, True, "the driver failed (Ray, storage or scheduling), not the training code"),
+    (StorageError, True, "storage did not answer"),
+    (OSError, True, "an I/O error, a dropped connection or a timeout"),
+    (ValueError, False, "a mistake in the parameters, the data or the cluster size"),
+    (TypeError, False, "a mistake in the parameters"),
+)
+
+
+def should_retry(error: BaseException | None) -> bool:
+    """Whether a failed train stage is worth another try, by ``RETRY_TABLE``; unknown errors are not."""
+    if error is None:
+        return False
+    for error_type, retry, _why in RETRY_TABLE:
+        if isinstance(error, error_type):
+            return retry
+    return _is_ray_system_error(error)
+
+
+def _is_ray_system_error(error: BaseException) -> bool:
+    """Ray's own failures (lost connection, dead GCS) are driver-level; checked by name so this module
+    does not import Ray."""
+    return any(cls.__module__.startswith("ray.") and cls.__name__ in ("RaySystemError", "GetTimeoutError") for cls in type(error).__mro__)
+
+
+def failed_with(state: Any) -> BaseException | None:
+    """The exception a failed Prefect state holds, or None."""
+    data = getattr(state, "data", None)
+    if isinstance(data, BaseException):
+        return data
+    try:
+        result = state.result(raise_on_failure=False)
+    except Exception as error:  # the state could only re-raise it
+        return error
+    return result if isinstance(result, BaseException) else None
+
+
+def retry_driver_failures(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn`` of the train task: retry only what ``RETRY_TABLE`` allows.
+
+    A plain function on purpose: Prefect runs the condition only when ``inspect.isfunction`` is true
+    (a partial or callable object silently turns retries off).
+    """
+    return should_retry(failed_with(state))
+
+
+def retry_io_errors(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn`` of the ingest task: only I/O errors (a bad file is not retried)."""
+    return isinstance(failed_with(state), OSError)
+
+
+def train_task_options(failures: Failures) -> dict[str, Any]:
+    """The Prefect options of the train task for these failure settings (``task.with_options(**...)``)."""
+    limit = failures.controller_failure_limit
+    return {
+        "retries": UNLIMITED_RETRIES if limit == -1 else limit,
+        "retry_delay_seconds": failures.retry_delay_s,
+        "retry_condition_fn": retry_driver_failures,
+    }

@@ -1,0 +1,121 @@
+"""The train stage: build the trainer from the pipeline's parameters and run ``fit()`` here.
+
+Worker failures are restarted by the controller inside this task run (``max_failures``); a
+driver-level failure fails the task, and Prefect's retry (``tasks.retries``) calls ``fit()`` again
+with the same run name, which resumes from the run's snapshot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import get_run_logger, task
+
+from tasks.params import (
+    Checkpointing,
+    DatasetSpec,
+    Failures,
+    RunSettings,
+    Scaling,
+    TorchTraining,
+    TrainSummary,
+    import_object,
+    resolve_train_loop,
+)
+from tasks.reporting import PrefectReporter, log_failure, publish_metrics
+from tasks.retries import train_task_options
+from trainers import RunConfig, TrainingFailedError, UserCallback
+
+
+def reports_already_kept(run: RunSettings) -> int:
+    """How many reports a rerun of ``run`` starts after: those up to its latest checkpoint (0 if new)."""
+    from storage import StorageError, load_run
+
+    path = f"{RunConfig(storage_path=run.storage_path).resolved_storage_path.rstrip('/')}/{run.name}"
+    try:
+        snapshot = load_run(path).snapshot
+    except StorageError:
+        return 0
+    if not snapshot.checkpoints:
+        return 0
+    return max(snapshot.checkpoints, key=lambda c: c.seq).report + 1
+
+
+def _callbacks(paths: list[str]) -> list[UserCallback]:
+    callbacks = []
+    for path in paths:
+        cls = import_object("callbacks", path)
+        callback = cls() if isinstance(cls, type) else cls
+        if not isinstance(callback, UserCallback):
+            raise ValueError(f"callbacks: {path!r} is not a trainers.UserCallback subclass.")
+        callbacks.append(callback)
+    return callbacks
+
+
+def build_trainer(training: TorchTraining, *, run_config: RunConfig, scaling: Scaling, datasets: dict[str, Any]) -> Any:
+    """The Ray Train-style trainer for ``training`` (checked here, before any worker starts)."""
+    from trainers.torch import TorchTrainer
+
+    return TorchTrainer(
+        resolve_train_loop(training.train_loop),
+        train_loop_config=dict(training.train_loop_config),
+        scaling_config=scaling.to_config(),
+        run_config=run_config,
+        datasets=datasets or None,
+    )
+
+
+@task(name="train", task_run_name="train {run.name}", persist_result=True)
+def train(
+    training: TorchTraining,
+    *,
+    datasets: list[DatasetSpec],
+    scaling: Scaling,
+    checkpointing: Checkpointing,
+    failures: Failures,
+    run: RunSettings,
+) -> TrainSummary:
+    """Run distributed training to the end and return where its results are.
+
+    ``run.name`` must be set (the flow names the run): it is what makes a retry resume.
+    """
+    from trainers._internal.ray_init import ensure_ray
+    from trainers.data import read_dataset
+
+    if not run.name:
+        raise ValueError("run.name: the train stage needs the run's name, so that a retry resumes the same run.")
+    logger = get_run_logger()
+    reporter = PrefectReporter(run.name, expected_reports=training.expected_reports, reports_so_far=reports_already_kept(run))
+    run_config = RunConfig(
+        name=run.name,
+        storage_path=run.storage_path,
+        checkpoint_config=checkpointing.to_config(),
+        failure_config=failures.to_config(),
+        callbacks=[reporter, *_callbacks(run.callbacks)],
+    )
+    opened = {}
+    if datasets:
+        ensure_ray()
+        opened = {spec.name: read_dataset(spec.uri, format=spec.format) for spec in datasets}
+    trainer = build_trainer(training, run_config=run_config, scaling=scaling, datasets=opened)
+    try:
+        result = trainer.fit()
+    except TrainingFailedError as error:
+        log_failure(error)
+        raise
+    reporter.finish()
+    history = result.metrics_dataframe.to_dict("records") if result.metrics_dataframe is not None else []
+    publish_metrics(run.name, history)
+    logger.info("run %r finished: %d reports, latest checkpoint %s", run.name, len(history), result.checkpoint and result.checkpoint.path)
+    return TrainSummary(
+        run_name=run.name,
+        run_path=result.path,
+        metrics=result.metrics,
+        checkpoint_path=result.checkpoint.path if result.checkpoint else None,
+        num_reports=len(history),
+    )
+
+
+def train_with_retries(failures: Failures) -> Any:
+    """The train task with Prefect retries set from ``failures`` (the table in ``tasks.retries``)."""
+    return train.with_options(**train_task_options(failures))
