@@ -32,13 +32,6 @@ def pipeline_run_name() -> str:
     return f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
 
 
-def name_the_run(run: RunSettings) -> RunSettings:
-    """``run`` with a name: the one given, else one made from this flow run's id (stable across retries)."""
-    if run.name:
-        return run
-    return run.model_copy(update={"name": f"pipeline-{str(flow_run.id)[:8]}"})
-
-
 @flow(name="flowtrain-pipeline", flow_run_name=pipeline_run_name)
 def training_pipeline(
     train_loop: str | Callable[..., Any] = "tasks.loops:tabular_mlp_loop",
@@ -55,7 +48,7 @@ def training_pipeline(
     ``train_loop`` is ``package.module:function`` (deployments) or a function (ad hoc calls); it
     receives ``train_loop_config``. The same ``run.name`` resumes a run from its latest checkpoint.
     """
-    run = name_the_run(run)
+    run = run.completed(default_name=f"pipeline-{str(flow_run.id)[:8]}")  # the flow run's id: stable across retries
     config = dict(train_loop_config or {})
     expected = next((config[k] for k in _REPORT_COUNT_KEYS if isinstance(config.get(k), int)), None)
     specs = [ingest(name, source) for name, source in (datasets or {}).items()]

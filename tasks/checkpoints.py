@@ -14,7 +14,6 @@ from storage.retention import flatten
 from tasks.params import Checkpointing, CheckpointSummary, RunSettings, TrainSummary
 from tasks.reporting import artifact_key
 from tasks.retries import retry_io_errors
-from trainers import RunConfig
 
 
 @task(
@@ -29,8 +28,7 @@ def checkpoints(summary: TrainSummary, checkpointing: Checkpointing, run: RunSet
     """Check that every kept checkpoint is there and committed, drop what retention does not keep
     (and anything a crash left behind), and publish the best checkpoint as a markdown artifact."""
     config = checkpointing.to_config()
-    storage_path = RunConfig(storage_path=run.storage_path).resolved_storage_path
-    storage = RunStorage(storage_path, summary.run_name, checkpoint_config=config)
+    storage = RunStorage(run.storage_root, summary.run_name, checkpoint_config=config)
     kept = storage.verify_and_tidy(owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}:checkpoints")
     metrics = {c.path: m for c, m in storage.best_checkpoints}
     best = kept[0] if kept else None

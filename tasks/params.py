@@ -8,14 +8,21 @@ Each model turns into the plain config a Ray Train user knows (``ScalingConfig``
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from trainers import CheckpointConfig, FailureConfig, ScalingConfig
+from trainers import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
 ColumnKind = Literal["float", "int", "number", "string", "bool"]
+
+#: Where runs are stored when the parameters do not say: set it as a deployment's job variable.
+STORAGE_PATH_ENV = "FLOWTRAIN_STORAGE_PATH"
+
+#: Where runs are stored when the parameters do not say: set it as a deployment's job variable.
+STORAGE_PATH_ENV = "FLOWTRAIN_STORAGE_PATH"
 
 #: ``package.module:function``: how a deployment names its training loop (no pickled code).
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -39,9 +46,12 @@ class DatasetSource(_Params):
     @field_validator("uri")
     @classmethod
     def _absolute(cls, uri: str) -> str:
-        if "://" not in uri and not uri.startswith(("/", "~")):
+        if "://" in uri:
+            return uri
+        local = os.path.expanduser(uri)
+        if not os.path.isabs(local):
             raise ValueError(f"uri={uri!r}: give an absolute path or a URI; a relative path differs between machines.")
-        return uri
+        return local
 
 
 class Scaling(_Params):
@@ -113,6 +123,17 @@ class RunSettings(_Params):
         for path in paths:
             check_import_path("callbacks", path)
         return paths
+
+    def completed(self, default_name: str) -> "RunSettings":
+        """These settings with the blanks filled: ``default_name``, and ``$FLOWTRAIN_STORAGE_PATH``
+        for the storage (a deployment's job variable), else ``~/flowtrain_results``."""
+        storage_path = self.storage_path or os.environ.get(STORAGE_PATH_ENV) or None
+        return self.model_copy(update={"name": self.name or default_name, "storage_path": storage_path})
+
+    @property
+    def storage_root(self) -> str:
+        """The storage path with the default filled in and ``~`` expanded."""
+        return RunConfig(storage_path=self.storage_path).resolved_storage_path
 
 
 class TorchTraining(_Params):

@@ -31,7 +31,7 @@ def reports_already_kept(run: RunSettings) -> int:
     """How many reports a rerun of ``run`` starts after: those up to its latest checkpoint (0 if new)."""
     from storage import StorageError, load_run
 
-    path = f"{RunConfig(storage_path=run.storage_path).resolved_storage_path.rstrip('/')}/{run.name}"
+    path = f"{run.storage_root.rstrip('/')}/{run.name}"
     try:
         snapshot = load_run(path).snapshot
     except StorageError:
