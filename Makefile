@@ -27,7 +27,7 @@ clean:
 	rm -rf $(VENV) build *.egg-info
 
 demo: $(STAMP)
-	$(PY) examples/torch_quickstart.py $(CURDIR)/demo_results
+	$(PY) examples/pipeline_demo.py $(CURDIR)/demo_results
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench $(BENCH_ARGS)

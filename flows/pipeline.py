@@ -22,14 +22,15 @@ _REPORT_COUNT_KEYS = ("epochs", "num_epochs", "num_boost_round")
 
 
 def pipeline_run_name() -> str:
-    """``<run name or loop name>-<time>``: what the flow run is called in the UI."""
+    """What the flow run is called in the UI: the training run's name, else ``<loop>-<time>``."""
     params = flow_run.parameters or {}
     run = params.get("run")
     name = run.get("name") if isinstance(run, dict) else getattr(run, "name", None)
-    if not name:
-        loop = params.get("train_loop", "train")
-        name = loop.rpartition(":")[2] if isinstance(loop, str) else getattr(loop, "__name__", "train")
-    return f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    if name:
+        return name
+    loop = params.get("train_loop", "train")
+    loop_name = loop.rpartition(":")[2] if isinstance(loop, str) else getattr(loop, "__name__", "train")
+    return f"{loop_name}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
 
 
 @flow(name="flowtrain-pipeline", flow_run_name=pipeline_run_name)
