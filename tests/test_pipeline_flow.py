@@ -59,6 +59,25 @@ def log_text(flow_run_id) -> str:
     return "\n".join(log.message for log in logs)
 
 
+def flowtrain_events(run_name: str, expected: int, timeout_s: float = 20.0) -> list[str]:
+    """Names of the flowtrain events about ``run_name`` (waits for ``expected`` to arrive)."""
+    import time
+
+    from prefect import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all(timeout=10)
+    query = EventFilter(event=EventNameFilter(prefix=["flowtrain."]), resource=EventResourceFilter(id=[f"flowtrain.run.{run_name}"]))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with get_client(sync_client=True) as client:
+            names = sorted(e.event for e in client.read_events(filter=query, limit=50).events)
+        if len(names) >= expected or time.monotonic() > deadline:
+            return names
+        time.sleep(0.5)
+
+
 def run_json(storage: pathlib.Path, name: str) -> dict:
     return json.loads((storage / name / "run.json").read_text())
 
@@ -131,6 +150,7 @@ def test_a_killed_worker_resumes_inside_the_same_task_run(tmp_path, data):
     assert len(train_runs) == 1 and train_runs[0].run_count == 1  # no Prefect retry was needed
     logs = log_text(_flow_run_id(state))
     assert "restarting the workers after attempt 1" in logs and "rank 1" in logs
+    assert flowtrain_events("killed", expected=4) == ["flowtrain.checkpoint.committed"] * 3 + ["flowtrain.run.restarted"]
 
 
 def test_a_driver_failure_is_retried_by_prefect_and_resumes_from_the_snapshot(tmp_path, data):
