@@ -1,0 +1,38 @@
+"""Optional framework integrations: import a framework only when its integration is used.
+
+``import trainers`` never imports Lightning, Transformers or Accelerate. Their integrations
+(``trainers.lightning``, ``trainers.huggingface.transformers``) import them on first use and,
+when one is missing, say which extra to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+
+class MissingExtraError(ImportError):
+    """A framework integration was used without its optional dependency installed.
+
+    ``extra`` names the flowtrain extra that installs it (``pip install 'flowtrain[extra]'``).
+    """
+
+    def __init__(self, module: str, extra: str) -> None:
+        self.module = module
+        self.extra = extra
+        super().__init__(
+            f"trainers' {extra} integration needs the {module!r} package, which is not installed: "
+            f"run pip install 'flowtrain[{extra}]'.",
+            name=module,
+        )
+
+
+def require(module: str, *, extra: str) -> ModuleType:
+    """Import ``module``, or raise :class:`MissingExtraError` naming ``pip install 'flowtrain[extra]'``."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        # Only a missing framework is our message; a broken install inside it keeps its own error.
+        if error.name is None or module.split(".")[0] != error.name.split(".")[0]:
+            raise
+        raise MissingExtraError(module, extra) from error

@@ -1,0 +1,54 @@
+"""RayTrainReportCallback: report Lightning's metrics and a checkpoint at the end of every epoch."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import lightning.pytorch as pl
+
+from trainers import Checkpoint, CheckpointUploadMode, get_context, report
+
+
+class RayTrainReportCallback(pl.callbacks.Callback):
+    """At the end of each training epoch, report ``trainer.callback_metrics`` and a checkpoint.
+
+    The metrics gain ``epoch`` and ``step`` (Lightning's ``current_epoch`` and ``global_step``).
+    The checkpoint folder holds Lightning's file as ``checkpoint.ckpt``, so after the run::
+
+        with result.checkpoint.as_directory() as folder:
+            model = MyModule.load_from_checkpoint(os.path.join(folder, RayTrainReportCallback.CHECKPOINT_NAME))
+
+    and ``pl.Trainer.fit(..., ckpt_path=...)`` on that file resumes training.
+    """
+
+    #: File name of Lightning's checkpoint inside each reported checkpoint folder.
+    CHECKPOINT_NAME = "checkpoint.ckpt"
+
+    def __init__(self, checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC) -> None:
+        super().__init__()
+        if not isinstance(checkpoint_upload_mode, CheckpointUploadMode):
+            raise ValueError(
+                f"RayTrainReportCallback(checkpoint_upload_mode={checkpoint_upload_mode!r}): "
+                "must be CheckpointUploadMode.SYNC or CheckpointUploadMode.ASYNC."
+            )
+        self.checkpoint_upload_mode = checkpoint_upload_mode
+
+    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        metrics: dict[str, Any] = {name: value.item() for name, value in trainer.callback_metrics.items()}
+        metrics["epoch"] = trainer.current_epoch
+        metrics["step"] = trainer.global_step
+        rank = get_context().get_world_rank()
+        folder = tempfile.mkdtemp(prefix=f"flowtrain-lightning-rank{rank}-")
+        try:
+            # Every rank takes part (FSDP gathers or shards the weights); Lightning decides who
+            # writes: rank 0 alone for a full state dict, each rank its shard otherwise.
+            trainer.save_checkpoint(os.path.join(folder, self.CHECKPOINT_NAME), weights_only=False)
+            # A rank that wrote nothing reports metrics only; the others' files are merged.
+            checkpoint = Checkpoint.from_directory(folder) if os.listdir(folder) else None
+            report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=self.checkpoint_upload_mode)
+        finally:
+            # report() has copied the folder (ASYNC copies it to its own local folder first).
+            shutil.rmtree(folder, ignore_errors=True)

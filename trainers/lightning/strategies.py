@@ -1,0 +1,80 @@
+"""Lightning's view of a flowtrain worker group: ranks from ``get_context()``, the device from
+``trainers.torch``, and the process group flowtrain already set up (Lightning never launches
+processes or opens its own group).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch.plugins.environments import LightningEnvironment
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+
+from trainers.context import get_context
+from trainers.torch.devices import get_device
+
+
+class RayLightningEnvironment(LightningEnvironment):
+    """Tells Lightning this worker's ranks and world size, as flowtrain assigned them.
+
+    Pass it as ``pl.Trainer(plugins=[RayLightningEnvironment()])``. Lightning then trusts that the
+    processes already exist (one per flowtrain worker) and that ``torch.distributed`` is ready.
+    """
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        # flowtrain started every worker: Lightning must not spawn copies of the script.
+        return True
+
+    def world_size(self) -> int:
+        return get_context().get_world_size()
+
+    def global_rank(self) -> int:
+        return get_context().get_world_rank()
+
+    def local_rank(self) -> int:
+        return get_context().get_local_rank()
+
+    def node_rank(self) -> int:
+        return get_context().get_node_rank()
+
+    def set_world_size(self, size: int) -> None:
+        # Lightning computes a world size from devices x num_nodes; ours comes from the context.
+        pass
+
+    def set_global_rank(self, rank: int) -> None:
+        pass
+
+    def teardown(self) -> None:
+        # The process group and its environment belong to flowtrain, which tears them down.
+        pass
+
+
+class _OnFlowtrainWorker:
+    """What both Ray strategies change in Lightning's: the device and the sampler's ranks."""
+
+    @property
+    def root_device(self) -> torch.device:
+        return get_device()
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+
+class RayDDPStrategy(_OnFlowtrainWorker, DDPStrategy):
+    """Lightning's ``DDPStrategy`` on flowtrain's workers (same arguments).
+
+    The process group's backend and timeout come from ``TorchConfig`` on the trainer, not from
+    ``process_group_backend``/``timeout`` here: the group exists before Lightning starts.
+    """
+
+
+class RayFSDPStrategy(_OnFlowtrainWorker, FSDPStrategy):
+    """Lightning's ``FSDPStrategy`` on flowtrain's workers (same arguments).
+
+    The default ``state_dict_type="full"`` gathers the whole model into rank 0's checkpoint, so
+    ``LightningModule.load_from_checkpoint`` loads it without FSDP; ``"sharded"`` writes one
+    shard per rank (all of them are kept in the reported checkpoint).
+    """
