@@ -91,3 +91,67 @@ def lightning_loop(config: dict) -> dict:
         "sampler": type(trainer.train_dataloader.sampler).__name__,
         "state": {k: v.detach().clone() for k, v in model.state_dict().items()} if config.get("strategy") != "fsdp" else None,
     }
+
+
+# -- Hugging Face Transformers ------------------------------------------------------------------
+
+
+class TokenData(torch.utils.data.Dataset):
+    """Random token sequences with a label that depends on them (seeded, no download)."""
+
+    def __init__(self, num_rows: int = 32, length: int = 8, vocab: int = 32) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.input_ids = torch.randint(0, vocab, (num_rows, length), generator=generator)
+        self.labels = (self.input_ids[:, 0] >= vocab // 2).long()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict:
+        return {"input_ids": self.input_ids[index], "labels": self.labels[index]}
+
+
+def transformers_loop(config: dict) -> dict:
+    """A transformers.Trainer script with the two flowtrain lines; resumes from get_checkpoint()."""
+    import transformers
+
+    from trainers.huggingface.transformers import RayTrainReportCallback, prepare_trainer
+
+    transformers.set_seed(0)
+    model = transformers.BertForSequenceClassification(
+        transformers.BertConfig(
+            vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=32, max_position_embeddings=16, num_labels=2,
+        )
+    )
+    args = transformers.TrainingArguments(
+        output_dir=config["output_dir"],  # one folder for both ranks, as on one machine
+        max_steps=config["max_steps"],
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        logging_steps=2,
+        save_steps=2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=TokenData(), callbacks=[RayTrainReportCallback()]
+    )
+    trainer = prepare_trainer(trainer)
+    checkpoint = get_checkpoint()
+    start_step = 0
+    if checkpoint is None:
+        trainer.train()
+    else:
+        with checkpoint.as_directory() as folder:
+            path = os.path.join(folder, RayTrainReportCallback.CHECKPOINT_NAME)
+            start_step = transformers.TrainerState.load_from_json(os.path.join(path, "trainer_state.json")).global_step
+            trainer.train(resume_from_checkpoint=path)
+    return {
+        "start_step": start_step,
+        "global_step": trainer.state.global_step,
+        "world_size": trainer.args.world_size,
+        "process_index": trainer.args.process_index,
+    }

@@ -1,0 +1,1 @@
+"""Hugging Face integrations: ``trainers.huggingface.transformers`` (as ``ray.train.huggingface.transformers``)."""
