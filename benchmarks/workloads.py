@@ -218,3 +218,152 @@ def ray_data_throughput(impl: str, storage: str, run: int) -> dict:
 
 
 WORKLOADS["ray_data"] = (ray_data_throughput, ("flowtrain", "ray.train"))
+
+
+# -- checkpoint blocking time -------------------------------------------------------------------
+
+NUM_CHECKPOINTS = 10
+
+
+def _state():
+    """An MLP's weights, about 8 MB."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))
+    return model.state_dict()
+
+
+def _timed_checkpoint_reports(report, checkpoint_cls, rank):
+    """Seconds each report(metrics, checkpoint) call blocks; the save itself is not counted."""
+    import torch
+
+    state, durations = _state(), []
+    for i in range(NUM_CHECKPOINTS):
+        with tempfile.TemporaryDirectory() as folder:
+            checkpoint = None
+            if rank == 0:
+                torch.save(state, os.path.join(folder, "model.pt"))
+                checkpoint = checkpoint_cls.from_directory(folder)
+            start = time.perf_counter()
+            report({"i": i}, checkpoint=checkpoint)
+            durations.append(time.perf_counter() - start)
+    return durations
+
+
+def checkpoint_loop_flowtrain():
+    import trainers
+
+    rank = trainers.get_context().get_world_rank()
+    durations = _timed_checkpoint_reports(trainers.report, trainers.Checkpoint, rank)
+    return durations if rank == 0 else None
+
+
+def checkpoint_loop_ray(config):
+    import ray.train
+
+    rank = ray.train.get_context().get_world_rank()
+    durations = _timed_checkpoint_reports(ray.train.report, ray.train.Checkpoint, rank)
+    if rank == 0:
+        with open(config["out"], "w") as f:
+            f.write(",".join(map(str, durations)))
+
+
+def checkpoint_blocking(impl: str, storage: str, run: int) -> dict:
+    """Median seconds report() with an 8 MB checkpoint blocks rank 0; raw: torch.save to local disk."""
+    import statistics
+
+    if impl == "flowtrain":
+        durations = _flowtrain_fit(checkpoint_loop_flowtrain, storage, f"ckpt-{run}").return_value
+    elif impl == "ray.train":
+        out = os.path.join(tempfile.mkdtemp(), "durations.txt")
+        _ray_fit(checkpoint_loop_ray, storage, f"ckpt-{run}", config={"out": out})
+        durations = [float(v) for v in open(out).read().split(",")]
+    else:
+        import torch
+
+        state, durations = _state(), []
+        for _ in range(NUM_CHECKPOINTS):
+            with tempfile.TemporaryDirectory() as folder:
+                start = time.perf_counter()
+                torch.save(state, os.path.join(folder, "model.pt"))
+                durations.append(time.perf_counter() - start)
+    return {"blocked_ms": 1000 * statistics.median(durations)}
+
+
+WORKLOADS["checkpoint_blocking"] = (checkpoint_blocking, ("flowtrain", "ray.train", "raw"))
+
+
+# -- recovery after a killed rank ---------------------------------------------------------------
+
+
+def _recovering_loop(report, get_checkpoint, checkpoint_cls, rank, marker_dir):
+    """Checkpoints every step; rank 1 SIGKILLs itself at step 5 once, writing the kill time first.
+    The first step after the restart writes its time too."""
+    import signal
+
+    start = 0
+    checkpoint = get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            start = int(open(os.path.join(folder, "step.txt")).read()) + 1
+        if rank == 0:
+            with open(os.path.join(marker_dir, "resumed.txt"), "w") as f:
+                f.write(f"{time.time()},{start}")
+    for step in range(start, 10):
+        if step == 5 and rank == 1 and not os.path.exists(os.path.join(marker_dir, "killed.txt")):
+            with open(os.path.join(marker_dir, "killed.txt"), "w") as f:
+                f.write(str(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.05)
+        with tempfile.TemporaryDirectory() as folder:
+            saved = None
+            if rank == 0:
+                with open(os.path.join(folder, "step.txt"), "w") as f:
+                    f.write(str(step))
+                saved = checkpoint_cls.from_directory(folder)
+            report({"step": step}, checkpoint=saved)
+
+
+def recovery_loop_flowtrain(config):
+    import trainers
+
+    _recovering_loop(trainers.report, trainers.get_checkpoint, trainers.Checkpoint, trainers.get_context().get_world_rank(), config["dir"])
+
+
+def recovery_loop_ray(config):
+    import ray.train
+
+    _recovering_loop(ray.train.report, ray.train.get_checkpoint, ray.train.Checkpoint, ray.train.get_context().get_world_rank(), config["dir"])
+
+
+def recovery(impl: str, storage: str, run: int) -> dict:
+    """Seconds from SIGKILL of rank 1 to the first step of the restarted group (max_failures=1)."""
+    marker_dir = tempfile.mkdtemp()
+    config = {"dir": marker_dir}
+    if impl == "flowtrain":
+        from trainers import FailureConfig, RunConfig, ScalingConfig
+        from trainers.torch import TorchTrainer
+
+        TorchTrainer(
+            recovery_loop_flowtrain,
+            train_loop_config=config,
+            scaling_config=ScalingConfig(num_workers=NUM_WORKERS),
+            run_config=RunConfig(name=f"recovery-{run}", storage_path=storage, failure_config=FailureConfig(max_failures=1)),
+        ).fit()
+    else:
+        from ray.train import FailureConfig, RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        TorchTrainer(
+            recovery_loop_ray,
+            train_loop_config=config,
+            scaling_config=ScalingConfig(num_workers=NUM_WORKERS),
+            run_config=RunConfig(name=f"recovery-{run}", storage_path=storage, failure_config=FailureConfig(max_failures=1)),
+        ).fit()
+    killed = float(open(os.path.join(marker_dir, "killed.txt")).read())
+    resumed_at, resumed_step = open(os.path.join(marker_dir, "resumed.txt")).read().split(",")
+    return {"recovery_s": float(resumed_at) - killed, "resumed_step": float(resumed_step)}
+
+
+WORKLOADS["recovery"] = (recovery, ("flowtrain", "ray.train"))
