@@ -132,7 +132,6 @@ def transformers_loop(config: dict) -> dict:
         logging_steps=2,
         save_steps=2,
         report_to=[],
-        use_cpu=True,
         disable_tqdm=True,
         seed=0,
     )
@@ -154,4 +153,47 @@ def transformers_loop(config: dict) -> dict:
         "global_step": trainer.state.global_step,
         "world_size": trainer.args.world_size,
         "process_index": trainer.args.process_index,
+    }
+
+
+# -- Accelerate ---------------------------------------------------------------------------------
+
+
+def accelerate_loop(config: dict) -> dict:
+    """A plain Accelerate loop: ``Accelerator()`` with no arguments must find the 2-worker group."""
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
+
+    accelerator = Accelerator()
+    rank = accelerator.process_index
+    # Collectives through Accelerate: every rank contributes rank + 1.
+    mine = torch.tensor([float(rank + 1)])
+    reduced = accelerator.reduce(mine.clone(), reduction="sum").item()
+    gathered = accelerator.gather(mine).tolist()
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = regression_data()
+    loader = DataLoader(TensorDataset(x, y), batch_size=GLOBAL_BATCH // 2)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    grads = []
+    for step, (xb, yb) in enumerate(loader):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+        accelerator.backward(loss)
+        # Both ranks' gradients after the all-reduce, side by side.
+        grads.append(accelerator.gather(accelerator.unwrap_model(model).weight.grad.detach()[None]).clone())
+        optimizer.step()
+        report({"step": step, "loss": accelerator.reduce(loss.detach(), reduction="mean").item()})
+    return {
+        "distributed_type": str(accelerator.distributed_type),
+        "num_processes": accelerator.num_processes,
+        "process_index": rank,
+        "device": str(accelerator.device),
+        "reduced": reduced,
+        "gathered": gathered,
+        "num_batches": len(loader),
+        "grads": torch.stack(grads),
+        "weight": accelerator.unwrap_model(model).weight.detach().clone(),
     }

@@ -20,7 +20,8 @@ class TorchConfig(BackendConfig):
 
     The process group is ready (``torch.distributed.is_initialized()``) when your training
     function starts, with ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
-    ``LOCAL_RANK`` set as ``torchrun`` would.
+    ``LOCAL_RANK`` set as ``torchrun`` would, and Hugging Face Accelerate's device variables set
+    so that ``accelerate.Accelerator()`` joins the same group.
     """
 
     #: "gloo" or "nccl"; None picks nccl when training on GPUs and gloo otherwise.
@@ -53,10 +54,28 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _init_process_group(env: dict[str, str], backend: str, timeout_s: float) -> None:
+def _accelerate_env(workers: list[Any], use_gpu: bool) -> dict[int, dict[str, str]]:
+    """Per world rank: the variables Hugging Face Accelerate reads to find this worker's device.
+
+    Accelerate (and ``transformers.Trainer``, built on it) treats CPU processes as one distributed
+    job only when ``ACCELERATE_USE_CPU`` is set, and on GPUs would take ``cuda:LOCAL_RANK``,
+    which need not be the worker's own GPU; ``ACCELERATE_TORCH_DEVICE`` names it.
+    """
+    if not use_gpu:
+        return {w.ranks.world_rank: {"ACCELERATE_USE_CPU": "true", "ACCELERATE_TORCH_DEVICE": "cpu"} for w in workers}
+    from trainers.torch.devices import assign_visible_devices
+
+    visible = assign_visible_devices([list(w.metadata.gpu_ids) for w in workers], [w.metadata.node_id for w in workers])
+    return {w.ranks.world_rank: {"ACCELERATE_TORCH_DEVICE": f"cuda:{ids[0]}"} for w, (_, ids) in zip(workers, visible) if ids}
+
+
+def _init_process_group(
+    env: dict[str, str], backend: str, timeout_s: float, env_by_rank: dict[int, dict[str, str]] | None = None
+) -> None:
     import torch.distributed as dist
 
     os.environ.update(env)
+    os.environ.update((env_by_rank or {}).get(int(os.environ["RANK"]), {}))
     if dist.is_initialized():
         dist.destroy_process_group()
     dist.init_process_group(
@@ -92,7 +111,14 @@ class TorchBackend(Backend):
             "MASTER_ADDR": master.metadata.node_ip,
             "MASTER_PORT": str(worker_group.execute_single(0, free_port)),
         }
-        worker_group.execute(_init_process_group, env, backend, backend_config.timeout_s, timeout_s=backend_config.timeout_s + 30)
+        worker_group.execute(
+            _init_process_group,
+            env,
+            backend,
+            backend_config.timeout_s,
+            _accelerate_env(worker_group.workers, use_gpu),
+            timeout_s=backend_config.timeout_s + 30,
+        )
 
     def on_shutdown(self, worker_group: Any, backend_config: TorchConfig) -> None:
         # The actors are killed right after; destroying first lets nccl release its communicators cleanly.
