@@ -197,3 +197,95 @@ def accelerate_loop(config: dict) -> dict:
         "grads": torch.stack(grads),
         "weight": accelerator.unwrap_model(model).weight.detach().clone(),
     }
+
+
+# -- FSDP (torch's fully_shard) -----------------------------------------------------------------
+
+
+def mlp() -> torch.nn.Module:
+    """A two-layer MLP, the same initial weights on every rank (seeded)."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def sharded_loop(config: dict) -> None:
+    """The same training under ``config["strategy"]``: "ddp", "fsdp" (``prepare_model``) or
+    "fully_shard" (the user's own ``fully_shard`` calls and a sharded DCP checkpoint).
+
+    Each rank takes its half of every global batch, so the three compute the same thing. Every
+    epoch reports the mean global-batch loss and a checkpoint: DDP and "fsdp" save the full state
+    dict from rank 0 (``model.pt``); "fully_shard" saves with ``torch.distributed.checkpoint``,
+    every rank its own shard files, merged by the report into one folder, and resumes from it.
+    """
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_state_dict,
+        set_state_dict,
+    )
+    from torch.distributed.fsdp import fully_shard
+
+    from trainers.torch import prepare_model
+
+    strategy = config["strategy"]
+    rank, size = get_context().get_world_rank(), get_context().get_world_size()
+    model = mlp()
+    if strategy == "fully_shard":
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+    else:
+        model = prepare_model(model, parallel_strategy=strategy)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    start = 0
+    checkpoint = get_checkpoint()
+    if checkpoint is not None:
+        assert strategy == "fully_shard", "only the fully_shard run resumes in these tests"
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        with checkpoint.as_directory() as folder:
+            dcp.load(state, checkpoint_id=folder)
+            with open(os.path.join(folder, "epoch.txt")) as f:
+                start = int(f.read()) + 1
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+    x, y = regression_data()
+    for epoch in range(start, config["epochs"]):
+        losses = []
+        for begin in range(0, NUM_ROWS, GLOBAL_BATCH):
+            xb, yb = x[begin : begin + GLOBAL_BATCH][rank::size], y[begin : begin + GLOBAL_BATCH][rank::size]
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach())
+        epoch_loss = torch.stack(losses).mean()
+        dist.all_reduce(epoch_loss, op=dist.ReduceOp.AVG)
+        metrics = {"epoch": epoch, "loss": epoch_loss.item()}
+
+        with tempfile.TemporaryDirectory() as folder:
+            if strategy == "fully_shard":
+                model_state, optim_state = get_state_dict(model, optimizer)
+                dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=folder)
+                if rank == 0:
+                    with open(os.path.join(folder, "epoch.txt"), "w") as f:
+                        f.write(str(epoch))
+            else:
+                # Collective under FSDP: every rank joins, rank 0 receives the whole model.
+                full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+                if rank == 0:
+                    torch.save(full, os.path.join(folder, "model.pt"))
+            report(metrics, checkpoint=Checkpoint.from_directory(folder) if os.listdir(folder) else None)
+
+
+def load_sharded_checkpoint(folder: str) -> dict[str, torch.Tensor]:
+    """A DCP checkpoint of ``sharded_loop`` as a plain state dict, in one process, without FSDP."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    target = os.path.join(tempfile.mkdtemp(), "full.pt")
+    dcp_to_torch_save(folder, target)
+    return torch.load(target)["model"]
