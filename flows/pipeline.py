@@ -1,7 +1,9 @@
-"""The training pipeline: ingest (Ray Data) -> distributed training -> checkpoints, as one Prefect flow.
+"""The training pipelines: ingest (Ray Data) -> distributed training -> checkpoints, as Prefect flows.
 
-Run it ad hoc (``training_pipeline(train_loop=my_loop, ...)``), as a deployment
-(``prefect deployment run 'flowtrain-pipeline/...' --param ...``), or on a schedule (``prefect.yaml``).
+``training_pipeline`` runs a torch training loop; ``xgboost_pipeline`` and ``lightgbm_pipeline``
+train gradient-boosted trees from parameters alone. Run them ad hoc (``training_pipeline(...)``),
+as deployments (``prefect deployment run 'flowtrain-pipeline/...' --param ...``), or on a schedule
+(``prefect.yaml``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from prefect.runtime import flow_run
 
 from tasks.checkpoints import checkpoints
 from tasks.ingest import ingest
-from tasks.params import Checkpointing, DatasetSource, Failures, RunSettings, Scaling, TorchTraining
+from tasks.params import BoostingTraining, Checkpointing, DatasetSource, Failures, RunSettings, Scaling, TorchTraining
 from tasks.train import train_with_retries
 
 #: Keys of ``train_loop_config`` that say how many reports a run makes (for the progress artifact).
@@ -22,15 +24,42 @@ _REPORT_COUNT_KEYS = ("epochs", "num_epochs", "num_boost_round")
 
 
 def pipeline_run_name() -> str:
-    """What the flow run is called in the UI: the training run's name, else ``<loop>-<time>``."""
+    """What the flow run is called in the UI: the training run's name, else ``<what>-<time>``."""
     params = flow_run.parameters or {}
     run = params.get("run")
     name = run.get("name") if isinstance(run, dict) else getattr(run, "name", None)
     if name:
         return name
-    loop = params.get("train_loop", "train")
-    loop_name = loop.rpartition(":")[2] if isinstance(loop, str) else getattr(loop, "__name__", "train")
-    return f"{loop_name}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    loop = params.get("train_loop", flow_run.flow_name or "train")
+    what = loop.rpartition(":")[2] if isinstance(loop, str) else getattr(loop, "__name__", "train")
+    return f"{what}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+
+
+def _pipeline(
+    training: TorchTraining | BoostingTraining,
+    *,
+    datasets: dict[str, DatasetSource],
+    scaling: Scaling,
+    checkpointing: Checkpointing,
+    failures: Failures,
+    run: RunSettings,
+) -> dict[str, Any]:
+    """The wiring every pipeline shares: ingest each dataset, train, then keep and publish checkpoints."""
+    run = run.completed(default_name=f"pipeline-{str(flow_run.id)[:8]}")  # the flow run's id: stable across retries
+    specs = [ingest(name, source) for name, source in datasets.items()]
+    summary = train_with_retries(failures)(
+        training, datasets=specs, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run
+    )
+    kept = checkpoints(summary, checkpointing, run)
+    return {
+        "run_name": summary.run_name,
+        "run_path": summary.run_path,
+        "metrics": summary.metrics,
+        "num_reports": summary.num_reports,
+        "best_checkpoint": kept.best_path,
+        "best_metrics": kept.best_metrics,
+        "kept_checkpoints": kept.kept,
+    }
 
 
 @flow(name="flowtrain-pipeline", flow_run_name=pipeline_run_name)
@@ -49,25 +78,47 @@ def training_pipeline(
     ``train_loop`` is ``package.module:function`` (deployments) or a function (ad hoc calls); it
     receives ``train_loop_config``. The same ``run.name`` resumes a run from its latest checkpoint.
     """
-    run = run.completed(default_name=f"pipeline-{str(flow_run.id)[:8]}")  # the flow run's id: stable across retries
     config = dict(train_loop_config or {})
     expected = next((config[k] for k in _REPORT_COUNT_KEYS if isinstance(config.get(k), int)), None)
-    specs = [ingest(name, source) for name, source in (datasets or {}).items()]
-    summary = train_with_retries(failures)(
-        TorchTraining(train_loop=train_loop, train_loop_config=config, expected_reports=expected),
-        datasets=specs,
-        scaling=scaling,
-        checkpointing=checkpointing,
-        failures=failures,
-        run=run,
+    training = TorchTraining(train_loop=train_loop, train_loop_config=config, expected_reports=expected)
+    return _pipeline(
+        training, datasets=datasets or {}, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run
     )
-    kept = checkpoints(summary, checkpointing, run)
-    return {
-        "run_name": summary.run_name,
-        "run_path": summary.run_path,
-        "metrics": summary.metrics,
-        "num_reports": summary.num_reports,
-        "best_checkpoint": kept.best_path,
-        "best_metrics": kept.best_metrics,
-        "kept_checkpoints": kept.kept,
-    }
+
+
+@flow(name="flowtrain-xgboost", flow_run_name=pipeline_run_name)
+def xgboost_pipeline(
+    datasets: dict[str, DatasetSource],
+    label_column: str,
+    params: dict[str, Any] | None = None,
+    num_boost_round: int = 10,
+    scaling: Scaling = Scaling(),
+    checkpointing: Checkpointing = Checkpointing(),
+    failures: Failures = Failures(),
+    run: RunSettings = RunSettings(),
+) -> dict[str, Any]:
+    """XGBoost on ``scaling.num_workers`` workers from parameters alone: ``datasets["train"]`` is
+    trained on, every other dataset is evaluated each round (``valid-logloss``, ...)."""
+    training = BoostingTraining(
+        framework="xgboost", label_column=label_column, params=params or {}, num_boost_round=num_boost_round
+    )
+    return _pipeline(training, datasets=datasets, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run)
+
+
+@flow(name="flowtrain-lightgbm", flow_run_name=pipeline_run_name)
+def lightgbm_pipeline(
+    datasets: dict[str, DatasetSource],
+    label_column: str,
+    params: dict[str, Any] | None = None,
+    num_boost_round: int = 10,
+    scaling: Scaling = Scaling(),
+    checkpointing: Checkpointing = Checkpointing(),
+    failures: Failures = Failures(),
+    run: RunSettings = RunSettings(),
+) -> dict[str, Any]:
+    """LightGBM (data parallel) on ``scaling.num_workers`` workers from parameters alone:
+    ``datasets["train"]`` is trained on, every other dataset is evaluated each round."""
+    training = BoostingTraining(
+        framework="lightgbm", label_column=label_column, params=params or {}, num_boost_round=num_boost_round
+    )
+    return _pipeline(training, datasets=datasets, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run)

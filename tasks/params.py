@@ -149,6 +149,20 @@ class TorchTraining(_Params):
     expected_reports: int | None = None
 
 
+class BoostingTraining(_Params):
+    """Gradient-boosted trees with no code: ``XGBoostTrainer``/``LightGBMTrainer`` in parameter form."""
+
+    framework: Literal["xgboost", "lightgbm"]
+    label_column: str = Field(description="The column to predict; every other column is a feature.")
+    params: dict[str, Any] = Field(default_factory=dict, description='The library\'s parameters, e.g. {"objective": "binary:logistic"}.')
+    num_boost_round: int = Field(10, ge=1, description="Boosting rounds; one report (and checkpoint) per round.")
+
+    @property
+    def expected_reports(self) -> int:
+        """One report per boosting round."""
+        return self.num_boost_round
+
+
 class DatasetSpec(_Params):
     """What the ingest stage hands on: where a checked dataset is and what it holds (not its rows)."""
 

@@ -12,6 +12,7 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from tasks.params import (
+    BoostingTraining,
     Checkpointing,
     DatasetSpec,
     Failures,
@@ -52,8 +53,23 @@ def _callbacks(paths: list[str]) -> list[UserCallback]:
     return callbacks
 
 
-def build_trainer(training: TorchTraining, *, run_config: RunConfig, scaling: Scaling, datasets: dict[str, Any]) -> Any:
+def build_trainer(
+    training: TorchTraining | BoostingTraining, *, run_config: RunConfig, scaling: Scaling, datasets: dict[str, Any]
+) -> Any:
     """The Ray Train-style trainer for ``training`` (checked here, before any worker starts)."""
+    if isinstance(training, BoostingTraining):
+        if training.framework == "xgboost":
+            from trainers.xgboost import XGBoostTrainer as GBDTTrainer
+        else:
+            from trainers.lightgbm import LightGBMTrainer as GBDTTrainer
+        return GBDTTrainer(
+            datasets=datasets,
+            label_column=training.label_column,
+            params=dict(training.params),
+            num_boost_round=training.num_boost_round,
+            scaling_config=scaling.to_config(),
+            run_config=run_config,
+        )
     from trainers.torch import TorchTrainer
 
     return TorchTrainer(
@@ -67,7 +83,7 @@ def build_trainer(training: TorchTraining, *, run_config: RunConfig, scaling: Sc
 
 @task(name="train", task_run_name="train {run.name}", persist_result=True)
 def train(
-    training: TorchTraining,
+    training: TorchTraining | BoostingTraining,
     *,
     datasets: list[DatasetSpec],
     scaling: Scaling,
