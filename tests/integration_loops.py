@@ -53,13 +53,13 @@ def lightning_regressor():
 
 
 def lightning_loop(config: dict) -> dict:
-    """Lightning with the Ray strategy, environment and report callback, as a Ray Train user writes it."""
+    """Lightning with the Ray strategy, environment and report callback, as a Ray Train user
+    writes it; resumes from ``get_checkpoint()`` through Lightning's own ``ckpt_path``."""
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader, TensorDataset
 
     from trainers.lightning import (
         RayDDPStrategy,
-        RayFSDPStrategy,
         RayLightningEnvironment,
         RayTrainReportCallback,
         prepare_trainer,
@@ -69,10 +69,9 @@ def lightning_loop(config: dict) -> dict:
     model = lightning_regressor()(lr=config.get("lr", 0.05))
     x, y = regression_data()
     loader = DataLoader(TensorDataset(x, y), batch_size=GLOBAL_BATCH // 2, shuffle=True)
-    strategy = RayFSDPStrategy() if config.get("strategy") == "fsdp" else RayDDPStrategy()
     trainer = pl.Trainer(
         max_epochs=config["epochs"],
-        strategy=strategy,
+        strategy=RayDDPStrategy(),
         plugins=[RayLightningEnvironment()],
         callbacks=[RayTrainReportCallback()],
         accelerator="cpu",
@@ -84,12 +83,17 @@ def lightning_loop(config: dict) -> dict:
         default_root_dir=tempfile.mkdtemp(prefix="lightning-root-"),
     )
     trainer = prepare_trainer(trainer)
-    trainer.fit(model, train_dataloaders=loader)
+    checkpoint = get_checkpoint()
+    if checkpoint is None:
+        trainer.fit(model, train_dataloaders=loader)
+    else:
+        with checkpoint.as_directory() as folder:
+            trainer.fit(model, train_dataloaders=loader, ckpt_path=os.path.join(folder, RayTrainReportCallback.CHECKPOINT_NAME))
     return {
         "world_size": trainer.world_size,
         "global_rank": trainer.global_rank,
         "sampler": type(trainer.train_dataloader.sampler).__name__,
-        "state": {k: v.detach().clone() for k, v in model.state_dict().items()} if config.get("strategy") != "fsdp" else None,
+        "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
     }
 
 

@@ -14,16 +14,20 @@ from trainers.torch import TorchTrainer
 EPOCHS = 3
 
 
-@pytest.mark.usefixtures("ray_local")
-def test_lightning_module_trains_reports_every_epoch_and_checkpoint_loads(tmp_path):
-    from trainers.lightning import RayTrainReportCallback
-
-    result = TorchTrainer(
+def fit(tmp_path, epochs):
+    return TorchTrainer(
         integration_loops.lightning_loop,
-        train_loop_config={"epochs": EPOCHS},
+        train_loop_config={"epochs": epochs},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="lightning", storage_path=str(tmp_path)),
     ).fit()
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_lightning_module_trains_reports_every_epoch_and_checkpoint_loads_and_resumes(tmp_path):
+    from trainers.lightning import RayTrainReportCallback
+
+    result = fit(tmp_path, EPOCHS)
 
     assert result.error is None
     assert result.return_value["world_size"] == 2 and result.return_value["global_rank"] == 0
@@ -42,3 +46,16 @@ def test_lightning_module_trains_reports_every_epoch_and_checkpoint_loads(tmp_pa
     assert saved["epoch"] == EPOCHS - 1 and saved["global_step"] == 4 * EPOCHS
     for name, value in result.return_value["state"].items():
         torch.testing.assert_close(restored.state_dict()[name], value)
+
+    # The same run again, one epoch longer: Lightning resumes from the reported checkpoint.
+    resumed = fit(tmp_path, EPOCHS + 1)
+    assert list(resumed.metrics_dataframe["epoch"]) == list(range(EPOCHS + 1))
+    assert resumed.metrics_dataframe["step"].iloc[-1] == 4 * (EPOCHS + 1)
+
+
+def test_lightning_fsdp_on_cpu_workers_says_what_to_use_instead():
+    from trainers.lightning import RayFSDPStrategy
+
+    # Lightning's FSDP is torch's FullyShardedDataParallel, which needs an accelerator.
+    with pytest.raises(ValueError, match=r"RayFSDPStrategy needs GPUs.*parallel_strategy='fsdp'"):
+        RayFSDPStrategy().setup_environment()

@@ -77,4 +77,18 @@ class RayFSDPStrategy(_OnFlowtrainWorker, FSDPStrategy):
     The default ``state_dict_type="full"`` gathers the whole model into rank 0's checkpoint, so
     ``LightningModule.load_from_checkpoint`` loads it without FSDP; ``"sharded"`` writes one
     shard per rank (all of them are kept in the reported checkpoint).
+
+    Needs GPUs (``ScalingConfig(use_gpu=True)``): Lightning builds on torch's
+    ``FullyShardedDataParallel``, which does not run on CPU. To shard on CPU workers, call
+    ``trainers.torch.prepare_model(model, parallel_strategy="fsdp")`` in a plain torch loop.
     """
+
+    def setup_environment(self) -> None:
+        if self.root_device.type == "cpu":
+            raise ValueError(
+                "RayFSDPStrategy needs GPUs: Lightning's FSDP (torch's FullyShardedDataParallel) does "
+                "not run on CPU. Set ScalingConfig(use_gpu=True), use strategy=RayDDPStrategy() on CPU "
+                "workers, or shard a plain torch loop with trainers.torch.prepare_model(model, "
+                "parallel_strategy='fsdp')."
+            )
+        super().setup_environment()
