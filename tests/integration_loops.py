@@ -11,7 +11,7 @@ import tempfile
 
 import torch
 
-from trainers import Checkpoint, get_checkpoint, get_context, report
+from trainers import Checkpoint, get_checkpoint, get_context, get_dataset_shard, report
 
 NUM_ROWS = 64
 GLOBAL_BATCH = 16
@@ -139,8 +139,12 @@ def transformers_loop(config: dict) -> dict:
         disable_tqdm=True,
         seed=0,
     )
+    if config.get("ray_data"):  # this worker's shard of the trainer's Ray Dataset, in batches
+        train_dataset = get_dataset_shard("train").iter_torch_batches(batch_size=4)
+    else:
+        train_dataset = TokenData()
     trainer = transformers.Trainer(
-        model=model, args=args, train_dataset=TokenData(), callbacks=[RayTrainReportCallback()]
+        model=model, args=args, train_dataset=train_dataset, callbacks=[RayTrainReportCallback()]
     )
     trainer = prepare_trainer(trainer)
     checkpoint = get_checkpoint()
