@@ -24,30 +24,37 @@ class RayLightningEnvironment(LightningEnvironment):
 
     @property
     def creates_processes_externally(self) -> bool:
+        """Always True: Lightning must not launch processes of its own."""
         # flowtrain started every worker: Lightning must not spawn copies of the script.
         return True
 
     def world_size(self) -> int:
+        """How many workers train together (``get_context().get_world_size()``)."""
         return get_context().get_world_size()
 
     def global_rank(self) -> int:
+        """This worker's rank among all workers."""
         return get_context().get_world_rank()
 
     def local_rank(self) -> int:
+        """This worker's rank on its node."""
         return get_context().get_local_rank()
 
     def node_rank(self) -> int:
+        """The rank of this worker's node."""
         return get_context().get_node_rank()
 
     def set_world_size(self, size: int) -> None:
+        """Ignored: the world size is flowtrain's."""
         # Lightning computes a world size from devices x num_nodes; ours comes from the context.
         pass
 
     def set_global_rank(self, rank: int) -> None:
+        """Ignored: the rank is flowtrain's."""
         pass
 
     def teardown(self) -> None:
-        # The process group and its environment belong to flowtrain, which tears them down.
+        """Leaves the process group and its environment to flowtrain, which tears them down."""
         pass
 
 
@@ -56,10 +63,12 @@ class _OnFlowtrainWorker:
 
     @property
     def root_device(self) -> torch.device:
+        """This worker's device, as ``trainers.torch.get_device()`` gives it."""
         return get_device()
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        """Lightning's ``DistributedSampler`` covers all flowtrain workers, at this worker's rank."""
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
 
@@ -84,6 +93,7 @@ class RayFSDPStrategy(_OnFlowtrainWorker, FSDPStrategy):
     """
 
     def setup_environment(self) -> None:
+        """Fails at once on CPU workers, naming what to use instead."""
         if self.root_device.type == "cpu":
             raise ValueError(
                 "RayFSDPStrategy needs GPUs: Lightning's FSDP (torch's FullyShardedDataParallel) does "
