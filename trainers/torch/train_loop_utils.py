@@ -41,6 +41,12 @@ def prepare_model(
     ``parallel_strategy="ddp"`` wraps in ``DistributedDataParallel``; ``"fsdp"`` shards it with
     torch's ``fully_shard`` (works on CPU over gloo too); ``None`` leaves it unwrapped. Nothing is
     wrapped when a single worker trains.
+
+    To checkpoint a sharded model, either gather it on every rank with
+    ``torch.distributed.checkpoint.state_dict.get_model_state_dict(model,
+    options=StateDictOptions(full_state_dict=True, cpu_offload=True))`` (rank 0 receives the whole
+    model and saves it), or save shards with ``torch.distributed.checkpoint.save`` into a folder
+    per rank and have every rank ``report`` its folder: the files are merged into one checkpoint.
     """
     if parallel_strategy not in PARALLEL_STRATEGIES:
         raise ValueError(
