@@ -47,3 +47,26 @@ def test_prepare_trainer_rejects_a_lightning_strategy_that_launches_its_own_proc
     trainer = pl.Trainer(strategy="ddp", accelerator="cpu", devices=1, logger=False, default_root_dir=str(tmp_path))
     with pytest.raises(TypeError, match=r"strategy is DDPStrategy; use strategy=RayDDPStrategy\(\)"):
         prepare_trainer(trainer)
+
+
+def test_transformers_prepare_trainer_names_a_world_size_mismatch(tmp_path, monkeypatch):
+    import pyarrow.fs
+    import transformers
+
+    from trainers.context import StorageInfo, TrainContext, _set_context
+    from trainers.huggingface.transformers import prepare_trainer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = transformers.BertForSequenceClassification(
+        transformers.BertConfig(vocab_size=8, hidden_size=4, num_hidden_layers=1, num_attention_heads=1, intermediate_size=4)
+    )
+    # Arguments built where no process group exists (world size 1), used by a 2-worker run.
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    trainer = transformers.Trainer(model=model, args=args)
+    storage = StorageInfo(str(tmp_path), str(tmp_path), str(tmp_path), pyarrow.fs.LocalFileSystem())
+    _set_context(TrainContext("run", 2, 0, 0, 2, 0, storage))
+    try:
+        with pytest.raises(RuntimeError, match=r"world size of 1, but 2 workers train; create TrainingArguments inside"):
+            prepare_trainer(trainer)
+    finally:
+        _set_context(None)
