@@ -23,7 +23,9 @@ class _Batches(IterableDataset):
 
 def _is_batch_iterable(dataset: Any) -> bool:
     # A torch/HF dataset is indexed row by row; a Ray Data shard's iter_*_batches() yields batches.
-    return dataset is not None and not isinstance(dataset, (Dataset, dict)) and hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+    if dataset is None or isinstance(dataset, (Dataset, dict)):
+        return False
+    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
 
 
 def _as_loader(batches: Iterable[Any]) -> DataLoader:
