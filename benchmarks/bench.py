@@ -19,6 +19,7 @@ import statistics
 import sys
 import tempfile
 
+import benchmarks.training  # noqa: F401  (registers its workloads)
 from benchmarks.workloads import WORKLOADS
 
 RESULTS = pathlib.Path(__file__).with_name("results")
