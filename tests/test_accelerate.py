@@ -42,3 +42,23 @@ def test_accelerator_finds_the_process_group_and_averages_gradients(tmp_path):
     for rank0_grad, rank1_grad in out["grads"]:
         torch.testing.assert_close(rank0_grad, rank1_grad, rtol=0, atol=0)
     torch.testing.assert_close(out["weight"], plain_torch_reference(), rtol=1e-5, atol=1e-6)
+
+
+def test_accelerate_is_told_each_workers_own_gpu():
+    from types import SimpleNamespace
+
+    from trainers.torch.config import _accelerate_env
+
+    def worker(rank, node, gpus):
+        return SimpleNamespace(ranks=SimpleNamespace(world_rank=rank), metadata=SimpleNamespace(node_id=node, gpu_ids=gpus))
+
+    # Node a: rank 0 got GPU 3, rank 1 GPU 1; both see "1,3", so rank 0's GPU is cuda:1, not cuda:LOCAL_RANK.
+    workers = [worker(0, "a", ("3",)), worker(1, "a", ("1",)), worker(2, "b", ("0",))]
+    assert _accelerate_env(workers, use_gpu=True) == {
+        0: {"ACCELERATE_TORCH_DEVICE": "cuda:1"},
+        1: {"ACCELERATE_TORCH_DEVICE": "cuda:0"},
+        2: {"ACCELERATE_TORCH_DEVICE": "cuda:0"},
+    }
+    assert _accelerate_env(workers[:1], use_gpu=False) == {
+        0: {"ACCELERATE_USE_CPU": "true", "ACCELERATE_TORCH_DEVICE": "cpu"}
+    }
