@@ -2,12 +2,15 @@
 
 A ``BackendConfig`` names its ``Backend``; the trainer calls ``on_start`` after the workers are up
 and ranked and before the training function starts, and ``on_shutdown`` before they are stopped.
-Torch, XGBoost and LightGBM are backends; you can write your own.
+A config may also give ``train_func_context``: every worker runs the training function inside it
+(XGBoost's collective communicator is entered this way). Torch, XGBoost and LightGBM are
+backends; you can write your own.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Callable, ContextManager
 
 
 class Backend:
@@ -29,6 +32,12 @@ class BackendConfig:
     @property
     def backend_cls(self) -> type[Backend]:
         return Backend
+
+    @property
+    def train_func_context(self) -> Callable[[], ContextManager[Any]]:
+        """A function returning the context manager each worker enters around the training
+        function, after ``get_context()`` works and in the thread that trains. Default: none."""
+        return contextlib.nullcontext
 
     @property
     def framework(self) -> str | None:

@@ -104,7 +104,9 @@ class RayWorkers:
             )
             session_args.append(_session_args(spec, context, attempt, checkpoint, shard))
         self.backend.on_training_start(group, spec.backend_config)
-        group.start_training(spec.train_fn, spec.train_loop_config, spec.takes_config, session_args)
+        group.start_training(
+            spec.train_fn, spec.train_loop_config, spec.takes_config, session_args, spec.backend_config.train_func_context
+        )
         self._training = True
 
     def poll(self, timeout_s: float) -> list[Event]:
@@ -154,7 +156,14 @@ class LocalWorkers:
         self._session = WorkerSession(emit=self._events.put, **args)
         threading.Thread(
             target=run_training_function,
-            args=(spec.train_fn, spec.train_loop_config, spec.takes_config, self._session, self._events.put),
+            args=(
+                spec.train_fn,
+                spec.train_loop_config,
+                spec.takes_config,
+                self._session,
+                self._events.put,
+                spec.backend_config.train_func_context,
+            ),
             name="train_loop_per_worker",
             daemon=True,
         ).start()

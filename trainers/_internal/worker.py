@@ -7,6 +7,7 @@ is how reports reach the driver at once without any polling timer.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pickle
@@ -49,12 +50,15 @@ def run_training_function(
     takes_config: bool,
     session: WorkerSession,
     emit: Callable[[Event], None],
+    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> None:
-    """Run the user's function under ``session`` and emit how it ended."""
+    """Run the user's function under ``session``, inside the backend's ``context``, and emit how
+    it ended."""
     rank = session.context.world_rank
     set_session(session)
     try:
-        value = train_fn(config) if takes_config else train_fn()
+        with context():
+            value = train_fn(config) if takes_config else train_fn()
         session.flush()
     except TrainingInterrupted:
         return
@@ -119,12 +123,17 @@ class TrainWorker:
         return fn(*args, **kwargs)
 
     def start(
-        self, train_fn: Callable[..., Any], config: Any, takes_config: bool, session_args: dict[str, Any]
+        self,
+        train_fn: Callable[..., Any],
+        config: Any,
+        takes_config: bool,
+        session_args: dict[str, Any],
+        context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     ) -> None:
         self._session = WorkerSession(emit=self._events.put, **session_args)
         self._thread = threading.Thread(
             target=run_training_function,
-            args=(train_fn, config, takes_config, self._session, self._events.put),
+            args=(train_fn, config, takes_config, self._session, self._events.put, context),
             name="train_loop_per_worker",
             daemon=True,
         )

@@ -145,10 +145,19 @@ class RayWorkerGroup:
         """Run ``fn(*args)`` on the worker of world rank ``rank``."""
         return ray.get(self.workers[rank].actor.execute.remote(fn, *args))
 
-    def start_training(self, train_fn: Callable[..., Any], config: Any, takes_config: bool, session_args: list[dict]) -> None:
-        """Start the training function on every worker, then listen for their events."""
+    def start_training(
+        self,
+        train_fn: Callable[..., Any],
+        config: Any,
+        takes_config: bool,
+        session_args: list[dict],
+        context: Callable[[], Any] | None = None,
+    ) -> None:
+        """Start the training function on every worker (inside ``context`` when given), then listen
+        for their events."""
+        extra = () if context is None else (context,)
         ray.get(
-            [w.actor.start.remote(train_fn, config, takes_config, args) for w, args in zip(self.workers, session_args)]
+            [w.actor.start.remote(train_fn, config, takes_config, args, *extra) for w, args in zip(self.workers, session_args)]
         )
         for worker in self.workers:
             self._listen(worker.ranks.world_rank)
