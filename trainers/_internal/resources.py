@@ -96,3 +96,40 @@ def leave_cpu_for_data(scaling: ScalingConfig, nodes: list[dict[str, float]]) ->
     )
     resources = {**(scaling.resources_per_worker or {}), "CPU": per_worker}
     return dataclasses.replace(scaling, resources_per_worker=resources)
+
+
+def enclosing_placement_group(scaling: ScalingConfig) -> tuple[object, int] | None:
+    """The placement group this process places its children in, and the bundle of worker 0.
+
+    A Ray Tune trial runs in a placement group that captures its children (Tune sets
+    ``placement_group_capture_child_tasks``), built by ``trainers.tune.trial_resources``: the
+    trial's own bundle first, then one bundle per worker. Reserving a second group of our own
+    there would count every worker twice and can wait forever on a full cluster, so the workers
+    take the last ``num_workers`` bundles of the trial's group instead. Returns None when this
+    process captures into no group (the usual case: the workers get a group of their own).
+    Raises ``InsufficientResourcesError`` before any worker starts when the group cannot hold them.
+    """
+    import ray
+    from ray.util.placement_group import get_current_placement_group
+
+    if not ray.get_runtime_context().should_capture_child_tasks_in_placement_group:
+        return None
+    group = get_current_placement_group()
+    if group is None:
+        return None
+    bundles = [dict(b) for b in group.bundle_specs]
+    n = scaling.num_workers
+    worker = scaling.worker_resources
+    first = len(bundles) - n
+    # A process that holds resources sits in a bundle of its own (Tune uses the first one);
+    # one that holds none (an empty trial bundle) takes no bundle, so every bundle can be a worker's.
+    own = 1 if any(ray.get_runtime_context().get_assigned_resources().values()) else 0
+    small = [i for i, b in enumerate(bundles[max(first, 0):], start=max(first, 0)) if bundles_that_fit(b, worker) < 1]
+    if first < own or small:
+        raise InsufficientResourcesError(
+            f"This trainer runs inside a placement group (a Ray Tune trial) with bundles {[_fmt(b) for b in bundles]}, "
+            f"which cannot hold ScalingConfig's {n} workers x {_fmt(worker)} (one bundle each, after the trial's own). "
+            "Give the trial its resources with trainers.tune.with_resources(fn, scaling_config) "
+            "(or trainers.tune.trial_resources(scaling_config)), passing the same ScalingConfig the trainer uses."
+        )
+    return group, first

@@ -18,6 +18,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainers._internal.events import Event, FailedEvent, FinishedEvent
 from trainers._internal.ranks import Ranks, assign_ranks
+from trainers._internal.resources import enclosing_placement_group
 from trainers._internal.worker import TrainWorker, WorkerMetadata
 from trainers.config import ScalingConfig
 from trainers.errors import WorkerError
@@ -78,6 +79,7 @@ class RayWorkerGroup:
         self.runtime_env = runtime_env
         self.workers: list[Worker] = []
         self._pg = None
+        self._owns_pg = False
         self._inflight: dict[Any, int] = {}
         self._unavailable_since: dict[int, float] = {}
 
@@ -91,7 +93,13 @@ class RayWorkerGroup:
         """Reserve the placement group, start the actors and assign ranks by node."""
         deadline = time.monotonic() + self.start_timeout_s
         bundle = self.scaling.worker_resources
-        self._pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy=self.scaling.placement_strategy)
+        enclosing = enclosing_placement_group(self.scaling)
+        if enclosing is not None:  # a Tune trial's group: its bundles are already ours, Tune removes it
+            self._pg, first_bundle = enclosing
+            self._owns_pg = False
+        else:
+            self._pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy=self.scaling.placement_strategy)
+            first_bundle, self._owns_pg = 0, True
         if not self._pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):
             state = placement_group_table(self._pg).get("state", "?")
             raise WorkerStartError(
@@ -103,7 +111,7 @@ class RayWorkerGroup:
         actors = [
             remote_cls.options(
                 max_concurrency=4,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=first_bundle + i),
                 runtime_env=self.runtime_env,
                 **_kwargs_for_worker(bundle),
             ).remote()
@@ -239,9 +247,9 @@ class RayWorkerGroup:
                 pass
         self.workers = []
         self._inflight.clear()
-        if self._pg is not None:
+        if self._pg is not None and self._owns_pg:
             try:
                 remove_placement_group(self._pg)
             except Exception:
                 pass
-            self._pg = None
+        self._pg = None

@@ -1,0 +1,109 @@
+"""Ray Tune over flowtrain's trainers: real Tune, real Ray (the session's 4 CPUs), tiny torch trials."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+
+import tune_loops
+from conftest import train_worker_actors
+from trainers import InsufficientResourcesError, Result, ScalingConfig
+from trainers.tune import NotInTuneTrialError, TuneReportCallback, trial_resources, with_resources
+
+EPOCHS = 4
+
+
+def _reports(run_path: str) -> list[dict]:
+    return [r["metrics"] for r in json.loads((pathlib.Path(run_path) / "run.json").read_text())["reports"]]
+
+
+def test_asha_stops_bad_trials_early_and_returns_the_best(tmp_path, ray_local):
+    runs = tmp_path / "runs"
+    tuner = tune.Tuner(
+        with_resources(tune_loops.train_driver, tune_loops.SCALING),
+        # Grid order is trial order; two trials run at once, so the good ones set each rung's bar.
+        param_space={"lr": tune.grid_search([0.3, 0.1, 0.0, 0.001]), "epochs": EPOCHS, "storage_path": str(runs)},
+        tune_config=tune.TuneConfig(
+            metric="loss", mode="min", scheduler=ASHAScheduler(max_t=EPOCHS, grace_period=1, reduction_factor=2)
+        ),
+        run_config=tune.RunConfig(name="asha", storage_path=str(tmp_path / "tune"), verbose=0),
+    )
+    grid = tuner.fit()
+
+    assert not grid.errors
+    by_lr = {r.config["lr"]: r for r in grid}
+    iterations = {lr: r.metrics["training_iteration"] for lr, r in by_lr.items()}
+    stopped = [lr for lr, n in iterations.items() if n < EPOCHS]
+    assert 0.0 in stopped, iterations  # lr=0 never learns: ASHA cuts it at the first rung
+    assert iterations[0.3] == EPOCHS  # the best trial is never cut
+
+    best = grid.get_best_result()
+    assert best.config["lr"] == 0.3
+    assert best.metrics["loss"] == min(r.metrics["loss"] for r in grid)
+    # The metrics Tune saw are the run's own reports, with the committed checkpoint's path.
+    ours = Result.from_path(best.metrics["run_path"])
+    assert ours.metrics["loss"] == best.metrics["loss"] and len(ours.metrics_dataframe) == EPOCHS
+    assert best.metrics["checkpoint_path"] == ours.checkpoint.path
+    assert (pathlib.Path(best.metrics["checkpoint_path"]) / "model.pt").is_file()
+    # An early-stopped trial's run holds no more reports than Tune received from it.
+    cut = by_lr[0.0]
+    assert len(_reports(cut.metrics["run_path"])) < EPOCHS
+    assert pathlib.Path(cut.metrics["run_path"]).parent == runs
+    # (no worker actor or placement group is left: the ray_local fixture checks it after the test)
+
+
+def test_a_trainer_bigger_than_its_trial_fails_before_any_worker_starts(tmp_path, ray_local):
+    before = set(train_worker_actors())
+    tuner = tune.Tuner(
+        with_resources(tune_loops.train_driver, tune_loops.SCALING),  # 1 worker reserved ...
+        param_space={"lr": 0.1, "epochs": 1, "num_workers": 2, "storage_path": str(tmp_path / "runs")},  # ... 2 asked
+        tune_config=tune.TuneConfig(metric="loss", mode="min"),
+        run_config=tune.RunConfig(name="too-big", storage_path=str(tmp_path / "tune"), verbose=0),
+    )
+    grid = tuner.fit()
+
+    assert len(grid.errors) == 1
+    message = str(grid.errors[0])
+    assert "InsufficientResourcesError" in message and "2 workers" in message
+    assert "trainers.tune.with_resources(fn, scaling_config)" in message
+    assert set(train_worker_actors()) == before  # no worker was started
+
+
+def test_helpers_reject_bad_arguments_and_use_outside_tune():
+    with pytest.raises(TypeError, match=r"scaling_config=2: must be the trainers.ScalingConfig"):
+        trial_resources(2)
+    with pytest.raises(ValueError, match=r"driver_resources\['CPU'\]=-1: must be a number >= 0"):
+        trial_resources(ScalingConfig(num_workers=1), driver_resources={"CPU": -1})
+    with pytest.raises(TypeError, match=r"trainable='train': must be the function"):
+        with_resources("train", ScalingConfig(num_workers=1))
+    with pytest.raises(NotInTuneTrialError, match=r"TuneReportCallback\(\) works only inside a Ray Tune trial"):
+        TuneReportCallback()
+
+
+def test_trial_resources_reserve_the_trial_and_each_worker():
+    factory = trial_resources(ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}, placement_strategy="SPREAD"))
+    assert factory.bundles == [{"CPU": 1}, {"CPU": 0.5}, {"CPU": 0.5}]
+    assert factory.strategy == "SPREAD"
+    assert factory.required_resources == {"CPU": 2.0}
+    free_driver = trial_resources(ScalingConfig(num_workers=1), driver_resources={})
+    assert free_driver.bundles == [{"CPU": 1}] and free_driver.head_bundle_is_empty
+
+
+def test_insufficient_resources_error_is_a_value_error():
+    assert issubclass(InsufficientResourcesError, ValueError)
+
+
+def test_a_trial_that_reserves_nothing_for_itself_puts_every_bundle_to_work(tmp_path, ray_local):
+    tuner = tune.Tuner(
+        with_resources(tune_loops.train_driver, tune_loops.SCALING, driver_resources={}),
+        param_space={"lr": 0.1, "epochs": 2, "storage_path": str(tmp_path / "runs")},
+        tune_config=tune.TuneConfig(metric="loss", mode="min"),
+        run_config=tune.RunConfig(name="no-driver-bundle", storage_path=str(tmp_path / "tune"), verbose=0),
+    )
+    grid = tuner.fit()
+    assert not grid.errors
+    assert [m["epoch"] for m in _reports(grid[0].metrics["run_path"])] == [0, 1]

@@ -1,0 +1,56 @@
+"""Training loops and trial functions the Tune tests run (trial processes import this module)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import trainers
+from trainers import Checkpoint, RunConfig, ScalingConfig
+from trainers.tune import trial_run_config
+
+#: One worker per trial: with the trial's own CPU, two trials fit the test Ray's 4 CPUs at once.
+SCALING = ScalingConfig(num_workers=1)
+STEPS_PER_EPOCH = 10
+
+
+def regression_loop(config: dict) -> None:
+    """Fit y = 3x + 1 with a one-weight linear model and SGD at ``config["lr"]``.
+
+    One report per epoch, with the loss after the epoch's steps and a checkpoint of the weights;
+    ``lr=0`` never learns, so its loss stays where it started.
+    """
+    import torch
+
+    from trainers.torch import prepare_model
+
+    torch.manual_seed(0)
+    x = torch.linspace(-1, 1, 64).unsqueeze(1)
+    y = 3 * x + 1
+    model = prepare_model(torch.nn.Linear(1, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
+    for epoch in range(config["epochs"]):
+        for _ in range(STEPS_PER_EPOCH):
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+        with torch.no_grad():
+            loss = torch.nn.functional.mse_loss(model(x), y).item()
+        time.sleep(config.get("sleep_s", 0.0))
+        with tempfile.TemporaryDirectory() as folder:
+            torch.save(model.state_dict(), os.path.join(folder, "model.pt"))
+            trainers.report({"epoch": epoch, "loss": loss}, checkpoint=Checkpoint.from_directory(folder))
+
+
+def train_driver(config: dict) -> None:
+    """A Tune trial: train ``regression_loop`` with the trial's config, reporting to Tune."""
+    from trainers.torch import TorchTrainer
+
+    trainer = TorchTrainer(
+        regression_loop,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=config.get("num_workers", SCALING.num_workers)),
+        run_config=trial_run_config(RunConfig(storage_path=config["storage_path"])),
+    )
+    trainer.fit()
