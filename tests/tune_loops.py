@@ -18,8 +18,8 @@ STEPS_PER_EPOCH = 10
 def regression_loop(config: dict) -> None:
     """Fit y = 3x + 1 with a one-weight linear model and SGD at ``config["lr"]``.
 
-    One report per epoch, with the loss after the epoch's steps and a checkpoint of the weights;
-    ``lr=0`` never learns, so its loss stays where it started.
+    One report per epoch, with the loss after the epoch's steps and a checkpoint of the weights
+    (a restart resumes from it); ``lr=0`` never learns, so its loss stays where it started.
     """
     import torch
 
@@ -28,9 +28,16 @@ def regression_loop(config: dict) -> None:
     torch.manual_seed(0)
     x = torch.linspace(-1, 1, 64).unsqueeze(1)
     y = 3 * x + 1
-    model = prepare_model(torch.nn.Linear(1, 1))
+    layer = torch.nn.Linear(1, 1)
+    start = 0
+    if checkpoint := trainers.get_checkpoint():
+        with checkpoint.as_directory() as folder:
+            state = torch.load(os.path.join(folder, "model.pt"))
+        layer.load_state_dict(state["model"])
+        start = state["epoch"] + 1
+    model = prepare_model(layer)
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
-    for epoch in range(config["epochs"]):
+    for epoch in range(start, config["epochs"]):
         for _ in range(STEPS_PER_EPOCH):
             optimizer.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
@@ -39,7 +46,7 @@ def regression_loop(config: dict) -> None:
             loss = torch.nn.functional.mse_loss(model(x), y).item()
         time.sleep(config.get("sleep_s", 0.0))
         with tempfile.TemporaryDirectory() as folder:
-            torch.save(model.state_dict(), os.path.join(folder, "model.pt"))
+            torch.save({"model": layer.state_dict(), "epoch": epoch}, os.path.join(folder, "model.pt"))
             trainers.report({"epoch": epoch, "loss": loss}, checkpoint=Checkpoint.from_directory(folder))
 
 

@@ -1,0 +1,72 @@
+"""The sweep flow: train one run per trial of a grid or random search, then rank the trials.
+
+Each trial is a mapped task with its own run (named from what it trains) under
+``{storage_path}/{sweep name}/``; at most as many train at once as the Ray cluster holds. Running
+the same sweep again reuses the trials that finished and resumes the ones that did not.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from prefect import flow, unmapped
+from prefect.runtime import flow_run
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from tasks.params import Checkpointing, Failures, RunSettings, Scaling
+from tasks.sweep import Search, Trial, TrialOutcome, collect_outcomes, plan_sweep, rank_trials, train_trial_with_retries
+
+DEFAULT_SWEEP_NAME = "sweep"
+
+
+def sweep_run_name() -> str:
+    """What the flow run is called in the UI: the sweep's name."""
+    run = (flow_run.parameters or {}).get("run")
+    name = run.get("name") if isinstance(run, dict) else getattr(run, "name", None)
+    return name or DEFAULT_SWEEP_NAME
+
+
+@flow(name="flowtrain-sweep-trials", flow_run_name="trials")
+def sweep_trials(trials: list[Trial], arguments: dict[str, Any], failures: Failures) -> list[TrialOutcome]:
+    """Train every trial (a mapped task each) and return their outcomes, failed ones included.
+
+    The caller sets this flow's task runner so that only as many trials train at once as fit.
+    """
+    static = {key: unmapped(value) for key, value in arguments.items()}
+    futures = train_trial_with_retries(failures).map(trials, failures=unmapped(failures), **static)
+    return collect_outcomes(trials, list(futures))
+
+
+@flow(name="flowtrain-sweep", flow_run_name=sweep_run_name)
+def sweep(
+    search: Search,
+    train_loop: str | Callable[..., Any] = "tasks.loops:tabular_mlp_loop",
+    train_loop_config: dict[str, Any] | None = None,
+    scaling: Scaling = Scaling(num_workers=1),
+    checkpointing: Checkpointing = Checkpointing(),
+    failures: Failures = Failures(),
+    run: RunSettings = RunSettings(),
+) -> dict[str, Any]:
+    """Train ``train_loop`` once per trial of ``search`` (each trial's parameters added to
+    ``train_loop_config``) and rank the trials by ``search.metric``.
+
+    ``run.name`` names the sweep (default ``sweep``); trials are stored under
+    ``{run.storage_path}/{run.name}/``. Returns the ranking, best first, and the best trial.
+    """
+    name = run.name or DEFAULT_SWEEP_NAME
+    settings = run.completed(default_name=name)
+    trial_storage = f"{settings.storage_root.rstrip('/')}/{name}"
+    config = dict(train_loop_config or {})
+    plan = plan_sweep(name, search, train_loop, config, scaling)
+    arguments = {
+        "search": search,
+        "train_loop": train_loop,
+        "train_loop_config": config,
+        "scaling": scaling,
+        "checkpointing": checkpointing,
+        "run": settings.model_copy(update={"storage_path": trial_storage}),
+    }
+    trials = sweep_trials.with_options(task_runner=ThreadPoolTaskRunner(max_workers=plan.max_concurrent_trials))
+    outcomes = trials(plan.trials, arguments, failures)
+    ranked = rank_trials(name, search, outcomes)
+    return {"sweep": name, "trials": [o.model_dump() for o in ranked], "best": ranked[0].model_dump()}

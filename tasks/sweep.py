@@ -1,0 +1,311 @@
+"""The sweep stages: plan the trials of a search, train each one (skipping completed ones), rank them.
+
+A trial's run name is a digest of what it trains (the loop, its config, the scaling), so the same
+search over the same storage names the same runs again: a trial whose run finished is read back
+from storage instead of trained again, and a trial that was cut off resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import random
+from typing import Any, Callable, Literal
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from pydantic import Field, model_validator
+
+from tasks.params import Checkpointing, Failures, RunSettings, Scaling, TorchTraining, _Params
+from tasks.reporting import _plain, artifact_key
+from tasks.retries import train_task_options
+from tasks.train import train
+
+
+class SweepError(RuntimeError):
+    """The sweep could not produce a ranking: every trial failed, or none reported the metric."""
+
+
+class Distribution(_Params):
+    """Where a random search draws one parameter from."""
+
+    kind: Literal["uniform", "loguniform", "randint", "choice"] = Field(
+        description="uniform/loguniform: a float in [low, high); randint: an int in [low, high); choice: one of values."
+    )
+    low: float | None = None
+    high: float | None = None
+    values: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "Distribution":
+        if self.kind == "choice":
+            if not self.values or self.low is not None or self.high is not None:
+                raise ValueError(f"kind='choice' needs a non-empty 'values' list and no low/high; got values={self.values!r}.")
+            return self
+        if self.values is not None:
+            raise ValueError(f"kind={self.kind!r} takes low and high, not values={self.values!r}; use kind='choice' for a list.")
+        if self.low is None or self.high is None or not self.low < self.high:
+            raise ValueError(f"kind={self.kind!r} needs low < high; got low={self.low!r}, high={self.high!r}.")
+        if self.kind == "loguniform" and self.low <= 0:
+            raise ValueError(f"kind='loguniform' needs low > 0; got low={self.low!r}.")
+        return self
+
+    def sample(self, rng: random.Random) -> Any:
+        """One draw from this distribution."""
+        if self.kind == "choice":
+            return rng.choice(self.values)
+        if self.kind == "randint":
+            return rng.randrange(math.ceil(self.low), math.ceil(self.high))
+        if self.kind == "loguniform":
+            return math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
+        return rng.uniform(self.low, self.high)
+
+
+class Search(_Params):
+    """What the sweep tries and how it ranks the trials.
+
+    Every combination of ``grid``, each with ``num_samples`` draws from ``random`` (one trial per
+    grid point and draw). Draws come from ``seed``, so a rerun proposes the same trials.
+    """
+
+    metric: str = Field(description='The reported metric that ranks trials (its last value), "outer/inner" for nested.')
+    mode: Literal["min", "max"] = Field("min", description="Whether a lower or a higher metric is better.")
+    grid: dict[str, list[Any]] = Field(default_factory=dict, description='Values to try, e.g. {"lr": [0.1, 0.01]}.')
+    random: dict[str, Distribution] = Field(default_factory=dict, description="Parameters drawn at random.")
+    num_samples: int = Field(1, ge=1, description="Random draws per grid point (1 for a plain grid).")
+    seed: int = Field(0, description="Seed of the random draws.")
+    max_concurrent_trials: int | None = Field(
+        None, ge=1, description="Trials training at once; None: as many as the Ray cluster holds."
+    )
+
+    @model_validator(mode="after")
+    def _something_to_try(self) -> "Search":
+        if not self.grid and not self.random:
+            raise ValueError('search: give a grid (e.g. {"lr": [0.1, 0.01]}) or random distributions; both are empty.')
+        empty = sorted(name for name, values in self.grid.items() if not values)
+        if empty:
+            raise ValueError(f"search.grid: {empty} have no values; give each at least one.")
+        both = sorted(set(self.grid) & set(self.random))
+        if both:
+            raise ValueError(f"search: {both} are in both grid and random; keep each parameter in one of them.")
+        if self.num_samples > 1 and not self.random:
+            raise ValueError(
+                f"search.num_samples={self.num_samples}: a grid without random parameters gives the same trials each "
+                "time; set num_samples=1, or add random distributions."
+            )
+        return self
+
+    def configs(self) -> list[dict[str, Any]]:
+        """The parameters of every trial, in a fixed order."""
+        rng = random.Random(self.seed)
+        names = sorted(self.grid)
+        configs = []
+        for point in itertools.product(*(self.grid[name] for name in names)):
+            for _ in range(self.num_samples):
+                drawn = {name: self.random[name].sample(rng) for name in sorted(self.random)}
+                configs.append({**dict(zip(names, point)), **drawn})
+        return configs
+
+
+class Trial(_Params):
+    """One trial: its run's name and the parameters it adds to ``train_loop_config``."""
+
+    name: str
+    params: dict[str, Any]
+
+
+class SweepPlan(_Params):
+    """The trials to run and how many may train at once."""
+
+    trials: list[Trial]
+    max_concurrent_trials: int
+
+
+class TrialOutcome(_Params):
+    """How one trial ended: ``trained`` now, ``reused`` (finished in an earlier run) or ``failed``."""
+
+    name: str
+    params: dict[str, Any]
+    status: Literal["trained", "reused", "failed"]
+    score: float | None = None
+    metrics: dict[str, Any] | None = None
+    run_path: str | None = None
+    checkpoint_path: str | None = None
+    error: str | None = None
+
+
+def _describe_loop(train_loop: str | Callable[..., Any]) -> str:
+    if isinstance(train_loop, str):
+        return train_loop
+    return f"{getattr(train_loop, '__module__', '?')}:{getattr(train_loop, '__qualname__', repr(train_loop))}"
+
+
+def trial_name(sweep_name: str, train_loop: str | Callable[..., Any], config: dict[str, Any], scaling: Scaling) -> str:
+    """``<sweep>-<digest>``: the same loop, config and scaling always get the same run name."""
+    what = {"train_loop": _describe_loop(train_loop), "config": config, "scaling": scaling.model_dump()}
+    digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()[:12]
+    return f"{sweep_name}-{digest}"
+
+
+def trials_the_cluster_holds(scaling: Scaling) -> int:
+    """How many trials of ``scaling`` the connected Ray cluster can train at once (at least one fits,
+    else ``InsufficientResourcesError`` says what is missing)."""
+    from trainers._internal.ray_init import ensure_ray
+    from trainers._internal.resources import bundles_that_fit, check_feasible, cluster_nodes
+
+    config = scaling.to_config()
+    if config.num_workers == 0:
+        return 1  # the loop runs in the task's own process
+    ensure_ray()
+    nodes = cluster_nodes()
+    check_feasible(config, nodes)
+    if config.placement_strategy == "STRICT_PACK":
+        return sum(bundles_that_fit(node, config.total_resources) for node in nodes)
+    return max(1, sum(bundles_that_fit(node, config.worker_resources) for node in nodes) // config.num_workers)
+
+
+@task(name="plan-sweep", task_run_name="plan {sweep_name}", persist_result=True)
+def plan_sweep(
+    sweep_name: str,
+    search: Search,
+    train_loop: str | Callable[..., Any],
+    train_loop_config: dict[str, Any],
+    scaling: Scaling,
+) -> SweepPlan:
+    """Expand the search into named trials and decide how many train at once, before any worker starts."""
+    holds = trials_the_cluster_holds(scaling)
+    wanted = search.max_concurrent_trials
+    if wanted is not None and wanted > holds:
+        raise ValueError(
+            f"search.max_concurrent_trials={wanted}: the Ray cluster holds only {holds} trial(s) of "
+            f"{scaling.num_workers} worker(s) x {scaling.to_config().worker_resources} at once; "
+            f"lower it to {holds} or less, or leave it unset."
+        )
+    trials = []
+    for params in search.configs():
+        config = {**train_loop_config, **params}
+        trials.append(Trial(name=trial_name(sweep_name, train_loop, config, scaling), params=params))
+    names = [t.name for t in trials]
+    if len(set(names)) != len(names):
+        raise ValueError("search: some trials have the same parameters; make the grid values distinct.")
+    get_run_logger().info("sweep %r: %d trial(s), %d at a time", sweep_name, len(trials), min(wanted or holds, len(trials)))
+    return SweepPlan(trials=trials, max_concurrent_trials=max(1, min(wanted or holds, len(trials))))
+
+
+def _finished_run(run: RunSettings) -> Any:
+    """The ``Result`` of ``run`` when its storage says it finished, else None."""
+    from storage import StorageError, load_run
+    from trainers import Result
+
+    path = f"{run.storage_root.rstrip('/')}/{run.name}"
+    try:
+        stored = load_run(path)
+    except StorageError:
+        return None
+    return Result._from_run(stored, return_value=None, error=None) if stored.snapshot.finished else None
+
+
+def _score(metrics: dict[str, Any] | None, metric: str) -> float | None:
+    from storage.retention import flatten
+
+    value = flatten(metrics or {}).get(metric)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+@task(name="trial", task_run_name="trial {trial.name}", persist_result=True)
+def train_trial(
+    trial: Trial,
+    *,
+    search: Search,
+    train_loop: str | Callable[..., Any],
+    train_loop_config: dict[str, Any],
+    scaling: Scaling,
+    checkpointing: Checkpointing,
+    failures: Failures,
+    run: RunSettings,
+) -> TrialOutcome:
+    """Train one trial to the end in its own run (``run.storage_path``/``trial.name``), or read it
+    back when an earlier sweep already finished it."""
+    logger = get_run_logger()
+    trial_run = run.model_copy(update={"name": trial.name})
+    found = _finished_run(trial_run)
+    status = "reused"
+    if found is None:
+        config = {**train_loop_config, **trial.params}
+        epochs = config.get("epochs") if isinstance(config.get("epochs"), int) else None
+        training = TorchTraining(train_loop=train_loop, train_loop_config=config, expected_reports=epochs)
+        # The pipeline's train stage, run inside this task run: same reporting, same resume.
+        train.fn(training, datasets=[], scaling=scaling, checkpointing=checkpointing, failures=failures, run=trial_run)
+        found, status = _finished_run(trial_run), "trained"
+    else:
+        logger.info("trial %r finished in an earlier sweep (%s); not training it again", trial.name, found.path)
+    score = _score(found.metrics, search.metric)
+    logger.info("trial %r %s: %s=%s", trial.name, status, search.metric, score)
+    return TrialOutcome(
+        name=trial.name,
+        params=trial.params,
+        status=status,
+        score=score,
+        metrics={k: _plain(v) for k, v in (found.metrics or {}).items()},
+        run_path=found.path,
+        checkpoint_path=found.checkpoint.path if found.checkpoint else None,
+    )
+
+
+def train_trial_with_retries(failures: Failures) -> Any:
+    """The trial task with Prefect retries set from ``failures`` (the table in ``tasks.retries``)."""
+    return train_trial.with_options(**train_task_options(failures))
+
+
+def collect_outcomes(trials: list[Trial], futures: list[Any]) -> list[TrialOutcome]:
+    """Every trial's outcome from its task future; a trial that failed (after its retries) is kept
+    as ``failed`` with its error, so one bad trial does not hide the others."""
+    outcomes = []
+    for trial, future in zip(trials, futures):
+        future.wait()
+        if future.state.is_completed():
+            outcomes.append(future.result())
+            continue
+        error = future.result(raise_on_failure=False)
+        outcomes.append(
+            TrialOutcome(name=trial.name, params=trial.params, status="failed", error=f"{type(error).__name__}: {error}")
+        )
+    return outcomes
+
+
+@task(name="rank-trials", task_run_name="rank {sweep_name}", persist_result=True)
+def rank_trials(sweep_name: str, search: Search, outcomes: list[TrialOutcome]) -> list[TrialOutcome]:
+    """Rank the trials by ``search.metric`` (best first; failed trials and trials without the metric
+    last) and publish the ranking as a table artifact."""
+    scored = [o for o in outcomes if o.score is not None]
+    unscored = [o for o in outcomes if o.score is None]
+    scored.sort(key=lambda o: o.score, reverse=search.mode == "max")
+    ranked = scored + unscored
+    rows = [
+        {
+            "rank": i + 1 if outcome.score is not None else None,
+            "trial": outcome.name,
+            **{f"param/{k}": _plain(v) for k, v in outcome.params.items()},
+            search.metric: outcome.score,
+            "status": outcome.status,
+            "run_path": outcome.run_path,
+            "error": outcome.error,
+        }
+        for i, outcome in enumerate(ranked)
+    ]
+    create_table_artifact(
+        table=rows,
+        key=artifact_key(sweep_name, "trials"),
+        description=f"Trials of sweep {sweep_name!r} ranked by {search.metric} ({search.mode}), best first.",
+    )
+    finished = [o for o in outcomes if o.status != "failed"]
+    if not finished:
+        raise SweepError(f"sweep {sweep_name!r}: all {len(outcomes)} trial(s) failed; the first: {outcomes[0].error}")
+    if not scored:
+        keys = sorted({k for o in finished for k in (o.metrics or {})})
+        raise SweepError(f"search.metric={search.metric!r}: no trial reported it; they reported {keys}. Rank by one of those.")
+    return ranked

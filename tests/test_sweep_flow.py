@@ -1,0 +1,137 @@
+"""The Prefect sweep flow under prefect_test_harness, on the session's real local Ray and real files."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+import pipeline_loops
+from conftest import train_worker_actors
+from tasks.params import Scaling
+from tasks.sweep import Search, trial_name
+
+pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_local")
+
+SEARCH = {"metric": "loss", "mode": "min", "grid": {"lr": [0.0, 0.3, 0.1]}, "max_concurrent_trials": 2}
+
+
+def _table(key: str) -> list[dict]:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    latest = max(found, key=lambda a: a.created)
+    return json.loads(latest.data)
+
+
+def _trial_task_runs(sweep_name: str) -> list:
+    from prefect import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    with get_client(sync_client=True) as client:
+        return client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=f"trial {sweep_name}-")))
+
+
+def _snapshots(folder: pathlib.Path) -> dict[str, bytes]:
+    return {run.name: (run / "run.json").read_bytes() for run in sorted(folder.iterdir()) if run.is_dir()}
+
+
+def test_sweep_ranks_trials_retries_a_failed_one_and_a_rerun_reuses_them(tmp_path):
+    from flows.sweep import sweep
+
+    storage = tmp_path / "results"
+    arguments = dict(
+        search=SEARCH,
+        train_loop="tune_loops:regression_loop",
+        train_loop_config={"epochs": 3},
+        scaling={"num_workers": 1},
+        failures={"max_failures": 0, "controller_failure_limit": 1, "retry_delay_s": 0},
+        run={"name": "lr-sweep", "storage_path": str(storage), "callbacks": ["pipeline_loops:FailOnceCallback"]},
+    )
+    pipeline_loops.FailOnceCallback.marker = tmp_path / "driver-failed"  # one trial's driver fails once
+    try:
+        state = sweep(**arguments, return_state=True)
+    finally:
+        pipeline_loops.FailOnceCallback.marker = None
+    assert state.is_completed(), state
+    first = state.result()
+
+    # Ranked by the last loss, best first; lr=0 never learns.
+    assert [t["params"]["lr"] for t in first["trials"]] == [0.3, 0.1, 0.0]
+    scores = [t["score"] for t in first["trials"]]
+    assert scores == sorted(scores) and first["best"]["params"] == {"lr": 0.3}
+    assert {t["status"] for t in first["trials"]} == {"trained"}
+    table = _table("lr-sweep-trials")
+    assert [row["param/lr"] for row in table] == [0.3, 0.1, 0.0] and [row["rank"] for row in table] == [1, 2, 3]
+    assert [row["loss"] for row in table] == scores
+
+    # Each trial is its own run under the sweep's folder, named from its config.
+    sweep_folder = storage / "lr-sweep"
+    names = {t["name"] for t in first["trials"]}
+    assert {p.name for p in sweep_folder.iterdir()} == names
+    for outcome in first["trials"]:
+        reports = json.loads((sweep_folder / outcome["name"] / "run.json").read_text())["reports"]
+        assert [r["metrics"]["epoch"] for r in reports] == [0, 1, 2]  # the retried trial resumed, no repeats
+        assert pathlib.Path(outcome["checkpoint_path"]).parent == sweep_folder / outcome["name"]
+
+    # The driver failure was retried by Prefect (FailureConfig.controller_failure_limit), in the same task run.
+    assert (tmp_path / "driver-failed").exists()
+    counts = sorted(run.run_count for run in _trial_task_runs("lr-sweep"))
+    assert counts[-1] == 2 and len(counts) == 3
+
+    # A second run of the same sweep trains nothing: same runs, same snapshots, no new reports.
+    before = _snapshots(sweep_folder)
+    again = sweep(**arguments, return_state=True)
+    assert again.is_completed(), again
+    second = again.result()
+    assert {t["status"] for t in second["trials"]} == {"reused"}
+    assert [(t["name"], t["score"], t["run_path"]) for t in second["trials"]] == [
+        (t["name"], t["score"], t["run_path"]) for t in first["trials"]
+    ]
+    assert _snapshots(sweep_folder) == before
+    assert [row["status"] for row in _table("lr-sweep-trials")] == ["reused"] * 3
+
+
+def test_bad_sweep_parameters_fail_before_any_worker_starts(tmp_path):
+    from flows.sweep import sweep
+
+    before = set(train_worker_actors())
+    common = dict(train_loop="tune_loops:regression_loop", run={"name": "bad", "storage_path": str(tmp_path)})
+    with pytest.raises(Exception, match=r"give a grid .* or random distributions; both are empty"):
+        sweep(search={"metric": "loss"}, **common)
+    with pytest.raises(Exception, match=r"kind='uniform' needs low < high; got low=1.0, high=0.0"):
+        sweep(search={"metric": "loss", "random": {"lr": {"kind": "uniform", "low": 1, "high": 0}}}, **common)
+    state = sweep(search={**SEARCH, "max_concurrent_trials": 9}, scaling={"num_workers": 1}, return_state=True, **common)
+    assert state.is_failed()
+    with pytest.raises(ValueError, match=r"search.max_concurrent_trials=9: the Ray cluster holds only 4 trial\(s\) .* lower it"):
+        state.result()
+    state = sweep(search=SEARCH, scaling={"num_workers": 9}, return_state=True, **common)
+    with pytest.raises(ValueError, match=r"ScalingConfig asks for 9 workers"):
+        state.result()
+    assert set(train_worker_actors()) == before
+    assert not (tmp_path / "bad").exists()  # no trial run was even created
+
+
+def test_search_proposes_the_same_trials_every_time():
+    search = Search(
+        metric="loss",
+        grid={"hidden": [8, 16]},
+        random={"lr": {"kind": "loguniform", "low": 1e-4, "high": 1e-1}, "act": {"kind": "choice", "values": ["relu", "tanh"]}},
+        num_samples=3,
+        seed=7,
+    )
+    configs = search.configs()
+    assert len(configs) == 6 and configs == search.configs()
+    assert [c["hidden"] for c in configs] == [8, 8, 8, 16, 16, 16]
+    assert all(1e-4 <= c["lr"] < 1e-1 and c["act"] in ("relu", "tanh") for c in configs)
+    assert configs != Search(**{**search.model_dump(), "seed": 8}).configs()
+    scaling = Scaling(num_workers=1)
+    name = trial_name("s", "m:f", {"lr": 0.1, "epochs": 3}, scaling)
+    assert name == trial_name("s", "m:f", {"epochs": 3, "lr": 0.1}, scaling)  # key order does not matter
+    assert name != trial_name("s", "m:f", {"lr": 0.2, "epochs": 3}, scaling)
+    assert name != trial_name("s", "m:f", {"lr": 0.1, "epochs": 3}, Scaling(num_workers=2))
+    with pytest.raises(ValueError, match=r"search.num_samples=2: a grid without random parameters"):
+        Search(metric="loss", grid={"lr": [0.1]}, num_samples=2)
