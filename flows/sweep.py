@@ -13,7 +13,8 @@ from prefect import flow, unmapped
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from tasks.params import Checkpointing, Failures, RunSettings, Scaling
+from tasks.ingest import ingest
+from tasks.params import Checkpointing, DatasetSource, Failures, RunSettings, Scaling
 from tasks.sweep import Search, Trial, TrialOutcome, collect_outcomes, plan_sweep, rank_trials, train_trial_with_retries
 
 DEFAULT_SWEEP_NAME = "sweep"
@@ -42,13 +43,15 @@ def sweep(
     search: Search,
     train_loop: str | Callable[..., Any] = "tasks.loops:tabular_mlp_loop",
     train_loop_config: dict[str, Any] | None = None,
+    datasets: dict[str, DatasetSource] | None = None,
     scaling: Scaling = Scaling(num_workers=1),
     checkpointing: Checkpointing = Checkpointing(),
     failures: Failures = Failures(),
     run: RunSettings = RunSettings(),
 ) -> dict[str, Any]:
     """Train ``train_loop`` once per trial of ``search`` (each trial's parameters added to
-    ``train_loop_config``) and rank the trials by ``search.metric``.
+    ``train_loop_config``) and rank the trials by ``search.metric``. ``datasets`` are read and
+    checked once, and every trial trains on them.
 
     ``run.name`` names the sweep (default ``sweep``); trials are stored under
     ``{run.storage_path}/{run.name}/``. Returns the ranking, best first, and the best trial.
@@ -57,11 +60,13 @@ def sweep(
     settings = run.completed(default_name=name)
     trial_storage = f"{settings.storage_root.rstrip('/')}/{name}"
     config = dict(train_loop_config or {})
-    plan = plan_sweep(name, search, train_loop, config, scaling)
+    specs = [ingest(dataset, source) for dataset, source in (datasets or {}).items()]
+    plan = plan_sweep(name, search, train_loop, config, scaling, specs)
     arguments = {
         "search": search,
         "train_loop": train_loop,
         "train_loop_config": config,
+        "datasets": specs,
         "scaling": scaling,
         "checkpointing": checkpointing,
         "run": settings.model_copy(update={"storage_path": trial_storage}),

@@ -18,7 +18,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from pydantic import Field, model_validator
 
-from tasks.params import Checkpointing, Failures, RunSettings, Scaling, TorchTraining, _Params
+from tasks.params import Checkpointing, DatasetSpec, Failures, RunSettings, Scaling, TorchTraining, _Params
 from tasks.reporting import _plain, artifact_key
 from tasks.retries import train_task_options
 from tasks.train import train
@@ -142,16 +142,26 @@ def _describe_loop(train_loop: str | Callable[..., Any]) -> str:
     return f"{getattr(train_loop, '__module__', '?')}:{getattr(train_loop, '__qualname__', repr(train_loop))}"
 
 
-def trial_name(sweep_name: str, train_loop: str | Callable[..., Any], config: dict[str, Any], scaling: Scaling) -> str:
-    """``<sweep>-<digest>``: the same loop, config and scaling always get the same run name."""
+def trial_name(
+    sweep_name: str,
+    train_loop: str | Callable[..., Any],
+    config: dict[str, Any],
+    scaling: Scaling,
+    data: dict[str, str] | None = None,
+) -> str:
+    """``<sweep>-<digest>``: the same loop, config, scaling and data (dataset name to URI) always
+    get the same run name."""
     what = {"train_loop": _describe_loop(train_loop), "config": config, "scaling": scaling.model_dump()}
+    if data:
+        what["data"] = data
     digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()[:12]
     return f"{sweep_name}-{digest}"
 
 
-def trials_the_cluster_holds(scaling: Scaling) -> int:
+def trials_the_cluster_holds(scaling: Scaling, *, with_data: bool = False) -> int:
     """How many trials of ``scaling`` the connected Ray cluster can train at once (at least one fits,
-    else ``InsufficientResourcesError`` says what is missing)."""
+    else ``InsufficientResourcesError`` says what is missing). ``with_data`` keeps one CPU free for
+    the trials' Ray Data pipelines."""
     from trainers._internal.ray_init import ensure_ray
     from trainers._internal.resources import bundles_that_fit, check_feasible, cluster_nodes
 
@@ -162,8 +172,13 @@ def trials_the_cluster_holds(scaling: Scaling) -> int:
     nodes = cluster_nodes()
     check_feasible(config, nodes)
     if config.placement_strategy == "STRICT_PACK":
-        return sum(bundles_that_fit(node, config.total_resources) for node in nodes)
-    return max(1, sum(bundles_that_fit(node, config.worker_resources) for node in nodes) // config.num_workers)
+        holds = sum(bundles_that_fit(node, config.total_resources) for node in nodes)
+    else:
+        holds = sum(bundles_that_fit(node, config.worker_resources) for node in nodes) // config.num_workers
+    trial_cpus = config.total_resources.get("CPU", 0)
+    if with_data and trial_cpus:
+        holds = min(holds, math.floor((sum(node.get("CPU", 0.0) for node in nodes) - 1) / trial_cpus + 1e-9))
+    return max(1, holds)
 
 
 @task(name="plan-sweep", task_run_name="plan {sweep_name}", persist_result=True)
@@ -173,20 +188,23 @@ def plan_sweep(
     train_loop: str | Callable[..., Any],
     train_loop_config: dict[str, Any],
     scaling: Scaling,
+    datasets: list[DatasetSpec],
 ) -> SweepPlan:
     """Expand the search into named trials and decide how many train at once, before any worker starts."""
-    holds = trials_the_cluster_holds(scaling)
+    holds = trials_the_cluster_holds(scaling, with_data=bool(datasets))
+    data = {spec.name: spec.uri for spec in datasets}
     wanted = search.max_concurrent_trials
     if wanted is not None and wanted > holds:
         raise ValueError(
             f"search.max_concurrent_trials={wanted}: the Ray cluster holds only {holds} trial(s) of "
-            f"{scaling.num_workers} worker(s) x {scaling.to_config().worker_resources} at once; "
+            f"{scaling.num_workers} worker(s) x {scaling.to_config().worker_resources} at once"
+            f"{' (one CPU is kept for Ray Data)' if datasets else ''}; "
             f"lower it to {holds} or less, or leave it unset."
         )
     trials = []
     for params in search.configs():
         config = {**train_loop_config, **params}
-        trials.append(Trial(name=trial_name(sweep_name, train_loop, config, scaling), params=params))
+        trials.append(Trial(name=trial_name(sweep_name, train_loop, config, scaling, data), params=params))
     names = [t.name for t in trials]
     if len(set(names)) != len(names):
         raise ValueError("search: some trials have the same parameters; make the grid values distinct.")
@@ -223,6 +241,7 @@ def train_trial(
     search: Search,
     train_loop: str | Callable[..., Any],
     train_loop_config: dict[str, Any],
+    datasets: list[DatasetSpec],
     scaling: Scaling,
     checkpointing: Checkpointing,
     failures: Failures,
@@ -239,7 +258,7 @@ def train_trial(
         epochs = config.get("epochs") if isinstance(config.get("epochs"), int) else None
         training = TorchTraining(train_loop=train_loop, train_loop_config=config, expected_reports=epochs)
         # The pipeline's train stage, run inside this task run: same reporting, same resume.
-        train.fn(training, datasets=[], scaling=scaling, checkpointing=checkpointing, failures=failures, run=trial_run)
+        train.fn(training, datasets=datasets, scaling=scaling, checkpointing=checkpointing, failures=failures, run=trial_run)
         found, status = _finished_run(trial_run), "trained"
     else:
         logger.info("trial %r finished in an earlier sweep (%s); not training it again", trial.name, found.path)

@@ -135,3 +135,25 @@ def test_search_proposes_the_same_trials_every_time():
     assert name != trial_name("s", "m:f", {"lr": 0.1, "epochs": 3}, Scaling(num_workers=2))
     with pytest.raises(ValueError, match=r"search.num_samples=2: a grid without random parameters"):
         Search(metric="loss", grid={"lr": [0.1]}, num_samples=2)
+
+
+def test_sweep_over_datasets_reads_them_once_and_trains_every_trial_on_them(tmp_path):
+    from flows.sweep import sweep
+    from pipeline_loops import write_classification_parquet
+
+    data = write_classification_parquet(tmp_path / "data")
+    state = sweep(
+        search={"metric": "valid_loss", "mode": "min", "grid": {"lr": [0.05, 0.001]}},
+        train_loop="tasks.loops:tabular_mlp_loop",
+        train_loop_config={"label_column": "label", "epochs": 1},
+        datasets={"train": {"uri": data}, "valid": {"uri": data}},
+        scaling={"num_workers": 1},
+        run={"name": "mlp-sweep", "storage_path": str(tmp_path / "results")},
+        return_state=True,
+    )
+    assert state.is_completed(), state
+    trials = state.result()["trials"]
+    assert sorted(t["params"]["lr"] for t in trials) == [0.001, 0.05]
+    scores = [t["score"] for t in trials]
+    assert scores == sorted(scores) and all(s is not None for s in scores)
+    assert all(t["metrics"]["train_rows"] == 512 and t["metrics"]["valid_rows"] == 512 for t in trials)
