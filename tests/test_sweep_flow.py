@@ -157,3 +157,25 @@ def test_sweep_over_datasets_reads_them_once_and_trains_every_trial_on_them(tmp_
     scores = [t["score"] for t in trials]
     assert scores == sorted(scores) and all(s is not None for s in scores)
     assert all(t["metrics"]["train_rows"] == 512 and t["metrics"]["valid_rows"] == 512 for t in trials)
+
+
+def test_a_failed_trial_is_ranked_last_with_its_error_and_the_others_still_count(tmp_path):
+    from flows.sweep import sweep
+
+    state = sweep(
+        search={"metric": "loss", "grid": {"lr": [-1.0, 0.1]}},  # torch's SGD rejects a negative lr
+        train_loop="tune_loops:regression_loop",
+        train_loop_config={"epochs": 1},
+        scaling={"num_workers": 1},
+        failures={"max_failures": 0, "controller_failure_limit": 2, "retry_delay_s": 0},
+        run={"name": "half-bad", "storage_path": str(tmp_path / "results")},
+        return_state=True,
+    )
+    assert state.is_completed(), state
+    trials = state.result()["trials"]
+    assert [(t["params"]["lr"], t["status"]) for t in trials] == [(0.1, "trained"), (-1.0, "failed")]
+    assert "WorkerGroupError" in trials[1]["error"] and "Invalid learning rate" in trials[1]["error"]
+    runs = {run.name: run.run_count for run in _trial_task_runs("half-bad")}
+    assert runs[f"trial {trials[1]['name']}"] == 1  # a spent worker budget is not retried by Prefect
+    table = _table("half-bad-trials")
+    assert [row["status"] for row in table] == ["trained", "failed"] and table[1]["rank"] is None
