@@ -10,7 +10,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
 import tune_loops
-from conftest import train_worker_actors
+from conftest import assert_no_leaks, train_worker_actors
 from trainers import InsufficientResourcesError, Result, ScalingConfig
 from trainers.tune import NotInTuneTrialError, TuneReportCallback, trial_resources, with_resources
 
@@ -23,6 +23,7 @@ def _reports(run_path: str) -> list[dict]:
 
 def test_asha_stops_bad_trials_early_and_returns_the_best(tmp_path, ray_local):
     runs = tmp_path / "runs"
+    before = set(train_worker_actors())
     tuner = tune.Tuner(
         with_resources(tune_loops.train_driver, tune_loops.SCALING),
         # Grid order is trial order; two trials run at once, so the good ones set each rung's bar.
@@ -53,7 +54,10 @@ def test_asha_stops_bad_trials_early_and_returns_the_best(tmp_path, ray_local):
     cut = by_lr[0.0]
     assert len(_reports(cut.metrics["run_path"])) < EPOCHS
     assert pathlib.Path(cut.metrics["run_path"]).parent == runs
-    # (no worker actor or placement group is left: the ray_local fixture checks it after the test)
+    # Every trial's workers are gone (their processes too), and so is every placement group,
+    # Tune's trial groups included.
+    assert len(set(train_worker_actors()) - before) == len(by_lr)  # one worker per trial was started
+    assert_no_leaks(new_since=before)
 
 
 def test_a_trainer_bigger_than_its_trial_fails_before_any_worker_starts(tmp_path, ray_local):
