@@ -13,6 +13,9 @@ import trainers
 LABEL = "target"
 XGB_PARAMS = {"objective": "binary:logistic", "eval_metric": "logloss", "eta": 0.1, "max_depth": 3, "tree_method": "hist", "seed": 0}
 LGB_PARAMS = {"objective": "binary", "metric": "binary_logloss", "learning_rate": 0.1, "num_leaves": 15, "seed": 0, "deterministic": True, "verbose": -1}
+#: Squared error on the 0/1 label: a constant hessian, for which LightGBM's data-parallel learner
+#: is exact (with the binary objective it estimates row counts from hessian sums; see test_lightgbm).
+LGB_L2_PARAMS = {**LGB_PARAMS, "objective": "regression", "metric": "l2"}
 
 
 def breast_cancer_frames():
@@ -50,22 +53,24 @@ def xgboost_alone(rounds: int):
     return history["valid"]["logloss"], booster
 
 
-def lightgbm_alone(rounds: int):
-    """Validation logloss per round and the booster of plain lightgbm.train in this process."""
+def lightgbm_alone(rounds: int, params: dict | None = None):
+    """Validation metric per round (the first metric of ``params``) and the booster of plain
+    lightgbm.train in this process."""
     import lightgbm
 
     train, valid = breast_cancer_frames()
     history: dict = {}
     train_set = lightgbm.Dataset(*xy(train))
     booster = lightgbm.train(
-        LGB_PARAMS,
+        params or LGB_PARAMS,
         train_set,
         num_boost_round=rounds,
         valid_sets=[lightgbm.Dataset(*xy(valid), reference=train_set)],
         valid_names=["valid"],
         callbacks=[lightgbm.record_evaluation(history)],
     )
-    return history["valid"]["binary_logloss"], booster
+    (curve,) = history["valid"].values()
+    return curve, booster
 
 
 # -- callbacks ------------------------------------------------------------------------------------
@@ -159,7 +164,7 @@ def lightgbm_loop(config: dict) -> dict:
         valid_sets=[lightgbm.Dataset(*xy(valid), reference=train_set)],
         valid_names=["valid"],
         init_model=booster,
-        callbacks=[tlgb.RayTrainReportCallback(metrics={"loss": "valid-binary_logloss"}, frequency=config.get("frequency", 0))],
+        callbacks=[tlgb.RayTrainReportCallback(metrics={"loss": f"valid-{params['metric']}"}, frequency=config.get("frequency", 0))],
     )
     return {"resumed_from": done}
 
@@ -199,8 +204,37 @@ def lightgbm_callback_loop(config: dict) -> None:
     )
 
 
-def network_params_loop() -> dict:
-    """What get_network_params() gives this worker."""
+def network_params_loop() -> None:
+    """Reports what get_network_params() gives this worker."""
     import trainers.lightgbm as tlgb
 
-    return tlgb.get_network_params()
+    trainers.report({"rank": trainers.get_context().get_world_rank(), **tlgb.get_network_params()})
+
+
+def lightgbm_port_thief_loop(config: dict) -> None:
+    """lightgbm.train on half the breast cancer rows per rank; on the first attempt another socket
+    takes rank 0's port right after get_network_params() frees it (the race the trainer retries)."""
+    import pathlib
+    import socket
+
+    import lightgbm
+
+    import trainers.lightgbm as tlgb
+
+    rank = trainers.get_context().get_world_rank()
+    params = {**LGB_PARAMS, "tree_learner": "data_parallel", **tlgb.get_network_params()}
+    thief = None
+    marker = pathlib.Path(config["marker"])
+    if rank == 0 and not marker.exists():
+        marker.touch()
+        thief = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        thief.bind(("", params["local_listen_port"]))
+        thief.listen()
+    train, _ = breast_cancer_frames()
+    x, y = xy(train)
+    lightgbm.train(
+        params,
+        lightgbm.Dataset(x[rank::2], y[rank::2]),
+        num_boost_round=config["rounds"],
+        callbacks=[tlgb.RayTrainReportCallback()],
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainers._internal.controller import LAUNCH, Controller, State, may_restart
+from trainers._internal.controller import LAUNCH, SETUP_CLASH_RESTARTS, Controller, State, may_restart
 from trainers._internal.events import FailedEvent, FinishedEvent, ReportEvent
 from trainers.errors import WorkerGroupError
 
@@ -197,3 +197,27 @@ def test_unlimited_budget_policy():
     assert may_restart(-1, 10_000)
     assert may_restart(2, 1) and not may_restart(2, 2)
     assert not may_restart(0, 0)
+
+
+def test_setup_clashes_restart_without_spending_the_budget_a_few_times():
+    def clash(rank):
+        return [[FailedEvent(rank, OSError("Binding port 4242 failed"), "tb")]]
+
+    def is_clash(error):
+        return "Binding port" in str(error)
+
+    done = [[FinishedEvent(0, "done"), FinishedEvent(1, None)]]
+    workers = ScriptedWorkers(2, [clash(0), clash(1), done])
+    store = MemoryStore()
+    controller = Controller(workers=workers, storage=store, max_failures=0, is_setup_clash=is_clash)
+    assert controller.run() == "done"
+    assert len(workers.launched) == 3 and store.num_failures == 0 and controller.setup_clash_restarts == 2
+
+    # A clash beside a real error is a real failure; and free restarts are limited.
+    mixed = [[FailedEvent(0, OSError("Binding port 1 failed"), "tb"), FailedEvent(1, ValueError("boom"), "tb")]]
+    with pytest.raises(WorkerGroupError, match="boom"):
+        Controller(workers=ScriptedWorkers(2, [mixed]), storage=MemoryStore(), max_failures=0, is_setup_clash=is_clash).run()
+    endless = ScriptedWorkers(2, [clash(0)] * (SETUP_CLASH_RESTARTS + 1))
+    with pytest.raises(WorkerGroupError, match="Binding port"):
+        Controller(workers=endless, storage=MemoryStore(), max_failures=0, is_setup_clash=is_clash).run()
+    assert len(endless.launched) == SETUP_CLASH_RESTARTS + 1

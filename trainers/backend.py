@@ -39,6 +39,14 @@ class BackendConfig:
         function, after ``get_context()`` works and in the thread that trains. Default: none."""
         return contextlib.nullcontext
 
+    def is_setup_clash(self, error: BaseException) -> bool:
+        """True when ``error`` (raised on a worker) is a clash while the workers connect that a
+        fresh start resolves, such as a port another process took between its reservation and
+        its use. The trainer then restarts the worker group without spending
+        ``FailureConfig.max_failures`` (at most ``SETUP_CLASH_RESTARTS`` times in one ``fit()``).
+        Default: never."""
+        return False
+
     @property
     def framework(self) -> str | None:
         """A short name shown in logs (``"torch"``), or None."""

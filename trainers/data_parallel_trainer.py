@@ -176,6 +176,7 @@ class DataParallelTrainer:
             storage=storage,
             max_failures=failure_config.max_failures,
             report_timeout_s=failure_config.report_timeout_s,
+            is_setup_clash=self.backend_config.is_setup_clash,
             on_report=on_report,
             on_failure=on_failure,
             on_restart=on_restart,

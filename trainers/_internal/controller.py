@@ -42,6 +42,10 @@ class State(enum.Enum):
     FAILED = "failed"
 
 
+#: Restarts after setup clashes (``BackendConfig.is_setup_clash``) one run may take for free.
+SETUP_CLASH_RESTARTS = 3
+
+
 def may_restart(max_failures: int, failures_so_far: int) -> bool:
     """The failure policy: restart while fewer than ``max_failures`` failures happened (-1: always)."""
     return max_failures == -1 or failures_so_far < max_failures
@@ -62,6 +66,7 @@ class Controller:
         poll_timeout_s: float = 1.0,
         drain_timeout_s: float = 1.0,
         report_timeout_s: float | None = None,
+        is_setup_clash: Callable[[BaseException], bool] = lambda error: False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.workers = workers
@@ -74,6 +79,8 @@ class Controller:
         self.drain_timeout_s = drain_timeout_s
         self.report_timeout_s = report_timeout_s
         self.clock = clock
+        self.is_setup_clash = is_setup_clash
+        self.setup_clash_restarts = 0
         #: When the first rank reported each pending round (for the report timeout).
         self._first_seen: dict[int, float] = {}
         self.state = State.LAUNCHING
@@ -228,6 +235,12 @@ class Controller:
         self.workers.shutdown()
         failures = [self._describe(event) for event in self._failed.values()]
         self.on_failure(self.attempt, dict(self._failed))
+        if self._only_setup_clashes():
+            # Nothing the training function did failed, so this restart does not count as a failure.
+            self.setup_clash_restarts += 1
+            self._last_failures = failures
+            self.state = State.RESTARTING
+            return
         failures_so_far = self.storage.num_failures
         if may_restart(self.max_failures, failures_so_far):
             self.storage.record_failure("worker")
@@ -236,6 +249,12 @@ class Controller:
             return
         self.error = self._error(failures, budget_exhausted=self.max_failures != 0)
         self.state = State.FAILED
+
+    def _only_setup_clashes(self) -> bool:
+        if self.setup_clash_restarts >= SETUP_CLASH_RESTARTS:
+            return False
+        errors = [event.error for event in self._failed.values()]
+        return bool(errors) and all(self.is_setup_clash(error) for error in errors)
 
     def _restart(self) -> None:
         checkpoint = self.storage.rewind_to_latest_checkpoint()

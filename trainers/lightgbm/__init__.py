@@ -1,0 +1,26 @@
+"""LightGBM on flowtrain: ``LightGBMTrainer``, ``LightGBMConfig``, ``RayTrainReportCallback``,
+``get_model``, ``get_network_params`` and ``shared_bins``.
+
+Same names as ``ray.train.lightgbm`` (``shared_bins`` is ours). Needs lightgbm >= 4
+(``pip install 'flowtrain[lightgbm]'``).
+"""
+
+try:
+    import lightgbm as _lightgbm  # noqa: F401
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError("trainers.lightgbm needs the lightgbm package: pip install 'flowtrain[lightgbm]'.") from error
+
+from trainers.lightgbm.bins import shared_bins
+from trainers.lightgbm.callback import RayTrainReportCallback, get_model
+from trainers.lightgbm.config import LightGBMBackend, LightGBMConfig, get_network_params
+from trainers.lightgbm.trainer import LightGBMTrainer
+
+__all__ = [
+    "LightGBMBackend",
+    "LightGBMConfig",
+    "LightGBMTrainer",
+    "RayTrainReportCallback",
+    "get_model",
+    "get_network_params",
+    "shared_bins",
+]

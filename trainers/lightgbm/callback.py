@@ -1,0 +1,80 @@
+"""RayTrainReportCallback for lightgbm: one report per boosting round, the model as a checkpoint."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import lightgbm
+
+from storage import Checkpoint
+from trainers._internal import gbdt
+
+MODEL_FILE = "model.txt"
+
+
+def get_model(checkpoint: Checkpoint, filename: str = MODEL_FILE) -> lightgbm.Booster:
+    """Load the ``lightgbm.Booster`` saved in a checkpoint by ``RayTrainReportCallback``.
+
+    ``booster.current_iteration()`` tells how many rounds it holds, e.g. to resume training with
+    ``lightgbm.train(..., init_model=booster, num_boost_round=total - booster.current_iteration())``.
+    """
+    with gbdt.model_path(checkpoint, filename, MODEL_FILE) as path:
+        return lightgbm.Booster(model_file=path)
+
+
+class RayTrainReportCallback:
+    """Reports LightGBM's evaluation metrics after every boosting round and saves the model as a
+    checkpoint, as ``ray.train.lightgbm.RayTrainReportCallback`` does.
+
+    Pass it to ``lightgbm.train(..., callbacks=[RayTrainReportCallback()])`` inside your training
+    function. Every round becomes one row of ``Result.metrics_dataframe``, named
+    ``"<valid set name>-<metric>"`` (``"valid-binary_logloss"``). Only rank 0 writes the model
+    (all ranks hold the same one). LightGBM computes metrics on each worker's own rows: give
+    validation sets whole to every worker (``DataConfig(datasets_to_split=["train"])``) for
+    metrics over all of them.
+
+    Args:
+        metrics: None reports every metric; a name or list of names reports those; a dict
+            ``{"loss": "valid-binary_logloss"}`` reports LightGBM's metric under a new name.
+        filename: The model's file name inside the checkpoint (LightGBM's text format).
+        frequency: Save a checkpoint every ``frequency`` rounds (0: only at the end). With
+            ``FailureConfig(max_failures=...)``, a restart resumes from the latest one.
+        checkpoint_at_end: Save a checkpoint after the last round.
+        results_postprocessing_fn: Optional function applied to the metrics dict before it is reported.
+    """
+
+    #: LightGBM runs callbacks by this number: after record_evaluation (20), before early_stopping (30).
+    order = 25
+
+    def __init__(
+        self,
+        metrics: str | list[str] | dict[str, str] | None = None,
+        filename: str = MODEL_FILE,
+        frequency: int = 0,
+        checkpoint_at_end: bool = True,
+        results_postprocessing_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
+        self._metrics = gbdt.check_callback_args(type(self).__name__, metrics, filename, frequency, checkpoint_at_end)
+        self._filename = filename
+        self._frequency = frequency
+        self._checkpoint_at_end = checkpoint_at_end
+        self._postprocess = results_postprocessing_fn
+
+    @classmethod
+    def get_model(cls, checkpoint: Checkpoint, filename: str = MODEL_FILE) -> lightgbm.Booster:
+        """Load the ``lightgbm.Booster`` saved in ``checkpoint`` (see ``trainers.lightgbm.get_model``)."""
+        return get_model(checkpoint, filename)
+
+    def __call__(self, env: Any) -> None:
+        metrics = self._round_metrics(env.evaluation_result_list or [])
+        last = env.iteration == env.end_iteration - 1
+        if gbdt.is_checkpoint_round(env.iteration, self._frequency) or (last and self._checkpoint_at_end):
+            # num_iteration=-1: every round, so that a resumed run counts them all.
+            gbdt.report(metrics, lambda path: env.model.save_model(path, num_iteration=-1), self._filename)
+        else:
+            gbdt.report(metrics, None, self._filename)
+
+    def _round_metrics(self, results: list[tuple]) -> dict[str, Any]:
+        latest = {f"{entry[0]}-{entry[1]}": entry[2] for entry in results}
+        selected = gbdt.select_metrics(type(self).__name__, latest, self._metrics)
+        return self._postprocess(selected) if self._postprocess else selected

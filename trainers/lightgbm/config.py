@@ -1,0 +1,127 @@
+"""LightGBMConfig and the lightgbm backend: LightGBM's own network between the workers.
+
+LightGBM connects its workers itself, given every worker's ``ip:port`` (``machines``), the
+worker's own ``local_listen_port`` and ``num_machines``. Each worker asks its own OS for a free
+port and keeps it bound until the training function asks for the network parameters: so two
+workers on one node never get the same port, and nothing else can take it while the group
+starts. ``get_network_params()`` releases it just before LightGBM binds it. Should another
+process still take it in that moment, LightGBM fails to bind ("Binding port ... failed"): the
+trainer then restarts the worker group on new ports, without spending
+``FailureConfig.max_failures`` (``LightGBMConfig.is_setup_clash``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import uuid
+from typing import Any
+
+from trainers.backend import Backend, BackendConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LightGBMConfig(BackendConfig):
+    """How the workers of a ``LightGBMTrainer`` find each other.
+
+    Nothing to set: the trainer gives every worker a port and the list of all workers; inside
+    your training function, ``trainers.lightgbm.get_network_params()`` returns them for
+    ``lightgbm.train``. Same name as ``ray.train.lightgbm.LightGBMConfig``.
+    """
+
+    @property
+    def backend_cls(self) -> type[Backend]:
+        return LightGBMBackend
+
+    def is_setup_clash(self, error: BaseException) -> bool:
+        """LightGBM could not bind the port this worker reserved (another process took it after
+        ``get_network_params()`` released it): restart on new ports, free of the failure budget."""
+        return "Binding port" in str(error)
+
+    @property
+    def framework(self) -> str:
+        return "lightgbm"
+
+
+# -- worker side --------------------------------------------------------------------------------
+
+#: The socket holding this worker's LightGBM port until the training function asks for it.
+_held: socket.socket | None = None
+#: This worker's network parameters (None with one worker or outside a LightGBMTrainer).
+_network: dict[str, Any] | None = None
+#: The name of this attempt's rendezvous (see ``trainers.lightgbm.bins``).
+_rendezvous: str | None = None
+
+
+def _reserve_port() -> int:
+    """Bind a free port on this node and keep it bound; return it."""
+    global _held
+    _release_port()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("", 0))
+    _held = sock
+    return sock.getsockname()[1]
+
+
+def _release_port() -> None:
+    global _held
+    if _held is not None:
+        _held.close()
+        _held = None
+
+
+def _set_network(addresses: list[tuple[str, int]], rendezvous: str) -> None:
+    """Remember the network parameters; this worker is the entry whose port it holds."""
+    global _network, _rendezvous
+    assert _held is not None, "a port is reserved before the network is set"
+    port = _held.getsockname()[1]
+    _network = {
+        "machines": ",".join(f"{ip}:{p}" for ip, p in addresses),
+        "local_listen_port": port,
+        "num_machines": len(addresses),
+    }
+    _rendezvous = rendezvous
+
+
+def get_network_params() -> dict[str, Any]:
+    """LightGBM's network parameters for this worker: ``machines``, ``local_listen_port`` and
+    ``num_machines``, as ``ray.train.lightgbm.get_network_params()`` returns them.
+
+    Merge them into the parameters of ``lightgbm.train`` inside your training function, with
+    ``tree_learner="data_parallel"`` (LightGBM's default learner does not combine workers)::
+
+        params = {"objective": "binary", "tree_learner": "data_parallel", **get_network_params()}
+        lightgbm.train(params, train_set, ...)
+
+    Call it right before ``lightgbm.train``: it frees the port this worker kept for LightGBM.
+    With one worker (or ``num_workers=0``) it returns ``{}``: LightGBM then trains alone.
+
+    Raises:
+        RuntimeError: outside ``train_loop_per_worker``.
+    """
+    from trainers._internal.session import get_session
+
+    get_session("get_network_params")
+    if _network is None:
+        return {}
+    _release_port()
+    return dict(_network)
+
+
+# -- driver side --------------------------------------------------------------------------------
+
+
+class LightGBMBackend(Backend):
+    """Reserves a port on every worker and gives each worker the list of all of them."""
+
+    def on_start(self, worker_group: Any, backend_config: LightGBMConfig) -> None:
+        if worker_group.world_size < 2:
+            return
+        # Every worker binds its own free port (held, so no two workers share one) ...
+        ports = worker_group.execute(_reserve_port)
+        addresses = [(worker.metadata.node_ip, port) for worker, port in zip(worker_group.workers, ports)]
+        # ... and learns everyone's, in world-rank order: LightGBM's ranks follow this list.
+        worker_group.execute(_set_network, addresses, f"flowtrain-lightgbm-{uuid.uuid4().hex}")
+
+    def on_shutdown(self, worker_group: Any, backend_config: LightGBMConfig) -> None:
+        pass  # the ports go with the worker processes
