@@ -8,6 +8,7 @@ import pathlib
 import pytest
 
 import pipeline_loops
+import tune_loops
 from conftest import train_worker_actors
 from tasks.params import Scaling
 from tasks.sweep import Search, trial_name
@@ -164,7 +165,7 @@ def test_a_failed_trial_is_ranked_last_with_its_error_and_the_others_still_count
 
     state = sweep(
         search={"metric": "loss", "grid": {"lr": [-1.0, 0.1]}},  # torch's SGD rejects a negative lr
-        train_loop="tune_loops:regression_loop",
+        train_loop=tune_loops.regression_loop,  # ad hoc: a function, not an import path
         train_loop_config={"epochs": 1},
         scaling={"num_workers": 1},
         failures={"max_failures": 0, "controller_failure_limit": 2, "retry_delay_s": 0},
@@ -177,5 +178,6 @@ def test_a_failed_trial_is_ranked_last_with_its_error_and_the_others_still_count
     assert "WorkerGroupError" in trials[1]["error"] and "Invalid learning rate" in trials[1]["error"]
     runs = {run.name: run.run_count for run in _trial_task_runs("half-bad")}
     assert runs[f"trial {trials[1]['name']}"] == 1  # a spent worker budget is not retried by Prefect
+    assert trials[0]["name"] == trial_name("half-bad", "tune_loops:regression_loop", {"epochs": 1, "lr": 0.1}, Scaling(num_workers=1))
     table = _table("half-bad-trials")
     assert [row["status"] for row in table] == ["trained", "failed"] and table[1]["rank"] is None
