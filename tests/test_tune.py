@@ -111,3 +111,23 @@ def test_a_trial_that_reserves_nothing_for_itself_puts_every_bundle_to_work(tmp_
     grid = tuner.fit()
     assert not grid.errors
     assert [m["epoch"] for m in _reports(grid[0].metrics["run_path"])] == [0, 1]
+
+
+def test_a_trial_tune_restarts_resumes_its_run_from_the_latest_checkpoint(tmp_path, ray_local):
+    marker = tmp_path / "failed-once"
+    tuner = tune.Tuner(
+        with_resources(tune_loops.train_driver, tune_loops.SCALING),
+        param_space={"lr": 0.1, "epochs": 3, "storage_path": str(tmp_path / "runs"), "fail_once_marker": str(marker)},
+        tune_config=tune.TuneConfig(metric="loss", mode="min"),
+        run_config=tune.RunConfig(
+            name="restart", storage_path=str(tmp_path / "tune"), verbose=0, failure_config=tune.FailureConfig(max_failures=1)
+        ),
+    )
+    grid = tuner.fit()
+
+    assert not grid.errors and marker.exists()
+    result = grid[0]
+    run = json.loads((pathlib.Path(result.metrics["run_path"]) / "run.json").read_text())
+    assert [r["metrics"]["epoch"] for r in run["reports"]] == [0, 1, 2]  # epoch 2 only was trained again
+    assert run["attempt"] == 2 and run["finished"]
+    assert result.metrics["epoch"] == 2

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import tempfile
 import time
 
 import trainers
-from trainers import Checkpoint, RunConfig, ScalingConfig
+from trainers import Checkpoint, RunConfig, ScalingConfig, UserCallback
 from trainers.tune import trial_run_config
 
 #: One worker per trial: with the trial's own CPU, two trials fit the test Ray's 4 CPUs at once.
@@ -50,14 +51,30 @@ def regression_loop(config: dict) -> None:
             trainers.report({"epoch": epoch, "loss": loss}, checkpoint=Checkpoint.from_directory(folder))
 
 
+class FailOnceAfterEpoch(UserCallback):
+    """Raises in the trial's process after the report of epoch 1, once (``marker`` records it)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = pathlib.Path(marker)
+
+    def after_report(self, run_context, metrics, checkpoint):
+        if metrics[0]["epoch"] == 1 and not self.marker.exists():
+            self.marker.touch()
+            raise RuntimeError("injected failure of the trial's driver after a committed checkpoint")
+
+
 def train_driver(config: dict) -> None:
-    """A Tune trial: train ``regression_loop`` with the trial's config, reporting to Tune."""
+    """A Tune trial: train ``regression_loop`` with the trial's config, reporting to Tune.
+
+    ``config["fail_once_marker"]``: a file path; the trial's driver fails once after epoch 1.
+    """
     from trainers.torch import TorchTrainer
 
+    callbacks = [FailOnceAfterEpoch(config["fail_once_marker"])] if config.get("fail_once_marker") else []
     trainer = TorchTrainer(
         regression_loop,
         train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=config.get("num_workers", SCALING.num_workers)),
-        run_config=trial_run_config(RunConfig(storage_path=config["storage_path"])),
+        run_config=trial_run_config(RunConfig(storage_path=config["storage_path"], callbacks=callbacks)),
     )
     trainer.fit()
