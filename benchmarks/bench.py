@@ -19,7 +19,8 @@ import statistics
 import sys
 import tempfile
 
-import benchmarks.training  # noqa: F401  (registers its workloads)
+import benchmarks.gbdt  # noqa: F401  (registers its workloads)
+import benchmarks.training  # noqa: F401
 from benchmarks.workloads import WORKLOADS
 
 RESULTS = pathlib.Path(__file__).with_name("results")

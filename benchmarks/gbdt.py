@@ -1,0 +1,189 @@
+"""Gradient-boosted trees with per-round reporting: XGBoost and LightGBM on 2 workers under
+flowtrain and ray.train, against the library alone in one process with as many threads.
+
+The data is a synthetic binary classification (``GBDT_ROWS`` rows, ``GBDT_FEATURES`` float
+features) saved once as ``.npy`` files; every worker loads it and keeps every other row, so both
+trainers see identical shards and neither pays for Ray Data. The training function is the same
+for flowtrain and ray.train (only the imports differ): one thread per worker, the library's
+collective set up by the trainer, a report every round through ``RayTrainReportCallback`` and
+the model checkpointed at the end. The library alone trains on all rows with 2 threads and
+records its metrics with its own callback. Measured: wall seconds from the call to the trained
+model (``fit()`` for the trainers, ``train()`` for the library), Ray already started.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+from benchmarks.workloads import NUM_WORKERS, WORKLOADS
+
+GBDT_ROWS = 200_000
+GBDT_FEATURES = 20
+ROUNDS = 100
+XGB_PARAMS = {"objective": "binary:logistic", "eval_metric": "logloss", "max_depth": 6, "eta": 0.1, "tree_method": "hist"}
+LGB_PARAMS = {"objective": "binary", "metric": "binary_logloss", "num_leaves": 63, "learning_rate": 0.1, "verbose": -1}
+
+_data_folder: str | None = None
+
+
+def data_folder() -> str:
+    """Where ``x.npy`` and ``y.npy`` are (written once per benchmark run)."""
+    global _data_folder
+    if _data_folder is None:
+        import numpy as np
+
+        folder = tempfile.mkdtemp(prefix="flowtrain-bench-gbdt-")
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((GBDT_ROWS, GBDT_FEATURES)).astype("float32")
+        logits = x[:, :5] @ rng.standard_normal(5) + 0.5 * np.sin(3 * x[:, 5]) * x[:, 6]
+        y = (logits + rng.logistic(size=GBDT_ROWS) > 0).astype("float32")
+        np.save(os.path.join(folder, "x.npy"), x)
+        np.save(os.path.join(folder, "y.npy"), y)
+        _data_folder = folder
+    return _data_folder
+
+
+def _shard(folder: str, rank: int, world_size: int):
+    import numpy as np
+
+    x, y = np.load(os.path.join(folder, "x.npy")), np.load(os.path.join(folder, "y.npy"))
+    return x[rank::world_size], y[rank::world_size]
+
+
+# -- the training functions (identical but for where report callback and context come from) -------
+
+
+def _xgboost_train(config, callback, rank, world_size):
+    import xgboost
+
+    x, y = _shard(config["data"], rank, world_size)
+    train = xgboost.DMatrix(x, label=y)
+    xgboost.train(
+        {**XGB_PARAMS, "nthread": 1},
+        train,
+        num_boost_round=ROUNDS,
+        evals=[(train, "train")],
+        verbose_eval=False,
+        callbacks=[callback],
+    )
+
+
+def _lightgbm_train(config, callback, network, rank, world_size):
+    import lightgbm
+
+    x, y = _shard(config["data"], rank, world_size)
+    train = lightgbm.Dataset(x, label=y)
+    params = {**LGB_PARAMS, "num_threads": 1, "tree_learner": "data_parallel", **network}
+    lightgbm.train(params, train, num_boost_round=ROUNDS, valid_sets=[train], valid_names=["train"], callbacks=[callback])
+
+
+def xgboost_loop_flowtrain(config):
+    import trainers
+    from trainers.xgboost import RayTrainReportCallback
+
+    context = trainers.get_context()
+    _xgboost_train(config, RayTrainReportCallback(), context.get_world_rank(), context.get_world_size())
+
+
+def xgboost_loop_ray(config):
+    import ray.train
+    from ray.train.xgboost import RayTrainReportCallback
+
+    context = ray.train.get_context()
+    _xgboost_train(config, RayTrainReportCallback(), context.get_world_rank(), context.get_world_size())
+
+
+def lightgbm_loop_flowtrain(config):
+    import trainers
+    from trainers.lightgbm import RayTrainReportCallback, get_network_params
+
+    context = trainers.get_context()
+    _lightgbm_train(config, RayTrainReportCallback(), get_network_params(), context.get_world_rank(), context.get_world_size())
+
+
+def lightgbm_loop_ray(config):
+    import ray.train
+    from ray.train.lightgbm import RayTrainReportCallback, get_network_params
+
+    context = ray.train.get_context()
+    _lightgbm_train(config, RayTrainReportCallback(), get_network_params(), context.get_world_rank(), context.get_world_size())
+
+
+# -- drivers ------------------------------------------------------------------------------------
+
+
+def _library_alone(library: str, folder: str) -> None:
+    x, y = _shard(folder, 0, 1)
+    if library == "xgboost":
+        import xgboost
+
+        train = xgboost.DMatrix(x, label=y)
+        log: dict = {}
+        xgboost.train({**XGB_PARAMS, "nthread": NUM_WORKERS}, train, num_boost_round=ROUNDS, evals=[(train, "train")], evals_result=log, verbose_eval=False)
+    else:
+        import lightgbm
+
+        train = lightgbm.Dataset(x, label=y)
+        log = {}
+        lightgbm.train(
+            {**LGB_PARAMS, "num_threads": NUM_WORKERS},
+            train,
+            num_boost_round=ROUNDS,
+            valid_sets=[train],
+            valid_names=["train"],
+            callbacks=[lightgbm.record_evaluation(log)],
+        )
+
+
+def _fit(library: str, impl: str, storage: str, name: str) -> None:
+    config = {"data": data_folder()}
+    if impl == "flowtrain":
+        from trainers import RunConfig, ScalingConfig
+
+        if library == "xgboost":
+            from trainers.xgboost import XGBoostTrainer as Trainer
+
+            loop = xgboost_loop_flowtrain
+        else:
+            from trainers.lightgbm import LightGBMTrainer as Trainer
+
+            loop = lightgbm_loop_flowtrain
+    else:
+        from ray.train import RunConfig, ScalingConfig
+
+        if library == "xgboost":
+            from ray.train.xgboost import XGBoostTrainer as Trainer
+
+            loop = xgboost_loop_ray
+        else:
+            from ray.train.lightgbm import LightGBMTrainer as Trainer
+
+            loop = lightgbm_loop_ray
+    result = Trainer(
+        loop,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=NUM_WORKERS),
+        run_config=RunConfig(name=name, storage_path=storage),
+    ).fit()
+    if result.checkpoint is None:
+        raise RuntimeError(f"{impl} {library}: the run ended without its final checkpoint")
+
+
+def _workload(library: str):
+    def measure(impl: str, storage: str, run: int) -> dict:
+        folder = data_folder()  # written before the clock starts
+        start = time.perf_counter()
+        if impl == "library":
+            _library_alone(library, folder)
+        else:
+            _fit(library, impl, storage, f"{library}-{impl.replace('.', '-')}-{run}")
+        return {"wall_s": time.perf_counter() - start}
+
+    measure.__doc__ = f"Wall seconds of {ROUNDS} {library} rounds on {GBDT_ROWS} rows, reported every round."
+    return measure
+
+
+WORKLOADS["xgboost"] = (_workload("xgboost"), ("flowtrain", "ray.train", "library"))
+WORKLOADS["lightgbm"] = (_workload("lightgbm"), ("flowtrain", "ray.train", "library"))
