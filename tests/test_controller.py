@@ -221,3 +221,13 @@ def test_setup_clashes_restart_without_spending_the_budget_a_few_times():
     with pytest.raises(WorkerGroupError, match="Binding port"):
         Controller(workers=endless, storage=MemoryStore(), max_failures=0, is_setup_clash=is_clash).run()
     assert len(endless.launched) == SETUP_CLASH_RESTARTS + 1
+
+
+def test_callbacks_see_the_dead_rank_first_whatever_order_failures_arrive_in():
+    attempt1 = [[FailedEvent(0, RuntimeError("Socket recv error, Connection reset by peer"), "tb")]]
+    workers = ScriptedWorkers(2, [attempt1, [[FinishedEvent(0, None), FinishedEvent(1, None)]]])
+    workers.dead = {1}
+    restarts = []
+    Controller(workers=workers, storage=MemoryStore(), max_failures=1, on_restart=lambda a, f, c: restarts.append(f)).run()
+    (failures,) = restarts
+    assert [(f.world_rank, f.kind) for f in failures][0] == (1, "died") and len(failures) == 2

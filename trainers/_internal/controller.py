@@ -233,7 +233,8 @@ class Controller:
 
     def _fail(self) -> None:
         self.workers.shutdown()
-        failures = [self._describe(event) for event in self._failed.values()]
+        # A dead process is the likely root cause of the others' errors: callbacks see it first too.
+        failures = sorted((self._describe(e) for e in self._failed.values()), key=lambda f: (f.kind != "died", f.world_rank))
         self.on_failure(self.attempt, dict(self._failed))
         if self._only_setup_clashes():
             # Nothing the training function did failed, so this restart does not count as a failure.
