@@ -238,3 +238,16 @@ def lightgbm_port_thief_loop(config: dict) -> None:
         num_boost_round=config["rounds"],
         callbacks=[tlgb.RayTrainReportCallback()],
     )
+
+
+class Recorder(trainers.UserCallback):
+    """Driver-side callback for the tests: every rank's metrics of every committed round, and the restarts."""
+
+    def __init__(self):
+        self.rounds, self.restarts = [], []
+
+    def after_report(self, run_context, metrics, checkpoint):
+        self.rounds.append(metrics)
+
+    def on_restart(self, run_context, failures, resume_from):
+        self.restarts.append((len(self.rounds), failures))

@@ -15,25 +15,12 @@ import pytest
 
 import gbdt_loops as loops
 import trainers
-from trainers import DataConfig, FailureConfig, RunConfig, ScalingConfig, UserCallback
+from trainers import DataConfig, FailureConfig, RunConfig, ScalingConfig
 from trainers.lightgbm import LightGBMTrainer, RayTrainReportCallback, get_model, get_network_params
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 ROUNDS = 30
-
-
-class Recorder(UserCallback):
-    """Every rank's metrics of every committed round, and the restarts."""
-
-    def __init__(self):
-        self.rounds, self.restarts = [], []
-
-    def after_report(self, run_context, metrics, checkpoint):
-        self.rounds.append(metrics)
-
-    def on_restart(self, run_context, failures, resume_from):
-        self.restarts.append((len(self.rounds), failures))
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +89,7 @@ def test_two_workers_reach_the_logloss_of_lightgbm_alone_within_one_percent(bina
 
 def test_a_port_taken_before_lightgbm_binds_it_restarts_on_new_ports_for_free(tmp_path):
     marker = tmp_path / "stolen"
-    recorder = Recorder()
+    recorder = loops.Recorder()
     result = LightGBMTrainer(
         loops.lightgbm_port_thief_loop,
         train_loop_config={"rounds": 5, "marker": str(marker)},
@@ -118,7 +105,7 @@ def test_a_port_taken_before_lightgbm_binds_it_restarts_on_new_ports_for_free(tm
 
 def test_sigkill_of_a_rank_resumes_boosting_from_the_last_checkpoint(frames, tmp_path, binary_two_workers):
     marker = tmp_path / "kill-marker"
-    recorder = Recorder()
+    recorder = loops.Recorder()
     result = param_form(
         frames,
         tmp_path,
@@ -164,7 +151,7 @@ def test_training_function_form_with_shared_bins_resumes_a_rerun(frames, tmp_pat
 
 
 def test_each_worker_gets_its_own_port_and_the_list_of_all(tmp_path):
-    recorder = Recorder()
+    recorder = loops.Recorder()
     LightGBMTrainer(
         loops.network_params_loop,
         scaling_config=ScalingConfig(num_workers=2),

@@ -7,25 +7,12 @@ import numpy as np
 import pytest
 
 import gbdt_loops as loops
-from trainers import Checkpoint, DataConfig, FailureConfig, RunConfig, ScalingConfig, UserCallback
+from trainers import Checkpoint, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from trainers.xgboost import RayTrainReportCallback, XGBoostTrainer, get_model
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 ROUNDS = 30
-
-
-class Recorder(UserCallback):
-    """Every rank's metrics of every committed round, and the restarts."""
-
-    def __init__(self):
-        self.rounds, self.restarts = [], []
-
-    def after_report(self, run_context, metrics, checkpoint):
-        self.rounds.append(metrics)
-
-    def on_restart(self, run_context, failures, resume_from):
-        self.restarts.append((len(self.rounds), failures))
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +79,7 @@ def test_two_workers_reach_the_validation_logloss_of_xgboost_alone(two_workers, 
 
 def test_sigkill_of_a_rank_resumes_boosting_from_the_last_checkpoint(frames, tmp_path, two_workers):
     marker = tmp_path / "kill-marker"
-    recorder = Recorder()
+    recorder = loops.Recorder()
     result = param_form(
         frames,
         tmp_path,
@@ -113,7 +100,7 @@ def test_sigkill_of_a_rank_resumes_boosting_from_the_last_checkpoint(frames, tmp
 
 
 def test_training_function_form_ranks_and_resuming_a_rerun(frames, tmp_path, alone):
-    recorder = Recorder()
+    recorder = loops.Recorder()
 
     def fit(rounds):
         return XGBoostTrainer(
