@@ -54,6 +54,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _import_torch_and_free_port() -> int:
+    """Import ``torch.distributed`` and return a port free on this node.
+
+    Importing torch is most of a worker's set-up time; every worker does it in this one call, at
+    the same time, rather than rank 0 importing while it picks the port and the others after.
+    """
+    import torch.distributed  # noqa: F401
+
+    return free_port()
+
+
 def _accelerate_env(workers: list[Any], use_gpu: bool) -> dict[int, dict[str, str]]:
     """Per world rank: the variables Hugging Face Accelerate reads to find this worker's device.
 
@@ -107,10 +118,8 @@ class TorchBackend(Backend):
                 "TorchConfig.backend='nccl' needs GPUs: set ScalingConfig(use_gpu=True) or use backend='gloo'."
             )
         master = worker_group.workers[0]
-        env = {
-            "MASTER_ADDR": master.metadata.node_ip,
-            "MASTER_PORT": str(worker_group.execute_single(0, free_port)),
-        }
+        ports = worker_group.execute(_import_torch_and_free_port, timeout_s=backend_config.timeout_s + 30)
+        env = {"MASTER_ADDR": master.metadata.node_ip, "MASTER_PORT": str(ports[0])}
         worker_group.execute(
             _init_process_group,
             env,

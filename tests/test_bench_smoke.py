@@ -1,0 +1,51 @@
+"""The benchmark command keeps working: a one-repetition smoke run of its start-up workload, and
+the arithmetic of its summary (medians, per-repetition ratios). No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+from benchmarks.bench import summarise
+
+
+def test_summary_takes_medians_and_the_median_of_the_per_repetition_ratios():
+    samples = {
+        "flowtrain": [{"wall_s": 2.0}, {"wall_s": 4.0}, {"wall_s": 3.0}],
+        "raw": [{"wall_s": 1.0}, {"wall_s": 1.0}, {"wall_s": 3.0}],
+    }
+
+    summary = summarise(samples)
+
+    assert summary["flowtrain"] == {"wall_s": 3.0}
+    assert summary["raw"]["wall_s"] == 1.0
+    # per repetition: 2.0, 4.0, 1.0 -> median 2.0 (the ratio of the medians would be 3.0)
+    assert summary["raw"]["ratio_flowtrain_over_this"] == {"wall_s": 2.0}
+
+
+def test_quick_startup_run_measures_every_implementation_and_writes_its_json(tmp_path):
+    out = tmp_path / "startup.json"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--quick", "--only", "startup", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    report = json.loads(out.read_text())
+    assert report["machine"]["cores"] == os.cpu_count()
+    startup = report["workloads"]["startup"]
+    assert set(startup) == {"flowtrain", "ray.train", "raw"}
+    for impl, entry in startup.items():
+        assert entry["wall_s"] > 0, impl
+    assert startup["raw"]["ratio_flowtrain_over_this"]["wall_s"] > 0
+    assert startup["ray.train"]["ratio_flowtrain_over_this"]["wall_s"] > 0
+    assert "flowtrain/raw: wall_s=" in done.stdout
