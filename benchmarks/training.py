@@ -4,8 +4,9 @@ under flowtrain, ray.train and raw ``torch.multiprocessing`` + gloo.
 Every implementation runs the identical loop body (plain DDP and a DistributedSampler, one torch
 thread per worker, one metrics-only report per epoch); only who starts the processes and sets up
 the process group differs. Measured: samples/s after the first epoch (steady state), seconds from
-the call to the first training step, and the peak memory the run adds to the machine (the sum of
-the proportional set size of every process involved, minus what was there before the run).
+the call to the first training step, and the peak memory the run adds to the machine (the summed
+proportional set size of every process involved, each counted by what it added since the run
+began; see ``MemorySampler``).
 """
 
 from __future__ import annotations
@@ -85,43 +86,53 @@ def _raw_process(rank, world_size, port, data, out):
 
 
 class MemorySampler:
-    """Samples, every ``interval_s``, the summed PSS of this process, its descendants and every Ray
-    process, and keeps the peak above the level measured at start."""
+    """Samples, every ``interval_s``, the proportional set size (PSS) of this process, its
+    descendants and (``include_ray``) every Ray process, and keeps the peak of what the run added.
 
-    def __init__(self, interval_s: float = 0.25) -> None:
+    Added memory is counted per process: a process that existed at the start counts only its
+    growth, a new one counts whole, and one that exits during the run (a previous run's worker
+    still shutting down) counts nothing instead of a negative amount.
+    """
+
+    def __init__(self, interval_s: float = 0.25, include_ray: bool = True) -> None:
         self.interval_s = interval_s
-        self.baseline = self._total()
-        self.peak = self.baseline
+        self.include_ray = include_ray
+        self.baseline = self._sizes()
+        self.peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    @staticmethod
-    def _processes():
+    def _processes(self):
         import psutil
 
         me = psutil.Process()
         found = {me.pid: me}
         found.update({p.pid: p for p in me.children(recursive=True)})
+        if not self.include_ray:
+            return found.values()
         for process in psutil.process_iter(["cmdline"]):
             cmdline = " ".join(process.info.get("cmdline") or [])
             if "ray::" in cmdline or "raylet" in cmdline or "gcs_server" in cmdline or "ray/_private" in cmdline:
                 found[process.pid] = process
         return found.values()
 
-    def _total(self) -> int:
+    def _sizes(self) -> dict[int, int]:
         import psutil
 
-        total = 0
+        sizes = {}
         for process in self._processes():
             try:
-                total += process.memory_full_info().pss
+                sizes[process.pid] = process.memory_full_info().pss
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 pass
-        return total
+        return sizes
+
+    def _added(self) -> int:
+        return sum(size - self.baseline.get(pid, 0) for pid, size in self._sizes().items())
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.peak = max(self.peak, self._total())
+            self.peak = max(self.peak, self._added())
 
     def __enter__(self) -> "MemorySampler":
         self._thread.start()
@@ -133,7 +144,7 @@ class MemorySampler:
 
     @property
     def added_mb(self) -> float:
-        return (self.peak - self.baseline) / 2**20
+        return self.peak / 2**20
 
 
 def throughput(impl: str, storage: str, run: int) -> dict:
@@ -141,7 +152,9 @@ def throughput(impl: str, storage: str, run: int) -> dict:
     data, out = parquet_dataset(), tempfile.mkdtemp()
     config = {"data": data, "out": out}
     started = time.time()
-    with MemorySampler() as memory:
+    # Raw torch uses no Ray: Ray's own processes (refilling its idle-worker pool after the previous
+    # implementation's run) are not counted against it.
+    with MemorySampler(include_ray=impl != "raw") as memory:
         if impl == "flowtrain":
             from trainers import RunConfig, ScalingConfig
             from trainers.torch import TorchTrainer
