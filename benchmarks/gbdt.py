@@ -13,6 +13,7 @@ model (``fit()`` for the trainers, ``train()`` for the library), Ray already sta
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import time
@@ -25,24 +26,19 @@ ROUNDS = 100
 XGB_PARAMS = {"objective": "binary:logistic", "eval_metric": "logloss", "max_depth": 6, "eta": 0.1, "tree_method": "hist"}
 LGB_PARAMS = {"objective": "binary", "metric": "binary_logloss", "num_leaves": 63, "learning_rate": 0.1, "verbose": -1}
 
-_data_folder: str | None = None
-
-
+@functools.cache
 def data_folder() -> str:
     """Where ``x.npy`` and ``y.npy`` are (written once per benchmark run)."""
-    global _data_folder
-    if _data_folder is None:
-        import numpy as np
+    import numpy as np
 
-        folder = tempfile.mkdtemp(prefix="flowtrain-bench-gbdt-")
-        rng = np.random.default_rng(0)
-        x = rng.standard_normal((GBDT_ROWS, GBDT_FEATURES)).astype("float32")
-        logits = x[:, :5] @ rng.standard_normal(5) + 0.5 * np.sin(3 * x[:, 5]) * x[:, 6]
-        y = (logits + rng.logistic(size=GBDT_ROWS) > 0).astype("float32")
-        np.save(os.path.join(folder, "x.npy"), x)
-        np.save(os.path.join(folder, "y.npy"), y)
-        _data_folder = folder
-    return _data_folder
+    folder = tempfile.mkdtemp(prefix="flowtrain-bench-gbdt-")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((GBDT_ROWS, GBDT_FEATURES)).astype("float32")
+    logits = x[:, :5] @ rng.standard_normal(5) + 0.5 * np.sin(3 * x[:, 5]) * x[:, 6]
+    y = (logits + rng.logistic(size=GBDT_ROWS) > 0).astype("float32")
+    np.save(os.path.join(folder, "x.npy"), x)
+    np.save(os.path.join(folder, "y.npy"), y)
+    return folder
 
 
 def _shard(folder: str, rank: int, world_size: int):

@@ -6,6 +6,7 @@ same threads per worker for every implementation.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import tempfile
@@ -137,26 +138,21 @@ WORKLOADS = {
 # -- Ray Data ingestion -------------------------------------------------------------------------
 
 DATA_ROWS = 250_000
-_data_path: str | None = None
-
-
+@functools.cache
 def parquet_dataset() -> str:
     """A 250k-row parquet folder (8 float features and a label), written once per benchmark run."""
-    global _data_path
-    if _data_path is None:
-        import numpy as np
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-        folder = tempfile.mkdtemp(prefix="flowtrain-bench-data-")
-        rng = np.random.default_rng(0)
-        per_file = DATA_ROWS // 8
-        for part in range(8):
-            columns = {f"x{i}": rng.standard_normal(per_file).astype("float32") for i in range(8)}
-            columns["y"] = rng.standard_normal(per_file).astype("float32")
-            pq.write_table(pa.table(columns), os.path.join(folder, f"part-{part}.parquet"))
-        _data_path = folder
-    return _data_path
+    folder = tempfile.mkdtemp(prefix="flowtrain-bench-data-")
+    rng = np.random.default_rng(0)
+    per_file = DATA_ROWS // 8
+    for part in range(8):
+        columns = {f"x{i}": rng.standard_normal(per_file).astype("float32") for i in range(8)}
+        columns["y"] = rng.standard_normal(per_file).astype("float32")
+        pq.write_table(pa.table(columns), os.path.join(folder, f"part-{part}.parquet"))
+    return folder
 
 
 def _consume(shard, out_dir, rank):
