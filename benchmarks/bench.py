@@ -3,8 +3,10 @@
     python -m benchmarks.bench            # full run (make bench)
     python -m benchmarks.bench --quick    # one repetition each, for a smoke run
 
-Implementations are interleaved (A B C A B C ...) so drift in machine load hits all alike; the
-ratio reported is the median of the per-repetition ratios against flowtrain.
+Implementations are interleaved, and the order turns by one each repetition (A B C, B C A,
+C A B, ...): drift in machine speed hits all alike, and no implementation always runs first or
+always follows the same one (a run can slow the next, e.g. while Ray refills its worker pool).
+The ratio reported is the median of the per-repetition ratios against flowtrain.
 """
 
 from __future__ import annotations
@@ -50,13 +52,19 @@ def run(names: list[str], repeats: int) -> dict:
             workload(impls[0], storage, -1)  # warm-up: imports, Ray worker pool
             samples: dict[str, list[dict]] = {impl: [] for impl in impls}
             for repeat in range(repeats):
-                for impl in impls:
+                for impl in rotated(impls, repeat):
                     samples[impl].append(workload(impl, storage, repeat))
                     print(f"{name} {impl} #{repeat}: {samples[impl][-1]}", flush=True)
             report["workloads"][name] = summarise(samples)
     finally:
         ray.shutdown()
     return report
+
+
+def rotated(impls: tuple[str, ...], repeat: int) -> tuple[str, ...]:
+    """The order of the implementations in repetition ``repeat``: turned left by ``repeat``."""
+    turn = repeat % len(impls)
+    return tuple(impls[turn:]) + tuple(impls[:turn])
 
 
 def summarise(samples: dict[str, list[dict]]) -> dict:

@@ -10,7 +10,7 @@ import sys
 
 from conftest import ROOT
 
-from benchmarks.bench import summarise
+from benchmarks.bench import rotated, summarise
 
 
 def test_summary_takes_medians_and_the_median_of_the_per_repetition_ratios():
@@ -25,6 +25,21 @@ def test_summary_takes_medians_and_the_median_of_the_per_repetition_ratios():
     assert summary["raw"]["wall_s"] == 1.0
     # per repetition: 2.0, 4.0, 1.0 -> median 2.0 (the ratio of the medians would be 3.0)
     assert summary["raw"]["ratio_flowtrain_over_this"] == {"wall_s": 2.0}
+
+
+def test_every_implementation_takes_every_place_in_the_order_once_per_cycle():
+    impls = ("flowtrain", "ray.train", "raw")
+
+    orders = [rotated(impls, repeat) for repeat in range(4)]
+
+    assert orders[:3] == [
+        ("flowtrain", "ray.train", "raw"),
+        ("ray.train", "raw", "flowtrain"),
+        ("raw", "flowtrain", "ray.train"),
+    ]
+    assert orders[3] == orders[0]
+    # over one cycle, each implementation runs first once and follows each other one at most once
+    assert sorted(order[0] for order in orders[:3]) == sorted(impls)
 
 
 def test_quick_startup_run_measures_every_implementation_and_writes_its_json(tmp_path):
