@@ -21,18 +21,18 @@ ColumnKind = Literal["float", "int", "number", "string", "bool"]
 #: Where runs are stored when the parameters do not say: set it as a deployment's job variable.
 STORAGE_PATH_ENV = "FLOWTRAIN_STORAGE_PATH"
 
-#: Where runs are stored when the parameters do not say: set it as a deployment's job variable.
-STORAGE_PATH_ENV = "FLOWTRAIN_STORAGE_PATH"
-
 #: ``package.module:function``: how a deployment names its training loop (no pickled code).
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
-class _Params(BaseModel):
+class ParamsModel(BaseModel):
+    """The base of every flow parameter model: unknown fields are refused (a typo fails the run
+    before it starts, naming the field) and values cannot be changed once validated."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class DatasetSource(_Params):
+class DatasetSource(ParamsModel):
     """One dataset the pipeline reads with Ray Data."""
 
     uri: str = Field(description="A file or folder: an absolute local path, or s3://, gs://, ... URI.")
@@ -54,7 +54,7 @@ class DatasetSource(_Params):
         return local
 
 
-class Scaling(_Params):
+class Scaling(ParamsModel):
     """How many training workers to start and what each one reserves (``ScalingConfig``)."""
 
     num_workers: int = Field(2, ge=0, description="Training workers; 0 runs the loop in the task's process.")
@@ -67,7 +67,7 @@ class Scaling(_Params):
         return ScalingConfig(**self.model_dump())
 
 
-class Checkpointing(_Params):
+class Checkpointing(ParamsModel):
     """Which checkpoints the run keeps (``CheckpointConfig``)."""
 
     num_to_keep: int | None = Field(None, ge=1, description="Keep the n best (plus the latest); None keeps all.")
@@ -83,7 +83,7 @@ class Checkpointing(_Params):
         )
 
 
-class Failures(_Params):
+class Failures(ParamsModel):
     """How many failures the run survives (``FailureConfig``) and how Prefect retries the driver."""
 
     max_failures: int = Field(
@@ -104,7 +104,7 @@ class Failures(_Params):
         )
 
 
-class RunSettings(_Params):
+class RunSettings(ParamsModel):
     """Where the run keeps its checkpoints and state (``RunConfig``)."""
 
     name: str | None = Field(
@@ -136,7 +136,7 @@ class RunSettings(_Params):
         return RunConfig(storage_path=self.storage_path).resolved_storage_path
 
 
-class TorchTraining(_Params):
+class TorchTraining(ParamsModel):
     """A torch training loop to run on every worker (``TorchTrainer``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
@@ -149,7 +149,7 @@ class TorchTraining(_Params):
     expected_reports: int | None = None
 
 
-class BoostingTraining(_Params):
+class BoostingTraining(ParamsModel):
     """Gradient-boosted trees with no code: ``XGBoostTrainer``/``LightGBMTrainer`` in parameter form."""
 
     framework: Literal["xgboost", "lightgbm"]
@@ -163,7 +163,7 @@ class BoostingTraining(_Params):
         return self.num_boost_round
 
 
-class DatasetSpec(_Params):
+class DatasetSpec(ParamsModel):
     """What the ingest stage hands on: where a checked dataset is and what it holds (not its rows)."""
 
     name: str
@@ -173,7 +173,7 @@ class DatasetSpec(_Params):
     num_rows: int
 
 
-class TrainSummary(_Params):
+class TrainSummary(ParamsModel):
     """What the train stage hands on: the run's folder and its outcome."""
 
     run_name: str
@@ -183,7 +183,7 @@ class TrainSummary(_Params):
     num_reports: int
 
 
-class CheckpointSummary(_Params):
+class CheckpointSummary(ParamsModel):
     """What the checkpoints stage hands on: the kept checkpoints, best first, and the best one."""
 
     run_path: str

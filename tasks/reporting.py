@@ -31,7 +31,7 @@ def run_resource(run_name: str, run_path: str) -> dict[str, str]:
     return {"prefect.resource.id": f"flowtrain.run.{run_name}", "prefect.resource.name": run_name, "flowtrain.run-path": run_path}
 
 
-def _plain(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """A value a JSON table or log line can hold (NaN and inf become None)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -70,7 +70,7 @@ class PrefectReporter(UserCallback):
 
     def after_report(self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
         self.num_reports += 1
-        shown = {k: _plain(v) for k, v in metrics[0].items()}
+        shown = {k: json_safe(v) for k, v in metrics[0].items()}
         saved = f"; checkpoint {checkpoint.path}" if checkpoint else ""
         self.logger.info("report %d (attempt %d): %s%s", self.num_reports, run_context.attempt, _brief(shown), saved)
         update_progress_artifact(self.progress_id, self._progress())
@@ -106,7 +106,7 @@ def publish_metrics(run_name: str, history: list[dict[str, Any]]) -> None:
     """A table artifact with one row per report (nested metrics as ``outer/inner`` columns)."""
     from storage.retention import flatten
 
-    rows = [{k: _plain(v) for k, v in flatten(metrics).items()} for metrics in history]
+    rows = [{k: json_safe(v) for k, v in flatten(metrics).items()} for metrics in history]
     create_table_artifact(
         table=rows,
         key=artifact_key(run_name, "metrics"),

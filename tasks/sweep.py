@@ -18,8 +18,8 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from pydantic import Field, model_validator
 
-from tasks.params import Checkpointing, DatasetSpec, Failures, RunSettings, Scaling, TorchTraining, _Params
-from tasks.reporting import _plain, artifact_key
+from tasks.params import Checkpointing, DatasetSpec, Failures, RunSettings, Scaling, TorchTraining, ParamsModel
+from tasks.reporting import json_safe, artifact_key
 from tasks.retries import train_task_options
 from tasks.train import train
 
@@ -28,7 +28,7 @@ class SweepError(RuntimeError):
     """The sweep could not produce a ranking: every trial failed, or none reported the metric."""
 
 
-class Distribution(_Params):
+class Distribution(ParamsModel):
     """Where a random search draws one parameter from."""
 
     kind: Literal["uniform", "loguniform", "randint", "choice"] = Field(
@@ -63,7 +63,7 @@ class Distribution(_Params):
         return rng.uniform(self.low, self.high)
 
 
-class Search(_Params):
+class Search(ParamsModel):
     """What the sweep tries and how it ranks the trials.
 
     Every combination of ``grid``, each with ``num_samples`` draws from ``random`` (one trial per
@@ -109,21 +109,21 @@ class Search(_Params):
         return configs
 
 
-class Trial(_Params):
+class Trial(ParamsModel):
     """One trial: its run's name and the parameters it adds to ``train_loop_config``."""
 
     name: str
     params: dict[str, Any]
 
 
-class SweepPlan(_Params):
+class SweepPlan(ParamsModel):
     """The trials to run and how many may train at once."""
 
     trials: list[Trial]
     max_concurrent_trials: int
 
 
-class TrialOutcome(_Params):
+class TrialOutcome(ParamsModel):
     """How one trial ended: ``trained`` now, ``reused`` (finished in an earlier run) or ``failed``."""
 
     name: str
@@ -269,7 +269,7 @@ def train_trial(
         params=trial.params,
         status=status,
         score=score,
-        metrics={k: _plain(v) for k, v in (found.metrics or {}).items()},
+        metrics={k: json_safe(v) for k, v in (found.metrics or {}).items()},
         run_path=found.path,
         checkpoint_path=found.checkpoint.path if found.checkpoint else None,
     )
@@ -308,7 +308,7 @@ def rank_trials(sweep_name: str, search: Search, outcomes: list[TrialOutcome]) -
         {
             "rank": i + 1 if outcome.score is not None else None,
             "trial": outcome.name,
-            **{f"param/{k}": _plain(v) for k, v in outcome.params.items()},
+            **{f"param/{k}": json_safe(v) for k, v in outcome.params.items()},
             search.metric: outcome.score,
             "status": outcome.status,
             "run_path": outcome.run_path,

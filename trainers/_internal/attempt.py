@@ -71,6 +71,10 @@ class RayWorkers:
 
     def launch(self, attempt: int, checkpoint: Checkpoint | None) -> None:
         spec = self.spec
+        # Splitting first starts Ray Data's split coordinator (an actor that needs a process of its
+        # own) while the workers start and import their framework, not after: the first batch
+        # then waits for Ray Data's read tasks only.
+        shards = split_datasets(spec.datasets, spec.dataset_config, self.world_size)
         self.group = group = RayWorkerGroup(
             scaling=spec.scaling, start_timeout_s=spec.start_timeout_s, runtime_env=spec.runtime_env
         )
@@ -88,7 +92,6 @@ class RayWorkers:
             ray.get([w.actor.set_env.remote({"CUDA_VISIBLE_DEVICES": v}) for w, (v, _) in zip(group.workers, visible)])
             accelerators = [ids for _, ids in visible]
         self.backend.on_start(group, spec.backend_config)
-        shards = split_datasets(spec.datasets, spec.dataset_config, self.world_size)
         session_args = []
         for worker, ids, shard in zip(group.workers, accelerators, shards):
             context = TrainContext(
