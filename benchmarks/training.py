@@ -93,8 +93,8 @@ class MemorySampler:
     growth, a new one counts whole, and one that exits during the run (a previous run's worker
     still shutting down) counts nothing instead of a negative amount.
 
-    Sampling is not free: reading every process's memory map takes about 30 ms of CPU, a few per
-    cent of one core at 4 samples/s, taken from the training it measures. Memory plateaus once
+    Sampling is not free: one sample reads the memory map of every process, 20-30 ms of CPU; at 4
+    samples/s that was about 9% of one core, taken from the training it measures. Memory plateaus once
     training runs, so one sample a second finds the same peak at a quarter of the cost.
     """
 

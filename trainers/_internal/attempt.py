@@ -72,8 +72,8 @@ class RayWorkers:
     def launch(self, attempt: int, checkpoint: Checkpoint | None) -> None:
         spec = self.spec
         # Splitting first starts Ray Data's split coordinator (an actor that needs a process of its
-        # own) while the workers start and import their framework, not after: the first batch
-        # then waits for Ray Data's read tasks only.
+        # own) while the workers start and import their framework, not after them: the first
+        # batch no longer also waits for that process to start.
         shards = split_datasets(spec.datasets, spec.dataset_config, self.world_size)
         self.group = group = RayWorkerGroup(
             scaling=spec.scaling, start_timeout_s=spec.start_timeout_s, runtime_env=spec.runtime_env
