@@ -64,7 +64,7 @@ def run(names: list[str], repeats: int) -> dict:
 def rotated(impls: tuple[str, ...], repeat: int) -> tuple[str, ...]:
     """The order of the implementations in repetition ``repeat``: turned left by ``repeat``."""
     turn = repeat % len(impls)
-    return tuple(impls[turn:]) + tuple(impls[:turn])
+    return impls[turn:] + impls[:turn]
 
 
 def summarise(samples: dict[str, list[dict]]) -> dict:

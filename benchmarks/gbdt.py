@@ -26,6 +26,7 @@ ROUNDS = 100
 XGB_PARAMS = {"objective": "binary:logistic", "eval_metric": "logloss", "max_depth": 6, "eta": 0.1, "tree_method": "hist"}
 LGB_PARAMS = {"objective": "binary", "metric": "binary_logloss", "num_leaves": 63, "learning_rate": 0.1, "verbose": -1}
 
+
 @functools.cache
 def data_folder() -> str:
     """Where ``x.npy`` and ``y.npy`` are (written once per benchmark run)."""

@@ -138,6 +138,8 @@ WORKLOADS = {
 # -- Ray Data ingestion -------------------------------------------------------------------------
 
 DATA_ROWS = 250_000
+
+
 @functools.cache
 def parquet_dataset() -> str:
     """A 250k-row parquet folder (8 float features and a label), written once per benchmark run."""
