@@ -1,5 +1,6 @@
 """Gradient-boosted trees with per-round reporting: XGBoost and LightGBM on 2 workers under
-flowtrain and ray.train, against the library alone in one process with as many threads.
+flowtrain and ray.train, against the library alone in one process with as many threads, and
+against the library's own distributed mode in 2 plain processes ("raw": no Ray).
 
 The data is a synthetic binary classification (``GBDT_ROWS`` rows, ``GBDT_FEATURES`` float
 features) saved once as ``.npy`` files; every worker loads it and keeps every other row, so both
@@ -7,18 +8,23 @@ trainers see identical shards and neither pays for Ray Data. The training functi
 for flowtrain and ray.train (only the imports differ): one thread per worker, the library's
 collective set up by the trainer, a report every round through ``RayTrainReportCallback`` and
 the model checkpointed at the end. The library alone trains on all rows with 2 threads and
-records its metrics with its own callback. Measured: wall seconds from the call to the trained
-model (``fit()`` for the trainers, ``train()`` for the library), Ray already started.
+records its metrics with its own callback. The raw run spawns 2 processes that join the
+library's own collective (XGBoost's tracker, LightGBM's ``machines`` list), train the same shards
+with one thread each, keep their metrics with the library's callback and save the model from
+rank 0 at the end: what a user of the library would write without any trainer. Measured: wall
+seconds from the call to the trained model (``fit()`` for the trainers, ``train()`` for the
+library, spawn to join for raw), Ray already started.
 """
 
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import os
 import tempfile
 import time
 
-from benchmarks.workloads import NUM_WORKERS, WORKLOADS
+from benchmarks.workloads import NUM_WORKERS, WORKLOADS, _free_port
 
 GBDT_ROWS = 200_000
 GBDT_FEATURES = 20
@@ -57,7 +63,7 @@ def _xgboost_train(config, callback, rank, world_size):
 
     x, y = _shard(config["data"], rank, world_size)
     train = xgboost.DMatrix(x, label=y)
-    xgboost.train(
+    return xgboost.train(
         {**XGB_PARAMS, "nthread": 1},
         train,
         num_boost_round=ROUNDS,
@@ -73,7 +79,7 @@ def _lightgbm_train(config, callback, network, rank, world_size):
     x, y = _shard(config["data"], rank, world_size)
     train = lightgbm.Dataset(x, label=y)
     params = {**LGB_PARAMS, "num_threads": 1, "tree_learner": "data_parallel", **network}
-    lightgbm.train(params, train, num_boost_round=ROUNDS, valid_sets=[train], valid_names=["train"], callbacks=[callback])
+    return lightgbm.train(params, train, num_boost_round=ROUNDS, valid_sets=[train], valid_names=["train"], callbacks=[callback])
 
 
 def xgboost_loop_flowtrain(config):
@@ -134,6 +140,76 @@ def _library_alone(library: str, folder: str) -> None:
         )
 
 
+class _KeepLastMetrics:
+    """Per-round metrics kept in the process, the raw run's stand-in for ``report()``."""
+
+    def __init__(self) -> None:
+        self.rounds: list[dict] = []
+
+    def xgboost_callback(self):
+        import xgboost
+
+        rounds = self.rounds
+
+        class Keep(xgboost.callback.TrainingCallback):
+            def after_iteration(self, model, epoch, evals_log):
+                rounds.append({f"{data}-{metric}": values[-1] for data, metrics in evals_log.items() for metric, values in metrics.items()})
+                return False
+
+        return Keep()
+
+    def lightgbm_callback(self, env) -> None:
+        self.rounds.append({f"{data}-{metric}": value for data, metric, value, _ in env.evaluation_result_list})
+
+
+def _raw_process(library: str, rank: int, world_size: int, network: dict, folder: str, out: str) -> None:
+    keep = _KeepLastMetrics()
+    if library == "xgboost":
+        from xgboost import collective
+
+        with collective.CommunicatorContext(**network, dmlc_task_id=f"rank-{rank}"):
+            model = _xgboost_train({"data": folder}, keep.xgboost_callback(), rank, world_size)
+    else:
+        ports = network["ports"]
+        lightgbm_network = {
+            "machines": ",".join(f"127.0.0.1:{port}" for port in ports),
+            "local_listen_port": ports[rank],
+            "num_machines": world_size,
+        }
+        model = _lightgbm_train({"data": folder}, keep.lightgbm_callback, lightgbm_network, rank, world_size)
+    if len(keep.rounds) != ROUNDS:
+        raise RuntimeError(f"raw {library} rank {rank}: {len(keep.rounds)} rounds of metrics, expected {ROUNDS}")
+    if rank == 0:
+        model.save_model(os.path.join(out, "model.ubj" if library == "xgboost" else "model.txt"))
+
+
+def _raw_distributed(library: str, folder: str) -> None:
+    """The library's own collective in ``NUM_WORKERS`` spawned processes."""
+    tracker = None
+    if library == "xgboost":
+        from xgboost.tracker import RabitTracker
+
+        tracker = RabitTracker(host_ip="127.0.0.1", n_workers=NUM_WORKERS)
+        tracker.start()
+        network = tracker.worker_args()
+    else:
+        network = {"ports": [_free_port() for _ in range(NUM_WORKERS)]}
+    out = tempfile.mkdtemp(prefix=f"flowtrain-bench-raw-{library}-")
+    spawn = multiprocessing.get_context("spawn")
+    processes = [
+        spawn.Process(target=_raw_process, args=(library, rank, NUM_WORKERS, network, folder, out)) for rank in range(NUM_WORKERS)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join()
+    if tracker is not None:
+        tracker.wait_for()
+    failed = [rank for rank, process in enumerate(processes) if process.exitcode != 0]
+    if failed or not os.listdir(out):
+        raise RuntimeError(f"raw {library}: ranks {failed} failed, or rank 0 saved no model in {out}")
+
+
 def _fit(library: str, impl: str, storage: str, name: str) -> None:
     config = {"data": data_folder()}
     if impl == "flowtrain":
@@ -174,6 +250,8 @@ def _workload(library: str):
         start = time.perf_counter()
         if impl == "library":
             _library_alone(library, folder)
+        elif impl == "raw":
+            _raw_distributed(library, folder)
         else:
             _fit(library, impl, storage, f"{library}-{impl.replace('.', '-')}-{run}")
         return {"wall_s": time.perf_counter() - start}
@@ -182,5 +260,5 @@ def _workload(library: str):
     return measure
 
 
-WORKLOADS["xgboost"] = (_workload("xgboost"), ("flowtrain", "ray.train", "library"))
-WORKLOADS["lightgbm"] = (_workload("lightgbm"), ("flowtrain", "ray.train", "library"))
+WORKLOADS["xgboost"] = (_workload("xgboost"), ("flowtrain", "ray.train", "raw", "library"))
+WORKLOADS["lightgbm"] = (_workload("lightgbm"), ("flowtrain", "ray.train", "raw", "library"))

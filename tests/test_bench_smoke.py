@@ -64,3 +64,14 @@ def test_quick_startup_run_measures_every_implementation_and_writes_its_json(tmp
     assert startup["raw"]["ratio_flowtrain_over_this"]["wall_s"] > 0
     assert startup["ray.train"]["ratio_flowtrain_over_this"]["wall_s"] > 0
     assert "flowtrain/raw: wall_s=" in done.stdout
+
+
+def test_gbdt_raw_peer_trains_both_libraries_in_their_own_distributed_mode(tmp_path):
+    """The peer that shows what the libraries' own 2-process mode costs, with no Ray: it must
+    train every round on both ranks and save the model (it raises otherwise)."""
+    from benchmarks.gbdt import WORKLOADS
+
+    for library in ("xgboost", "lightgbm"):
+        measure, impls = WORKLOADS[library]
+        assert "raw" in impls
+        assert measure("raw", str(tmp_path), 0)["wall_s"] > 0
