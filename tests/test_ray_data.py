@@ -87,6 +87,39 @@ def test_shards_are_rebuilt_after_a_restart(two_cpus, tmp_path):
     assert sorted(round_[0]["ids"] + round_[1]["ids"]) == list(range(1000))
 
 
+def footer_readers_started() -> int:
+    """FooterReader actors Ray has started since it came up (ended ones included). Ray's public
+    state API needs the dashboard, which these tests do not start; the GCS table does not."""
+    import ray
+
+    return sum("FooterReader" in str(actor.get("ActorClassName", "")) for actor in ray._private.state.actors().values())
+
+
+def test_a_parquet_listing_starts_one_footer_reader_per_ten_files_not_ray_datas_32(two_cpus, tmp_path):
+    import warnings
+
+    import ray.data
+
+    # 25 files: Ray Data hands footers out 10 files at a time, so 3 readers can all be busy.
+    dataset = ray.data.read_parquet(str(write_ids(tmp_path / "ids", files=25)))
+    before = footer_readers_started()
+    seen = AllRanks()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the fractional-CPU notice, tested above
+        TorchTrainer(
+            loops.collect_ids_loop,
+            datasets={"train": dataset},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(name="footers", storage_path=str(tmp_path), callbacks=[seen]),
+        ).fit()
+    started = footer_readers_started() - before
+    (round_,) = seen.rounds
+    assert sorted(round_[0]["ids"] + round_[1]["ids"]) == list(range(1000))  # the read itself is unchanged
+    # One listing for the epoch, and at most one more for the row count checked before the
+    # workers start; Ray Data alone starts 32 readers for each.
+    assert started in (3, 6), started
+
+
 def test_iter_torch_batches_trains_like_a_dataloader(two_cpus, tmp_path):
     import ray.data
     import torch

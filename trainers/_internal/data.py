@@ -25,12 +25,17 @@ def check_dataset_values(datasets: dict[str, Any]) -> None:
 
 
 def resolve_datasets(datasets: dict[str, Any] | None) -> dict[str, Any]:
-    """Call the dataset factories (``datasets={"train": lambda: ray.data.read_parquet(...)}``)."""
+    """Call the dataset factories (``datasets={"train": lambda: ray.data.read_parquet(...)}``), and
+    let the datasets' Parquet listings start only the footer readers their files need (see
+    ``trainers._internal.parquet_listing``)."""
+    from trainers._internal.parquet_listing import right_size_footer_readers
+
     resolved = {}
     for name, value in (datasets or {}).items():
         dataset = value if is_dataset(value) else value()
         if not is_dataset(dataset):
             raise TypeError(f"datasets[{name!r}]: the function returned {type(dataset).__name__}, not a ray.data.Dataset.")
+        right_size_footer_readers(dataset)
         resolved[name] = dataset
     return resolved
 
