@@ -24,7 +24,7 @@ import os
 import tempfile
 import time
 
-from benchmarks.workloads import NUM_WORKERS, WORKLOADS, _free_port
+from benchmarks.workloads import NUM_WORKERS, WORKLOADS, free_port
 
 GBDT_ROWS = 200_000
 GBDT_FEATURES = 20
@@ -193,7 +193,7 @@ def _raw_distributed(library: str, folder: str) -> None:
         tracker.start()
         network = tracker.worker_args()
     else:
-        network = {"ports": [_free_port() for _ in range(NUM_WORKERS)]}
+        network = {"ports": [free_port() for _ in range(NUM_WORKERS)]}
     out = tempfile.mkdtemp(prefix=f"flowtrain-bench-raw-{library}-")
     spawn = multiprocessing.get_context("spawn")
     processes = [

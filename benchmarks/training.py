@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 
-from benchmarks.workloads import NUM_WORKERS, WORKLOADS, _free_port, parquet_dataset
+from benchmarks.workloads import NUM_WORKERS, WORKLOADS, free_port, parquet_dataset
 
 EPOCHS = 3
 BATCH_SIZE = 512
@@ -182,7 +182,7 @@ def throughput(impl: str, storage: str, run: int) -> dict:
         else:
             import torch.multiprocessing as mp
 
-            mp.spawn(_raw_process, args=(NUM_WORKERS, _free_port(), data, out), nprocs=NUM_WORKERS, join=True)
+            mp.spawn(_raw_process, args=(NUM_WORKERS, free_port(), data, out), nprocs=NUM_WORKERS, join=True)
     ranks = [json.load(open(os.path.join(out, name))) for name in sorted(os.listdir(out))]
     steady_samples = sum(seen for r in ranks for seen, _ in r["epochs"][1:])
     steady_seconds = max(sum(s for _, s in r["epochs"][1:]) for r in ranks)

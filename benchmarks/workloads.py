@@ -92,7 +92,8 @@ def _raw_worker(rank, world_size, port):
     dist.destroy_process_group()
 
 
-def _free_port():
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago, for the raw peers' rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -108,7 +109,7 @@ def startup(impl: str, storage: str, run: int) -> dict:
     else:
         import torch.multiprocessing as mp
 
-        mp.spawn(_raw_worker, args=(NUM_WORKERS, _free_port()), nprocs=NUM_WORKERS, join=True)
+        mp.spawn(_raw_worker, args=(NUM_WORKERS, free_port()), nprocs=NUM_WORKERS, join=True)
     return {"wall_s": time.perf_counter() - start}
 
 

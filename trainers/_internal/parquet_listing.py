@@ -1,7 +1,7 @@
 """As many Parquet footer readers as a dataset's files can use, not Ray Data's fixed 32.
 
-Every time Ray Data 2.60 executes a ``read_parquet`` dataset (``count()``, each epoch of a
-``streaming_split``), it lists the files and starts a pool of ``FooterReader`` actors, 32 of them
+Every time Ray Data 2.60 executes a ``read_parquet`` dataset (each epoch of a ``streaming_split``,
+for one), it lists the files and starts a pool of ``FooterReader`` actors, 32 of them
 unless ``RAY_DATA_PARQUET_FOOTER_NUM_ACTORS`` says otherwise, then hands them the files 10 at a
 time and kills the pool when the listing ends. Each actor is a new Python process that imports Ray
 Data and pyarrow. With 8 files one actor does all the work, and the other 31 only take CPU from
