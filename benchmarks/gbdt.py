@@ -140,7 +140,7 @@ def _library_alone(library: str, folder: str) -> None:
         )
 
 
-class _KeepLastMetrics:
+class _RoundMetrics:
     """Per-round metrics kept in the process, the raw run's stand-in for ``report()``."""
 
     def __init__(self) -> None:
@@ -163,7 +163,7 @@ class _KeepLastMetrics:
 
 
 def _raw_process(library: str, rank: int, world_size: int, network: dict, folder: str, out: str) -> None:
-    keep = _KeepLastMetrics()
+    keep = _RoundMetrics()
     if library == "xgboost":
         from xgboost import collective
 
