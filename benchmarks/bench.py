@@ -40,15 +40,20 @@ def machine() -> dict:
 
 
 def run(names: list[str], repeats: int) -> dict:
+    """Every workload in ``names``, each on a Ray instance of its own, ``repeats`` times per
+    implementation."""
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     storage = tempfile.mkdtemp(prefix="flowtrain-bench-")
     report: dict = {"date": datetime.date.today().isoformat(), "machine": machine(), "workloads": {}}
-    try:
-        for name in names:
-            workload, impls = WORKLOADS[name]
+    for name in names:
+        workload, impls = WORKLOADS[name]
+        # A fresh Ray per workload: what one workload leaves behind (ray.train's controller
+        # actors, the log monitor's growing list of worker logs, Ray Data's pools) must not
+        # weigh on the next, so a workload measures the same alone (--only) as in a full run.
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        try:
             workload(impls[0], storage, -1)  # warm-up: imports, Ray worker pool
             samples: dict[str, list[dict]] = {impl: [] for impl in impls}
             for repeat in range(repeats):
@@ -56,8 +61,8 @@ def run(names: list[str], repeats: int) -> dict:
                     samples[impl].append(workload(impl, storage, repeat))
                     print(f"{name} {impl} #{repeat}: {samples[impl][-1]}", flush=True)
             report["workloads"][name] = summarise(samples)
-    finally:
-        ray.shutdown()
+        finally:
+            ray.shutdown()
     return report
 
 

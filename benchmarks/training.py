@@ -19,7 +19,7 @@ import time
 
 from benchmarks.workloads import NUM_WORKERS, WORKLOADS, free_port, parquet_dataset
 
-EPOCHS = 3
+EPOCHS = 5
 BATCH_SIZE = 512
 
 
