@@ -156,8 +156,10 @@ def throughput(impl: str, storage: str, run: int) -> dict:
     data, out = parquet_dataset(), tempfile.mkdtemp()
     config = {"data": data, "out": out}
     started = time.time()
-    # Raw torch uses no Ray: Ray's own processes (refilling its idle-worker pool after the previous
-    # implementation's run) are not counted against it.
+    # Raw torch uses no Ray, so Ray processes elsewhere on the machine are not counted against it.
+    # The benchmark's own local Ray is this process's child and is counted for every side, which
+    # is right for PSS: pages a new process shares with Ray's (the interpreter, libc) move part of
+    # their size off Ray's processes, and only the sum over all of them shows what the run added.
     with MemorySampler(include_ray=impl != "raw") as memory:
         if impl == "flowtrain":
             from trainers import RunConfig, ScalingConfig
