@@ -3,7 +3,8 @@ flowtrain and ray.train, against the library alone in one process with as many t
 against the library's own distributed mode in 2 plain processes ("raw": no Ray).
 
 The data is a synthetic binary classification (``GBDT_ROWS`` rows, ``GBDT_FEATURES`` float
-features) saved once as ``.npy`` files; every worker loads it and keeps every other row, so both
+features; the ``_2m`` workloads take ``LONG_ROWS``, the same job ten times longer) saved once as
+``.npy`` files; every worker loads it and keeps every other row, so both
 trainers see identical shards and neither pays for Ray Data. The training function is the same
 for flowtrain and ray.train (only the imports differ): one thread per worker, the library's
 collective set up by the trainer, a report every round through ``RayTrainReportCallback`` and
@@ -18,15 +19,20 @@ library, spawn to join for raw), Ray already started.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import multiprocessing
 import os
+import shutil
 import tempfile
 import time
 
-from benchmarks.workloads import NUM_WORKERS, WORKLOADS, free_port
+from benchmarks.workloads import NUM_WORKERS, OPT_IN, WORKLOADS, free_port
 
 GBDT_ROWS = 200_000
+#: The rows of the ``xgboost_2m`` and ``lightgbm_2m`` workloads: the library alone takes about 15 s
+#: instead of 1.5-2.5 s, so start-up and the per-level all-reduce no longer dominate.
+LONG_ROWS = 2_000_000
 GBDT_FEATURES = 20
 ROUNDS = 100
 XGB_PARAMS = {"objective": "binary:logistic", "eval_metric": "logloss", "max_depth": 6, "eta": 0.1, "tree_method": "hist"}
@@ -34,15 +40,17 @@ LGB_PARAMS = {"objective": "binary", "metric": "binary_logloss", "num_leaves": 6
 
 
 @functools.cache
-def data_folder() -> str:
-    """Where ``x.npy`` and ``y.npy`` are (written once per benchmark run)."""
+def data_folder(rows: int = GBDT_ROWS) -> str:
+    """Where ``x.npy`` and ``y.npy`` of ``rows`` rows are (written once per benchmark run, and
+    removed when the benchmark's process exits: 2M rows take 160 MB)."""
     import numpy as np
 
     folder = tempfile.mkdtemp(prefix="flowtrain-bench-gbdt-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((GBDT_ROWS, GBDT_FEATURES)).astype("float32")
+    x = rng.standard_normal((rows, GBDT_FEATURES)).astype("float32")
     logits = x[:, :5] @ rng.standard_normal(5) + 0.5 * np.sin(3 * x[:, 5]) * x[:, 6]
-    y = (logits + rng.logistic(size=GBDT_ROWS) > 0).astype("float32")
+    y = (logits + rng.logistic(size=rows) > 0).astype("float32")
     np.save(os.path.join(folder, "x.npy"), x)
     np.save(os.path.join(folder, "y.npy"), y)
     return folder
@@ -210,8 +218,8 @@ def _raw_distributed(library: str, folder: str) -> None:
         raise RuntimeError(f"raw {library}: ranks {failed} failed, or rank 0 saved no model in {out}")
 
 
-def _fit(library: str, impl: str, storage: str, name: str) -> None:
-    config = {"data": data_folder()}
+def _fit(library: str, impl: str, storage: str, name: str, folder: str) -> None:
+    config = {"data": folder}
     if impl == "flowtrain":
         from trainers import RunConfig, ScalingConfig
 
@@ -244,21 +252,26 @@ def _fit(library: str, impl: str, storage: str, name: str) -> None:
         raise RuntimeError(f"{impl} {library}: the run ended without its final checkpoint")
 
 
-def _workload(library: str):
+def _workload(library: str, rows: int = GBDT_ROWS):
     def measure(impl: str, storage: str, run: int) -> dict:
-        folder = data_folder()  # written before the clock starts
+        folder = data_folder(rows)  # written before the clock starts
         start = time.perf_counter()
         if impl == "library":
             _library_alone(library, folder)
         elif impl == "raw":
             _raw_distributed(library, folder)
         else:
-            _fit(library, impl, storage, f"{library}-{impl.replace('.', '-')}-{run}")
+            _fit(library, impl, storage, f"{library}-{rows}-{impl.replace('.', '-')}-{run}", folder)
         return {"wall_s": time.perf_counter() - start}
 
-    measure.__doc__ = f"Wall seconds of {ROUNDS} {library} rounds on {GBDT_ROWS} rows, reported every round."
+    measure.__doc__ = f"Wall seconds of {ROUNDS} {library} rounds on {rows} rows, reported every round."
     return measure
 
 
-WORKLOADS["xgboost"] = (_workload("xgboost"), ("flowtrain", "ray.train", "raw", "library"))
-WORKLOADS["lightgbm"] = (_workload("lightgbm"), ("flowtrain", "ray.train", "raw", "library"))
+IMPLS = ("flowtrain", "ray.train", "raw", "library")
+WORKLOADS["xgboost"] = (_workload("xgboost"), IMPLS)
+WORKLOADS["lightgbm"] = (_workload("lightgbm"), IMPLS)
+WORKLOADS["xgboost_2m"] = (_workload("xgboost", LONG_ROWS), IMPLS)
+WORKLOADS["lightgbm_2m"] = (_workload("lightgbm", LONG_ROWS), IMPLS)
+# About 45 minutes more at 5 repetitions, most of it ray.train's: a default run leaves them out.
+OPT_IN.update({"xgboost_2m", "lightgbm_2m"})

@@ -134,6 +134,8 @@ WORKLOADS = {
     "startup": (startup, ("flowtrain", "ray.train", "raw")),
     "report_latency": (report_latency, ("flowtrain", "ray.train")),
 }
+#: Workloads a default run leaves out because they are long; ``--only`` names them.
+OPT_IN: set[str] = set()
 
 
 # -- Ray Data ingestion -------------------------------------------------------------------------

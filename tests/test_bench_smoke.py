@@ -10,7 +10,7 @@ import sys
 
 from conftest import ROOT
 
-from benchmarks.bench import rotated, summarise
+from benchmarks.bench import parse, rotated, summarise
 
 
 def test_summary_takes_medians_and_the_median_of_the_per_repetition_ratios():
@@ -40,6 +40,14 @@ def test_every_implementation_takes_every_place_in_the_order_once_per_cycle():
     assert orders[3] == orders[0]
     # over one cycle, each implementation runs first once
     assert sorted(order[0] for order in orders[:3]) == sorted(impls)
+
+
+def test_a_default_run_leaves_the_long_gbdt_jobs_out_and_only_runs_them_when_named():
+    default = parse([]).only
+
+    assert {"startup", "throughput", "xgboost", "lightgbm"} <= set(default)
+    assert not {"xgboost_2m", "lightgbm_2m"} & set(default)
+    assert parse(["--only", "xgboost_2m"]).only == ["xgboost_2m"]
 
 
 def test_quick_startup_run_measures_every_implementation_and_writes_its_json(tmp_path):
