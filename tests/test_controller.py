@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainers._internal.controller import LAUNCH, SETUP_CLASH_RESTARTS, Controller, State, may_restart
-from trainers._internal.events import FailedEvent, FinishedEvent, ReportEvent
+from trainers._internal.events import FailedEvent, FinishedEvent, ReportEvent, SyncEvent
 from trainers.errors import WorkerGroupError
 
 
@@ -50,6 +50,7 @@ class ScriptedWorkers:
         self.dead = set()
         self.shutdowns = 0
         self.finished = 0
+        self.released = []
         self._script = []
 
     def launch(self, attempt, checkpoint):
@@ -60,6 +61,9 @@ class ScriptedWorkers:
 
     def poll(self, timeout_s):
         return self._script.pop(0) if self._script else []
+
+    def release(self, index, data):
+        self.released.append((index, data))
 
     def where(self, rank):
         return (f"node-{rank}", f"10.0.0.{rank}")
@@ -93,6 +97,36 @@ def test_commits_a_round_only_when_every_rank_reported():
     assert [r[1] for r in store.reports] == [0, 1]
     assert controller.step() is State.FINISHED
     assert controller.return_value == 7 and workers.finished == 1
+
+
+def test_a_barrier_releases_every_rank_with_rank_0s_data_only_once_all_arrived_and_in_order():
+    workers = ScriptedWorkers(
+        2,
+        [[[SyncEvent(1, 0)], [SyncEvent(0, 0, "run-7")], [SyncEvent(0, 1), SyncEvent(1, 1)], [FinishedEvent(0, None), FinishedEvent(1, None)]]],
+    )
+    controller = Controller(workers=workers, storage=MemoryStore(), max_failures=0)
+    controller.step()  # launch
+    controller.step()
+    assert workers.released == []  # rank 0 has not arrived
+    controller.step()
+    assert workers.released == [(0, "run-7")]
+    controller.step()
+    assert workers.released == [(0, "run-7"), (1, None)]
+    assert controller.step() is State.FINISHED
+
+
+def test_a_barrier_half_reached_when_an_attempt_failed_does_not_count_in_the_next_attempt():
+    attempt1 = [[SyncEvent(1, 0)], [FailedEvent(0, RuntimeError("boom"), "")]]
+    attempt2 = [[SyncEvent(0, 0, "b")], [SyncEvent(1, 0)], [FinishedEvent(0, None), FinishedEvent(1, None)]]
+    workers = ScriptedWorkers(2, [attempt1, attempt2])
+    controller = Controller(workers=workers, storage=MemoryStore(), max_failures=1)
+    while len(workers.launched) < 2 or controller.state is not State.RUNNING:
+        controller.step()
+    controller.step()
+    assert workers.released == []  # attempt 1's rank 1 is gone: attempt 2's rank 1 has not arrived
+    controller.step()
+    assert workers.released == [(0, "b")]
+    assert controller.step() is State.FINISHED
 
 
 def test_failure_restarts_from_latest_checkpoint_within_budget():

@@ -7,6 +7,7 @@ A Ray Train script changes only its imports::
 """
 
 from storage import Checkpoint, CheckpointConfig
+from trainers import collective
 from trainers.backend import Backend, BackendConfig
 from trainers.callback import TrainRunContext, UserCallback
 from trainers.config import DataConfig, FailureConfig, RunConfig, ScalingConfig
@@ -43,6 +44,7 @@ __all__ = [
     "TrainingFailedError",
     "UserCallback",
     "WorkerGroupError",
+    "collective",
     "get_checkpoint",
     "get_context",
     "get_dataset_shard",

@@ -115,6 +115,10 @@ class RayWorkers:
     def poll(self, timeout_s: float) -> list[Event]:
         return self.group.poll(timeout_s) if self.group is not None else []
 
+    def release(self, index: int, data: Any) -> None:
+        if self.group is not None:
+            self.group.release_sync(index, data)
+
     def where(self, rank: int) -> tuple[str, str]:
         return self._nodes.get(rank, ("", ""))
 
@@ -179,6 +183,9 @@ class LocalWorkers:
         while not self._events.empty():
             events.append(self._events.get_nowait())
         return events
+
+    def release(self, index: int, data: Any) -> None:
+        pass  # one rank: its barriers never wait for the controller
 
     def where(self, rank: int) -> tuple[str, str]:
         return ("local", socket.gethostname())

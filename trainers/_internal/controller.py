@@ -13,7 +13,7 @@ import traceback
 from typing import Any, Callable, Protocol
 
 from storage import Checkpoint
-from trainers._internal.events import Event, FailedEvent, FinishedEvent, ReportEvent
+from trainers._internal.events import Event, FailedEvent, FinishedEvent, ReportEvent, SyncEvent
 from trainers.errors import RankFailure, WorkerGroupError
 
 
@@ -24,6 +24,7 @@ class Workers(Protocol):
 
     def launch(self, attempt: int, checkpoint: Checkpoint | None) -> None: ...
     def poll(self, timeout_s: float) -> list[Event]: ...
+    def release(self, index: int, data: Any) -> None: ...
     def where(self, rank: int) -> tuple[str, str]: ...
     def probe(self, ranks: list[int]) -> tuple[list[Event], dict[int, str]]: ...
     def finish(self) -> None: ...
@@ -88,6 +89,8 @@ class Controller:
         self.return_value: Any = None
         self.error: WorkerGroupError | None = None
         self._pending: dict[int, dict[int, ReportEvent]] = {}
+        #: Ranks waiting at each barrier (``trainers.collective``) of this attempt.
+        self._syncs: dict[int, dict[int, SyncEvent]] = {}
         self._finished: dict[int, Any] = {}
         self._failed: dict[int, FailedEvent] = {}
         self._last_failures: list[RankFailure] = []
@@ -121,6 +124,7 @@ class Controller:
     def _launch(self) -> None:
         self.attempt = self.storage.start_attempt()
         self._pending.clear()
+        self._syncs.clear()
         self._first_seen.clear()
         self._finished.clear()
         self._failed.clear()
@@ -144,7 +148,10 @@ class Controller:
                 self._finished[event.world_rank] = event.return_value
             elif isinstance(event, FailedEvent):
                 self._failed.setdefault(event.world_rank, event)
+            elif isinstance(event, SyncEvent):
+                self._syncs.setdefault(event.index, {})[event.world_rank] = event
         self._commit_complete_rounds()
+        self._release_complete_syncs()
         self._check_laggards()
         if self._failed:
             self._drain_rounds_the_failed_ranks_finished()
@@ -169,6 +176,17 @@ class Controller:
             staged = any(event.staged for event in round_.values())
             checkpoint = self.storage.record_report(metrics[0], report_index=index, attempt=self.attempt, staged=staged)
             self.on_report(self.attempt, metrics, checkpoint)
+
+    def _release_complete_syncs(self) -> None:
+        """A barrier every rank reached lets them all go, carrying rank 0's data."""
+        if self._failed:
+            return  # the attempt ends; its workers are about to be stopped
+        for index in sorted(self._syncs):
+            arrived = self._syncs[index]
+            if len(arrived) < self.workers.world_size:
+                return  # barriers are passed in order: a later one cannot be complete either
+            del self._syncs[index]
+            self.workers.release(index, arrived[0].data)
 
     def _check_laggards(self) -> None:
         """A rank that has not reported a step ``report_timeout_s`` after another rank did is hung."""

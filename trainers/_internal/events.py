@@ -36,4 +36,14 @@ class FailedEvent:
     kind: str = "error"
 
 
-Event = ReportEvent | FinishedEvent | FailedEvent
+@dataclasses.dataclass(frozen=True)
+class SyncEvent:
+    """Worker ``world_rank`` reached its ``index``-th ``barrier()`` or ``broadcast_from_rank_zero()``
+    of this attempt; ``data`` is what rank 0 broadcasts (None from the other ranks)."""
+
+    world_rank: int
+    index: int
+    data: Any = None
+
+
+Event = ReportEvent | FinishedEvent | FailedEvent | SyncEvent

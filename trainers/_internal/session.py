@@ -8,6 +8,7 @@ controller through ``emit``; it never waits on a timer.
 from __future__ import annotations
 
 import enum
+import logging
 import numbers
 import shutil
 import tempfile
@@ -18,9 +19,17 @@ import pyarrow.fs
 
 from storage import Checkpoint, upload_directory
 from storage.layout import RunLayout
-from trainers._internal.events import Event, ReportEvent
+from trainers._internal.events import Event, ReportEvent, SyncEvent
 from trainers._internal.uploader import OrderedUploader
 from trainers.context import TrainContext, _set_context
+
+logger = logging.getLogger(__name__)
+
+#: Above this many pickled bytes a broadcast warns: it travels through the driver, made for
+#: small values (a run id, a path), not for tensors (use the framework's collectives for those).
+BROADCAST_WARN_BYTES = 1000
+#: How often a rank waiting at a barrier checks whether the controller stopped the attempt.
+SYNC_WAKE_S = 0.5
 
 
 class CheckpointUploadMode(enum.Enum):
@@ -67,6 +76,9 @@ class WorkerSession:
         self.stop_requested = threading.Event()
         self.uploader = OrderedUploader()
         self.warned_dir_name = False
+        self.num_syncs = 0
+        self._sync_lock = threading.Lock()
+        self._syncs: dict[int, _SyncPoint] = {}
 
     def report(
         self,
@@ -112,6 +124,59 @@ class WorkerSession:
     def flush(self) -> None:
         """Finish background uploads (called when the training function returns)."""
         self.uploader.flush()
+
+    def synchronize(self, data: Any, caller: str) -> Any:
+        """Wait until every rank made its next ``barrier()``/``broadcast_from_rank_zero()`` call,
+        then return rank 0's ``data``. The controller gathers the ranks and releases them."""
+        if self.stop_requested.is_set():
+            raise TrainingInterrupted("the controller stopped this attempt")
+        rank = self.context.world_rank
+        if rank != 0:
+            data = None
+        elif data is not None:
+            from ray import cloudpickle  # what carries it to the driver and the other ranks
+
+            try:
+                size = len(cloudpickle.dumps(data))
+            except Exception as error:
+                raise TypeError(
+                    f"{caller}(data={type(data).__name__}): the data must pickle to reach the other ranks ({error})."
+                ) from error
+            if size > BROADCAST_WARN_BYTES:
+                logger.warning(
+                    "%s: %d bytes pickled; it is meant for small values (under %d bytes). Send tensors "
+                    "with your framework's collectives.", caller, size, BROADCAST_WARN_BYTES,
+                )
+        if self.context.world_size == 1:
+            return data
+        index = self.num_syncs
+        self.num_syncs += 1
+        point = self._sync_point(index)
+        self.emit(SyncEvent(rank, index, data))
+        while not point.released.wait(SYNC_WAKE_S):
+            if self.stop_requested.is_set():
+                raise TrainingInterrupted("the controller stopped this attempt")
+        with self._sync_lock:
+            del self._syncs[index]
+        return point.data
+
+    def release(self, index: int, data: Any) -> None:
+        """Every rank reached sync point ``index``: let this rank go on with rank 0's ``data``."""
+        point = self._sync_point(index)
+        point.data = data
+        point.released.set()
+
+    def _sync_point(self, index: int) -> "_SyncPoint":
+        with self._sync_lock:
+            return self._syncs.setdefault(index, _SyncPoint())
+
+
+class _SyncPoint:
+    """One barrier of one rank: set when the controller has seen every rank arrive."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self.data: Any = None
 
 
 def plain_metrics(metrics: dict[str, Any]) -> dict[str, Any]:

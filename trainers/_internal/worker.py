@@ -155,6 +155,11 @@ class TrainWorker:
         """Where the training function is right now (file:line and the code), for hang reports."""
         return describe_activity(self._thread)
 
+    def release_sync(self, index: int, data: Any) -> None:
+        """Every rank reached barrier ``index``: let this one continue with rank 0's data."""
+        if self._session is not None:
+            self._session.release(index, data)
+
     def stop(self) -> None:
         """Ask the training function to stop at its next ``report()``."""
         if self._session is not None:

@@ -230,6 +230,12 @@ class RayWorkerGroup:
             kind="died",
         )
 
+    def release_sync(self, index: int, data: Any) -> None:
+        """Let every worker past barrier ``index`` (no waiting: a dead worker fails the attempt
+        through ``poll``)."""
+        for worker in self.workers:
+            worker.actor.release_sync.remote(index, data)
+
     def stop(self) -> None:
         """Ask every training function to stop at its next report (best effort, no waiting)."""
         for worker in self.workers:
