@@ -198,6 +198,29 @@ def test_a_rank_that_stops_reporting_is_hung_after_the_report_timeout():
     assert "31 s after rank(s) 0 did (FailureConfig.report_timeout_s=30); it is running train.py:7" in message
 
 
+def test_a_rank_that_never_reaches_a_barrier_is_hung_after_the_report_timeout():
+    now = [0.0]
+    workers = ScriptedWorkers(2, [[[SyncEvent(1, 0)], [], []]])
+    controller = Controller(workers=workers, storage=MemoryStore(), max_failures=0, report_timeout_s=30, clock=lambda: now[0])
+    controller.step()  # launch
+    controller.step()  # rank 1 waits at barrier 0 from t=0
+    now[0] = 29.0
+    assert controller.step() is State.RUNNING
+    now[0] = 31.0
+    assert controller.step() is State.FAILED
+    assert "rank 0 has not reached barrier 0 of this attempt 31 s after rank(s) 1 did" in str(controller.error)
+    assert workers.released == []
+
+
+def test_a_rank_that_returns_while_another_waits_at_a_barrier_fails_the_attempt_at_once():
+    workers = ScriptedWorkers(2, [[[SyncEvent(0, 0, "x")], [FinishedEvent(1, None)]]])
+    controller = Controller(workers=workers, storage=MemoryStore(), max_failures=0)
+    controller.step()  # launch
+    controller.step()
+    assert controller.step() is State.FAILED
+    assert "rank 1's training function returned while rank(s) 0 wait at barrier 0" in str(controller.error)
+
+
 def test_max_failures_zero_never_restarts():
     workers = ScriptedWorkers(1, [[[FailedEvent(0, ValueError("x"), "tb")]]])
     controller = Controller(workers=workers, storage=MemoryStore(), max_failures=0)

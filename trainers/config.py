@@ -105,8 +105,9 @@ class FailureConfig:
     max_failures: int = 0
     #: Retries of the driver itself (the Prefect train task) after it crashed: -1 without limit.
     controller_failure_limit: int = -1
-    #: Seconds a rank may lag behind the others' report of the same step before the run counts
-    #: it as hung (a failure, restarted per ``max_failures``). None: never.
+    #: Seconds a rank may lag behind the others' report of the same step (or their arrival at the
+    #: same ``trainers.collective`` barrier) before the run counts it as hung (a failure,
+    #: restarted per ``max_failures``). None: never.
     report_timeout_s: float | None = None
 
     def __post_init__(self) -> None:

@@ -89,8 +89,10 @@ class Controller:
         self.return_value: Any = None
         self.error: WorkerGroupError | None = None
         self._pending: dict[int, dict[int, ReportEvent]] = {}
-        #: Ranks waiting at each barrier (``trainers.collective``) of this attempt.
+        #: Ranks waiting at each barrier (``trainers.collective``) of this attempt, and when the
+        #: first of them arrived (for the report timeout).
         self._syncs: dict[int, dict[int, SyncEvent]] = {}
+        self._sync_first_seen: dict[int, float] = {}
         self._finished: dict[int, Any] = {}
         self._failed: dict[int, FailedEvent] = {}
         self._last_failures: list[RankFailure] = []
@@ -125,6 +127,7 @@ class Controller:
         self.attempt = self.storage.start_attempt()
         self._pending.clear()
         self._syncs.clear()
+        self._sync_first_seen.clear()
         self._first_seen.clear()
         self._finished.clear()
         self._failed.clear()
@@ -150,8 +153,10 @@ class Controller:
                 self._failed.setdefault(event.world_rank, event)
             elif isinstance(event, SyncEvent):
                 self._syncs.setdefault(event.index, {})[event.world_rank] = event
+                self._sync_first_seen.setdefault(event.index, self.clock())
         self._commit_complete_rounds()
         self._release_complete_syncs()
+        self._check_returned_during_a_barrier()
         self._check_laggards()
         if self._failed:
             self._drain_rounds_the_failed_ranks_finished()
@@ -186,28 +191,54 @@ class Controller:
             if len(arrived) < self.workers.world_size:
                 return  # barriers are passed in order: a later one cannot be complete either
             del self._syncs[index]
+            self._sync_first_seen.pop(index, None)
             self.workers.release(index, arrived[0].data)
 
-    def _check_laggards(self) -> None:
-        """A rank that has not reported a step ``report_timeout_s`` after another rank did is hung."""
-        if self.report_timeout_s is None or not self._pending or self._failed:
+    def _check_returned_during_a_barrier(self) -> None:
+        """A rank whose function returned can never reach a barrier the others wait at."""
+        if not self._syncs or not self._finished or self._failed:
             return
-        index = min(self._pending)
-        waited = self.clock() - self._first_seen.get(index, self.clock())
-        if waited <= self.report_timeout_s:
-            return
-        reported = sorted(self._pending[index])
-        for rank in range(self.workers.world_size):
-            if rank not in self._pending[index] and rank not in self._finished:
+        index = min(self._syncs)
+        waiting = sorted(self._syncs[index])
+        for rank in sorted(self._finished):
+            if rank not in self._syncs[index]:
                 self._failed[rank] = FailedEvent(
                     rank,
-                    TimeoutError(
-                        f"rank {rank} has not reported step {index} of this attempt {waited:.0f} s after rank(s) "
-                        f"{', '.join(map(str, reported))} did (FailureConfig.report_timeout_s={self.report_timeout_s:g})"
+                    RuntimeError(
+                        f"rank {rank}'s training function returned while rank(s) {', '.join(map(str, waiting))} "
+                        f"wait at barrier {index} of this attempt: every worker must make the same "
+                        "barrier()/broadcast_from_rank_zero() calls."
                     ),
                     "",
-                    kind="hung",
                 )
+
+    def _check_laggards(self) -> None:
+        """A rank that has not reported a step, or reached a barrier, ``report_timeout_s`` after
+        another rank did is hung."""
+        if self.report_timeout_s is None or self._failed:
+            return
+        for waiting, first_seen, what in (
+            (self._pending, self._first_seen, "reported step"),
+            (self._syncs, self._sync_first_seen, "reached barrier"),
+        ):
+            if not waiting:
+                continue
+            index = min(waiting)
+            waited = self.clock() - first_seen.get(index, self.clock())
+            if waited <= self.report_timeout_s:
+                continue
+            arrived = sorted(waiting[index])
+            for rank in range(self.workers.world_size):
+                if rank not in waiting[index] and rank not in self._finished:
+                    self._failed[rank] = FailedEvent(
+                        rank,
+                        TimeoutError(
+                            f"rank {rank} has not {what} {index} of this attempt {waited:.0f} s after rank(s) "
+                            f"{', '.join(map(str, arrived))} did (FailureConfig.report_timeout_s={self.report_timeout_s:g})"
+                        ),
+                        "",
+                        kind="hung",
+                    )
 
     def _drain_rounds_the_failed_ranks_finished(self) -> None:
         """A round every failed rank reported may still complete: the healthy ranks' reports can
