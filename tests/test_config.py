@@ -92,6 +92,8 @@ def test_torch_config_rejects():
         TorchConfig(backend="mpi")
     with pytest.raises(ValueError, match=r"TorchConfig.timeout_s=0"):
         TorchConfig(timeout_s=0)
+    with pytest.raises(ValueError, match=r"TorchConfig.init_method='file': must be one of 'env', 'tcp'"):
+        TorchConfig(init_method="file")
     with pytest.raises(ValueError, match=r"backend='nccl'\) needs GPUs"):
         TorchTrainer(lambda: None, torch_config=TorchConfig(backend="nccl"))
 
@@ -118,3 +120,20 @@ def test_configs_are_frozen_and_keyword_only():
     config = ScalingConfig(num_workers=2)
     with pytest.raises(AttributeError):
         config.num_workers = 3  # type: ignore[misc]
+
+
+def test_torch_init_method_becomes_the_url_torch_distributed_takes():
+    from trainers.torch.config import init_method_url
+
+    assert init_method_url("env", "10.0.0.1", "29500") == "env://"
+    assert init_method_url("tcp", "10.0.0.1", "29500") == "tcp://10.0.0.1:29500"
+    assert init_method_url("tcp", "fd00::1", "29500") == "tcp://[fd00::1]:29500"
+
+
+def test_accelerator_type_asks_each_worker_for_a_sliver_of_rays_accelerator_resource():
+    scaling = ScalingConfig(num_workers=2, use_gpu=True, accelerator_type="A100")
+
+    assert scaling.worker_resources == {"CPU": 1, "GPU": 1, "accelerator_type:A100": 0.001}
+    assert ScalingConfig().worker_resources == {"CPU": 1}
+    with pytest.raises(ValueError, match=r"ScalingConfig.accelerator_type='': must be a name such as 'A100'"):
+        ScalingConfig(accelerator_type="")

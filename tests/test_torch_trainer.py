@@ -19,7 +19,7 @@ from trainers import (
     UserCallback,
     WorkerGroupError,
 )
-from trainers.torch import TorchTrainer
+from trainers.torch import TorchConfig, TorchTrainer
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -86,6 +86,24 @@ def test_two_worker_ddp_matches_single_process_and_ranks_are_right(tmp_path):
     assert result.metrics["step"] == steps - 1
     assert result.error is None
     assert result.path == str(tmp_path / "ddp")
+
+
+def test_tcp_init_method_gives_the_same_ddp_result(tmp_path):
+    import torch
+
+    config = {"seed": 3, "lr": 0.05, "epochs": 1}
+    result = TorchTrainer(
+        loops.linear_ddp_loop,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=2),
+        torch_config=TorchConfig(init_method="tcp"),
+        run_config=RunConfig(name="ddp-tcp", storage_path=str(tmp_path)),
+    ).fit()
+
+    expected = single_process_reference(config)
+    for name, value in result.return_value.items():
+        torch.testing.assert_close(torch.tensor(value), expected[name], rtol=1e-5, atol=1e-6)
+    assert result.metrics["dist_rank"] == 0
 
 
 def test_local_mode_gives_the_single_process_result(tmp_path):

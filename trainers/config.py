@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from trainers.callback import UserCallback
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+#: Ray's resource for "this node has accelerator X" (``accelerator_type:A100``).
+ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"
 DEFAULT_STORAGE_PATH = "~/flowtrain_results"
 
 
@@ -46,9 +48,16 @@ class ScalingConfig:
     resources_per_worker: dict[str, float] | None = None
     #: How the workers' bundles are placed on nodes: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD.
     placement_strategy: str = "PACK"
+    #: Start the workers only on nodes with this accelerator, e.g. "A100" or "L4" (Ray's
+    #: ``accelerator_type:<name>`` resource, which Ray sets on nodes that have one).
+    accelerator_type: str | None = None
 
     def __post_init__(self) -> None:
         check_int("ScalingConfig.num_workers", self.num_workers, minimum=0, allowed="an integer >= 0")
+        if self.accelerator_type is not None and (not isinstance(self.accelerator_type, str) or not self.accelerator_type):
+            raise ValueError(
+                f"ScalingConfig.accelerator_type={self.accelerator_type!r}: must be a name such as 'A100', or None."
+            )
         check_bool("ScalingConfig.use_gpu", self.use_gpu)
         check_choice("ScalingConfig.placement_strategy", self.placement_strategy, PLACEMENT_STRATEGIES)
         if self.resources_per_worker is not None:
@@ -85,6 +94,9 @@ class ScalingConfig:
         resources.setdefault("CPU", 1)
         if self.use_gpu:
             resources.setdefault("GPU", 1)
+        if self.accelerator_type:
+            # A sliver of the resource: enough to land on such a node, not to count as using it.
+            resources.setdefault(f"{ACCELERATOR_RESOURCE_PREFIX}{self.accelerator_type}", 0.001)
         return {name: amount for name, amount in resources.items() if amount}
 
     @property

@@ -12,6 +12,7 @@ from trainers._internal.validation import check_choice, check_number
 from trainers.backend import Backend, BackendConfig
 
 BACKENDS = ("gloo", "nccl")
+INIT_METHODS = ("env", "tcp")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -26,12 +27,17 @@ class TorchConfig(BackendConfig):
 
     #: "gloo" or "nccl"; None picks nccl when training on GPUs and gloo otherwise.
     backend: str | None = None
+    #: How the ranks find each other: "env" reads ``MASTER_ADDR``/``MASTER_PORT`` from the
+    #: environment (``env://``), "tcp" passes rank 0's address as ``tcp://addr:port``. Both
+    #: give the same process group.
+    init_method: str = "env"
     #: Seconds a collective (and process-group setup) may wait before failing.
     timeout_s: float = 1800
 
     def __post_init__(self) -> None:
         if self.backend is not None:
             check_choice("TorchConfig.backend", self.backend, BACKENDS)
+        check_choice("TorchConfig.init_method", self.init_method, INIT_METHODS)
         check_number("TorchConfig.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0")
 
     @property
@@ -80,8 +86,20 @@ def _accelerate_env(workers: list[Any], use_gpu: bool) -> dict[int, dict[str, st
     return {w.ranks.world_rank: {"ACCELERATE_TORCH_DEVICE": f"cuda:{ids[0]}"} for w, (_, ids) in zip(workers, visible) if ids}
 
 
+def init_method_url(init_method: str, master_addr: str, master_port: str) -> str:
+    """The ``init_method`` argument of ``torch.distributed.init_process_group`` for ``TorchConfig.init_method``."""
+    if init_method == "env":
+        return "env://"
+    host = f"[{master_addr}]" if ":" in master_addr else master_addr  # an IPv6 address
+    return f"tcp://{host}:{master_port}"
+
+
 def _init_process_group(
-    env: dict[str, str], backend: str, timeout_s: float, env_by_rank: dict[int, dict[str, str]] | None = None
+    env: dict[str, str],
+    backend: str,
+    timeout_s: float,
+    env_by_rank: dict[int, dict[str, str]] | None = None,
+    init_method: str = "env",
 ) -> None:
     import torch.distributed as dist
 
@@ -91,7 +109,7 @@ def _init_process_group(
         dist.destroy_process_group()
     dist.init_process_group(
         backend=backend,
-        init_method="env://",
+        init_method=init_method_url(init_method, env["MASTER_ADDR"], env["MASTER_PORT"]),
         rank=int(os.environ["RANK"]),
         world_size=int(os.environ["WORLD_SIZE"]),
         timeout=datetime.timedelta(seconds=timeout_s),
@@ -126,6 +144,7 @@ class TorchBackend(Backend):
             backend,
             backend_config.timeout_s,
             _accelerate_env(worker_group.workers, use_gpu),
+            backend_config.init_method,
             timeout_s=backend_config.timeout_s + 30,
         )
 
