@@ -61,10 +61,19 @@ class Scaling(ParamsModel):
     use_gpu: bool = Field(False, description="One GPU per worker, nccl between them.")
     resources_per_worker: dict[str, float] | None = Field(None, description='e.g. {"CPU": 1}')
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    accelerator_type: str | None = Field(None, min_length=1, description='Only nodes with this accelerator, e.g. "A100".')
 
     def to_config(self) -> ScalingConfig:
         """The ``ScalingConfig`` these parameters describe."""
         return ScalingConfig(**self.model_dump())
+
+    def identity(self) -> dict:
+        """The fields that name a sweep trial's run. Fields added later appear only when set, so
+        a sweep run again after an upgrade finds the trials it already trained."""
+        fields = self.model_dump()
+        if fields["accelerator_type"] is None:
+            del fields["accelerator_type"]
+        return fields
 
 
 class Checkpointing(ParamsModel):

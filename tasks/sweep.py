@@ -151,7 +151,7 @@ def trial_name(
 ) -> str:
     """``<sweep>-<digest>``: the same loop, config, scaling and data (dataset name to URI) always
     get the same run name."""
-    what = {"train_loop": _describe_loop(train_loop), "config": config, "scaling": scaling.model_dump()}
+    what = {"train_loop": _describe_loop(train_loop), "config": config, "scaling": scaling.identity()}
     if data:
         what["data"] = data
     digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()[:12]

@@ -134,6 +134,10 @@ def test_search_proposes_the_same_trials_every_time():
     assert name == trial_name("s", "m:f", {"epochs": 3, "lr": 0.1}, scaling)  # key order does not matter
     assert name != trial_name("s", "m:f", {"lr": 0.2, "epochs": 3}, scaling)
     assert name != trial_name("s", "m:f", {"lr": 0.1, "epochs": 3}, Scaling(num_workers=2))
+    # Trial names must not change across upgrades, or a rerun retrains what it had trained.
+    assert trial_name("s", "m:f", {"lr": 0.1}, Scaling(num_workers=1)) == "s-5ed9946fb140"
+    assert trial_name("s", "m:f", {"lr": 0.1}, Scaling(num_workers=1, accelerator_type="A100")) != "s-5ed9946fb140"
+    assert Scaling(accelerator_type="A100").to_config().worker_resources["accelerator_type:A100"] == 0.001
     with pytest.raises(ValueError, match=r"search.num_samples=2: a grid without random parameters"):
         Search(metric="loss", grid={"lr": [0.1]}, num_samples=2)
 

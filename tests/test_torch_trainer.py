@@ -54,9 +54,16 @@ def single_process_reference(config):
     return {name: tensor.detach() for name, tensor in model.state_dict().items()}
 
 
-def test_two_worker_ddp_matches_single_process_and_ranks_are_right(tmp_path):
+def assert_matches_single_process(result, config):
+    """The run's returned weights (rank 0's) equal single_process_reference's."""
     import torch
 
+    expected = single_process_reference(config)
+    for name, value in result.return_value.items():
+        torch.testing.assert_close(torch.tensor(value), expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_two_worker_ddp_matches_single_process_and_ranks_are_right(tmp_path):
     config = {"seed": 3, "lr": 0.05, "epochs": 2}
     recorder = RecordReports()
     trainer = TorchTrainer(
@@ -67,9 +74,7 @@ def test_two_worker_ddp_matches_single_process_and_ranks_are_right(tmp_path):
     )
     result = trainer.fit()
 
-    expected = single_process_reference(config)
-    for name, value in result.return_value.items():
-        torch.testing.assert_close(torch.tensor(value), expected[name], rtol=1e-5, atol=1e-6)
+    assert_matches_single_process(result, config)
 
     steps = 2 * loops.NUM_ROWS // loops.GLOBAL_BATCH
     assert len(recorder.rounds) == steps
@@ -89,8 +94,6 @@ def test_two_worker_ddp_matches_single_process_and_ranks_are_right(tmp_path):
 
 
 def test_tcp_init_method_gives_the_same_ddp_result(tmp_path):
-    import torch
-
     config = {"seed": 3, "lr": 0.05, "epochs": 1}
     result = TorchTrainer(
         loops.linear_ddp_loop,
@@ -100,15 +103,11 @@ def test_tcp_init_method_gives_the_same_ddp_result(tmp_path):
         run_config=RunConfig(name="ddp-tcp", storage_path=str(tmp_path)),
     ).fit()
 
-    expected = single_process_reference(config)
-    for name, value in result.return_value.items():
-        torch.testing.assert_close(torch.tensor(value), expected[name], rtol=1e-5, atol=1e-6)
+    assert_matches_single_process(result, config)
     assert result.metrics["dist_rank"] == 0
 
 
 def test_local_mode_gives_the_single_process_result(tmp_path):
-    import torch
-
     config = {"seed": 3, "lr": 0.05, "epochs": 2}
     result = TorchTrainer(
         loops.linear_ddp_loop,
@@ -116,9 +115,7 @@ def test_local_mode_gives_the_single_process_result(tmp_path):
         scaling_config=ScalingConfig(num_workers=0),
         run_config=RunConfig(name="local", storage_path=str(tmp_path)),
     ).fit()
-    expected = single_process_reference(config)
-    for name, value in result.return_value.items():
-        torch.testing.assert_close(torch.tensor(value), expected[name], rtol=1e-5, atol=1e-6)
+    assert_matches_single_process(result, config)
     assert len(result.metrics_dataframe) == 16
 
 
