@@ -9,11 +9,14 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ray import train
 from ray.train import Checkpoint, CheckpointConfig, RunConfig, ScalingConfig
+from ray.train.collective import broadcast_from_rank_zero
 from ray.train.torch import TorchTrainer, prepare_data_loader, prepare_model
 
 
 def train_func(config):
-    torch.manual_seed(0)
+    # Rank 0 picks the data seed; every rank must build the same dataset.
+    seed = broadcast_from_rank_zero(config["seed"] if train.get_context().get_world_rank() == 0 else None)
+    torch.manual_seed(seed)
     x = torch.randn(256, 8)
     y = (x.sum(dim=1, keepdim=True) > 0).float()
     loader = DataLoader(TensorDataset(x, y), batch_size=config["batch_size"], shuffle=True)
@@ -58,7 +61,7 @@ def train_func(config):
 def main(storage_path):
     trainer = TorchTrainer(
         train_func,
-        train_loop_config={"lr": 1e-2, "batch_size": 32, "epochs": 3},
+        train_loop_config={"lr": 1e-2, "batch_size": 32, "epochs": 3, "seed": 0},
         scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
         run_config=RunConfig(
             name="ray-train-user",

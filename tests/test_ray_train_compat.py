@@ -15,6 +15,7 @@ SCRIPT = pathlib.Path(__file__).with_name("ray_train_user_script.py")
 IMPORT_SWITCHES = [
     (r"^from ray import train$", "import trainers as train"),
     (r"^from ray\.train\.torch import ", "from trainers.torch import "),
+    (r"^from ray\.train\.collective import ", "from trainers.collective import "),
     (r"^from ray\.train import ", "from trainers import "),
 ]
 
