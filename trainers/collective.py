@@ -11,11 +11,11 @@ the attempt as usual (and ``FailureConfig`` restarts it).
 
 from __future__ import annotations
 
-from typing import Optional, TypeVar
+from typing import TypeVar
 
 from trainers._internal.session import get_session
 
-T = TypeVar("T", bound=Optional[object])
+T = TypeVar("T")
 
 
 def barrier() -> None:
