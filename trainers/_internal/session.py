@@ -77,8 +77,8 @@ class WorkerSession:
         self.uploader = OrderedUploader()
         self.warned_dir_name = False
         self.num_syncs = 0
-        self._sync_lock = threading.Lock()
-        self._syncs: dict[int, _SyncPoint] = {}
+        #: The barrier this rank waits at (a rank is at one barrier at a time), or None.
+        self._sync: _SyncPoint | None = None
 
     def report(
         self,
@@ -149,32 +149,28 @@ class WorkerSession:
                 )
         if self.context.world_size == 1:
             return data
-        index = self.num_syncs
+        point = self._sync = _SyncPoint(self.num_syncs)  # before the event: the release may come at once
         self.num_syncs += 1
-        point = self._sync_point(index)
-        self.emit(SyncEvent(rank, index, data))
+        self.emit(SyncEvent(rank, point.index, data))
         while not point.released.wait(SYNC_WAKE_S):
             if self.stop_requested.is_set():
                 raise TrainingInterrupted("the controller stopped this attempt")
-        with self._sync_lock:
-            del self._syncs[index]
+        self._sync = None
         return point.data
 
     def release(self, index: int, data: Any) -> None:
         """Every rank reached sync point ``index``: let this rank go on with rank 0's ``data``."""
-        point = self._sync_point(index)
-        point.data = data
-        point.released.set()
-
-    def _sync_point(self, index: int) -> "_SyncPoint":
-        with self._sync_lock:
-            return self._syncs.setdefault(index, _SyncPoint())
+        point = self._sync
+        if point is not None and point.index == index:
+            point.data = data
+            point.released.set()
 
 
 class _SyncPoint:
     """One barrier of one rank: set when the controller has seen every rank arrive."""
 
-    def __init__(self) -> None:
+    def __init__(self, index: int) -> None:
+        self.index = index
         self.released = threading.Event()
         self.data: Any = None
 
