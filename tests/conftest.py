@@ -53,6 +53,15 @@ def prefect_harness():
         yield
 
 
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """A real Prefect server (SQLite, scheduler on) for the session: the environment for its CLI and workers."""
+    from prefect_server import running_prefect_server
+
+    with running_prefect_server(tmp_path_factory.mktemp("prefect-server-home")) as env:
+        yield env
+
+
 @pytest.fixture
 def ray_local(_ray_session):
     """A running local Ray (shared by the session); fails the test if it leaks actors or placement groups."""
