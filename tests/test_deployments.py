@@ -134,6 +134,45 @@ def test_deploy_all_asks_nothing_and_creates_every_deployment(deployed):
         assert d["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
 
 
+def test_deploy_all_on_a_terminal_asks_nothing(deployed):
+    """On a terminal `prefect deploy` asks about anything prefect.yaml leaves open (a deployment with
+    no `schedules` gets "Would you like to configure schedules?"); every deployment declares it all."""
+    import os
+    import pty
+    import select
+
+    env, _ = deployed
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [PREFECT, "deploy", "--all"], env=dict(env, COLUMNS="120"), cwd=ROOT,
+        stdin=terminal, stdout=terminal, stderr=terminal, start_new_session=True,
+    )
+    os.close(terminal)
+    output = b""
+    try:
+        # Read until the command ends (EOF on the terminal). Deploying prints all along: 30 s of
+        # silence means it is waiting at a prompt.
+        while select.select([controller], [], [], 30)[0]:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: the command exited and the terminal closed
+                break
+            if not chunk:
+                break
+            output += chunk
+        text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output.decode(errors="replace"))
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"prefect deploy --all is waiting for an answer:\n{text[-1500:]}")
+        assert process.returncode == 0, text[-3000:]
+    finally:
+        stop_process_group(process)
+        os.close(controller)
+    assert "?" not in "".join(line for line in text.splitlines() if "[y/n]" in line or line.startswith("?")), text
+    assert text.count("successfully created") + text.count("successfully updated") == len(deployment_names()), text
+
+
 def _deployments(env) -> list[dict]:
     deployments = api_post(env, "/deployments/filter", {})
     flows = {f["id"]: f["name"] for f in api_post(env, "/flows/filter", {})}
