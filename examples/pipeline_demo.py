@@ -36,7 +36,9 @@ def main() -> None:
         run={"name": name, "storage_path": os.path.join(out, "runs")},
         return_state=True,
     )
-    summary = state.result()  # raises the pipeline's error if it failed
+    if not state.is_completed():  # Prefect has logged what failed, with each traceback, above
+        sys.exit(f"\nThe pipeline did not finish: {state.message}")
+    summary = state.result()
     result = Result.from_path(summary["run_path"])
     columns = ["epoch", "train_loss", "valid_loss", "valid_accuracy"]
     print("\n" + result.metrics_dataframe[columns].to_string(index=False, float_format="{:.4f}".format))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
+from tasks.console import run_output
 from tasks.params import DatasetSource, DatasetSpec
 from tasks.retries import retry_io_errors
 
@@ -25,12 +26,13 @@ def ingest(name: str, source: DatasetSource) -> DatasetSpec:
     from trainers._internal.ray_init import ensure_ray
     from trainers.data import DatasetError, read_dataset
 
-    ensure_ray()
-    dataset = read_dataset(source.uri, format=source.format, required_columns=source.required_columns)
-    num_rows = dataset.count()
+    with run_output():
+        ensure_ray()
+        dataset = read_dataset(source.uri, format=source.format, required_columns=source.required_columns)
+        num_rows = dataset.count()
+        schema = dataset.schema()
     if num_rows == 0:
         raise DatasetError(f"{source.uri}: dataset {name!r} has no rows.")
-    schema = dataset.schema()
     columns = {column: str(kind) for column, kind in zip(schema.names, schema.types)}
     get_run_logger().info("dataset %r at %s: %d rows, columns %s", name, source.uri, num_rows, columns)
     return DatasetSpec(name=name, uri=source.uri, format=source.format, columns=columns, num_rows=num_rows)

@@ -2,7 +2,9 @@
 
 ``PrefectReporter`` is a ``UserCallback``: every report becomes a log line and moves one progress
 artifact; every checkpoint and restart becomes a Prefect event; worker failures are logged with
-rank, node and message. After ``fit()``, ``publish_metrics`` writes a table of every report.
+rank, node and message. After ``fit()``, ``publish_metrics`` writes a table of every report and
+``publish_metric_chart`` a chart of the losses and the score metric (every rank's values where the
+ranks differ).
 """
 
 from __future__ import annotations
@@ -12,10 +14,17 @@ import re
 from typing import Any
 
 from prefect import get_run_logger
-from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.events import emit_event
 
 from storage import Checkpoint
+from tasks.charts import charts_markdown, run_charts, table_rows
+from tasks.params import Checkpointing
 from trainers import TrainRunContext, UserCallback
 from trainers.errors import WorkerGroupError
 
@@ -55,6 +64,8 @@ class PrefectReporter(UserCallback):
         self.num_reports = reports_so_far
         #: Reports up to the latest checkpoint: where a restart resumes counting.
         self._reports_at_checkpoint = reports_so_far
+        #: Every rank's metrics by report index (0-based), for the reports this reporter saw.
+        self._ranks_by_report: dict[int, list[dict[str, Any]]] = {}
         self.logger = get_run_logger()
         self.progress_id = create_progress_artifact(
             progress=self._progress(),
@@ -69,6 +80,7 @@ class PrefectReporter(UserCallback):
         return min(100.0, 100.0 * self.num_reports / self.expected_reports)
 
     def after_report(self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
+        self._ranks_by_report[self.num_reports] = list(metrics)
         self.num_reports += 1
         shown = {k: json_safe(v) for k, v in metrics[0].items()}
         saved = f"; checkpoint {checkpoint.path}" if checkpoint else ""
@@ -89,6 +101,7 @@ class PrefectReporter(UserCallback):
     def on_restart(self, run_context: TrainRunContext, failures: list[Any], resume_from: Checkpoint | None) -> None:
         where = resume_from.path if resume_from else "the start"
         self.num_reports = self._reports_at_checkpoint if resume_from else 0  # later reports are made again
+        self._ranks_by_report = {i: m for i, m in self._ranks_by_report.items() if i < self.num_reports}
         causes = "; ".join(f.describe() for f in failures)
         self.logger.warning("restarting the workers after attempt %d (%s); resuming from %s", run_context.attempt, causes, where)
         emit_event(
@@ -101,16 +114,58 @@ class PrefectReporter(UserCallback):
         """Mark the progress artifact complete."""
         update_progress_artifact(self.progress_id, 100.0)
 
+    def every_rank(self, history: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+        """Per report of ``history`` (rank 0's metrics, as the run stored them), every rank's metrics.
 
-def publish_metrics(run_name: str, history: list[dict[str, Any]]) -> None:
-    """A table artifact with one row per report (nested metrics as ``outer/inner`` columns)."""
-    from storage.retention import flatten
+        Reports made before this reporter started (a resumed run) have only rank 0's.
+        """
+        return [self._ranks_by_report.get(i, [metrics]) for i, metrics in enumerate(history)]
 
-    rows = [{k: json_safe(v) for k, v in flatten(metrics).items()} for metrics in history]
+
+def publish_metrics(
+    run_name: str,
+    history: list[dict[str, Any]],
+    *,
+    reporter: PrefectReporter | None = None,
+    checkpointing: Checkpointing | None = None,
+) -> None:
+    """After ``fit()``: a table of every report and a chart of the losses and the score metric.
+
+    ``history`` is rank 0's metrics per report, as the run stored them; ``reporter`` adds the
+    other ranks' metrics for the reports it saw; ``checkpointing`` names the score metric.
+    """
+    by_rank = reporter.every_rank(history) if reporter is not None else [[metrics] for metrics in history]
+    score = checkpointing.score_attribute if checkpointing is not None else None
+    order = checkpointing.score_order if checkpointing is not None else "max"
+    publish_metrics_table(run_name, [ranks[0] for ranks in by_rank], score_attribute=score)
+    publish_metric_chart(run_name, by_rank, score_attribute=score, score_order=order)
+
+
+def publish_metrics_table(run_name: str, history: list[dict[str, Any]], *, score_attribute: str | None = None) -> None:
+    """A table artifact with one row per report: the report number, the step and ``score_attribute``
+    first, values rounded to 4 significant digits, nested metrics as ``outer/inner`` columns."""
+    rows = table_rows(history, score_attribute)
     create_table_artifact(
         table=rows,
         key=artifact_key(run_name, "metrics"),
-        description=f"Every report of training run {run_name!r}, in order ({len(rows)} rows).",
+        description=f"Every report of training run {run_name!r}, in order ({len(rows)} rows; 4 significant digits).",
+    )
+
+
+def publish_metric_chart(
+    run_name: str, history: list[list[dict[str, Any]]], *, score_attribute: str | None = None, score_order: str = "max"
+) -> None:
+    """A markdown artifact charting the run's losses and ``score_attribute`` per report.
+
+    ``history`` holds every rank's metrics per report (``PrefectReporter.every_rank``): where the
+    ranks reported different values, each rank gets its own line.
+    """
+    charts = run_charts(history, score_attribute, score_order)
+    score = f"; checkpoints are ranked by **{score_attribute}** ({score_order})" if score_attribute else ""
+    create_markdown_artifact(
+        markdown=charts_markdown(f"Metrics of {run_name}", charts, intro=f"{len(history)} reports{score}."),
+        key=artifact_key(run_name, "metric-chart"),
+        description=f"Losses and score metric of training run {run_name!r} per report.",
     )
 
 
@@ -120,3 +175,22 @@ def log_failure(error: BaseException) -> None:
     if isinstance(error, WorkerGroupError):
         for failure in error.failures.values():
             logger.error("%s\n%s", failure.describe(), failure.traceback or "(no traceback)")
+
+
+def without_traceback(error: BaseException) -> BaseException:
+    """``error`` to raise out of the task after ``log_failure``: a ``WorkerGroupError`` with the same
+    failures and a message without the rank's traceback, which the task run's logs now hold.
+
+    Prefect repeats a failed task's message in the task's and the flow's final states and in the
+    flow's exception log, so a traceback inside it would reach the terminal four times.
+    """
+    message, cut, _ = str(error).partition("\nTraceback of rank ")
+    if not isinstance(error, WorkerGroupError) or not cut:
+        return error
+    return WorkerGroupError(
+        f"{message}\n(Each failed rank's traceback is in the train task run's logs.)",
+        error.worker_failures,
+        error.failures,
+        attempt=error.attempt,
+        budget_exhausted=error.budget_exhausted,
+    )

@@ -15,9 +15,11 @@ import random
 from typing import Any, Callable, Literal
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field, model_validator
 
+from tasks.charts import charts_markdown, trials_chart
+from tasks.console import run_output
 from tasks.params import Checkpointing, DatasetSpec, Failures, RunSettings, Scaling, TorchTraining, ParamsModel
 from tasks.reporting import json_safe, artifact_key
 from tasks.retries import train_task_options
@@ -191,7 +193,8 @@ def plan_sweep(
     datasets: list[DatasetSpec],
 ) -> SweepPlan:
     """Expand the search into named trials and decide how many train at once, before any worker starts."""
-    holds = trials_the_cluster_holds(scaling, with_data=bool(datasets))
+    with run_output():  # Ray's start-up lines, when it starts here, into this task run's logs
+        holds = trials_the_cluster_holds(scaling, with_data=bool(datasets))
     data = {spec.name: spec.uri for spec in datasets}
     wanted = search.max_concurrent_trials
     if wanted is not None and wanted > holds:
@@ -299,7 +302,7 @@ def collect_outcomes(trials: list[Trial], futures: list[Any]) -> list[TrialOutco
 @task(name="rank-trials", task_run_name="rank {sweep_name}", persist_result=True)
 def rank_trials(sweep_name: str, search: Search, outcomes: list[TrialOutcome]) -> list[TrialOutcome]:
     """Rank the trials by ``search.metric`` (best first; failed trials and trials without the metric
-    last) and publish the ranking as a table artifact."""
+    last) and publish the ranking as a table artifact and a chart of the metric per trial."""
     scored = [o for o in outcomes if o.score is not None]
     unscored = [o for o in outcomes if o.score is None]
     scored.sort(key=lambda o: o.score, reverse=search.mode == "max")
@@ -321,6 +324,7 @@ def rank_trials(sweep_name: str, search: Search, outcomes: list[TrialOutcome]) -
         key=artifact_key(sweep_name, "trials"),
         description=f"Trials of sweep {sweep_name!r} ranked by {search.metric} ({search.mode}), best first.",
     )
+    publish_sweep_chart(sweep_name, search, ranked)
     finished = [o for o in outcomes if o.status != "failed"]
     if not finished:
         raise SweepError(f"sweep {sweep_name!r}: all {len(outcomes)} trial(s) failed; the first: {outcomes[0].error}")
@@ -328,3 +332,30 @@ def rank_trials(sweep_name: str, search: Search, outcomes: list[TrialOutcome]) -
         keys = sorted({k for o in finished for k in (o.metrics or {})})
         raise SweepError(f"search.metric={search.metric!r}: no trial reported it; they reported {keys}. Rank by one of those.")
     return ranked
+
+
+#: Trials drawn in a sweep's chart (the best ones): more lines than this are not read at a glance.
+MAX_CHARTED_TRIALS = 10
+
+
+def trial_label(place: int, outcome: TrialOutcome) -> str:
+    """``#1 lr=0.1, layers=2``: a trial's place in the ranking and its parameters, for a legend."""
+    params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in outcome.params.items())
+    return f"#{place} {params or outcome.name}"
+
+
+def publish_sweep_chart(sweep_name: str, search: Search, ranked: list[TrialOutcome]) -> None:
+    """A markdown artifact charting ``search.metric`` per report of the best trials, one line each."""
+    from storage import load_run
+
+    stored = [(place, o) for place, o in enumerate(ranked, start=1) if o.run_path is not None][:MAX_CHARTED_TRIALS]
+    chart = trials_chart(
+        search.metric, [(trial_label(place, o), load_run(o.run_path).metrics_history) for place, o in stored], best=search.mode
+    )
+    shown = f"the best {len(stored)} of {len(ranked)}" if len(stored) < len(ranked) else f"all {len(ranked)}"
+    intro = f"{search.metric} ({search.mode}) of {shown} trials, ranked as in the `{artifact_key(sweep_name, 'trials')}` table."
+    create_markdown_artifact(
+        markdown=charts_markdown(f"Trials of sweep {sweep_name}", [chart] if chart.series else [], intro=intro),
+        key=artifact_key(sweep_name, "metric-chart"),
+        description=f"{search.metric} per report of each trial of sweep {sweep_name!r}.",
+    )

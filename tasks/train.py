@@ -11,6 +11,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
+from tasks.console import run_output
 from tasks.params import (
     BoostingTraining,
     Checkpointing,
@@ -23,7 +24,7 @@ from tasks.params import (
     import_object,
     resolve_train_loop,
 )
-from tasks.reporting import PrefectReporter, log_failure, publish_metrics
+from tasks.reporting import PrefectReporter, log_failure, publish_metrics, without_traceback
 from tasks.retries import train_task_options
 from trainers import RunConfig, TrainingFailedError, UserCallback
 
@@ -109,19 +110,20 @@ def train(
         failure_config=failures.to_config(),
         callbacks=[reporter, *_callbacks(run.callbacks)],
     )
-    opened = {}
-    if datasets:
-        ensure_ray()
-        opened = {spec.name: read_dataset(spec.uri, format=spec.format) for spec in datasets}
-    trainer = build_trainer(training, run_config=run_config, scaling=scaling, datasets=opened)
-    try:
-        result = trainer.fit()
-    except TrainingFailedError as error:
-        log_failure(error)
-        raise
+    with run_output(run.name):  # Ray Data quiet; Ray's, the workers' and fit()'s warnings into this run's logs
+        opened = {}
+        if datasets:
+            ensure_ray()
+            opened = {spec.name: read_dataset(spec.uri, format=spec.format) for spec in datasets}
+        trainer = build_trainer(training, run_config=run_config, scaling=scaling, datasets=opened)
+        try:
+            result = trainer.fit()
+        except TrainingFailedError as error:
+            log_failure(error)
+            raise without_traceback(error) from None  # the traceback is in the log just written: once
     reporter.finish()
     history = result.metrics_dataframe.to_dict("records") if result.metrics_dataframe is not None else []
-    publish_metrics(run.name, history)
+    publish_metrics(run.name, history, reporter=reporter, checkpointing=checkpointing)
     logger.info("run %r finished: %d reports, latest checkpoint %s", run.name, len(history), result.checkpoint and result.checkpoint.path)
     return TrainSummary(
         run_name=run.name,

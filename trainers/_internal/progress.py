@@ -6,6 +6,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from trainers.worker_output import is_captured
+
 
 def _short(value: Any) -> str:
     if isinstance(value, float):
@@ -14,12 +16,13 @@ def _short(value: Any) -> str:
 
 
 class ProgressLine:
-    """Rewrites one line of ``stream`` at most ten times a second; silent when not a terminal."""
+    """Rewrites one line of ``stream`` at most ten times a second; silent when not a terminal, and
+    when a caller shows the run itself (it captures the run's worker output, as the Prefect tasks do)."""
 
     def __init__(self, name: str, stream: TextIO | None = None, *, enabled: bool | None = None) -> None:
         self.name = name
         self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.enabled = (self.stream.isatty() and not is_captured(name)) if enabled is None else enabled
         self._last = 0.0
         self._shown = False
         self._reports = 0

@@ -22,6 +22,7 @@ import ray
 
 from trainers._internal.events import Event, FailedEvent, FinishedEvent
 from trainers._internal.session import TrainingInterrupted, WorkerSession, set_session
+from trainers.worker_output import announce, worker_label
 from trainers.errors import WorkerError
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +106,11 @@ class TrainWorker:
         self._events: queue.Queue[Event] = queue.Queue()
         self._session: WorkerSession | None = None
         self._thread: threading.Thread | None = None
+        self._label = "TrainWorker"
+
+    def __repr__(self) -> str:
+        # Ray shows this actor's lines under this name; trainers.worker_output routes them by it.
+        return self._label
 
     def metadata(self) -> WorkerMetadata:
         return WorkerMetadata(
@@ -130,6 +136,9 @@ class TrainWorker:
         session_args: dict[str, Any],
         context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     ) -> None:
+        run_context = session_args["context"]
+        self._label = worker_label(run_context.experiment_name, run_context.world_rank)
+        announce(self._label)
         self._session = WorkerSession(emit=self._events.put, **session_args)
         self._thread = threading.Thread(
             target=run_training_function,

@@ -1,0 +1,120 @@
+"""What a task run that reads data or trains puts on the terminal: its own log records, once each.
+
+Prefect prints every log record of a run on the console and keeps it with the run. Inside
+``run_output()``:
+
+- Ray Data draws no progress bars and logs no per-execution notices: they would bury the run's
+  lines and, on a terminal, redraw over them. Datasets opened inside keep these settings wherever
+  they run, Ray Data's split coordinator included (it runs with a copy of its dataset's settings).
+- Ray's own log records and the Python warnings raised in this thread (``fit()``'s "0.5 CPU per
+  worker" warning, say) become log records of the task run, instead of lines on stderr.
+- With ``run_name``, what the run's training workers print becomes log records of the task run
+  (stderr, where ``warnings.warn``, ``logging`` and tracebacks go, as warnings) instead of lines
+  Ray prints (``trainers.worker_output``).
+
+Ray Data's settings and the filter on Ray's console logging hold for the whole process while any
+``run_output()`` is open (a sweep trains several runs at once in threads of one process); Ray's
+defaults come back when the last one closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import threading
+import warnings
+from typing import Any, Iterator
+
+from prefect import get_run_logger
+
+from trainers.worker_output import capture_worker_output, is_ray_data_notice
+
+#: Ray Data settings while a task run drives Ray Data (``ray.data.DataContext`` fields).
+QUIET_RAY_DATA = {"enable_progress_bars": False, "print_on_execution_start": False}
+
+_run_logger: contextvars.ContextVar[Any] = contextvars.ContextVar("flowtrain_run_logger", default=None)
+_lock = threading.Lock()
+_open = 0
+_ray_data_defaults: dict[str, Any] = {}
+_python_showwarning = warnings.showwarning
+
+
+class _RayRecords(logging.Filter):
+    """On Ray's console handlers while a ``run_output()`` is open: drops Ray Data's notices, and
+    hands the records of a task run's thread to that run's logger."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _open or not (record.name == "ray" or record.name.startswith("ray.")):
+            return True
+        message = record.getMessage()
+        if record.name.startswith("ray.data") and (record.levelno < logging.WARNING or is_ray_data_notice(message)):
+            return False  # Ray Data's log file keeps them
+        logger = _run_logger.get()
+        if logger is None:
+            return True
+        if record.exc_info:
+            message += "\n" + logging.Formatter().formatException(record.exc_info)
+        logger.log(record.levelno, "%s", message)
+        return False
+
+
+_RAY_RECORDS = _RayRecords()
+
+
+def _filter_ray_console() -> None:
+    from ray._private.log import PlainRayHandler  # Ray's console handler (its file handlers keep everything)
+
+    for name in ("ray", "ray.data"):
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, PlainRayHandler) and _RAY_RECORDS not in handler.filters:
+                handler.addFilter(_RAY_RECORDS)
+
+
+def _showwarning(message, category, filename, lineno, file=None, line=None) -> None:
+    logger = _run_logger.get()
+    if logger is None or file is not None:
+        _python_showwarning(message, category, filename, lineno, file, line)
+        return
+    logger.warning("%s: %s (%s:%d)", category.__name__, message, os.path.basename(filename), lineno)
+
+
+def _worker_lines_to(logger: Any):
+    def sink(rank: int, lines: list[str], is_err: bool) -> None:
+        if any(line.strip() for line in lines):
+            logger.log(logging.WARNING if is_err else logging.INFO, "rank %d: %s", rank, "\n".join(lines))
+
+    return sink
+
+
+@contextlib.contextmanager
+def run_output(run_name: str | None = None) -> Iterator[None]:
+    """Inside a task run: Ray Data quiet, Ray's records, warnings and (with ``run_name``) the run's
+    workers' lines in this task run's logs. See the module's docstring."""
+    global _open, _python_showwarning
+    import ray.data
+
+    logger = get_run_logger()
+    with _lock:
+        if _open == 0:
+            context = ray.data.DataContext.get_current()
+            _ray_data_defaults.update({key: getattr(context, key) for key in QUIET_RAY_DATA})
+            for key, value in QUIET_RAY_DATA.items():
+                setattr(context, key, value)
+        _open += 1
+        if warnings.showwarning is not _showwarning:
+            _python_showwarning, warnings.showwarning = warnings.showwarning, _showwarning
+        _filter_ray_console()
+    token = _run_logger.set(logger)
+    try:
+        with capture_worker_output(run_name, _worker_lines_to(logger)) if run_name else contextlib.nullcontext():
+            yield
+    finally:
+        _run_logger.reset(token)
+        with _lock:
+            _open -= 1
+            if _open == 0:
+                context = ray.data.DataContext.get_current()
+                for key, value in _ray_data_defaults.items():
+                    setattr(context, key, value)
