@@ -201,6 +201,11 @@ def test_tabular_mlp_refuses_bad_params_and_runs_with_params_and_job_variables(w
     kept = [c["dir_name"] for c in snapshot["checkpoints"]]
     assert kept and all((storage / "deployed" / name / "model.pt").is_file() for name in kept)
 
+    # The worker's terminal shows Prefect's lines, one per report, not Ray Data's progress.
+    terminal = worker["log"].read_text()
+    assert "report 2 (attempt 1): epoch=1" in terminal
+    assert not re.search(r"Running Dataset|\d+%\||\x1b\[A|logging_progress", terminal), terminal[-3000:]
+
 
 def _run_folder(worker, run: dict):
     """The training run's folder a pipeline flow run wrote (unnamed runs are named after the flow run's id)."""
