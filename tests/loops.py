@@ -187,14 +187,22 @@ def stuck_rank_loop(config: dict) -> None:
 
 
 def endless_loop(config: dict) -> None:
-    """Reports forever; every rank writes its pid to ``pid_dir`` first."""
+    """Reports forever. Every rank writes ``rank<r>.pid`` (its pid) to ``pid_dir`` first, and
+    ``rank<r>.reporting`` once its first ``report()`` returned; each file appears whole."""
     import time
 
-    with open(os.path.join(config["pid_dir"], f"rank{get_context().get_world_rank()}.pid"), "w") as f:
-        f.write(str(os.getpid()))
+    def publish(name: str, text: str) -> None:
+        path = os.path.join(config["pid_dir"], f"rank{get_context().get_world_rank()}.{name}")
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)  # a reader never sees a half-written file
+
+    publish("pid", str(os.getpid()))
     step = 0
     while True:
         report({"step": step})
+        if step == 0:
+            publish("reporting", "")
         step += 1
         time.sleep(0.1)
 

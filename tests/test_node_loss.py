@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -38,6 +37,7 @@ class Watch(UserCallback):
     def __init__(self, step):
         self.step = step
         self.reached = threading.Event()
+        self.restarted = threading.Event()
         self.restarts = []
 
     def after_report(self, run_context, metrics, checkpoint):
@@ -46,6 +46,7 @@ class Watch(UserCallback):
 
     def on_restart(self, run_context, failures, resume_from):
         self.restarts.append(failures)
+        self.restarted.set()
 
 
 def fit_in_background(trainer):
@@ -80,7 +81,7 @@ def test_lost_node_resumes_when_a_node_comes_back(two_nodes, tmp_path):
     thread, outcome = fit_in_background(trainer(tmp_path, "node-loss", watch, max_failures=2))
     assert watch.reached.wait(120)
     cluster.remove_node(spare)  # the rank on it dies with its node
-    time.sleep(3)  # the restart now waits for a second node
+    assert watch.restarted.wait(120)  # the controller saw the loss; its restart waits for a second node
     cluster.add_node(num_cpus=1)
     thread.join(180)
     assert not thread.is_alive()
