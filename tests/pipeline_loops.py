@@ -48,13 +48,18 @@ def counting_loop(config: dict) -> None:
             os.kill(os.getpid(), 9)
         if config.get("sleep_s"):
             time.sleep(config["sleep_s"])
-        with tempfile.TemporaryDirectory() as folder:
-            checkpoint = None
-            if rank == 0:
-                with open(os.path.join(folder, "epoch"), "w") as f:
-                    f.write(str(epoch))
-                checkpoint = Checkpoint.from_directory(folder)
-            trainers.report({"epoch": epoch, "rows": rows, "score": float(epoch % 2)}, checkpoint=checkpoint)
+        report_with_epoch_checkpoint({"epoch": epoch, "rows": rows, "score": float(epoch % 2)}, epoch)
+
+
+def report_with_epoch_checkpoint(metrics: dict, epoch: int) -> None:
+    """``report(metrics)`` with a checkpoint from rank 0 holding ``epoch`` (the other ranks report none)."""
+    with tempfile.TemporaryDirectory() as folder:
+        checkpoint = None
+        if trainers.get_context().get_world_rank() == 0:
+            with open(os.path.join(folder, "epoch"), "w") as f:
+                f.write(str(epoch))
+            checkpoint = Checkpoint.from_directory(folder)
+        trainers.report(metrics, checkpoint=checkpoint)
 
 
 class FailOnceCallback(UserCallback):

@@ -36,11 +36,8 @@ NUM_TO_KEEP = 2
 def scripted_loop(config: dict) -> None:
     """Reports fixed metrics each epoch, with a checkpoint from rank 0: ``train_loss`` differs per
     rank, ``valid_loss`` does not, ``lr`` is reported on even epochs only."""
-    import os
-    import tempfile
-
     import trainers
-    from trainers import Checkpoint
+    from pipeline_loops import report_with_epoch_checkpoint
 
     rank = trainers.get_context().get_world_rank()
     for epoch, valid_loss in enumerate(config["valid_losses"]):
@@ -53,13 +50,7 @@ def scripted_loop(config: dict) -> None:
         }
         if epoch % 2 == 0:
             metrics["lr"] = 0.01 / (epoch + 1)
-        with tempfile.TemporaryDirectory() as folder:
-            checkpoint = None
-            if rank == 0:
-                with open(os.path.join(folder, "epoch"), "w") as f:
-                    f.write(str(epoch))
-                checkpoint = Checkpoint.from_directory(folder)
-            trainers.report(metrics, checkpoint=checkpoint)
+        report_with_epoch_checkpoint(metrics, epoch)
 
 
 # -- reading artifacts back --------------------------------------------------------------------------
