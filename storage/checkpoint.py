@@ -32,8 +32,20 @@ class Checkpoint:
 
     @classmethod
     def from_directory(cls, path: str | os.PathLike) -> "Checkpoint":
-        """A checkpoint of the local folder ``path`` (nothing is copied until it is reported)."""
-        return cls(os.path.abspath(os.fspath(path)), pafs.LocalFileSystem())
+        """A checkpoint of the local folder ``path`` (nothing is copied until it is reported).
+
+        Raises ``ValueError`` at once when ``path`` is not an existing folder.
+        """
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"Checkpoint.from_directory(path={path!r}): path must be a str or os.PathLike folder path.")
+        folder = os.path.abspath(os.fspath(path))
+        if not os.path.isdir(folder):
+            problem = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
+            raise ValueError(
+                f"Checkpoint.from_directory(path={os.fspath(path)!r}): {folder} {problem}. "
+                "Save the checkpoint's files into a folder first, then pass that folder."
+            )
+        return cls(folder, pafs.LocalFileSystem())
 
     def to_directory(self, path: str | os.PathLike | None = None) -> str:
         """Copy the checkpoint into a local folder (a new temporary one by default); return its path."""

@@ -28,19 +28,31 @@ def resolve_filesystem(storage_path: str, filesystem: pafs.FileSystem | None = N
     try:
         fs, inner = pafs.FileSystem.from_uri(path)
         return fs, inner.rstrip("/")
-    except (pafs.ArrowInvalid, ValueError) as pyarrow_error:
-        try:
-            import fsspec
-        except ImportError:  # pragma: no cover - fsspec ships with ray[data]
-            raise ValueError(f"storage path {storage_path!r}: no filesystem for this URI ({pyarrow_error}).") from None
-        try:
-            fs_spec, inner = fsspec.core.url_to_fs(path)
-        except (ValueError, ImportError) as fsspec_error:
-            raise ValueError(
-                f"storage path {storage_path!r}: neither pyarrow nor fsspec knows this URI scheme "
-                f"({pyarrow_error}; {fsspec_error})."
-            ) from None
-        return pafs.PyFileSystem(pafs.FSSpecHandler(fs_spec)), inner.rstrip("/")
+    except ValueError as pyarrow_error:  # pyarrow's ArrowInvalid is a ValueError
+        return _fsspec_filesystem(storage_path, path, pyarrow_error)
+
+
+def _fsspec_filesystem(storage_path: str, path: str, pyarrow_error: Exception) -> tuple[pafs.FileSystem, str]:
+    """The fallback for schemes pyarrow does not know: fsspec, or a clear error naming the scheme."""
+    scheme = path.split("://", 1)[0]
+    try:
+        import fsspec
+    except ImportError:  # pragma: no cover - fsspec ships with ray[data]
+        fsspec = None
+    if fsspec is None or scheme not in fsspec.available_protocols():
+        raise ValueError(
+            f"storage_path={storage_path!r}: the URI scheme {scheme!r} is not supported. Use an absolute "
+            "local path, or a URI that pyarrow.fs knows (file://, s3://, gs://, hdfs://) or that an "
+            f"installed fsspec filesystem handles ({pyarrow_error})."
+        ) from None
+    try:
+        fs_spec, inner = fsspec.core.url_to_fs(path)
+    except (ValueError, ImportError) as fsspec_error:
+        raise ValueError(
+            f"storage_path={storage_path!r}: the URI scheme {scheme!r} needs a filesystem that cannot be "
+            f"loaded ({fsspec_error}). Install the package it names, or use another storage_path."
+        ) from None
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs_spec)), inner.rstrip("/")
 
 
 def is_local(fs: pafs.FileSystem) -> bool:

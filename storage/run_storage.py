@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from typing import Any, Callable, TypeVar
 
 import pyarrow.fs as pafs
@@ -77,6 +78,7 @@ class RunStorage:
                 self.snapshot = found
                 self.snapshot.finished = False
                 self.snapshot.error = None
+                self._forget_missing_checkpoints()
             self._remove_untracked()
             self._rewind()
             self._write()
@@ -94,8 +96,12 @@ class RunStorage:
         self.close()
 
     def close(self) -> None:
-        """Release the lease without marking the run finished (crash or interrupt). Idempotent."""
+        """Release the lease without marking the run finished (crash or interrupt). Idempotent.
+
+        Staged uploads of a failed report go too: they are never resumed from.
+        """
         if self._lease is not None:
+            self._try(lambda: delete_dir(self.filesystem, self.layout.staging_root))
             self._lease.release()
             self._lease = None
 
@@ -176,6 +182,7 @@ class RunStorage:
             try:
                 score_of(metrics, attribute)
             except KeyError as error:
+                self._try(lambda: delete_dir(self.filesystem, self.layout.staging_path(attempt, report_index)))
                 raise ValueError(error.args[0]) from None
         seq = self.snapshot.next_seq
         self._commit_folder(self.layout.staging_path(attempt, report_index), self.layout.checkpoint_path(seq))
@@ -245,6 +252,34 @@ class RunStorage:
         pafs.copy_files(staged, final, source_filesystem=self.filesystem, destination_filesystem=self.filesystem)
         write_bytes(self.filesystem, f"{final}/{COMMIT_MARKER}", b"")
         self._try(lambda: delete_dir(self.filesystem, staged))
+
+    def _forget_missing_checkpoints(self) -> None:
+        """Drop checkpoints named in run.json whose folder is gone, with a warning naming each.
+
+        Checked before any worker starts, so a resume starts from the newest checkpoint that
+        still exists rather than handing workers a folder that is not there.
+        """
+        selector = pafs.FileSelector(self.run_path, allow_not_found=True)
+        listed = self._checked("list the run folder", lambda: self.filesystem.get_file_info(selector))
+        folders = {entry.base_name for entry in listed if entry.type == pafs.FileType.Directory}
+        present = []
+        for record in self.snapshot.checkpoints:
+            path = f"{self.run_path}/{record.dir_name}"
+            if record.dir_name in folders and self._has_commit_marker(path):
+                present.append(record)
+                continue
+            warnings.warn(
+                f"checkpoint {display_path(self.filesystem, path)} is named in {self.run_uri}/run.json but is "
+                "missing (deleted by hand?); the run resumes from the newest checkpoint that still exists.",
+                UserWarning,
+                stacklevel=3,
+            )
+        self.snapshot.checkpoints = present
+
+    def _has_commit_marker(self, path: str) -> bool:
+        if is_local(self.filesystem):
+            return True  # committed by an atomic rename: the folder is the proof
+        return self._checked("look for a commit marker", lambda: exists(self.filesystem, f"{path}/{COMMIT_MARKER}"))
 
     def _rewind(self) -> None:
         if self.snapshot.checkpoints:

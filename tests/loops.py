@@ -64,14 +64,20 @@ def linear_ddp_loop(config: dict) -> dict:
     return {name: tensor.detach().tolist() for name, tensor in module.state_dict().items()}
 
 
+def resume_after_checkpoint(file_name: str) -> int:
+    """Where a resumed loop starts: one past the number stored in ``file_name`` of the checkpoint
+    ``get_checkpoint()`` gives, or 0 when there is none."""
+    checkpoint = get_checkpoint()
+    if checkpoint is None:
+        return 0
+    with checkpoint.as_directory() as folder:
+        with open(os.path.join(folder, file_name)) as f:
+            return int(f.read()) + 1
+
+
 def checkpointing_loop(config: dict) -> None:
     """Counts steps, checkpointing every ``every`` steps; resumes from get_checkpoint()."""
-    start = 0
-    checkpoint = get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as folder:
-            with open(os.path.join(folder, "step.txt")) as f:
-                start = int(f.read()) + 1
+    start = resume_after_checkpoint("step.txt")
     rank = get_context().get_world_rank()
     for step in range(start, config["steps"]):
         if config.get("sleep_s"):

@@ -7,7 +7,6 @@ against the session's Prefect server; then reads the flow run's logs back from t
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
