@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from typing import Any
 
@@ -19,6 +20,8 @@ from storage.filesystem import exists, read_bytes, write_bytes
 from storage.layout import RunLayout
 
 FORMAT = 1
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -68,9 +71,23 @@ class RunSnapshot:
 
 
 def _jsonable(value: Any) -> Any:
+    """What JSON cannot hold: a one-element array or tensor as its number, anything else as its
+    repr with a warning, so one odd value never costs the run its history or a committed checkpoint."""
     item = getattr(value, "item", None)
     if callable(item):
-        return item()
+        try:
+            return item()
+        except (ValueError, RuntimeError, TypeError):
+            pass  # more than one element: fall through to the repr
+    if isinstance(value, (set, frozenset)):
+        try:
+            return sorted(value)
+        except TypeError:
+            pass
+    logger.warning(
+        "run.json: a %s value cannot be stored as JSON; its repr is stored instead: %.200r",
+        type(value).__name__, value,
+    )
     return repr(value)
 
 

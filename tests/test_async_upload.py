@@ -94,3 +94,31 @@ def test_unknown_upload_mode_is_named(tmp_path):
     session = make_session(tmp_path, pafs.LocalFileSystem(), [])
     with pytest.raises(ValueError, match=r"checkpoint_upload_mode='async'\): must be CheckpointUploadMode.SYNC or ASYNC"):
         session.report({"step": 0}, None, "async")
+
+
+def test_a_loop_that_raises_after_an_async_report_sends_the_report_first(tmp_path):
+    """The round a rank reported before it raised must reach the controller before its failure:
+    the failure waits for the background upload of that report."""
+    import trainers
+    from trainers._internal.events import FailedEvent
+    from trainers._internal.worker import run_training_function
+
+    handler = GatedHandler()
+    events = []
+    session = make_session(tmp_path, pafs.PyFileSystem(handler), events)
+    raised = threading.Event()
+
+    def loop():
+        checkpoint = write_checkpoint(str(tmp_path / "local"), "last round")
+        trainers.report({"step": 0}, checkpoint=checkpoint, checkpoint_upload_mode=CheckpointUploadMode.ASYNC)
+        raised.set()
+        raise RuntimeError("fails right after its report")
+
+    thread = threading.Thread(target=run_training_function, args=(loop, None, False, session, events.append))
+    thread.start()
+    assert raised.wait(30)
+    thread.join(timeout=0.5)  # long enough for a failure sent without waiting to show up
+    assert not any(isinstance(e, FailedEvent) for e in events), "the failure overtook the report still uploading"
+    handler.gate.set()
+    thread.join(30)
+    assert [type(e).__name__ for e in events] == ["ReportEvent", "FailedEvent"]

@@ -27,6 +27,14 @@ def test_scaling_config_rejects(kwargs, message):
         ScalingConfig(**kwargs)
 
 
+@pytest.mark.parametrize("typo, builtin", [("gpu", "GPU"), ("cpu", "CPU"), ("Memory", "memory")])
+def test_resource_name_in_the_wrong_case_suggests_rays_spelling(typo, builtin):
+    with pytest.raises(ValueError) as caught:
+        ScalingConfig(use_gpu=True, resources_per_worker={typo: 1})
+    message = str(caught.value)
+    assert "resources_per_worker" in message and repr(typo) in message and f"did you mean Ray's {builtin!r}" in message
+
+
 def test_scaling_config_defaults_fill_resources():
     assert ScalingConfig(num_workers=2).total_resources == {"CPU": 2}
     assert ScalingConfig(num_workers=2, use_gpu=True).worker_resources == {"CPU": 1, "GPU": 1}

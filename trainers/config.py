@@ -69,6 +69,7 @@ class ScalingConfig:
             for name, amount in self.resources_per_worker.items():
                 if not isinstance(name, str) or not name:
                     raise ValueError(f"ScalingConfig.resources_per_worker: resource name {name!r} must be a non-empty string.")
+                _check_builtin_spelling(name)
                 check_number(
                     f"ScalingConfig.resources_per_worker[{name!r}]",
                     amount,
@@ -103,6 +104,20 @@ class ScalingConfig:
     def total_resources(self) -> dict[str, float]:
         """The resources all workers together reserve."""
         return {name: amount * self.num_workers for name, amount in self.worker_resources.items()}
+
+
+#: Ray's built-in resources, spelled as Ray spells them.
+BUILTIN_RESOURCES = ("CPU", "GPU", "memory")
+
+
+def _check_builtin_spelling(name: str) -> None:
+    """``"gpu"`` would be a custom resource no node has: the run could never start."""
+    for builtin in BUILTIN_RESOURCES:
+        if name != builtin and name.lower() == builtin.lower():
+            raise ValueError(
+                f"ScalingConfig.resources_per_worker: resource name {name!r} would be a custom resource "
+                f"no node has; did you mean Ray's {builtin!r}? Resource names are case-sensitive."
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

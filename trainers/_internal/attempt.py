@@ -45,6 +45,8 @@ class RunSpec:
     metadata: dict[str, Any]
     start_timeout_s: float
     runtime_env: dict | None = None
+    #: ``CheckpointConfig.checkpoint_score_attribute``, checked by ``report()`` in the workers.
+    score_attribute: str | None = None
 
 
 def _session_args(spec: RunSpec, context: TrainContext, attempt: int, checkpoint: Checkpoint | None, shards: dict) -> dict:
@@ -55,6 +57,7 @@ def _session_args(spec: RunSpec, context: TrainContext, attempt: int, checkpoint
         filesystem=spec.filesystem,
         checkpoint=checkpoint,
         dataset_shards=shards,
+        score_attribute=spec.score_attribute,
     )
 
 

@@ -43,6 +43,14 @@ class State(enum.Enum):
     FAILED = "failed"
 
 
+#: How long the controller waits, after a failure, for the queued reports of ranks whose training
+#: function has already ended (they arrive within milliseconds; this only bounds a sick cluster).
+ENDED_DRAIN_S = 10.0
+#: How often that wait re-checks whether the ranks it waits for are still training.
+DRAIN_POLL_S = 0.25
+#: What a worker's ``activity()`` answers once its training function has ended.
+NOT_TRAINING = "not training"
+
 #: Restarts after setup clashes (``BackendConfig.is_setup_clash``) one run may take for free.
 SETUP_CLASH_RESTARTS = 3
 
@@ -241,23 +249,51 @@ class Controller:
                     )
 
     def _drain_rounds_the_failed_ranks_finished(self) -> None:
-        """A round every failed rank reported may still complete: the healthy ranks' reports can
-        be in flight (a checkpoint upload). Wait briefly for them so that progress is kept."""
-        deadline = time.monotonic() + self.drain_timeout_s
-        while self._pending and time.monotonic() < deadline:
-            failed = set(self._failed)
-            waiting = [
-                index for index, round_ in self._pending.items()
-                if failed <= set(round_) or all(r in round_ for r in failed if r >= 0)
-            ]
-            if not waiting:
+        """Commit every round the failed ranks completed whose other reports are on their way.
+
+        A rank whose training function has ended (it raised or returned) has every event it will
+        ever send already queued, a report made just before it failed among them: those are
+        waited for (up to ``ENDED_DRAIN_S``), so a round whose ``report()`` returned on every rank
+        is never lost. A rank still running may be finishing an upload: it gets
+        ``drain_timeout_s``, then the attempt ends without that round.
+        """
+        start = time.monotonic()
+        while True:
+            missing = self._missing_from_rounds_the_failed_ranks_finished()
+            if not missing:
                 return
-            for event in self.workers.poll(max(0.0, deadline - time.monotonic())):
+            dead, activity = self.workers.probe(sorted(missing))
+            for event in dead:
+                self._failed.setdefault(event.world_rank, event)
+            ended = all(activity.get(rank) == NOT_TRAINING for rank in missing)
+            limit = start + (ENDED_DRAIN_S if ended else self.drain_timeout_s)
+            if dead or time.monotonic() >= limit:
+                if not dead:
+                    return
+                continue  # a dead rank never reports: the rounds it missed are no longer awaited
+            for event in self.workers.poll(min(DRAIN_POLL_S, max(0.0, limit - time.monotonic()))):
                 if isinstance(event, ReportEvent):
                     self._pending.setdefault(event.index, {})[event.world_rank] = event
                 elif isinstance(event, FailedEvent):
                     self._failed.setdefault(event.world_rank, event)
+                elif isinstance(event, FinishedEvent):
+                    self._finished[event.world_rank] = event.return_value
             self._commit_complete_rounds()
+
+    def _missing_from_rounds_the_failed_ranks_finished(self) -> set[int]:
+        """Ranks still able to report whose report is all that a round every failed rank
+        reported lacks."""
+        failed = {rank for rank in self._failed if rank >= 0}
+        if LAUNCH in self._failed:
+            return set()
+        missing: set[int] = set()
+        for round_ in self._pending.values():
+            if failed <= set(round_):
+                missing.update(
+                    rank for rank in range(self.workers.world_size)
+                    if rank not in round_ and rank not in self._failed and rank not in self._finished
+                )
+        return missing
 
     def _finish(self) -> None:
         if self._pending:

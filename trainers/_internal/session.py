@@ -19,6 +19,7 @@ import pyarrow.fs
 
 from storage import Checkpoint, upload_directory
 from storage.layout import RunLayout
+from storage.retention import flatten
 from trainers._internal.events import Event, ReportEvent, SyncEvent
 from trainers._internal.uploader import OrderedUploader
 from trainers.context import TrainContext, _set_context
@@ -64,6 +65,7 @@ class WorkerSession:
         checkpoint: Checkpoint | None,
         dataset_shards: dict[str, Any],
         emit: Callable[[Event], None],
+        score_attribute: str | None = None,
     ) -> None:
         self.context = context
         self.attempt = attempt
@@ -72,6 +74,8 @@ class WorkerSession:
         self.checkpoint = checkpoint
         self.dataset_shards = dataset_shards
         self.emit = emit
+        #: ``CheckpointConfig.checkpoint_score_attribute``: checked in every report with a checkpoint.
+        self.score_attribute = score_attribute
         self.num_reports = 0
         self.stop_requested = threading.Event()
         self.uploader = OrderedUploader()
@@ -97,9 +101,12 @@ class WorkerSession:
             )
         if not isinstance(upload_mode, CheckpointUploadMode):
             raise ValueError(f"report(checkpoint_upload_mode={upload_mode!r}): must be CheckpointUploadMode.SYNC or ASYNC.")
+        plain = plain_metrics(metrics)
+        if checkpoint is not None and self.score_attribute is not None:
+            check_score(plain, self.score_attribute, required=self.context.world_rank == 0)
         index = self.num_reports
         self.num_reports += 1
-        event = ReportEvent(self.context.world_rank, index, plain_metrics(metrics), checkpoint is not None)
+        event = ReportEvent(self.context.world_rank, index, plain, checkpoint is not None)
         staging = self.layout.staging_path(self.attempt, index)
         if checkpoint is not None and upload_mode is CheckpointUploadMode.ASYNC:
             local_copy = tempfile.mkdtemp(prefix="flowtrain-upload-")
@@ -175,14 +182,22 @@ class _SyncPoint:
         self.data: Any = None
 
 
-def plain_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """Turn tensors and numpy scalars into Python numbers so metrics pickle small and store as JSON."""
-    return {str(key): _plain(value) for key, value in metrics.items()}
+def plain_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Turn tensors and numpy scalars into Python numbers so metrics pickle small and store as JSON.
+
+    Raises ``TypeError`` naming the metric (``"val/loss"`` for nested ones) when a value is not a
+    number, string, bool, None, a list of those or a nested dict: a 2-element tensor, an array,
+    a set or an arbitrary object would otherwise fail only when the run's record is written.
+    """
+    plain = {}
+    for key, value in metrics.items():
+        plain[str(key)] = _plain(value, f"{prefix}{key}")
+    return plain
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, name: str) -> Any:
     if isinstance(value, dict):
-        return plain_metrics(value)
+        return plain_metrics(value, f"{name}/")
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
     if isinstance(value, numbers.Number):
@@ -190,10 +205,45 @@ def _plain(value: Any) -> Any:
     item = getattr(value, "item", None)
     numel = getattr(value, "numel", None) or getattr(value, "size", None)
     if callable(item) and (numel() if callable(numel) else numel) == 1:
-        return item()
+        return _plain(item(), name)
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+        return [_plain(v, f"{name}[{i}]") for i, v in enumerate(value)]
+    raise TypeError(
+        f"report(metrics): metric {name!r} is {_describe(value)}; a metric must be a number, string, "
+        "bool, None, a list of those or a nested dict. Report one number (e.g. value.mean().item()) "
+        "or a list (value.tolist())."
+    )
+
+
+def _describe(value: Any) -> str:
+    kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"a {kind} of shape {tuple(shape)}"
+    return f"a {kind}"
+
+
+def check_score(metrics: dict[str, Any], attribute: str, *, required: bool) -> None:
+    """The score a checkpoint is ranked by must be a number (NaN ranks last).
+
+    ``required``: rank 0's metrics are the ones recorded, so there the score must be present.
+    """
+    flat = flatten(metrics)
+    if attribute not in flat:
+        if required:
+            raise ValueError(
+                f"report(metrics, checkpoint): CheckpointConfig.checkpoint_score_attribute={attribute!r} is "
+                f"not among the reported metrics {sorted(flat)}; report it with every checkpoint, or "
+                "change checkpoint_score_attribute."
+            )
+        return
+    score = flat[attribute]
+    if isinstance(score, bool) or not isinstance(score, (int, float)):
+        raise TypeError(
+            f"report(metrics, checkpoint): metric {attribute!r} (CheckpointConfig.checkpoint_score_attribute) "
+            f"is {score!r} of type {type(score).__name__}; checkpoints are ranked by it, so it must be "
+            "an int or a float."
+        )
 
 
 _session: WorkerSession | None = None

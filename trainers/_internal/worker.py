@@ -45,6 +45,15 @@ def sendable(error: BaseException) -> BaseException:
         return WorkerError(f"{type(error).__module__}.{type(error).__qualname__}: {error}")
 
 
+def _finish_uploads_quietly(session: WorkerSession) -> None:
+    # A report() the loop made before it raised may still be uploading in the background (ASYNC
+    # mode): its report must reach the controller before the failure, or the round is lost.
+    try:
+        session.flush()
+    except BaseException:  # noqa: BLE001 - the training function's own error is the one to report
+        pass
+
+
 def run_training_function(
     train_fn: Callable[..., Any],
     config: Any,
@@ -64,7 +73,9 @@ def run_training_function(
     except TrainingInterrupted:
         return
     except BaseException as error:  # the user's code may raise anything; all of it goes back
-        emit(FailedEvent(rank, sendable(error), traceback.format_exc()))
+        failure = FailedEvent(rank, sendable(error), traceback.format_exc())
+        _finish_uploads_quietly(session)
+        emit(failure)
         return
     finally:
         set_session(None)

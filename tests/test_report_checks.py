@@ -1,0 +1,125 @@
+"""Bad values given to report() fail at that call, naming the metric; nothing recorded before is lost."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+
+import pytest
+
+import trainers
+from storage import RunStorage, load_run, upload_directory
+from trainers import Checkpoint, CheckpointConfig, DataParallelTrainer, Result, RunConfig, ScalingConfig, WorkerGroupError
+
+#: Rounds reported (with a checkpoint each) before the bad one.
+GOOD_ROUNDS = 2
+
+
+def good_rounds_then(config) -> None:
+    """Report GOOD_ROUNDS good rounds, then one with ``config["bad"]`` as metrics."""
+    for step in range(GOOD_ROUNDS):
+        with tempfile.TemporaryDirectory() as folder:
+            with open(os.path.join(folder, "step.txt"), "w") as file:
+                file.write(str(step))
+            trainers.report({"step": step, "loss": 1.0 / (step + 1), "val": {"acc": 0.5}}, checkpoint=Checkpoint.from_directory(folder))
+    with tempfile.TemporaryDirectory() as folder:
+        trainers.report(config["bad"](), checkpoint=Checkpoint.from_directory(folder))
+
+
+def fit_with_bad_report(tmp_path, bad, num_workers: int = 0) -> tuple[BaseException, Result]:
+    """num_workers=0 runs the same report() in this process, without starting Ray: fast."""
+    trainer = DataParallelTrainer(
+        good_rounds_then,
+        train_loop_config={"bad": bad},
+        scaling_config=ScalingConfig(num_workers=num_workers),
+        run_config=RunConfig(
+            name="bad-report",
+            storage_path=str(tmp_path),
+            checkpoint_config=CheckpointConfig(num_to_keep=GOOD_ROUNDS, checkpoint_score_attribute="loss", checkpoint_score_order="min"),
+        ),
+    )
+    with pytest.raises(WorkerGroupError) as caught:
+        trainer.fit()
+    failures = caught.value.worker_failures  # with 2 workers, whichever rank's failure came first
+    return failures[min(failures)], Result.from_path(str(tmp_path / "bad-report"))
+
+
+def assert_good_rounds_kept(result: Result) -> None:
+    assert list(result.metrics_dataframe["step"]) == list(range(GOOD_ROUNDS))
+    assert list(result.metrics_dataframe["val/acc"]) == [0.5] * GOOD_ROUNDS
+    assert len(result.best_checkpoints) == GOOD_ROUNDS
+    with result.checkpoint.as_directory() as folder:
+        assert open(os.path.join(folder, "step.txt")).read() == str(GOOD_ROUNDS - 1)
+
+
+def _numpy_pair():
+    import numpy as np
+
+    return {"step": 9, "loss": 0.1, "val": {"acc": np.array([0.5, 0.7])}}
+
+
+def _tensor_pair():
+    import torch
+
+    return {"step": 9, "loss": 0.1, "val": {"acc": torch.tensor([0.5, 0.7])}}
+
+
+@pytest.mark.parametrize(
+    "bad, error_type, names",
+    [
+        pytest.param(lambda: {"step": 9, "loss": None}, TypeError, ["'loss'", "NoneType", "checkpoint_score_attribute"], id="score-none"),
+        pytest.param(lambda: {"step": 9, "loss": "low"}, TypeError, ["'loss'", "str", "checkpoint_score_attribute"], id="score-string"),
+        pytest.param(lambda: {"step": 9}, ValueError, ["'loss'", "checkpoint_score_attribute", "['step']"], id="score-missing"),
+        pytest.param(_numpy_pair, TypeError, ["'val/acc'", "numpy.ndarray", "(2,)"], id="numpy-array"),
+        pytest.param(_tensor_pair, TypeError, ["'val/acc'", "torch.Tensor", "(2,)"], id="tensor-2-elements"),
+        pytest.param(lambda: {"step": 9, "loss": 0.1, "tags": {"a", "b"}}, TypeError, ["'tags'", "set"], id="set"),
+    ],
+)
+def test_bad_report_fails_at_report_naming_the_metric_and_keeps_what_came_before(tmp_path, bad, error_type, names):
+    error, result = fit_with_bad_report(tmp_path, bad)
+    assert type(error) is error_type
+    for name in names:
+        assert name in str(error)
+    assert_good_rounds_kept(result)
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_bad_metric_from_ray_workers_fails_the_same_way(tmp_path):
+    error, result = fit_with_bad_report(tmp_path, _numpy_pair, num_workers=2)
+    assert type(error) is TypeError and "'val/acc'" in str(error)
+    assert_good_rounds_kept(result)
+
+
+def test_single_element_arrays_and_tensors_are_reported_as_numbers():
+    import numpy as np
+    import torch
+
+    from trainers._internal.session import plain_metrics
+
+    metrics = plain_metrics({"a": np.array(2.5), "b": torch.tensor([3.0]), "c": np.array([[4]]), "v": {"d": torch.tensor(1)}})
+    assert metrics == {"a": 2.5, "b": 3.0, "c": 4, "v": {"d": 1}}
+
+
+def test_a_value_json_cannot_hold_does_not_lose_the_history_or_the_checkpoint(tmp_path, caplog):
+    # Defence in depth: such a value can no longer come through report(); if one reaches the
+    # snapshot anyway, the run is still recorded, with the value's repr and a warning.
+    import numpy as np
+
+    storage = RunStorage(str(tmp_path), "run")
+    storage.open("me")
+    attempt = storage.start_attempt()
+    storage.record_report({"step": 0}, report_index=0, attempt=attempt, staged=False)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "w.txt").write_text("1")
+    upload_directory(str(tmp_path / "src"), storage.filesystem, storage.layout.staging_path(attempt, 1))
+    with caplog.at_level(logging.WARNING, logger="storage.snapshot"):
+        storage.record_report({"step": 1, "odd": np.array([1, 2])}, report_index=1, attempt=attempt, staged=True)
+    storage.finish()
+    assert "ndarray" in caplog.text
+
+    run = load_run(str(tmp_path / "run"))
+    assert [m["step"] for m in run.metrics_history] == [0, 1]
+    assert run.metrics_history[1]["odd"] == "array([1, 2])"
+    with run.latest_checkpoint.as_directory() as folder:
+        assert open(os.path.join(folder, "w.txt")).read() == "1"
