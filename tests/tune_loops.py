@@ -78,3 +78,15 @@ def train_driver(config: dict) -> None:
         run_config=trial_run_config(RunConfig(storage_path=config["storage_path"], callbacks=callbacks)),
     )
     trainer.fit()
+
+
+def trainer_object(storage_path: str, epochs: int) -> trainers.DataParallelTrainer:
+    """The trainer a Ray Train user hands to ``tune.Tuner`` itself (the older, trainer-object form)."""
+    from trainers.torch import TorchTrainer
+
+    return TorchTrainer(
+        regression_loop,
+        train_loop_config={"epochs": epochs},
+        scaling_config=SCALING,
+        run_config=RunConfig(storage_path=storage_path),
+    )

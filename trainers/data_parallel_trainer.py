@@ -41,6 +41,21 @@ def _takes_config(fn: Callable[..., Any]) -> bool:
     return bool(positional) or any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
+def _check_picklable(field: str, value: Any) -> None:
+    """Workers receive ``value`` pickled: fail before the run folder exists when it cannot be."""
+    import reprlib
+
+    from ray import cloudpickle
+
+    try:
+        cloudpickle.dumps(value)
+    except Exception as error:  # pickling raises TypeError, PicklingError, AttributeError, ...
+        raise TypeError(
+            f"{field}={reprlib.repr(value)} cannot be sent to the workers: it does not pickle ({type(error).__name__}: {error}). "
+            "Pass plain values and build locks, clients or open files inside the training function."
+        ) from error
+
+
 def _check_type(field: str, value: Any, cls: type) -> None:
     if value is not None and not isinstance(value, cls):
         raise TypeError(f"{field}={value!r}: must be a trainers.{cls.__name__}.")
@@ -91,6 +106,41 @@ class DataParallelTrainer:
         self.dataset_config = dataset_config or DataConfig()
         self.metadata = metadata or {}
 
+    # -- Ray Tune: tune.Tuner(trainer, param_space={"train_loop_config": {...}}) ------------------
+
+    def as_trainable(self) -> Callable[[dict[str, Any]], None]:
+        """This trainer as a Ray Tune trainable: each trial runs ``fit()`` with its
+        ``config["train_loop_config"]`` merged into ``train_loop_config``, in a run named after the
+        trial, reserving one bundle per worker of ``scaling_config``."""
+        from trainers.tune.trainable import trainer_as_trainable
+
+        return trainer_as_trainable(self)
+
+    def __call__(self, config: dict[str, Any]) -> None:
+        """Run one Ray Tune trial of this trainer (what ``tune.Tuner(trainer, ...)`` calls)."""
+        from trainers.tune.trainable import run_trainer_trial
+
+        run_trainer_trial(self, config)
+
+    @property
+    def _resources(self) -> Any:
+        # Ray Tune reads this attribute of a callable trainable for each trial's resources, and
+        # tune.with_resources(trainer, ...) sets it.
+        if "_tune_resources" in self.__dict__:
+            return self.__dict__["_tune_resources"]
+        from trainers.tune.trainable import trainer_trial_resources
+
+        return trainer_trial_resources(self)
+
+    @_resources.setter
+    def _resources(self, resources: Any) -> None:
+        self.__dict__["_tune_resources"] = resources
+
+    @property
+    def _name(self) -> str:
+        # Ray Tune names the trainable (and its trials) after this.
+        return type(self).__name__
+
     def _default_name(self) -> str:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         return f"{type(self).__name__}_{stamp}"
@@ -99,12 +149,22 @@ class DataParallelTrainer:
         """Train; return the Result, or raise TrainingFailedError when training cannot finish."""
         scaling, run_config = self.scaling_config, self.run_config
         datasets: dict[str, Any] = {}
+        name = run_config.name or self._default_name()
+        storage = RunStorage(  # resolves the URI only: a bad storage_path fails before Ray starts
+            run_config.resolved_storage_path,
+            name,
+            filesystem=run_config.storage_filesystem,
+            checkpoint_config=run_config.checkpoint_config or CheckpointConfig(),
+        )
         if scaling.num_workers > 0 or self.datasets:
             from trainers._internal.ray_init import ensure_ray
 
             ensure_ray()
         if scaling.num_workers > 0:
             from trainers._internal.resources import check_feasible, cluster_nodes, leave_cpu_for_data
+
+            _check_picklable("train_loop_per_worker", self.train_loop_per_worker)
+            _check_picklable("train_loop_config", self.train_loop_config)
 
             nodes = cluster_nodes()
             check_feasible(scaling, nodes)
@@ -113,13 +173,6 @@ class DataParallelTrainer:
         if self.datasets:
             datasets = resolve_datasets(self.datasets)
             check_row_counts(datasets, self.dataset_config, max(1, scaling.num_workers))
-        name = run_config.name or self._default_name()
-        storage = RunStorage(
-            run_config.resolved_storage_path,
-            name,
-            filesystem=run_config.storage_filesystem,
-            checkpoint_config=run_config.checkpoint_config or CheckpointConfig(),
-        )
         storage.open(owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
         try:
             return self._run(name, storage, scaling, datasets)
@@ -148,6 +201,7 @@ class DataParallelTrainer:
             metadata=self.metadata,
             start_timeout_s=DEFAULT_START_TIMEOUT_S,
             runtime_env=run_config.worker_runtime_env,
+            score_attribute=storage.checkpoint_config.checkpoint_score_attribute,
         )
         workers = LocalWorkers(spec) if scaling.num_workers == 0 else RayWorkers(spec)
         callbacks = list(run_config.callbacks or [])

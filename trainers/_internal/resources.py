@@ -20,12 +20,13 @@ def bundles_that_fit(node: dict[str, float], bundle: dict[str, float]) -> int:
     return min(counts) if counts else 0
 
 
-def check_feasible(scaling: ScalingConfig, nodes: list[dict[str, float]]) -> None:
+def check_feasible(scaling: ScalingConfig, nodes: list[dict[str, float]], *, held: str = "") -> None:
     """Raise ``InsufficientResourcesError`` when ``nodes`` (each node's total resources) can never
     hold ``scaling.num_workers`` workers placed by ``scaling.placement_strategy``.
 
     Only total capacity counts here: resources busy now are free later. The message lists what was
-    requested and what the cluster has, and what to change.
+    requested and what the cluster has, and what to change. ``held`` describes what ``nodes``
+    already leave out (e.g. the Tune trial this runs in), for the message.
     """
     bundle = scaling.worker_resources
     n = scaling.num_workers
@@ -35,7 +36,7 @@ def check_feasible(scaling: ScalingConfig, nodes: list[dict[str, float]]) -> Non
             total[name] = total.get(name, 0.0) + amount
     shown = {name: total.get(name, 0.0) for name in sorted(set(bundle) | {"CPU", "GPU"})}
     request = f"{n} workers x {_fmt(bundle)} = {_fmt(scaling.total_resources)}"
-    have = f"the cluster has {_fmt(shown)} on {len(nodes)} node(s)"
+    have = f"the cluster has {_fmt(shown)} on {len(nodes)} node(s){held}"
     fix = "Lower ScalingConfig.num_workers or resources_per_worker, or add nodes (RAY_ADDRESS)."
 
     unknown = [name for name in bundle if total.get(name, 0) <= 0]
@@ -102,12 +103,13 @@ def enclosing_placement_group(scaling: ScalingConfig) -> tuple[object, int] | No
     """The placement group this process places its children in, and the bundle of worker 0.
 
     A Ray Tune trial runs in a placement group that captures its children (Tune sets
-    ``placement_group_capture_child_tasks``), built by ``trainers.tune.trial_resources``: the
-    trial's own bundle first, then one bundle per worker. Reserving a second group of our own
-    there would count every worker twice and can wait forever on a full cluster, so the workers
-    take the last ``num_workers`` bundles of the trial's group instead. Returns None when this
-    process captures into no group (the usual case: the workers get a group of their own).
-    Raises ``InsufficientResourcesError`` before any worker starts when the group cannot hold them.
+    ``placement_group_capture_child_tasks``). When ``trainers.tune.trial_resources`` built it (the
+    trial's own bundle first, then one bundle per worker), the workers take the last
+    ``num_workers`` bundles: a second group would count every worker twice. Returns None when
+    this process captures into no group, or when the group holds only the trial's own process
+    (Ray's ``tune.with_resources(fn, {"CPU": 1})``): then the workers get a group of their own,
+    outside the trial's, as in Ray Train. Raises ``InsufficientResourcesError`` before any worker
+    starts when the group has worker bundles that cannot hold the workers.
     """
     import ray
     from ray.util.placement_group import get_current_placement_group
@@ -124,6 +126,8 @@ def enclosing_placement_group(scaling: ScalingConfig) -> tuple[object, int] | No
     # A process that holds resources sits in a bundle of its own (Tune uses the first one);
     # one that holds none (an empty trial bundle) takes no bundle, so every bundle can be a worker's.
     own = 1 if any(ray.get_runtime_context().get_assigned_resources().values()) else 0
+    if len(bundles) <= own:
+        return None  # the trial reserved only its own process (tune.with_resources(fn, {"CPU": 1})): a group of our own
     small = [i for i, b in enumerate(bundles[max(first, 0):], start=max(first, 0)) if bundles_that_fit(b, worker) < 1]
     if first < own or small:
         raise InsufficientResourcesError(
@@ -133,3 +137,78 @@ def enclosing_placement_group(scaling: ScalingConfig) -> tuple[object, int] | No
             "(or trainers.tune.trial_resources(scaling_config)), passing the same ScalingConfig the trainer uses."
         )
     return group, first
+
+
+def capturing_placement_group() -> object | None:
+    """The placement group this process's children would be placed in (a Tune trial's), or None."""
+    import ray
+    from ray.util.placement_group import get_current_placement_group
+
+    if not ray.get_runtime_context().should_capture_child_tasks_in_placement_group:
+        return None
+    return get_current_placement_group()
+
+
+#: The name prefix of the placement groups trainers reserve for their workers.
+WORKER_GROUP_PREFIX = "flowtrain-workers-"
+
+
+def _live_nodes() -> dict[str, dict[str, float]]:
+    import ray
+
+    return {node["NodeID"]: dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")}
+
+
+def _take(nodes: dict[str, dict[str, float]], table: dict) -> dict[str, float]:
+    """Subtract one placement group's bundles from the nodes they sit on; return what it holds."""
+    where = table.get("bundles_to_node_id") or {}
+    held: dict[str, float] = {}
+    for index, bundle in (table.get("bundles") or {}).items():
+        node = nodes.get(where.get(index))
+        for name, amount in bundle.items():
+            held[name] = held.get(name, 0.0) + amount
+            if node is not None:
+                node[name] = max(0.0, node.get(name, 0.0) - amount)
+    return held
+
+
+def nodes_beside(group: object) -> tuple[list[dict[str, float]], str]:
+    """Every live node's total resources less what ``group`` (a Tune trial's group) holds on it,
+    and a note saying so for error messages.
+
+    While a trial runs, its own group stays reserved: a worker group of its own can only ever use
+    what is left beside it.
+    """
+    from ray.util import placement_group_table
+
+    nodes = _live_nodes()
+    held = _take(nodes, placement_group_table(group))
+    return list(nodes.values()), f" beside the {_fmt(held)} this Tune trial holds for itself"
+
+
+def stuck_beside_other_groups(scaling: ScalingConfig, own: object) -> str | None:
+    """Why ``scaling``'s workers (group ``own``, still pending) can never be placed, or None.
+
+    They can be when a trainer's worker group is placed somewhere (it frees its resources when it
+    finishes), or when they fit beside every other placement group (what holds the rest is plain
+    tasks and actors, which end). Otherwise the resources are held by groups such as other Tune
+    trials' that themselves wait for workers: nobody moves.
+    """
+    from ray.util import placement_group_table
+
+    nodes = _live_nodes()
+    held: dict[str, float] = {}
+    others = 0
+    for group_id, table in placement_group_table().items():
+        if table.get("state") != "CREATED" or group_id == own.id.hex():
+            continue
+        if str(table.get("name", "")).startswith(WORKER_GROUP_PREFIX):
+            return None
+        others += 1
+        for name, amount in _take(nodes, table).items():
+            held[name] = held.get(name, 0.0) + amount
+    try:
+        check_feasible(scaling, list(nodes.values()))
+    except InsufficientResourcesError:
+        return f"{others} other placement group(s) (Tune trials' own included) hold {_fmt(held)} and no trainer is training"
+    return None

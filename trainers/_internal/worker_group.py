@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from typing import Any, Callable
 
 import ray
@@ -18,16 +19,25 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainers._internal.events import Event, FailedEvent, FinishedEvent
 from trainers._internal.ranks import Ranks, assign_ranks
-from trainers._internal.resources import enclosing_placement_group
+from trainers._internal.resources import (
+    WORKER_GROUP_PREFIX,
+    capturing_placement_group,
+    check_feasible,
+    enclosing_placement_group,
+    nodes_beside,
+    stuck_beside_other_groups,
+)
 from trainers._internal.worker import TrainWorker, WorkerMetadata
 from trainers.config import ScalingConfig
-from trainers.errors import WorkerError
+from trainers.errors import InsufficientResourcesError, WorkerError
 
 #: How long a worker's next_events call waits before answering "nothing yet".
 LONG_POLL_S = 10.0
 #: A worker Ray calls unavailable (unreachable, maybe back soon) is given this long before it
 #: counts as failed; a worker that died fails at once.
 UNAVAILABLE_GRACE_S = 10.0
+#: Inside a Tune trial, how often a worker group waiting its turn checks the cluster could still hold it.
+TURN_CHECK_S = 5.0
 
 
 _remote_cls = None
@@ -97,16 +107,23 @@ class RayWorkerGroup:
         if enclosing is not None:  # a Tune trial's group: its bundles are already ours, Tune removes it
             self._pg, first_bundle = enclosing
             self._owns_pg = False
+            self._wait_for_group(deadline)
         else:
-            self._pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy=self.scaling.placement_strategy)
-            first_bundle, self._owns_pg = 0, True
-        if not self._pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):
-            state = placement_group_table(self._pg).get("state", "?")
-            raise WorkerStartError(
-                f"could not reserve {self.world_size} x {bundle} ({self.scaling.placement_strategy}) within "
-                f"{self.start_timeout_s:g} s (placement group {state}): other work holds the resources, "
-                "or a node is missing."
+            trial_group = capturing_placement_group()
+            beside = nodes_beside(trial_group) if trial_group is not None else None
+            if beside is not None:  # fail now if the cluster could never hold us beside the trial
+                check_feasible(self.scaling, beside[0], held=beside[1])
+            self._pg = placement_group(
+                [dict(bundle) for _ in range(self.world_size)],
+                strategy=self.scaling.placement_strategy,
+                name=f"{WORKER_GROUP_PREFIX}{uuid.uuid4().hex[:12]}",
             )
+            first_bundle, self._owns_pg = 0, True
+            if trial_group is None:
+                self._wait_for_group(deadline)
+            else:
+                self._wait_for_turn(trial_group)
+                deadline = time.monotonic() + self.start_timeout_s  # the turn's wait is not start-up time
         remote_cls = _remote_worker_class()
         actors = [
             remote_cls.options(
@@ -142,6 +159,39 @@ class RayWorkerGroup:
                 for w in self.workers
             ]
         )
+
+    def _wait_for_group(self, deadline: float) -> None:
+        if not self._pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):
+            state = placement_group_table(self._pg).get("state", "?")
+            raise WorkerStartError(
+                f"could not reserve {self.world_size} x {self.scaling.worker_resources} ({self.scaling.placement_strategy}) "
+                f"within {self.start_timeout_s:g} s (placement group {state}): other work holds the resources, "
+                "or a node is missing."
+            )
+
+    def _wait_for_turn(self, trial_group: Any) -> None:
+        """Wait, without a time limit, until the cluster holds this trial's workers.
+
+        Concurrent Tune trials take turns: each trainer's group is placed when others finish and
+        free their resources, however long they train, so waiting here is not a failure. Each
+        round checks the request could still ever fit (a node may be gone), and, once the start
+        timeout has passed, that somebody can move: when trials' own groups hold what every trainer
+        waits for and no trainer trains, nothing ever frees, so this fails instead of hanging.
+        """
+        waited = 0.0
+        while not self._pg.wait(timeout_seconds=TURN_CHECK_S):
+            waited += TURN_CHECK_S
+            nodes, held = nodes_beside(trial_group)
+            check_feasible(self.scaling, nodes, held=held)
+            why = stuck_beside_other_groups(self.scaling, self._pg) if waited >= self.start_timeout_s else None
+            if why is not None:
+                raise InsufficientResourcesError(
+                    f"Waited {waited:g} s for {self.world_size} worker(s) x {self.scaling.worker_resources} and they can "
+                    f"never start: {why}, so every trial waits for the others. Run fewer trials at once, "
+                    "tune.TuneConfig(max_concurrent_trials=...), give each trial's own process less "
+                    "(tune.with_resources(fn, {'CPU': 0.1})), or reserve the workers with the trial: "
+                    "trainers.tune.with_resources(fn, scaling_config)."
+                )
 
     # -- running ------------------------------------------------------------------------------
 

@@ -1,8 +1,11 @@
 """Hyperparameter search with Ray Tune over flowtrain's trainers.
 
 Each Tune trial runs a function that builds a trainer from the trial's config and calls
-``fit()``; the trainer's controller runs in the trial's process and its workers run inside the
-trial's placement group::
+``fit()``; the trainer's controller runs in the trial's process. Ray's own forms run unchanged:
+with ``tune.with_resources(fn, {"CPU": 0.1})`` each trainer reserves its workers' placement group
+beside the trial's (trials that do not all fit take turns), and a trainer object is a trainable
+(``tune.Tuner(trainer, param_space={"train_loop_config": {...}})``). ``with_resources`` below
+reserves the workers with the trial instead, up front::
 
     from ray import tune
     from trainers.tune import TuneReportCallback, trial_run_config, with_resources
@@ -23,6 +26,7 @@ trial's placement group::
 from trainers.tune.callback import CHECKPOINT_PATH_KEY, RUN_PATH_KEY, NotInTuneTrialError, TuneReportCallback
 from trainers.tune.run_config import trial_run_config
 from trainers.tune.resources import trial_resources, with_resources
+from trainers.tune.trainable import trainer_trial_resources
 
 __all__ = [
     "CHECKPOINT_PATH_KEY",
@@ -31,5 +35,6 @@ __all__ = [
     "TuneReportCallback",
     "trial_resources",
     "trial_run_config",
+    "trainer_trial_resources",
     "with_resources",
 ]
