@@ -16,8 +16,8 @@ import trainers
 from test_controller import MemoryStore, ScriptedWorkers
 from test_s3_storage import s3  # noqa: F401 (the moto server fixture)
 from trainers import Checkpoint, DataParallelTrainer, FailureConfig, Result, RunConfig, ScalingConfig, WorkerGroupError
-from trainers._internal.controller import NOT_TRAINING, Controller
-from trainers._internal.events import FailedEvent, ReportEvent
+from trainers._internal.controller import Controller
+from trainers._internal.events import NOT_TRAINING, FailedEvent, ReportEvent
 
 #: Attempts per run; each one commits a round and fails right after it.
 ROUNDS = 20

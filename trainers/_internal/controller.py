@@ -13,7 +13,7 @@ import traceback
 from typing import Any, Callable, Protocol
 
 from storage import Checkpoint
-from trainers._internal.events import Event, FailedEvent, FinishedEvent, ReportEvent, SyncEvent
+from trainers._internal.events import NOT_TRAINING, Event, FailedEvent, FinishedEvent, ReportEvent, SyncEvent
 from trainers.errors import RankFailure, WorkerGroupError
 
 
@@ -48,8 +48,6 @@ class State(enum.Enum):
 ENDED_DRAIN_S = 10.0
 #: How often that wait re-checks whether the ranks it waits for are still training.
 DRAIN_POLL_S = 0.25
-#: What a worker's ``activity()`` answers once its training function has ended.
-NOT_TRAINING = "not training"
 
 #: Restarts after setup clashes (``BackendConfig.is_setup_clash``) one run may take for free.
 SETUP_CLASH_RESTARTS = 3

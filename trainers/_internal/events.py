@@ -47,3 +47,7 @@ class SyncEvent:
 
 
 Event = ReportEvent | FinishedEvent | FailedEvent | SyncEvent
+
+#: What a worker's ``activity()`` answers once its training function has ended (raised or
+#: returned): every event it will send is then already queued, which the controller relies on.
+NOT_TRAINING = "not training"

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import ray
 
-from trainers._internal.events import Event, FailedEvent, FinishedEvent
+from trainers._internal.events import NOT_TRAINING, Event, FailedEvent, FinishedEvent
 from trainers._internal.session import TrainingInterrupted, WorkerSession, set_session
 from trainers.worker_output import announce, worker_label
 from trainers.errors import WorkerError
@@ -97,10 +97,10 @@ def describe_activity(thread: threading.Thread | None) -> str:
     """The innermost line of user code the training thread is running, and whether it waits in
     torch.distributed (a collective) below it."""
     if thread is None or not thread.is_alive():
-        return "not training"
+        return NOT_TRAINING
     frame = sys._current_frames().get(thread.ident)
     if frame is None:
-        return "not training"
+        return NOT_TRAINING
     stack = traceback.extract_stack(frame)
     in_collective = any("torch/distributed" in f.filename for f in stack)
     ours = (os.sep + "trainers" + os.sep, os.sep + "storage" + os.sep, "site-packages", "threading.py")
