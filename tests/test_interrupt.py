@@ -15,7 +15,11 @@ from conftest import ROOT, assert_no_leaks, process_alive
 
 DRIVER = textwrap.dedent(
     """
-    import sys
+    import faulthandler, signal, sys
+    faulthandler.register(signal.SIGUSR1)  # the test asks for every thread's stack if Ctrl-C hangs
+    # As in a terminal: a suite started in the background (CI, `make test &`) passes SIGINT down
+    # ignored, and Python then never raises KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import loops
     from trainers import RunConfig, ScalingConfig
     from trainers.torch import TorchTrainer
@@ -52,7 +56,12 @@ def test_ctrl_c_tears_everything_down(tmp_path):
         assert (tmp_path / "interrupted" / "lease.json").exists()
         worker_pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
         driver.send_signal(signal.SIGINT)
-        output, _ = driver.communicate(timeout=60)
+        try:
+            output, _ = driver.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            driver.send_signal(signal.SIGUSR1)
+            driver.kill()
+            pytest.fail(f"fit() did not end within 60 s of Ctrl-C; its threads:\n{driver.communicate()[0][-12000:]}")
     finally:
         if driver.poll() is None:
             driver.kill()
