@@ -89,7 +89,7 @@ def running_prefect_server(home: pathlib.Path, **settings: str) -> Iterator[dict
             cli_env = {k: v for k, v in env.items() if not k.startswith("PREFECT_SERVER_")}
             yield dict(cli_env, PREFECT_API_URL=api)
         finally:
-            stop_process_group(server)
+            stop_process_group(server, timeout_s=5)  # a throwaway server: no need to wait out a graceful stop
 
 
 def prefect(env: dict[str, str], *args: str, check: bool = True, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:

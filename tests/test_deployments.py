@@ -86,7 +86,7 @@ def running_worker(env: dict[str, str], operator_home: pathlib.Path, results: pa
         try:
             yield {"env": env, "results": results, "log": log_path, "process": process}
         finally:
-            stop_process_group(process)
+            stop_process_group(process, timeout_s=5)
 
 
 @pytest.fixture(scope="module")
