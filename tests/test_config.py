@@ -37,7 +37,11 @@ def test_resource_name_in_the_wrong_case_suggests_rays_spelling(typo, builtin):
 
 def test_scaling_config_defaults_fill_resources():
     assert ScalingConfig(num_workers=2).total_resources == {"CPU": 2}
-    assert ScalingConfig(num_workers=2, use_gpu=True).worker_resources == {"CPU": 1, "GPU": 1}
+    # As Ray: a GPU worker asks for the GPU only, so a GPU node with few CPUs still fits one per GPU.
+    assert ScalingConfig(num_workers=2, use_gpu=True).worker_resources == {"GPU": 1}
+    assert ScalingConfig(use_gpu=True, accelerator_type="A100").worker_resources == {"GPU": 1, "accelerator_type:A100": 0.001}
+    assert ScalingConfig(use_gpu=True, resources_per_worker={"CPU": 2}).worker_resources == {"CPU": 2, "GPU": 1}
+    assert ScalingConfig(resources_per_worker={"custom": 1}).worker_resources == {"custom": 1}
     assert ScalingConfig(resources_per_worker={"CPU": 0, "custom": 2}).worker_resources == {"custom": 2}
 
 
@@ -122,9 +126,12 @@ def test_trainer_rejects_bad_arguments():
         TorchTrainer(3)
 
 
-def test_configs_are_frozen_and_keyword_only():
-    with pytest.raises(TypeError):
-        ScalingConfig(2)  # type: ignore[misc]
+def test_configs_are_frozen_and_take_ray_s_positional_order():
+    # Ray's V2 ScalingConfig keeps V1's field order, whose first field is the removed trainer_resources.
+    with pytest.raises(DeprecationWarning, match="trainer_resources"):
+        ScalingConfig({"CPU": 1})  # type: ignore[misc]
+    assert ScalingConfig(None, 3).num_workers == 3
+    assert FailureConfig(2).max_failures == 2
     config = ScalingConfig(num_workers=2)
     with pytest.raises(AttributeError):
         config.num_workers = 3  # type: ignore[misc]
@@ -141,7 +148,7 @@ def test_torch_init_method_becomes_the_url_torch_distributed_takes():
 def test_accelerator_type_asks_each_worker_for_a_sliver_of_rays_accelerator_resource():
     scaling = ScalingConfig(num_workers=2, use_gpu=True, accelerator_type="A100")
 
-    assert scaling.worker_resources == {"CPU": 1, "GPU": 1, "accelerator_type:A100": 0.001}
+    assert scaling.worker_resources == {"GPU": 1, "accelerator_type:A100": 0.001}  # no CPU, as Ray asks
     assert ScalingConfig().worker_resources == {"CPU": 1}
     with pytest.raises(ValueError, match=r"ScalingConfig.accelerator_type='': must be a name such as 'A100'"):
         ScalingConfig(accelerator_type="")

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow.fs
 
 from storage import CheckpointConfig
+from storage.config import DEPRECATED, deprecated as _deprecated
 from trainers._internal.validation import (
     check_bool,
+    is_count,
     check_choice,
     check_int,
     check_number,
@@ -31,34 +33,80 @@ ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"
 DEFAULT_STORAGE_PATH = "~/flowtrain_results"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class ScalingConfig:
     """How many workers to start and what each one reserves.
 
     ``num_workers=0`` runs the training function in the calling process (local mode), with the
-    same API; handy for debugging.
+    same API; handy for debugging. ``num_workers=(min, max)`` trains elastically: the run starts
+    with as many workers as the cluster holds (at least ``min``), grows toward ``max`` when
+    resources appear, and carries on with fewer when a node goes away.
     """
 
-    #: Number of training workers (Ray actors); 0 runs the loop in this process.
-    num_workers: int = 1
+    #: Removed in Ray Train V2 (the driver reserves nothing); passing it raises DeprecationWarning.
+    trainer_resources: dict | None = None
+    #: Number of training workers (Ray actors); 0 runs the loop in this process; (min, max) is elastic.
+    num_workers: int | tuple[int, int] = 1
     #: Reserve one GPU per worker and train on it (nccl); CPU training uses gloo.
     use_gpu: bool = False
     #: Resources each worker reserves, e.g. ``{"CPU": 2}`` or ``{"GPU": 1, "custom": 1}``.
-    #: Defaults to ``{"CPU": 1}``, plus ``{"GPU": 1}`` with ``use_gpu``.
+    #: Defaults to ``{"CPU": 1}``, or ``{"GPU": 1}`` with ``use_gpu`` (as in Ray: a GPU node with
+    #: few CPUs still fits one worker per GPU).
     resources_per_worker: dict[str, float] | None = None
     #: How the workers' bundles are placed on nodes: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD.
     placement_strategy: str = "PACK"
     #: Start the workers only on nodes with this accelerator, e.g. "A100" or "L4" (Ray's
     #: ``accelerator_type:<name>`` resource, which Ray sets on nodes that have one).
     accelerator_type: str | None = None
+    #: Ray node labels a worker's node must have, e.g. ``{"ray.io/market-type": "spot"}``: one dict
+    #: for every worker, or a list with one dict per worker (as long as the maximum worker count).
+    label_selector: dict[str, str] | list[dict[str, str]] | None = None
+    #: Train on TPUs (one TPU VM per worker); needs ``topology`` and ``accelerator_type`` beyond 1 worker.
+    use_tpu: bool = False
+    #: The TPU slice topology, e.g. "2x2x2" (with ``use_tpu``).
+    topology: str | None = None
+    #: Elastic runs: how often (seconds) a healthy run checks whether more workers would now fit.
+    elastic_resize_monitor_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
-        check_int("ScalingConfig.num_workers", self.num_workers, minimum=0, allowed="an integer >= 0")
+        if self.trainer_resources is not None:
+            raise _deprecated(
+                "ScalingConfig(trainer_resources=...)",
+                "The driver does no heavy work and reserves nothing; set what each worker needs with "
+                "resources_per_worker.",
+            )
+        workers = self.num_workers
+        if isinstance(workers, list):
+            workers = tuple(workers)
+            object.__setattr__(self, "num_workers", workers)
+        if isinstance(workers, tuple):
+            if len(workers) != 2 or not all(is_count(n) for n in workers):
+                raise ValueError(
+                    f"ScalingConfig.num_workers={workers!r}: an elastic size must be a (min_workers, max_workers) "
+                    "pair of integers, e.g. (2, 8)."
+                )
+            low, high = workers
+            if low < 1 or high < low:
+                raise ValueError(
+                    f"ScalingConfig.num_workers={workers!r}: must satisfy 1 <= min_workers <= max_workers, e.g. (2, 8)."
+                )
+        else:
+            check_int(
+                "ScalingConfig.num_workers", workers, minimum=0,
+                allowed="an integer >= 0, or a (min_workers, max_workers) pair for elastic training",
+            )
+        check_number(
+            "ScalingConfig.elastic_resize_monitor_interval_s",
+            self.elastic_resize_monitor_interval_s,
+            minimum=0,
+            allowed="seconds >= 0",
+        )
         if self.accelerator_type is not None and (not isinstance(self.accelerator_type, str) or not self.accelerator_type):
             raise ValueError(
                 f"ScalingConfig.accelerator_type={self.accelerator_type!r}: must be a name such as 'A100', or None."
             )
         check_bool("ScalingConfig.use_gpu", self.use_gpu)
+        check_bool("ScalingConfig.use_tpu", self.use_tpu)
         check_choice("ScalingConfig.placement_strategy", self.placement_strategy, PLACEMENT_STRATEGIES)
         if self.resources_per_worker is not None:
             if not isinstance(self.resources_per_worker, dict):
@@ -87,12 +135,85 @@ class ScalingConfig:
                     f"ScalingConfig: resources_per_worker['GPU']={gpus!r} with use_gpu=False; "
                     "set use_gpu=True to train on the GPUs you reserve."
                 )
+        self._check_tpu()
+        self._check_label_selector()
+
+    def _check_tpu(self) -> None:
+        tpus = (self.resources_per_worker or {}).get("TPU", None)
+        if self.use_gpu and self.use_tpu:
+            raise ValueError("ScalingConfig: use_gpu=True and use_tpu=True together; a worker trains on one kind of accelerator.")
+        if not self.use_tpu:
+            if tpus:
+                raise ValueError(
+                    f"ScalingConfig: resources_per_worker['TPU']={tpus!r} with use_tpu=False; set use_tpu=True "
+                    "to train on the TPUs you reserve."
+                )
+            return
+        if tpus is not None and tpus == 0:
+            raise ValueError("ScalingConfig: use_tpu=True with resources_per_worker['TPU']=0 reserves no TPU.")
+        if self.max_workers > 1 and not (self.topology and self.accelerator_type):
+            raise ValueError(
+                "ScalingConfig: use_tpu=True with more than one worker needs topology= (e.g. '2x2x2') and "
+                "accelerator_type= (e.g. 'TPU-V4') so the workers land on one TPU slice."
+            )
+        if self.max_workers > 1 and self.label_selector:
+            raise ValueError(
+                "ScalingConfig: label_selector cannot be combined with use_tpu=True: the workers are placed on "
+                "their TPU slice by its own labels."
+            )
+
+    def _check_label_selector(self) -> None:
+        selector = self.label_selector
+        if selector is None:
+            return
+        selectors = selector if isinstance(selector, list) else [selector]
+        for item in selectors:
+            if not isinstance(item, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in item.items()):
+                raise TypeError(
+                    f"ScalingConfig.label_selector={selector!r}: must be a dict of label name to value "
+                    "(e.g. {'ray.io/market-type': 'spot'}), or a list with one such dict per worker."
+                )
+        if isinstance(selector, list) and len(selector) != self.max_workers:
+            raise ValueError(
+                f"ScalingConfig.label_selector has {len(selector)} entries for {self.max_workers} workers: a list "
+                "needs one selector per worker (as many as max_workers); pass one dict to apply it to every worker."
+            )
+
+    # -- sizes -------------------------------------------------------------------------------------
+
+    @property
+    def elasticity_enabled(self) -> bool:
+        """True when ``num_workers`` is a (min, max) range."""
+        return isinstance(self.num_workers, tuple)
+
+    @property
+    def min_workers(self) -> int:
+        """The fewest workers the run trains with (``num_workers`` when it is fixed)."""
+        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers the run trains with (``num_workers`` when it is fixed)."""
+        return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    def with_num_workers(self, num_workers: int) -> "ScalingConfig":
+        """This config with a fixed number of workers (one elastic attempt's size)."""
+        return dataclasses.replace(self, num_workers=num_workers)
+
+    # -- resources ---------------------------------------------------------------------------------
 
     @property
     def worker_resources(self) -> dict[str, float]:
         """The resources one worker reserves, with defaults filled in and zero amounts dropped."""
-        resources = dict(self.resources_per_worker or {})
-        resources.setdefault("CPU", 1)
+        if self.resources_per_worker is None:
+            if self.use_gpu:
+                resources: dict[str, float] = {"GPU": 1}  # no CPU, as Ray: GPU nodes often have few CPUs
+            elif self.use_tpu:
+                resources = {"TPU": 1}
+            else:
+                resources = {"CPU": 1}
+        else:
+            resources = dict(self.resources_per_worker)
         if self.use_gpu:
             resources.setdefault("GPU", 1)
         if self.accelerator_type:
@@ -102,8 +223,43 @@ class ScalingConfig:
 
     @property
     def total_resources(self) -> dict[str, float]:
-        """The resources all workers together reserve."""
-        return {name: amount * self.num_workers for name, amount in self.worker_resources.items()}
+        """The resources all workers together reserve (at ``max_workers`` when elastic)."""
+        return {name: amount * self.max_workers for name, amount in self.worker_resources.items()}
+
+    @property
+    def num_cpus_per_worker(self) -> float:
+        """CPUs each worker reserves."""
+        return self.worker_resources.get("CPU", 0)
+
+    @property
+    def num_gpus_per_worker(self) -> float:
+        """GPUs each worker reserves."""
+        return self.worker_resources.get("GPU", 0)
+
+    @property
+    def num_tpus_per_worker(self) -> float:
+        """TPUs each worker reserves."""
+        return self.worker_resources.get("TPU", 0)
+
+    @property
+    def additional_resources_per_worker(self) -> dict[str, float]:
+        """What each worker reserves beside CPUs and GPUs (custom resources, memory, accelerator type)."""
+        return {name: amount for name, amount in self.worker_resources.items() if name not in ("CPU", "GPU")}
+
+    def label_selector_per_worker(self, num_workers: int) -> list[dict[str, str]] | None:
+        """One label selector per worker for an attempt of ``num_workers`` workers, or None."""
+        if isinstance(self.label_selector, list):
+            return [dict(s) for s in self.label_selector[:num_workers]]
+        if isinstance(self.label_selector, dict):
+            return [dict(self.label_selector) for _ in range(num_workers)]
+        return None
+
+    def as_placement_group_factory(self) -> Any:
+        """Ray Tune resources for a trial that runs this trainer: its own small bundle, then one
+        bundle per worker (see ``trainers.tune.trial_resources``)."""
+        from trainers.tune.resources import trial_resources
+
+        return trial_resources(self)
 
 
 #: Ray's built-in resources, spelled as Ray spells them.
@@ -120,24 +276,41 @@ def _check_builtin_spelling(name: str) -> None:
             )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class FailureConfig:
     """How many failures a run survives before ``fit()`` gives up.
 
     A worker failure (exception, dead process, lost node) restarts the whole worker group from
-    the latest committed checkpoint while the budget allows.
+    the latest committed checkpoint while the budget allows. A preempted node (drained by the
+    cloud with a deadline) counts against ``max_preemption_failures`` instead.
     """
 
     #: Restarts allowed after worker failures: 0 never restarts, -1 restarts without limit.
     max_failures: int = 0
+    #: A Ray Tune setting that Ray Train V2 dropped; passing it raises DeprecationWarning.
+    fail_fast: bool | str = DEPRECATED
     #: Retries of the driver itself (the Prefect train task) after it crashed: -1 without limit.
     controller_failure_limit: int = -1
+    #: Restarts allowed after nodes were preempted (drained with a deadline): -1 without limit.
+    max_preemption_failures: int = -1
+    #: On a preemption, let the workers on the surviving nodes finish their step without waiting
+    #: at collectives for the ranks being taken away.
+    relax_collectives_on_preemption: bool = False
+    #: Seconds past the preemption deadline that workers get to finish a checkpoint before the
+    #: run restarts without them.
+    preemption_grace_s: float = 0.0
     #: Seconds a rank may lag behind the others' report of the same step (or their arrival at the
     #: same ``trainers.collective`` barrier) before the run counts it as hung (a failure,
     #: restarted per ``max_failures``). None: never.
     report_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
+        if self.fail_fast != DEPRECATED:
+            raise _deprecated(
+                "FailureConfig(fail_fast=...)",
+                "It only mattered for many Ray Tune trials at once; pass it to ray.tune.FailureConfig "
+                "for a tune.Tuner instead.",
+            )
         check_int("FailureConfig.max_failures", self.max_failures, minimum=-1, allowed="an integer >= -1 (-1 means unlimited)")
         check_int(
             "FailureConfig.controller_failure_limit",
@@ -145,31 +318,74 @@ class FailureConfig:
             minimum=-1,
             allowed="an integer >= -1 (-1 means unlimited)",
         )
+        check_int(
+            "FailureConfig.max_preemption_failures",
+            self.max_preemption_failures,
+            minimum=-1,
+            allowed="an integer >= -1 (-1 means unlimited)",
+        )
+        check_bool("FailureConfig.relax_collectives_on_preemption", self.relax_collectives_on_preemption)
+        check_number("FailureConfig.preemption_grace_s", self.preemption_grace_s, minimum=0, allowed="seconds >= 0")
         if self.report_timeout_s is not None:
             check_number(
                 "FailureConfig.report_timeout_s", self.report_timeout_s, minimum=0, strict=True, allowed="None or seconds > 0"
             )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Which datasets are split across workers (the rest reach every worker whole)."""
+    """How the trainer's Ray Data datasets reach the workers.
+
+    Datasets named in ``datasets_to_split`` are streamed to the workers in equal shards; the rest
+    reach every worker whole.
+    """
 
     #: "all", or the names of the datasets to split.
     datasets_to_split: Literal["all"] | list[str] = "all"
-    #: Ray Data execution options applied to every dataset's pipeline (``ray.data.ExecutionOptions``).
+    #: Ray Data execution options (``ray.data.ExecutionOptions``) for every dataset's pipeline, or a
+    #: dict of dataset name to options for some of them (the others keep the defaults).
     execution_options: Any = None
+    #: Let each worker's shard prefer data blocks that sit on that worker's node.
+    enable_shard_locality: bool = True
 
     def __post_init__(self) -> None:
         value = self.datasets_to_split
         if value != "all" and not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
             raise TypeError(f"DataConfig.datasets_to_split={value!r}: must be 'all' or a list of dataset names.")
+        options = self.execution_options
+        if isinstance(options, dict) and not all(isinstance(name, str) for name in options):
+            raise TypeError(
+                f"DataConfig.execution_options={options!r}: a dict must map dataset names (e.g. 'train') to "
+                "ray.data.ExecutionOptions."
+            )
+        check_bool("DataConfig.enable_shard_locality", self.enable_shard_locality)
+
+
+#: The log levels ``LoggingConfig`` accepts, as Python's logging spells them.
+LOG_LEVELS = ("CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig:
+    """How much flowtrain itself logs, in the driver and in the workers (the ``trainers`` and
+    ``storage`` loggers). Your own loggers, Ray's and the root logger are left alone."""
+
+    #: A Python log level name: "DEBUG", "INFO", "WARNING", "ERROR" or "CRITICAL" (any case).
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        level = self.log_level
+        if not isinstance(level, str) or level.upper() not in LOG_LEVELS:
+            raise ValueError(
+                f"LoggingConfig.log_level={level!r}: must be one of {', '.join(repr(l) for l in LOG_LEVELS)}."
+            )
+        object.__setattr__(self, "log_level", level.upper())
 
 
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9._\-=+@,]+$")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     """Where a run keeps its results and how it checkpoints, fails and reports.
 
@@ -183,16 +399,33 @@ class RunConfig:
     storage_path: str | None = None
     #: A ``pyarrow.fs.FileSystem`` to use for ``storage_path`` instead of resolving it from the URI.
     storage_filesystem: pyarrow.fs.FileSystem | None = None
-    #: Which checkpoints to keep.
-    checkpoint_config: CheckpointConfig | None = None
     #: How many worker failures to survive.
     failure_config: FailureConfig | None = None
+    #: Which checkpoints to keep.
+    checkpoint_config: CheckpointConfig | None = None
     #: ``UserCallback`` objects called in the driver after each report and on failures.
     callbacks: list["UserCallback"] | None = None
     #: Runtime environment for the worker actors (``ray.runtime_env.RuntimeEnv`` or dict).
     worker_runtime_env: dict | None = None
+    #: How much flowtrain logs (``LoggingConfig(log_level="DEBUG")``).
+    logging_config: LoggingConfig | None = None
+    #: Ray Tune settings Ray Train V2 dropped; passing any of them raises DeprecationWarning.
+    sync_config: Any = DEPRECATED
+    verbose: Any = DEPRECATED
+    stop: Any = DEPRECATED
+    progress_reporter: Any = DEPRECATED
+    log_to_file: Any = DEPRECATED
 
     def __post_init__(self) -> None:
+        for field in ("sync_config", "verbose", "stop", "progress_reporter", "log_to_file"):
+            if getattr(self, field) != DEPRECATED:
+                raise _deprecated(
+                    f"RunConfig({field}=...)",
+                    "It was a Ray Tune setting; to keep using it, run the trainer as one trial of a "
+                    "ray.tune.Tuner and set it there.",
+                )
+        if self.logging_config is not None and not isinstance(self.logging_config, LoggingConfig):
+            raise TypeError(f"RunConfig.logging_config={self.logging_config!r}: must be a trainers.LoggingConfig.")
         if self.name is not None:
             if not isinstance(self.name, str) or not self.name.strip():
                 raise ValueError(f"RunConfig.name={self.name!r}: must be a non-empty string.")
@@ -244,6 +477,7 @@ __all__ = [
     "CheckpointConfig",
     "DataConfig",
     "FailureConfig",
+    "LoggingConfig",
     "RunConfig",
     "ScalingConfig",
 ]

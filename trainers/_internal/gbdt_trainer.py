@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from storage import Checkpoint
 from trainers._internal import gbdt
 from trainers.backend import BackendConfig
 from trainers.config import DataConfig, RunConfig, ScalingConfig
@@ -33,7 +34,9 @@ class GBDTTrainer(DataParallelTrainer):
         run_config: RunConfig | None,
         datasets: dict[str, Any] | None,
         dataset_config: DataConfig | None,
+        validation_config: Any,
         metadata: dict[str, Any] | None,
+        resume_from_checkpoint: Checkpoint | None,
         label_column: str | None,
         params: dict[str, Any] | None,
         num_boost_round: int | None,
@@ -73,7 +76,9 @@ class GBDTTrainer(DataParallelTrainer):
             run_config=run_config,
             datasets=datasets,
             dataset_config=dataset_config,
+            validation_config=validation_config,
             metadata=metadata,
+            resume_from_checkpoint=resume_from_checkpoint,
         )
 
     def fit(self) -> Result:

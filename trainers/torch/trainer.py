@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from storage import Checkpoint
 from trainers.config import DataConfig, RunConfig, ScalingConfig
 from trainers.data_parallel_trainer import DataParallelTrainer
 from trainers.torch.config import TorchConfig
@@ -27,7 +28,9 @@ class TorchTrainer(DataParallelTrainer):
         run_config: RunConfig | None = None,
         datasets: dict[str, Any] | None = None,
         dataset_config: DataConfig | None = None,
+        validation_config: Any = None,
         metadata: dict[str, Any] | None = None,
+        resume_from_checkpoint: Checkpoint | None = None,
     ) -> None:
         if torch_config is not None and not isinstance(torch_config, TorchConfig):
             raise TypeError(f"torch_config={torch_config!r}: must be a trainers.torch.TorchConfig.")
@@ -44,5 +47,7 @@ class TorchTrainer(DataParallelTrainer):
             run_config=run_config,
             datasets=datasets,
             dataset_config=dataset_config,
+            validation_config=validation_config,
             metadata=metadata,
+            resume_from_checkpoint=resume_from_checkpoint,
         )
