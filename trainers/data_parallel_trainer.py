@@ -9,7 +9,7 @@ import socket
 import uuid
 from typing import Any, Callable
 
-from storage import CheckpointConfig, RunStorage
+from storage import Checkpoint, CheckpointConfig, RunStorage
 from trainers._internal.attempt import LocalWorkers, RayWorkers, RunSpec
 from trainers._internal.controller import Controller
 from trainers._internal.data import check_dataset_values, check_row_counts, resolve_datasets
@@ -80,7 +80,9 @@ class DataParallelTrainer:
         run_config: RunConfig | None = None,
         datasets: dict[str, Any] | None = None,
         dataset_config: DataConfig | None = None,
+        resume_from_checkpoint: Checkpoint | None = None,
         metadata: dict[str, Any] | None = None,
+        validation_config: Any = None,
     ) -> None:
         if not callable(train_loop_per_worker):
             raise TypeError(f"train_loop_per_worker={train_loop_per_worker!r}: must be a function.")
@@ -105,6 +107,11 @@ class DataParallelTrainer:
         self.datasets = datasets or {}
         self.dataset_config = dataset_config or DataConfig()
         self.metadata = metadata or {}
+        _check_type("resume_from_checkpoint", resume_from_checkpoint, Checkpoint)
+        #: Where a new run starts when its storage holds no checkpoint yet (as in Ray Train).
+        self.resume_from_checkpoint = resume_from_checkpoint
+        #: How reported checkpoints are validated (``trainers.ValidationConfig``), or None.
+        self.validation_config = validation_config
 
     # -- Ray Tune: tune.Tuner(trainer, param_space={"train_loop_config": {...}}) ------------------
 
