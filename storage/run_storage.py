@@ -27,8 +27,15 @@ from storage.errors import StorageError
 from storage.filesystem import delete_dir, display_path, exists, is_local, resolve_filesystem, write_bytes
 from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout
 from storage.lease import Lease
-from storage.retention import rank_best_first, score_of, select_kept
-from storage.snapshot import CheckpointRecord, RunSnapshot, read_snapshot, write_snapshot
+from storage.retention import flatten, rank_best_first, score_of, select_kept
+from storage.snapshot import (
+    PENDING_VALIDATION,
+    VALIDATED,
+    CheckpointRecord,
+    RunSnapshot,
+    read_snapshot,
+    write_snapshot,
+)
 
 T = TypeVar("T")
 
@@ -121,7 +128,7 @@ class RunStorage:
             self.snapshot = self._checked("read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri))
             for record in self.snapshot.checkpoints:
                 self._check_committed(record.dir_name)
-            kept = select_kept([(c.seq, c.metrics) for c in self.snapshot.checkpoints], self.checkpoint_config)
+            kept = self._kept()
             self.snapshot.to_delete.extend(c.dir_name for c in self.snapshot.checkpoints if c.seq not in kept)
             self.snapshot.checkpoints = [c for c in self.snapshot.checkpoints if c.seq in kept]
             self._write()  # what is kept is on record before anything goes
@@ -165,8 +172,14 @@ class RunStorage:
         self._write()
         return self.snapshot.attempt
 
-    def record_report(self, metrics: dict[str, Any], *, report_index: int, attempt: int, staged: bool) -> Checkpoint | None:
-        """Record one report (rank 0's metrics); with ``staged`` commit its checkpoint and return it."""
+    def record_report(
+        self, metrics: dict[str, Any], *, report_index: int, attempt: int, staged: bool, validation: Any = False
+    ) -> Checkpoint | None:
+        """Record one report (rank 0's metrics); with ``staged`` commit its checkpoint and return it.
+
+        ``validation`` (a JSON value, not False) marks the checkpoint PENDING_VALIDATION: it is
+        kept whatever its score until ``record_validation``, and its score may come from there.
+        """
         if attempt != self.snapshot.attempt:
             raise StorageError(
                 f"report {report_index} of attempt {attempt} arrived after attempt {self.snapshot.attempt} began "
@@ -178,7 +191,7 @@ class RunStorage:
                 self._write()
             return None
         attribute = self.checkpoint_config.checkpoint_score_attribute
-        if attribute is not None:
+        if attribute is not None and not validation:  # a validation may report the score later
             try:
                 score_of(metrics, attribute)
             except KeyError as error:
@@ -187,16 +200,59 @@ class RunStorage:
         seq = self.snapshot.next_seq
         self._commit_folder(self.layout.staging_path(attempt, report_index), self.layout.checkpoint_path(seq))
         self.snapshot.checkpoints.append(
-            CheckpointRecord(seq=seq, dir_name=RunLayout.checkpoint_name(seq), metrics=metrics, report=len(self.snapshot.reports) - 1)
+            CheckpointRecord(
+                seq=seq,
+                dir_name=RunLayout.checkpoint_name(seq),
+                metrics=metrics,
+                report=len(self.snapshot.reports) - 1,
+                **({"status": PENDING_VALIDATION, "validation": validation} if validation else {}),
+            )
         )
         self.snapshot.next_seq = seq + 1
-        kept = select_kept([(c.seq, c.metrics) for c in self.snapshot.checkpoints], self.checkpoint_config)
+        self._apply_retention()  # writes the commit point: from here the checkpoint exists
+        return Checkpoint(self.layout.checkpoint_path(seq), self.filesystem)
+
+    def record_validation(self, dir_name: str, metrics: dict[str, Any], status: str) -> None:
+        """Record how the validation of checkpoint ``dir_name`` ended (VALIDATED merges ``metrics``
+        into its metrics; VALIDATION_TIMEOUT / VALIDATION_FAILED keep them), then apply retention."""
+        for record in self.snapshot.checkpoints:
+            if record.dir_name == dir_name:
+                if status == VALIDATED:
+                    record.metrics = {**record.metrics, **metrics}  # a new dict: the report's own row stays as reported
+                record.status = status
+                self._apply_retention()
+                return
+
+    @property
+    def pending_validations(self) -> list[CheckpointRecord]:
+        """Kept checkpoints whose validation has not ended, oldest first."""
+        return [c for c in self.snapshot.checkpoints if c.status == PENDING_VALIDATION]
+
+    def _kept(self) -> set[int]:
+        """Retention's choice; checkpoints awaiting validation are kept whatever their score."""
+        kept = select_kept(self._rankable(), self.checkpoint_config)
+        return kept | {c.seq for c in self.pending_validations}
+
+    def _rankable(self) -> list[tuple[int, dict[str, Any]]]:
+        """(seq, metrics) of the kept checkpoints for ranking. A checkpoint whose score attribute
+        was not reported (it was to come from a validation that failed or has not ended) ranks
+        last, as a non-number does."""
+        attribute = self.checkpoint_config.checkpoint_score_attribute
+        rankable = []
+        for c in self.snapshot.checkpoints:
+            metrics = c.metrics
+            if attribute is not None and attribute not in flatten(metrics):
+                metrics = {**metrics, attribute: None}
+            rankable.append((c.seq, metrics))
+        return rankable
+
+    def _apply_retention(self) -> None:
+        kept = self._kept()
         dropped = [c.dir_name for c in self.snapshot.checkpoints if c.seq not in kept]
         self.snapshot.checkpoints = [c for c in self.snapshot.checkpoints if c.seq in kept]
         self.snapshot.to_delete.extend(dropped)
-        self._write()  # the commit point: from here the checkpoint exists and the dropped ones do not
+        self._write()  # what is kept is on record before anything is deleted
         self._delete_dropped()
-        return Checkpoint(self.layout.checkpoint_path(seq), self.filesystem)
 
     def rewind_to_latest_checkpoint(self) -> Checkpoint | None:
         """Forget reports made after the latest checkpoint (a restart reports them again)."""
@@ -237,7 +293,7 @@ class RunStorage:
     def best_checkpoints(self) -> list[tuple[Checkpoint, dict[str, Any]]]:
         """The kept checkpoints with their metrics, best first by the CheckpointConfig's rule."""
         records = {c.seq: c for c in self.snapshot.checkpoints}
-        order = rank_best_first([(c.seq, c.metrics) for c in records.values()], self.checkpoint_config)
+        order = rank_best_first(self._rankable(), self.checkpoint_config)
         return [(Checkpoint(self.layout.checkpoint_path(seq), self.filesystem), records[seq].metrics) for seq in order]
 
     # -- internals --------------------------------------------------------------------------------

@@ -21,6 +21,13 @@ from storage.layout import RunLayout
 
 FORMAT = 1
 
+#: ``CheckpointRecord.status`` values (Ray Train's ``ReportedCheckpointStatus`` names).
+COMMITTED = "COMMITTED"
+PENDING_VALIDATION = "PENDING_VALIDATION"
+VALIDATED = "VALIDATED"
+VALIDATION_TIMEOUT = "VALIDATION_TIMEOUT"
+VALIDATION_FAILED = "VALIDATION_FAILED"
+
 logger = logging.getLogger(__name__)
 
 
@@ -30,9 +37,15 @@ class CheckpointRecord:
 
     seq: int
     dir_name: str
+    #: Rank 0's reported metrics, with its validation's metrics merged in once it is validated.
     metrics: dict[str, Any]
     #: Position of its report in ``RunSnapshot.reports``.
     report: int
+    #: COMMITTED, or where its validation stands (PENDING_VALIDATION, VALIDATED, ...).
+    status: str = COMMITTED
+    #: The validation asked for in ``report(validation=...)``: False, True, or
+    #: ``{"fn_kwargs": ..., "timeout_s": ...}``; kept so a resumed run can validate it again.
+    validation: Any = False
 
 
 @dataclasses.dataclass
@@ -66,7 +79,8 @@ class RunSnapshot:
         body.pop("format")
         known = {f.name for f in dataclasses.fields(cls)}
         body = {k: v for k, v in body.items() if k in known}  # newer writers may add fields
-        body["checkpoints"] = [CheckpointRecord(**c) for c in body.get("checkpoints", [])]
+        fields = {f.name for f in dataclasses.fields(CheckpointRecord)}
+        body["checkpoints"] = [CheckpointRecord(**{k: v for k, v in c.items() if k in fields}) for c in body.get("checkpoints", [])]
         return cls(**body)
 
 

@@ -187,7 +187,7 @@ def without_traceback(error: BaseException) -> BaseException:
     message, cut, _ = str(error).partition("\nTraceback of rank ")
     if not isinstance(error, WorkerGroupError) or not cut:
         return error
-    return WorkerGroupError(
+    return type(error)(  # NCCLHangError stays an NCCLHangError
         f"{message}\n(Each failed rank's traceback is in the train task run's logs.)",
         error.worker_failures,
         error.failures,

@@ -10,12 +10,13 @@ from storage import Checkpoint, CheckpointConfig
 from trainers import collective
 from trainers.backend import Backend, BackendConfig
 from trainers.callback import TrainRunContext, UserCallback
-from trainers.config import DataConfig, FailureConfig, RunConfig, ScalingConfig
+from trainers.config import TRAIN_DATASET_KEY, DataConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 from trainers.context import TrainContext, get_context
 from trainers.data_parallel_trainer import DataParallelTrainer
 from trainers.errors import (
     ControllerError,
     InsufficientResourcesError,
+    NCCLHangError,
     RankFailure,
     TrainingFailedError,
     WorkerGroupError,
@@ -35,10 +36,13 @@ __all__ = [
     "DataParallelTrainer",
     "FailureConfig",
     "InsufficientResourcesError",
+    "LoggingConfig",
+    "NCCLHangError",
     "RankFailure",
     "Result",
     "RunConfig",
     "ScalingConfig",
+    "TRAIN_DATASET_KEY",
     "TrainContext",
     "TrainRunContext",
     "TrainingFailedError",

@@ -29,6 +29,14 @@ class Backend:
 class BackendConfig:
     """Configuration of a backend; ``backend_cls`` names the Backend it configures."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """The configuration's fields as a dict (as Ray's ``BackendConfig.to_dict``)."""
+        import dataclasses
+
+        if dataclasses.is_dataclass(self):
+            return dataclasses.asdict(self)
+        return dict(vars(self))
+
     @property
     def backend_cls(self) -> type[Backend]:
         return Backend
@@ -50,4 +58,9 @@ class BackendConfig:
     @property
     def framework(self) -> str | None:
         """A short name shown in logs (``"torch"``), or None."""
+        return None
+
+    def collective_backend(self, use_gpu: bool) -> str | None:
+        """The library the workers' collectives run on (``"nccl"``, ``"gloo"``), or None when the
+        backend sets up none. A hang found in an NCCL run is raised as ``NCCLHangError``."""
         return None

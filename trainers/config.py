@@ -332,6 +332,10 @@ class FailureConfig:
             )
 
 
+#: The dataset name Ray Train's trainers treat as the training set (``datasets={"train": ds}``).
+TRAIN_DATASET_KEY = "train"
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """How the trainer's Ray Data datasets reach the workers.
@@ -478,6 +482,7 @@ __all__ = [
     "DataConfig",
     "FailureConfig",
     "LoggingConfig",
+    "TRAIN_DATASET_KEY",
     "RunConfig",
     "ScalingConfig",
 ]

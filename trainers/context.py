@@ -82,6 +82,29 @@ class TrainContext:
         """The run's name; kept for Ray Train (Tune) code that asks for a trial name."""
         return self.experiment_name
 
+    def get_trial_id(self) -> str:
+        """Removed in Ray Train V2 (raises DeprecationWarning): use ``ray.tune.get_context()`` in a Tune trial."""
+        raise _tune_only("get_trial_id")
+
+    def get_trial_resources(self) -> Any:
+        """Removed in Ray Train V2 (raises DeprecationWarning): use ``ray.tune.get_context()`` in a Tune trial."""
+        raise _tune_only("get_trial_resources")
+
+    def get_trial_dir(self) -> str:
+        """Removed in Ray Train V2 (raises DeprecationWarning): pass the folder you need in
+        ``train_loop_config``, or use ``get_storage()`` for the run's folder."""
+        raise _tune_only("get_trial_dir")
+
+
+def _tune_only(method: str) -> DeprecationWarning:
+    from storage.config import deprecated
+
+    return deprecated(
+        f"get_context().{method}()",
+        "It described a Ray Tune trial; inside a Tune trial ask ray.tune.get_context(), and pass "
+        "anything else the training function needs in train_loop_config.",
+    )
+
 
 _current: TrainContext | None = None
 

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import logging
 import os
 import socket
 import uuid
+import warnings
 from typing import Any, Callable
 
 from storage import Checkpoint, CheckpointConfig, RunStorage
 from trainers._internal.attempt import LocalWorkers, RayWorkers, RunSpec
 from trainers._internal.controller import Controller
-from trainers._internal.data import check_dataset_values, check_row_counts, resolve_datasets
+from trainers._internal.log_level import log_level
+from trainers._internal.data import capture_data_context, check_dataset_values, check_row_counts, resolve_datasets
 from trainers._internal.progress import ProgressLine
 from trainers.backend import BackendConfig
 from trainers.callback import TrainRunContext
@@ -20,6 +23,8 @@ from trainers.config import DataConfig, FailureConfig, RunConfig, ScalingConfig
 from trainers.context import StorageInfo
 from trainers.errors import ControllerError, TrainingFailedError, WorkerGroupError
 from trainers.result import Result
+
+logger = logging.getLogger(__name__)
 
 #: Seconds to wait for the placement group, the actors and the backend before counting a failure.
 DEFAULT_START_TIMEOUT_S = float(os.environ.get("FLOWTRAIN_WORKER_START_TIMEOUT_S", "120"))
@@ -61,6 +66,25 @@ def _check_type(field: str, value: Any, cls: type) -> None:
         raise TypeError(f"{field}={value!r}: must be a trainers.{cls.__name__}.")
 
 
+def _restore_removed(cls: type, method: str) -> DeprecationWarning:
+    from storage.config import deprecated
+
+    return deprecated(
+        f"{cls.__name__}.{method}()",
+        "To continue a run, build the trainer again with the same RunConfig(storage_path=..., name=...) "
+        "and call fit(): it resumes from the run's latest checkpoint. To start a new run from a "
+        "checkpoint, pass resume_from_checkpoint=.",
+    )
+
+
+def _caller_stacklevel() -> int:
+    """The stack level of the user's line that built the trainer (past our own subclasses' __init__)."""
+    frame, level = inspect.currentframe(), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("trainers."):
+        frame, level = frame.f_back, level + 1
+    return level - 1
+
+
 class DataParallelTrainer:
     """Runs ``train_loop_per_worker`` on ``scaling_config.num_workers`` workers.
 
@@ -88,9 +112,13 @@ class DataParallelTrainer:
             raise TypeError(f"train_loop_per_worker={train_loop_per_worker!r}: must be a function.")
         self._takes_config = _takes_config(train_loop_per_worker)
         if train_loop_config is not None and not self._takes_config:
-            raise ValueError(
-                "train_loop_config was given, but train_loop_per_worker takes no argument; "
-                "add a `config` parameter to receive it."
+            # Ray Train accepts this (its own XGBoost and LightGBM tests do it) and drops the config.
+            warnings.warn(
+                f"train_loop_config was given, but train_loop_per_worker "
+                f"{getattr(train_loop_per_worker, '__name__', '')!r} takes no argument, so it never sees "
+                "the config; add a `config` parameter to receive it.",
+                UserWarning,
+                stacklevel=_caller_stacklevel(),
             )
         _check_type("scaling_config", scaling_config, ScalingConfig)
         _check_type("run_config", run_config, RunConfig)
@@ -112,6 +140,20 @@ class DataParallelTrainer:
         self.resume_from_checkpoint = resume_from_checkpoint
         #: How reported checkpoints are validated (``trainers.ValidationConfig``), or None.
         self.validation_config = validation_config
+
+    # -- Ray Train V1 leftovers ------------------------------------------------------------------
+
+    @classmethod
+    def restore(cls, *args: Any, **kwargs: Any) -> "DataParallelTrainer":
+        """Removed in Ray Train V2 (raises DeprecationWarning): build the trainer again with the
+        same ``RunConfig(storage_path=..., name=...)`` and call ``fit()``; it resumes the run."""
+        raise _restore_removed(cls, "restore")
+
+    @classmethod
+    def can_restore(cls, *args: Any, **kwargs: Any) -> bool:
+        """Removed in Ray Train V2 (raises DeprecationWarning): a run resumes whenever its
+        ``RunConfig(storage_path=..., name=...)`` folder holds a checkpoint."""
+        raise _restore_removed(cls, "can_restore")
 
     # -- Ray Tune: tune.Tuner(trainer, param_space={"train_loop_config": {...}}) ------------------
 
@@ -148,6 +190,11 @@ class DataParallelTrainer:
         # Ray Tune names the trainable (and its trials) after this.
         return type(self).__name__
 
+    @property
+    def _log_level(self) -> str | None:
+        logging_config = self.run_config.logging_config
+        return logging_config.log_level if logging_config is not None else None
+
     def _default_name(self) -> str:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         return f"{type(self).__name__}_{stamp}"
@@ -168,13 +215,14 @@ class DataParallelTrainer:
 
             ensure_ray()
         if scaling.num_workers > 0:
-            from trainers._internal.resources import check_feasible, cluster_nodes, leave_cpu_for_data
+            from trainers._internal.resources import check_feasible, check_label_selector, cluster_nodes, leave_cpu_for_data
 
             _check_picklable("train_loop_per_worker", self.train_loop_per_worker)
             _check_picklable("train_loop_config", self.train_loop_config)
 
             nodes = cluster_nodes()
             check_feasible(scaling, nodes)
+            check_label_selector(scaling)
             if self.datasets:
                 scaling = leave_cpu_for_data(scaling, nodes)
         if self.datasets:
@@ -182,7 +230,8 @@ class DataParallelTrainer:
             check_row_counts(datasets, self.dataset_config, max(1, scaling.num_workers))
         storage.open(owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
         try:
-            return self._run(name, storage, scaling, datasets)
+            with log_level(self._log_level):
+                return self._run(name, storage, scaling, datasets)
         finally:
             storage.close()
 
@@ -209,6 +258,8 @@ class DataParallelTrainer:
             start_timeout_s=DEFAULT_START_TIMEOUT_S,
             runtime_env=run_config.worker_runtime_env,
             score_attribute=storage.checkpoint_config.checkpoint_score_attribute,
+            log_level=self._log_level,
+            data_context=capture_data_context(),
         )
         workers = LocalWorkers(spec) if scaling.num_workers == 0 else RayWorkers(spec)
         callbacks = list(run_config.callbacks or [])
@@ -218,6 +269,8 @@ class DataParallelTrainer:
             return TrainRunContext(name, storage.run_uri, attempt, run_config, scaling, self.train_loop_config)
 
         def on_report(attempt, metrics, checkpoint):
+            if checkpoint is not None:
+                logger.debug("%s: committed %s (attempt %d)", name, checkpoint.path, attempt)
             progress.update(attempt, metrics[0])
             for callback in callbacks:
                 callback.after_report(context(attempt), metrics, checkpoint)
@@ -227,6 +280,10 @@ class DataParallelTrainer:
                 callback.after_exception(context(attempt), {rank: e.error for rank, e in failed.items()})
 
         def on_restart(attempt, failures, checkpoint):
+            logger.info(
+                "%s: attempt %d failed (%s); restarting from %s", name, attempt,
+                "; ".join(f.describe() for f in failures), checkpoint.path if checkpoint else "the start",
+            )
             progress.note(f"restarting after attempt {attempt} failed; resuming from {checkpoint.path if checkpoint else 'the start'}")
             for callback in callbacks:
                 callback.on_restart(context(attempt), failures, checkpoint)
@@ -238,6 +295,7 @@ class DataParallelTrainer:
             max_failures=failure_config.max_failures,
             report_timeout_s=failure_config.report_timeout_s,
             is_setup_clash=self.backend_config.is_setup_clash,
+            collective_backend=self.backend_config.collective_backend(scaling.use_gpu),
             on_report=on_report,
             on_failure=on_failure,
             on_restart=on_restart,

@@ -40,14 +40,14 @@ class WorkerGroupError(TrainingFailedError):
 
     def __init__(
         self,
-        message: str,
+        error_message: str,
         worker_failures: dict[int, BaseException],
         failures: dict[int, RankFailure] | None = None,
         *,
         attempt: int = 0,
         budget_exhausted: bool = False,
     ) -> None:
-        super().__init__(message)
+        super().__init__(error_message)
         self.worker_failures = worker_failures
         self.failures = failures or {}
         self.attempt = attempt
@@ -56,14 +56,32 @@ class WorkerGroupError(TrainingFailedError):
     def __reduce__(self):
         return (
             _rebuild_worker_group_error,
-            (str(self), self.worker_failures, self.failures, self.attempt, self.budget_exhausted),
+            (type(self), str(self), self.worker_failures, self.failures, self.attempt, self.budget_exhausted),
         )
 
 
-def _rebuild_worker_group_error(message, worker_failures, failures, attempt, budget_exhausted):
-    return WorkerGroupError(
-        message, worker_failures, failures, attempt=attempt, budget_exhausted=budget_exhausted
-    )
+class NCCLHangError(WorkerGroupError):
+    """Workers hung in an NCCL collective (GPU training): some rank stopped reporting while the
+    others waited for it in an all-reduce or barrier.
+
+    Raised instead of a plain ``WorkerGroupError`` when ``FailureConfig.report_timeout_s`` finds
+    a hung rank in a run whose backend is NCCL, so GPU users can catch hangs on their own.
+    """
+
+
+def worker_group_error_type(failures: "list[RankFailure]", collective_backend: str | None) -> type[WorkerGroupError]:
+    """``NCCLHangError`` when a rank hung in a run whose collectives use NCCL, else ``WorkerGroupError``.
+
+    A hang on NCCL needs a GPU-specific fix (NCCL_DEBUG, timeouts, a bad link), so GPU users get a
+    type of its own to catch; on gloo the same hang is an ordinary worker failure.
+    """
+    if collective_backend == "nccl" and any(f.kind == "hung" for f in failures):
+        return NCCLHangError
+    return WorkerGroupError
+
+
+def _rebuild_worker_group_error(cls, message, worker_failures, failures, attempt, budget_exhausted):
+    return cls(message, worker_failures, failures, attempt=attempt, budget_exhausted=budget_exhausted)
 
 
 class ControllerError(TrainingFailedError):

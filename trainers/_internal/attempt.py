@@ -17,7 +17,7 @@ import pyarrow.fs
 
 from storage import Checkpoint
 from storage.layout import RunLayout
-from trainers._internal.data import split_datasets
+from trainers._internal.data import install_data_context, split_datasets
 from trainers._internal.events import Event
 from trainers._internal.session import WorkerSession
 from trainers._internal.worker import run_training_function
@@ -47,6 +47,11 @@ class RunSpec:
     runtime_env: dict | None = None
     #: ``CheckpointConfig.checkpoint_score_attribute``, checked by ``report()`` in the workers.
     score_attribute: str | None = None
+    #: The driver's Ray Data ``DataContext`` when ``fit()`` was called, installed in every worker
+    #: (None: the driver never imported Ray Data, the workers' default is the same).
+    data_context: Any = None
+    #: ``LoggingConfig.log_level`` for flowtrain's loggers in the workers (None: leave them be).
+    log_level: str | None = None
 
 
 def _session_args(spec: RunSpec, context: TrainContext, attempt: int, checkpoint: Checkpoint | None, shards: dict) -> dict:
@@ -74,14 +79,26 @@ class RayWorkers:
 
     def launch(self, attempt: int, checkpoint: Checkpoint | None) -> None:
         spec = self.spec
-        # Splitting first starts Ray Data's split coordinator (an actor that needs a process of its
-        # own) while the workers start and import their framework, not after them: the first
-        # batch no longer also waits for that process to start.
-        shards = split_datasets(spec.datasets, spec.dataset_config, self.world_size)
+        shards: list[dict[str, Any]] = []
+
+        def split(node_ids: list[str]) -> None:
+            # Splitting once the nodes are known but before the actors start gives each shard its
+            # worker's node as locality hint, and starts Ray Data's split coordinator (an actor that
+            # needs a process of its own) while the workers start and import their framework, not
+            # after them: the first batch no longer also waits for that process to start.
+            shards.extend(split_datasets(spec.datasets, spec.dataset_config, self.world_size, node_ids))
+
         self.group = group = RayWorkerGroup(
             scaling=spec.scaling, start_timeout_s=spec.start_timeout_s, runtime_env=spec.runtime_env
         )
-        group.start()
+        group.start(on_placed=split)
+        import ray
+
+        installed = (
+            [w.actor.execute.remote(install_data_context, spec.data_context) for w in group.workers]
+            if spec.data_context is not None
+            else []
+        )
         self._nodes = {w.ranks.world_rank: (w.metadata.node_id, w.metadata.node_ip) for w in group.workers}
         accelerators: list[tuple[int, ...]] = [() for _ in group.workers]
         if spec.scaling.use_gpu:
@@ -94,6 +111,10 @@ class RayWorkers:
 
             ray.get([w.actor.set_env.remote({"CUDA_VISIBLE_DEVICES": v}) for w, (v, _) in zip(group.workers, visible)])
             accelerators = [ids for _, ids in visible]
+        if spec.log_level is not None:
+            from trainers._internal.log_level import apply_log_level
+
+            group.execute(apply_log_level, spec.log_level)
         self.backend.on_start(group, spec.backend_config)
         session_args = []
         for worker, ids, shard in zip(group.workers, accelerators, shards):
@@ -109,6 +130,7 @@ class RayWorkers:
                 metadata=spec.metadata,
             )
             session_args.append(_session_args(spec, context, attempt, checkpoint, shard))
+        ray.get(installed)  # the training function must find the driver's DataContext from its first line
         self.backend.on_training_start(group, spec.backend_config)
         group.start_training(
             spec.train_fn, spec.train_loop_config, spec.takes_config, session_args, spec.backend_config.train_func_context

@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol
 
 from storage import Checkpoint
 from trainers._internal.events import NOT_TRAINING, Event, FailedEvent, FinishedEvent, ReportEvent, SyncEvent
-from trainers.errors import RankFailure, WorkerGroupError
+from trainers.errors import RankFailure, WorkerGroupError, worker_group_error_type
 
 
 class Workers(Protocol):
@@ -75,6 +75,7 @@ class Controller:
         report_timeout_s: float | None = None,
         is_setup_clash: Callable[[BaseException], bool] = lambda error: False,
         clock: Callable[[], float] = time.monotonic,
+        collective_backend: str | None = None,
     ) -> None:
         self.workers = workers
         self.storage = storage
@@ -87,6 +88,8 @@ class Controller:
         self.report_timeout_s = report_timeout_s
         self.clock = clock
         self.is_setup_clash = is_setup_clash
+        #: "nccl", "gloo" or None: a hang in an NCCL run is raised as NCCLHangError.
+        self.collective_backend = collective_backend
         self.setup_clash_restarts = 0
         #: When the first rank reported each pending round (for the report timeout).
         self._first_seen: dict[int, float] = {}
@@ -378,7 +381,8 @@ class Controller:
         first = failures[0]
         if first.traceback:
             lines.append(f"Traceback of rank {first.world_rank}:\n{first.traceback.rstrip()}")
-        return WorkerGroupError(
+        error_type = worker_group_error_type(failures, self.collective_backend)
+        return error_type(
             "\n".join(lines),
             {event.world_rank: event.error for event in self._failed.values()},
             {f.world_rank: f for f in failures},

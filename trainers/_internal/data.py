@@ -1,13 +1,24 @@
-"""Give each worker its part of the trainer's datasets (Ray Data ``streaming_split``)."""
+"""Give each worker its part of the trainer's datasets, the way Ray Train 2.60 does.
+
+Split datasets are streamed to the workers in equal shards (``streaming_split``); the others reach
+every worker whole. Each dataset runs with ``DataConfig.execution_options`` (per dataset, or one
+for all) or else the ingest defaults taken from the driver's ``DataContext``, and that whole
+``DataContext`` is also installed in every worker, so ``ray.data`` inside the training function
+behaves as it does in the driver.
+"""
 
 from __future__ import annotations
 
+import copy
+import sys
+import warnings
 from typing import Any
 
 from trainers.config import DataConfig
 
 
 def is_dataset(value: Any) -> bool:
+    """Whether ``value`` is a Ray Data dataset (anything that can be split and iterated)."""
     return hasattr(value, "streaming_split") and hasattr(value, "iterator")
 
 
@@ -40,38 +51,149 @@ def resolve_datasets(datasets: dict[str, Any] | None) -> dict[str, Any]:
     return resolved
 
 
-def check_row_counts(datasets: dict[str, Any], config: DataConfig, world_size: int) -> None:
-    """Empty datasets, and split ones with fewer rows than workers, fail before any worker starts."""
-    to_split = set(datasets) if config.datasets_to_split == "all" else set(config.datasets_to_split)
-    for name, dataset in datasets.items():
-        rows = dataset.count()
-        if rows == 0:
-            raise ValueError(f"datasets[{name!r}] is empty: it has no rows to train on.")
-        if name in to_split and rows < world_size:
-            raise ValueError(
-                f"datasets[{name!r}] has {rows} row(s) for {world_size} workers: every worker needs at least one. "
-                f"Use fewer workers, or leave it whole with DataConfig(datasets_to_split=[...]) without {name!r}."
-            )
+def _names_to_split(datasets: dict[str, Any], config: DataConfig) -> set[str]:
+    return set(datasets) if config.datasets_to_split == "all" else set(config.datasets_to_split)
 
 
-def split_datasets(datasets: dict[str, Any], config: DataConfig, world_size: int) -> list[dict[str, Any]]:
-    """One ``{name: DataIterator}`` per rank: split datasets are streamed in equal shards, the others
-    reach every rank whole."""
-    to_split = set(datasets) if config.datasets_to_split == "all" else set(config.datasets_to_split)
-    unknown = to_split - set(datasets)
+def check_datasets_to_split(datasets: dict[str, Any], config: DataConfig) -> None:
+    """``DataConfig.datasets_to_split`` names only datasets the trainer was given."""
+    unknown = _names_to_split(datasets, config) - set(datasets)
     if unknown:
         raise ValueError(
             f"DataConfig.datasets_to_split names {sorted(unknown)}, which the trainer was not given; "
             f"its datasets are {sorted(datasets)}."
         )
+
+
+def check_row_counts(datasets: dict[str, Any], config: DataConfig, world_size: int) -> None:
+    """Check ``datasets_to_split``, and warn, before any worker starts, about datasets some workers
+    will see no rows of.
+
+    As in Ray Train, neither case is an error: an empty dataset gives every worker an empty
+    iterator, and so does a split dataset with fewer rows than workers (its shards are equal, and
+    Ray Data drops the rows left over). A training loop that expects rows would then see none,
+    so say it now.
+    """
+    check_datasets_to_split(datasets, config)
+    to_split = _names_to_split(datasets, config)
+    for name, dataset in datasets.items():
+        rows = dataset.count()
+        if rows == 0:
+            warnings.warn(
+                f"datasets[{name!r}] is empty: every worker's get_dataset_shard({name!r}) will yield no rows.",
+                stacklevel=3,
+            )
+        elif name in to_split and rows < world_size:
+            warnings.warn(
+                f"datasets[{name!r}] has {rows} row(s) for {world_size} workers: its shards are equal and Ray Data "
+                "drops the rows left over, so every worker gets an empty shard. Use fewer workers, or give every "
+                f"worker all of it with DataConfig(datasets_to_split=[...]) without {name!r}.",
+                stacklevel=3,
+            )
+
+
+# -- the driver's DataContext, in the workers ---------------------------------------------------
+
+
+def capture_data_context() -> Any | None:
+    """A copy of the driver's current Ray Data ``DataContext``, to install in the workers.
+
+    None when this process never imported Ray Data: then nobody here could have changed the
+    context, the workers' default one is the same, and no worker needs to import Ray Data for it.
+    """
+    if "ray.data" not in sys.modules:
+        return None
+    from ray.data import DataContext
+
+    return copy.deepcopy(DataContext.get_current())
+
+
+def install_data_context(context: Any) -> None:
+    """Make ``context`` this process's current Ray Data ``DataContext`` (run in each worker)."""
+    from ray.data import DataContext
+
+    DataContext._set_current(context)
+
+
+# -- DataConfig's meaning, as Ray Train's ------------------------------------------------------
+
+
+def default_ingest_options() -> Any:
+    """The Ray Data ``ExecutionOptions`` a dataset gets when ``DataConfig.execution_options`` names
+    none for it: the resource limits, excluded resources, ordering and progress verbosity set in
+    the current ``DataContext`` (as Ray Train's ``DataConfig.default_ingest_options``)."""
+    from ray.data import DataContext, ExecutionOptions
+
+    current = DataContext.get_current().execution_options
+    return ExecutionOptions(
+        resource_limits=current.resource_limits,
+        exclude_resources=current.exclude_resources,
+        preserve_order=current.preserve_order,
+        verbose_progress=current.verbose_progress,
+    )
+
+
+def execution_options_for(config: DataConfig, name: str) -> Any:
+    """A fresh copy of the ``ExecutionOptions`` dataset ``name`` runs with: the one given for all
+    datasets, or the one given for ``name`` in a dict, or else ``default_ingest_options()``."""
+    given = config.execution_options
+    if isinstance(given, dict):
+        given = given.get(name)
+    return copy.deepcopy(given if given is not None else default_ingest_options())
+
+
+def configure(
+    config: DataConfig,
+    datasets: dict[str, Any],
+    world_size: int,
+    worker_handles: list[Any] | None = None,
+    worker_node_ids: list[str] | None = None,
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
+    """One ``{name: DataIterator}`` per worker rank, as Ray Train's ``DataConfig.configure``.
+
+    Each dataset runs on a copy with its own execution options (the dataset you passed is left as
+    it is, except that an unnamed one is named after its key, as Ray Train does). Datasets in
+    ``datasets_to_split`` are streamed in equal shards; with ``enable_shard_locality`` each shard
+    prefers blocks on its worker's node (``worker_node_ids``, in rank order). The others reach every
+    rank whole. ``worker_handles`` and ``kwargs`` are accepted for Ray's signature and not used.
+    """
+    to_split = _names_to_split(datasets, config)
+    hints = list(worker_node_ids) if config.enable_shard_locality and worker_node_ids else None
     shards: list[dict[str, Any]] = [{} for _ in range(world_size)]
     for name, dataset in datasets.items():
-        if config.execution_options is not None:
-            dataset.context.execution_options = config.execution_options
+        if dataset.name is None:
+            dataset.set_name(name)
+        # A copy with a context of its own: the options set here must not reach the caller's dataset.
+        dataset = type(dataset).copy(dataset, _deep_copy=True)
+        dataset.context.execution_options = execution_options_for(config, name)
         if name in to_split and world_size > 1:
-            parts = dataset.streaming_split(world_size, equal=True)
+            parts = dataset.streaming_split(world_size, equal=True, locality_hints=hints)
         else:
+            # One rank reads a split dataset whole too: an iterator of its own needs no split
+            # coordinator actor, so its first batch comes sooner.
             parts = [dataset.iterator()] * world_size
         for rank in range(world_size):
             shards[rank][name] = parts[rank]
+    return shards
+
+
+def split_datasets(
+    datasets: dict[str, Any], config: DataConfig, world_size: int, worker_node_ids: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """One ``{name: DataIterator}`` per rank, made by ``config.configure`` (so a ``DataConfig``
+    subclass that overrides it decides, as in Ray Train); ``worker_node_ids`` are the workers'
+    nodes in rank order, for shard locality."""
+    check_datasets_to_split(datasets, config)
+    method = getattr(config, "configure", None)
+    if method is None:
+        shards = configure(config, datasets, world_size, None, worker_node_ids)
+    else:
+        shards = method(datasets, world_size=world_size, worker_handles=None, worker_node_ids=worker_node_ids)
+    if not isinstance(shards, list) or len(shards) != world_size:
+        raise TypeError(
+            f"{type(config).__name__}.configure returned {type(shards).__name__} of length "
+            f"{len(shards) if isinstance(shards, list) else '?'}: it must return a list with one "
+            f"{{name: DataIterator}} dict per worker ({world_size})."
+        )
     return shards

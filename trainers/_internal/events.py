@@ -15,6 +15,8 @@ class ReportEvent:
     metrics: dict[str, Any]
     #: True when this rank uploaded checkpoint files into the staging folder of ``index``.
     staged: bool
+    #: ``report(validation=...)``: False, True or a ``trainers.ValidationTaskConfig``.
+    validation: Any = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +48,20 @@ class SyncEvent:
     data: Any = None
 
 
-Event = ReportEvent | FinishedEvent | FailedEvent | SyncEvent
+@dataclasses.dataclass(frozen=True)
+class CheckpointsQuery:
+    """Worker ``world_rank`` called ``get_all_reported_checkpoints()``: answer (query ``query_id``)
+    once the first ``num_reports`` rounds of this attempt are committed and, with ``validated``,
+    no validation is pending; with ``wait=False`` (its timeout passed) answer at once."""
+
+    world_rank: int
+    query_id: int
+    num_reports: int
+    validated: bool
+    wait: bool = True
+
+
+Event = ReportEvent | FinishedEvent | FailedEvent | SyncEvent | CheckpointsQuery
 
 #: What a worker's ``activity()`` answers once its training function has ended (raised or
 #: returned): every event it will send is then already queued, which the controller relies on.

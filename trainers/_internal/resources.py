@@ -212,3 +212,69 @@ def stuck_beside_other_groups(scaling: ScalingConfig, own: object) -> str | None
     except InsufficientResourcesError:
         return f"{others} other placement group(s) (Tune trials' own included) hold {_fmt(held)} and no trainer is training"
     return None
+
+
+# -- label selectors ------------------------------------------------------------------------------
+
+#: The label every Ray node carries with its own id: left out of messages (it says nothing new).
+_NODE_ID_LABEL = "ray.io/node-id"
+
+
+def label_matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    """Whether a node with ``labels`` satisfies ``selector``, read as Ray's scheduler reads it:
+    ``"v"`` (the label is v), ``"!v"`` (it is not v, or absent), ``"in(a,b)"`` (one of them) and
+    ``"!in(a,b)"`` (none of them, or absent)."""
+    for key, wanted in selector.items():
+        negated = wanted.startswith("!")
+        text = wanted[1:] if negated else wanted
+        if text.startswith("in(") and text.endswith(")"):
+            values = {v.strip() for v in text[3:-1].split(",")}
+        else:
+            values = {text}
+        inside = key in labels and labels[key] in values
+        if inside == negated:
+            return False
+    return True
+
+
+def _user_labels(node: dict) -> dict[str, str]:
+    return {k: v for k, v in sorted((node.get("Labels") or {}).items()) if k != _NODE_ID_LABEL}
+
+
+def check_label_selector(scaling: ScalingConfig, nodes: list[dict] | None = None) -> None:
+    """Raise ``InsufficientResourcesError`` when ``ScalingConfig.label_selector`` leaves some worker
+    no live node to run on, or too few for the workers that need it; before anything is reserved.
+
+    ``nodes`` are Ray's node records (``ray.nodes()``, the default). Each distinct selector is
+    checked with the workers that carry it, over the nodes it matches. Only total capacity counts,
+    as in ``check_feasible``.
+    """
+    selectors = scaling.label_selector_per_worker(scaling.min_workers)
+    if not selectors:
+        return
+    if nodes is None:
+        import ray
+
+        nodes = ray.nodes()
+    live = [node for node in nodes if node.get("Alive")]
+    groups: dict[str, tuple[dict[str, str], list[int]]] = {}
+    for rank, selector in enumerate(selectors):
+        groups.setdefault(repr(sorted(selector.items())), (selector, []))[1].append(rank)
+    for selector, workers in groups.values():
+        matching = [node for node in live if label_matches(selector, node.get("Labels") or {})]
+        who = "every worker" if len(workers) == len(selectors) else f"worker(s) {', '.join(map(str, workers))}"
+        if not matching:
+            described = "; ".join(
+                f"node {node['NodeID'][:8]} ({node.get('NodeManagerAddress', '?')}) has {_user_labels(node)}"
+                for node in live
+            )
+            raise InsufficientResourcesError(
+                f"ScalingConfig.label_selector {selector!r} (for {who}) matches none of the cluster's {len(live)} "
+                f"live node(s): {described}. Start nodes with those labels (ray start --labels=...), or change "
+                "label_selector."
+            )
+        check_feasible(
+            dataclasses.replace(scaling, num_workers=len(workers), label_selector=None),
+            [dict(node["Resources"]) for node in matching],
+            held=f" matching label_selector {selector!r}",
+        )

@@ -83,6 +83,8 @@ class WorkerSession:
         self.num_syncs = 0
         #: The barrier this rank waits at (a rank is at one barrier at a time), or None.
         self._sync: _SyncPoint | None = None
+        #: Set by the controller when a node of this run is being preempted (``get_preemption_info``).
+        self.preemption_info: Any = None
 
     def report(
         self,

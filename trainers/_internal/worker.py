@@ -180,6 +180,11 @@ class TrainWorker:
         if self._session is not None:
             self._session.release(index, data)
 
+    def mark_preempted(self, info: Any) -> None:
+        """A node of this run is being preempted: ``get_preemption_info()`` answers ``info`` from now on."""
+        if self._session is not None:
+            self._session.preemption_info = info
+
     def stop(self) -> None:
         """Ask the training function to stop at its next ``report()``."""
         if self._session is not None:

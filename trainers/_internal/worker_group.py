@@ -99,8 +99,13 @@ class RayWorkerGroup:
 
     # -- starting -----------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Reserve the placement group, start the actors and assign ranks by node."""
+    def start(self, on_placed: Callable[[list[str]], None] | None = None) -> None:
+        """Reserve the placement group, start the actors and assign ranks by node.
+
+        ``on_placed`` is called with the workers' node ids in rank order once the group is
+        reserved, before any actor starts: what it starts (Ray Data's split coordinator) then
+        starts alongside the workers instead of after them.
+        """
         deadline = time.monotonic() + self.start_timeout_s
         bundle = self.scaling.worker_resources
         enclosing = enclosing_placement_group(self.scaling)
@@ -117,6 +122,7 @@ class RayWorkerGroup:
                 [dict(bundle) for _ in range(self.world_size)],
                 strategy=self.scaling.placement_strategy,
                 name=f"{WORKER_GROUP_PREFIX}{uuid.uuid4().hex[:12]}",
+                bundle_label_selector=self.scaling.label_selector_per_worker(self.world_size),
             )
             first_bundle, self._owns_pg = 0, True
             if trial_group is None:
@@ -124,6 +130,8 @@ class RayWorkerGroup:
             else:
                 self._wait_for_turn(trial_group)
                 deadline = time.monotonic() + self.start_timeout_s  # the turn's wait is not start-up time
+        if on_placed is not None:
+            on_placed(self._bundle_nodes_by_rank(first_bundle))
         remote_cls = _remote_worker_class()
         actors = [
             remote_cls.options(
@@ -159,6 +167,17 @@ class RayWorkerGroup:
                 for w in self.workers
             ]
         )
+
+    def _bundle_nodes_by_rank(self, first_bundle: int) -> list[str]:
+        """The node of each worker's bundle, in the rank order ``start`` gives the workers (worker
+        i starts in bundle ``first_bundle + i``, so its node is known before it starts)."""
+        where = placement_group_table(self._pg).get("bundles_to_node_id") or {}
+        nodes = [where[first_bundle + i] for i in range(self.world_size)]
+        ranks = assign_ranks(nodes, first_node=ray.get_runtime_context().get_node_id())
+        by_rank = [""] * len(nodes)
+        for node, rank in zip(nodes, ranks):
+            by_rank[rank.world_rank] = node
+        return by_rank
 
     def _wait_for_group(self, deadline: float) -> None:
         if not self._pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):

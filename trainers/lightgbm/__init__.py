@@ -1,8 +1,9 @@
-"""LightGBM on flowtrain: ``LightGBMTrainer``, ``LightGBMConfig``, ``RayTrainReportCallback``,
-``get_model``, ``get_network_params`` and ``shared_bins``.
+"""LightGBM on flowtrain: ``LightGBMTrainer``, ``LightGBMConfig``, ``LightGBMCheckpoint``,
+``RayTrainReportCallback``, ``get_network_params``, ``normalize_pandas_for_lightgbm``,
+``get_model`` and ``shared_bins``.
 
-Same names as ``ray.train.lightgbm`` (``shared_bins`` is ours). Needs lightgbm >= 4
-(``pip install 'flowtrain[lightgbm]'``).
+Same names as ``ray.train.lightgbm`` (``get_model`` and ``shared_bins`` are ours). Needs
+lightgbm >= 4 (``pip install 'flowtrain[lightgbm]'``).
 """
 
 try:
@@ -12,15 +13,19 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from trainers.lightgbm.bins import shared_bins
 from trainers.lightgbm.callback import RayTrainReportCallback, get_model
+from trainers.lightgbm.checkpoint import LightGBMCheckpoint
 from trainers.lightgbm.config import LightGBMBackend, LightGBMConfig, get_network_params
+from trainers.lightgbm.dataframe import normalize_pandas_for_lightgbm
 from trainers.lightgbm.trainer import LightGBMTrainer
 
 __all__ = [
     "LightGBMBackend",
+    "LightGBMCheckpoint",
     "LightGBMConfig",
     "LightGBMTrainer",
     "RayTrainReportCallback",
     "get_model",
     "get_network_params",
+    "normalize_pandas_for_lightgbm",
     "shared_bins",
 ]

@@ -43,6 +43,9 @@ class RayTrainReportCallback:
         results_postprocessing_fn: Optional function applied to the metrics dict before it is reported.
     """
 
+    #: The model's default file name inside each checkpoint (as ``ray.train.lightgbm``'s).
+    CHECKPOINT_NAME = MODEL_FILE
+
     #: LightGBM runs callbacks by this number: after record_evaluation (20), before early_stopping (30).
     order = 25
 

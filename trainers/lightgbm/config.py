@@ -20,7 +20,7 @@ from typing import Any
 from trainers.backend import Backend, BackendConfig
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class LightGBMConfig(BackendConfig):
     """How the workers of a ``LightGBMTrainer`` find each other.
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import lightgbm
 import numpy as np
@@ -150,6 +150,13 @@ class LightGBMTrainer(GBDTTrainer):
         )
 
     @classmethod
-    def get_model(cls, checkpoint: Checkpoint) -> lightgbm.Booster:
-        """The ``lightgbm.Booster`` saved in ``checkpoint`` (e.g. ``result.checkpoint``)."""
-        return get_model(checkpoint)
+    def get_model(cls, checkpoint: Checkpoint) -> NoReturn:
+        """Removed, as in Ray Train: raises ``DeprecationWarning`` naming what to call instead.
+
+        Load a checkpoint's model with ``RayTrainReportCallback.get_model(checkpoint)`` (or
+        ``trainers.lightgbm.get_model(checkpoint)``).
+        """
+        raise DeprecationWarning(
+            "LightGBMTrainer.get_model(checkpoint) is gone (Ray Train V2 removed it): load the model with "
+            "trainers.lightgbm.RayTrainReportCallback.get_model(checkpoint), or trainers.lightgbm.get_model(checkpoint)."
+        )

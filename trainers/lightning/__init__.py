@@ -9,7 +9,7 @@ Inside a ``TorchTrainer`` training function::
 
     trainer = pl.Trainer(
         max_epochs=5,
-        strategy=RayDDPStrategy(),                 # or RayFSDPStrategy()
+        strategy=RayDDPStrategy(),                 # or RayFSDPStrategy(), RayDeepSpeedStrategy()
         plugins=[RayLightningEnvironment()],
         callbacks=[RayTrainReportCallback()],      # metrics + checkpoint every epoch
         accelerator="auto", devices="auto",
@@ -17,7 +17,8 @@ Inside a ``TorchTrainer`` training function::
     trainer = prepare_trainer(trainer)
     trainer.fit(model, datamodule=data)
 
-Needs the ``lightning`` extra: ``pip install 'flowtrain[lightning]'``.
+Needs the ``lightning`` extra: ``pip install 'flowtrain[lightning]'`` (and ``deepspeed`` for
+``RayDeepSpeedStrategy``).
 """
 
 from trainers._extras import require
@@ -28,12 +29,14 @@ from trainers.lightning.callback import RayTrainReportCallback  # noqa: E402
 from trainers.lightning.prepare import prepare_trainer  # noqa: E402
 from trainers.lightning.strategies import (  # noqa: E402
     RayDDPStrategy,
+    RayDeepSpeedStrategy,
     RayFSDPStrategy,
     RayLightningEnvironment,
 )
 
 __all__ = [
     "RayDDPStrategy",
+    "RayDeepSpeedStrategy",
     "RayFSDPStrategy",
     "RayLightningEnvironment",
     "RayTrainReportCallback",

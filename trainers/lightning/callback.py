@@ -22,19 +22,28 @@ class RayTrainReportCallback(pl.callbacks.Callback):
             model = MyModule.load_from_checkpoint(os.path.join(folder, RayTrainReportCallback.CHECKPOINT_NAME))
 
     and ``pl.Trainer.fit(..., ckpt_path=...)`` on that file resumes training.
+
+    Args:
+        checkpoint_upload_mode: How ``report`` stores each checkpoint (None: ``SYNC``).
+        validation: Passed on to ``trainers.report(..., validation=...)``: ``True`` (or a
+            ``ValidationTaskConfig``) validates each checkpoint with the trainer's
+            ``ValidationConfig`` while training goes on; ``False`` does not.
     """
 
     #: File name of Lightning's checkpoint inside each reported checkpoint folder.
     CHECKPOINT_NAME = "checkpoint.ckpt"
 
-    def __init__(self, checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC) -> None:
+    def __init__(self, checkpoint_upload_mode: CheckpointUploadMode | None = None, validation: Any = False) -> None:
         super().__init__()
+        if checkpoint_upload_mode is None:
+            checkpoint_upload_mode = CheckpointUploadMode.SYNC
         if not isinstance(checkpoint_upload_mode, CheckpointUploadMode):
             raise ValueError(
                 f"RayTrainReportCallback(checkpoint_upload_mode={checkpoint_upload_mode!r}): "
-                "must be CheckpointUploadMode.SYNC or CheckpointUploadMode.ASYNC."
+                f"must be None or one of {', '.join('CheckpointUploadMode.' + m.name for m in CheckpointUploadMode)}."
             )
         self.checkpoint_upload_mode = checkpoint_upload_mode
+        self.validation = validation
 
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         """Called by Lightning on every rank: save the checkpoint, then report it with the metrics."""
@@ -49,7 +58,9 @@ class RayTrainReportCallback(pl.callbacks.Callback):
             trainer.save_checkpoint(os.path.join(folder, self.CHECKPOINT_NAME), weights_only=False)
             # A rank that wrote nothing reports metrics only; the others' files are merged.
             checkpoint = Checkpoint.from_directory(folder) if os.listdir(folder) else None
-            report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=self.checkpoint_upload_mode)
+            # validation= only when asked for: report() checks the value (and older versions lack it).
+            extra = {} if self.validation is None or self.validation is False else {"validation": self.validation}
+            report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=self.checkpoint_upload_mode, **extra)
         finally:
             # report() has copied the folder (ASYNC copies it to its own local folder first).
             shutil.rmtree(folder, ignore_errors=True)

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from trainers.lightning.strategies import RayDDPStrategy, RayFSDPStrategy, RayLightningEnvironment
+from trainers.lightning.strategies import (
+    RayDDPStrategy,
+    RayDeepSpeedStrategy,
+    RayFSDPStrategy,
+    RayLightningEnvironment,
+)
 
-_STRATEGIES = (RayDDPStrategy, RayFSDPStrategy)
+_STRATEGIES = (RayDDPStrategy, RayFSDPStrategy, RayDeepSpeedStrategy)
 
 
 def prepare_trainer(trainer: "pl.Trainer") -> "pl.Trainer":
     """Check ``trainer`` is set up for flowtrain and return it.
 
-    It must use ``RayDDPStrategy`` or ``RayFSDPStrategy`` (or a subclass), with
+    It must use ``RayDDPStrategy``, ``RayFSDPStrategy`` or ``RayDeepSpeedStrategy`` (or a subclass), with
     ``RayLightningEnvironment`` as its cluster environment, e.g.::
 
         trainer = pl.Trainer(
@@ -31,7 +36,7 @@ def prepare_trainer(trainer: "pl.Trainer") -> "pl.Trainer":
     if not isinstance(strategy, _STRATEGIES):
         raise TypeError(
             f"prepare_trainer: the trainer's strategy is {type(strategy).__name__}; use "
-            "strategy=RayDDPStrategy() or strategy=RayFSDPStrategy() from trainers.lightning."
+            "strategy=RayDDPStrategy(), RayFSDPStrategy() or RayDeepSpeedStrategy() from trainers.lightning."
         )
     environment = getattr(strategy, "cluster_environment", None)
     if environment is not None and not isinstance(environment, RayLightningEnvironment):

@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 from lightning.pytorch.plugins.environments import LightningEnvironment
-from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 
+from trainers._extras import require
 from trainers.context import get_context
 from trainers.torch.devices import get_device
 
@@ -102,3 +103,22 @@ class RayFSDPStrategy(_OnFlowtrainWorker, FSDPStrategy):
                 "parallel_strategy='fsdp')."
             )
         super().setup_environment()
+
+
+class RayDeepSpeedStrategy(_OnFlowtrainWorker, DeepSpeedStrategy):
+    """Lightning's ``DeepSpeedStrategy`` (ZeRO stages, offloading) on flowtrain's workers (same
+    arguments, e.g. ``RayDeepSpeedStrategy(stage=3)``).
+
+    DeepSpeed joins the process group flowtrain set up; its backend and timeout come from
+    ``TorchConfig`` on the trainer. Needs the ``deepspeed`` package
+    (``pip install 'flowtrain[deepspeed]'``), and in practice GPUs.
+
+    Raises:
+        MissingExtraError: (an ``ImportError``) when deepspeed is not installed, naming the
+            install command; raised when the strategy is built, before training starts.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Lightning would only say "not available" once training starts; say what to install now.
+        require("deepspeed", extra="deepspeed")
+        super().__init__(*args, **kwargs)

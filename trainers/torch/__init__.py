@@ -1,25 +1,34 @@
-"""PyTorch on flowtrain: ``TorchTrainer``, ``TorchConfig`` and the training-loop helpers.
+"""PyTorch on flowtrain: ``TorchTrainer``, ``TorchConfig``, ``TorchCheckpoint`` and the
+training-loop helpers.
 
-Same names as ``ray.train.torch``.
+Same names as ``ray.train.torch``; ``trainers.torch.xla`` holds ``TorchXLAConfig``.
 """
 
+from trainers.torch.checkpoint import TorchCheckpoint
 from trainers.torch.config import TorchBackend, TorchConfig
 from trainers.torch.train_loop_utils import (
+    accelerate,
+    backward,
     enable_reproducibility,
     get_device,
     get_devices,
     prepare_data_loader,
     prepare_model,
+    prepare_optimizer,
 )
 from trainers.torch.trainer import TorchTrainer
 
 __all__ = [
     "TorchBackend",
+    "TorchCheckpoint",
     "TorchConfig",
     "TorchTrainer",
+    "accelerate",
+    "backward",
     "enable_reproducibility",
     "get_device",
     "get_devices",
     "prepare_data_loader",
     "prepare_model",
+    "prepare_optimizer",
 ]

@@ -15,7 +15,7 @@ BACKENDS = ("gloo", "nccl")
 INIT_METHODS = ("env", "tcp")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class TorchConfig(BackendConfig):
     """How the workers' torch process group is set up.
 
@@ -51,6 +51,9 @@ class TorchConfig(BackendConfig):
     def resolved_backend(self, use_gpu: bool) -> str:
         """The process-group backend that will be used."""
         return self.backend or ("nccl" if use_gpu else "gloo")
+
+    def collective_backend(self, use_gpu: bool) -> str:
+        return self.resolved_backend(use_gpu)
 
 
 def free_port() -> int:

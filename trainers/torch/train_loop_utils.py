@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 from trainers import context as _context
+from trainers.torch.amp import accelerate, autocast_model, backward, current_amp, prepare_optimizer
 from trainers.torch.devices import get_device, get_devices
 
 PARALLEL_STRATEGIES = ("ddp", "fsdp", None)
@@ -40,7 +41,8 @@ def prepare_model(
 
     ``parallel_strategy="ddp"`` wraps in ``DistributedDataParallel``; ``"fsdp"`` shards it with
     torch's ``fully_shard`` (works on CPU over gloo too); ``None`` leaves it unwrapped. Nothing is
-    wrapped when a single worker trains.
+    wrapped when a single worker trains. After ``accelerate(amp=True)`` the forward runs under
+    ``torch.autocast``.
 
     To checkpoint a sharded model, either gather it on every rank with
     ``torch.distributed.checkpoint.state_dict.get_model_state_dict(model,
@@ -55,6 +57,8 @@ def prepare_model(
     device = move_to_device if isinstance(move_to_device, torch.device) else get_device()
     if move_to_device:
         model = model.to(device)
+    # Before any wrapper: DDP and fully_shard call the module's own forward, now under autocast.
+    model = autocast_model(model)
     world_size, _ = _world()
     if world_size <= 1 or parallel_strategy is None:
         return model
@@ -111,6 +115,7 @@ def prepare_data_loader(
     (``shuffle`` kept: it shuffles when the loader did), so each worker sees a disjoint part.
     Call ``loader.sampler.set_epoch(epoch)`` each epoch for a new shuffle, as with plain DDP.
     """
+    current_amp()  # as in Ray Train: accelerate() must come before this
     world_size, rank = _world()
     loader = data_loader
     if add_dist_sampler and world_size > 1 and not isinstance(loader.sampler, DistributedSampler):
@@ -174,4 +179,13 @@ def enable_reproducibility(seed: int = 0) -> None:
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
 
 
-__all__ = ["enable_reproducibility", "get_device", "get_devices", "prepare_data_loader", "prepare_model"]
+__all__ = [
+    "accelerate",
+    "backward",
+    "enable_reproducibility",
+    "get_device",
+    "get_devices",
+    "prepare_data_loader",
+    "prepare_model",
+    "prepare_optimizer",
+]

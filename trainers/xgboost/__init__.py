@@ -1,6 +1,8 @@
-"""XGBoost on flowtrain: ``XGBoostTrainer``, ``XGBoostConfig``, ``RayTrainReportCallback``, ``get_model``.
+"""XGBoost on flowtrain: ``XGBoostTrainer``, ``XGBoostConfig``, ``XGBoostCheckpoint``,
+``RayTrainReportCallback`` and ``get_model``.
 
-Same names as ``ray.train.xgboost``. Needs xgboost >= 2.1 (``pip install 'flowtrain[xgboost]'``).
+Same names as ``ray.train.xgboost`` (``get_model`` is ours). Needs xgboost >= 2.1
+(``pip install 'flowtrain[xgboost]'``).
 """
 
 try:
@@ -11,7 +13,15 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 from trainers.xgboost.callback import RayTrainReportCallback, get_model
+from trainers.xgboost.checkpoint import XGBoostCheckpoint
 from trainers.xgboost.config import XGBoostBackend, XGBoostConfig
 from trainers.xgboost.trainer import XGBoostTrainer
 
-__all__ = ["RayTrainReportCallback", "XGBoostBackend", "XGBoostConfig", "XGBoostTrainer", "get_model"]
+__all__ = [
+    "RayTrainReportCallback",
+    "XGBoostBackend",
+    "XGBoostCheckpoint",
+    "XGBoostConfig",
+    "XGBoostTrainer",
+    "get_model",
+]

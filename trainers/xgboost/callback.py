@@ -45,6 +45,9 @@ class RayTrainReportCallback(TrainingCallback):
         results_postprocessing_fn: Optional function applied to the metrics dict before it is reported.
     """
 
+    #: The model's default file name inside each checkpoint (as ``ray.train.xgboost``'s).
+    CHECKPOINT_NAME = MODEL_FILE
+
     def __init__(
         self,
         metrics: str | list[str] | dict[str, str] | None = None,

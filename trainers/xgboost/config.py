@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 COMMUNICATORS = ("rabit",)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class XGBoostConfig(BackendConfig):
     """How the workers of an ``XGBoostTrainer`` talk to each other.
 

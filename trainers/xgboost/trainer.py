@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 import xgboost
@@ -132,6 +132,13 @@ class XGBoostTrainer(GBDTTrainer):
         )
 
     @classmethod
-    def get_model(cls, checkpoint: Checkpoint) -> xgboost.Booster:
-        """The ``xgboost.Booster`` saved in ``checkpoint`` (e.g. ``result.checkpoint``)."""
-        return get_model(checkpoint)
+    def get_model(cls, checkpoint: Checkpoint) -> NoReturn:
+        """Removed, as in Ray Train: raises ``DeprecationWarning`` naming what to call instead.
+
+        Load a checkpoint's model with ``RayTrainReportCallback.get_model(checkpoint)`` (or
+        ``trainers.xgboost.get_model(checkpoint)``).
+        """
+        raise DeprecationWarning(
+            "XGBoostTrainer.get_model(checkpoint) is gone (Ray Train V2 removed it): load the model with "
+            "trainers.xgboost.RayTrainReportCallback.get_model(checkpoint), or trainers.xgboost.get_model(checkpoint)."
+        )
