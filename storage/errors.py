@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 
-class StorageError(OSError):
-    """Reading or writing the run's storage failed: the message names the path and the operation."""
+class StorageError(OSError, RuntimeError):
+    """Reading or writing the run's storage failed: the message names the path and the operation.
+
+    An ``OSError`` (what I/O failures are in Python, and what Prefect's retry rule looks for) and
+    a ``RuntimeError``, which is what Ray Train raises in the same places (for example
+    ``Result.from_path`` on a folder that holds no run), so ``except RuntimeError`` written for
+    Ray Train catches it too.
+    """
 
 
 class RunInProgressError(StorageError):

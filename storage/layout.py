@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 
 SNAPSHOT = "run.json"
 SNAPSHOT_PREVIOUS = "run.json.prev"
@@ -11,6 +12,26 @@ LEASE = "lease.json"
 STAGING = ".staging"
 COMMIT_MARKER = ".committed"
 CHECKPOINT_PREFIX = "checkpoint_"
+#: Names in the run folder that belong to flowtrain, never to a checkpoint.
+RESERVED_NAMES = frozenset({SNAPSHOT, SNAPSHOT_PREVIOUS, SNAPSHOT_NEW, LEASE, STAGING})
+
+
+def check_dir_name(name: object, field: str = "report(checkpoint_dir_name)") -> str:
+    """Return ``name`` when it can name a checkpoint folder inside the run folder, else raise
+    ``ValueError`` saying why: one plain folder name, not hidden, not one of flowtrain's files."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{field}={name!r}: must be a non-empty folder name such as 'epoch_3'.")
+    if "/" in name or "\\" in name or name in (".", ".."):
+        raise ValueError(
+            f"{field}={name!r}: must be one folder name directly inside the run folder, without "
+            "'/' or '..'; put the step in the name instead, e.g. 'epoch_3'."
+        )
+    if name.startswith(".") or name in RESERVED_NAMES:
+        raise ValueError(
+            f"{field}={name!r}: names starting with '.' and {sorted(RESERVED_NAMES - {STAGING})} are "
+            "flowtrain's own files in the run folder; choose another name."
+        )
+    return name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,5 +72,18 @@ class RunLayout:
         return f"{CHECKPOINT_PREFIX}{seq:06d}"
 
     def checkpoint_path(self, seq: int) -> str:
-        """The folder of the committed checkpoint number ``seq``."""
+        """The folder of the committed checkpoint number ``seq`` under its default name."""
         return self._join(self.checkpoint_name(seq))
+
+    def path_of(self, dir_name: str) -> str:
+        """The folder ``dir_name`` inside the run folder."""
+        return self._join(dir_name)
+
+    def relative(self, path: str) -> str | None:
+        """``path`` relative to the run folder (``".staging/..."``, ``"epoch_3"``), or None when
+        it is not inside the run folder."""
+        root = posixpath.normpath(self.run_path)
+        inner = posixpath.normpath(path)
+        if not inner.startswith(root.rstrip("/") + "/"):
+            return None
+        return inner[len(root.rstrip("/")) + 1 :]

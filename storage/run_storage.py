@@ -25,7 +25,7 @@ from storage.checkpoint import Checkpoint
 from storage.config import CheckpointConfig
 from storage.errors import StorageError
 from storage.filesystem import delete_dir, display_path, exists, is_local, resolve_filesystem, write_bytes
-from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout
+from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name
 from storage.lease import Lease
 from storage.retention import flatten, rank_best_first, score_of, select_kept
 from storage.snapshot import (
@@ -55,6 +55,7 @@ class RunStorage:
         checkpoint_config: CheckpointConfig | None = None,
         lease_stale_after_s: float = 30.0,
         check_timeout_s: float = 5.0,
+        resume_from_checkpoint: Checkpoint | None = None,
     ) -> None:
         self.filesystem, root = resolve_filesystem(storage_path, filesystem)
         self.name = name
@@ -65,6 +66,9 @@ class RunStorage:
         self.lease_stale_after_s = lease_stale_after_s
         self.check_timeout_s = check_timeout_s
         self.snapshot = RunSnapshot(name=name)
+        #: Where the run starts while it has committed no checkpoint (the trainer's
+        #: ``resume_from_checkpoint``); once it has one, its own checkpoints win.
+        self.resume_from_checkpoint = resume_from_checkpoint
         self._lease: Lease | None = None
         self._last_write = 0.0
 
@@ -157,6 +161,8 @@ class RunStorage:
         fs, inner = resolve_filesystem(path, filesystem)
         parent, _, name = inner.rstrip("/").rpartition("/")
         view = cls(parent or "/", name, filesystem=fs)
+        if not exists(fs, view.run_path):
+            raise StorageError(f"no run at {view.run_uri}: the folder doesn't exist (is this the run folder, Result.path?)")
         found = read_snapshot(fs, view.layout, view.run_uri)
         if found is None:
             raise StorageError(f"no run at {view.run_uri}: it has no run.json (is this the run folder, Result.path?)")
@@ -173,12 +179,26 @@ class RunStorage:
         return self.snapshot.attempt
 
     def record_report(
-        self, metrics: dict[str, Any], *, report_index: int, attempt: int, staged: bool, validation: Any = False
+        self,
+        metrics: dict[str, Any],
+        *,
+        report_index: int,
+        attempt: int,
+        staged: bool,
+        validation: Any = False,
+        dir_name: str | None = None,
+        in_place: bool = False,
     ) -> Checkpoint | None:
         """Record one report (rank 0's metrics); with ``staged`` commit its checkpoint and return it.
 
         ``validation`` (a JSON value, not False) marks the checkpoint PENDING_VALIDATION: it is
         kept whatever its score until ``record_validation``, and its score may come from there.
+
+        ``dir_name`` names the checkpoint's folder (``report(checkpoint_dir_name=...)``; default
+        ``checkpoint_NNNNNN``); a name one of the run's kept checkpoints has is refused with
+        ``ValueError``. ``in_place``: a worker already put the checkpoint at ``dir_name`` in the
+        run folder (``CheckpointUploadMode.NO_UPLOAD``): it is recorded where it is, and staged
+        files of other ranks, if any, are merged into it.
         """
         if attempt != self.snapshot.attempt:
             raise StorageError(
@@ -186,7 +206,7 @@ class RunStorage:
                 f"at {self.run_uri}; it is not committed."
             )
         self.snapshot.reports.append({"attempt": attempt, "report_index": report_index, "metrics": metrics})
-        if not staged:
+        if not staged and not in_place:
             if time.monotonic() - self._last_write > METRICS_FLUSH_INTERVAL_S:
                 self._write()
             return None
@@ -197,20 +217,51 @@ class RunStorage:
             except KeyError as error:
                 self._try(lambda: delete_dir(self.filesystem, self.layout.staging_path(attempt, report_index)))
                 raise ValueError(error.args[0]) from None
-        seq = self.snapshot.next_seq
-        self._commit_folder(self.layout.staging_path(attempt, report_index), self.layout.checkpoint_path(seq))
+        staging = self.layout.staging_path(attempt, report_index)
+        seq, name = self._name_checkpoint(dir_name, staging if staged else None)
+        final = self.layout.path_of(name)
+        if in_place:
+            self._adopt_folder(staging if staged else None, final)
+        else:
+            self._commit_folder(staging, final, announce=dir_name is not None)
         self.snapshot.checkpoints.append(
             CheckpointRecord(
                 seq=seq,
-                dir_name=RunLayout.checkpoint_name(seq),
+                dir_name=name,
                 metrics=metrics,
                 report=len(self.snapshot.reports) - 1,
                 **({"status": PENDING_VALIDATION, "validation": validation} if validation else {}),
             )
         )
         self.snapshot.next_seq = seq + 1
+        if name in self.snapshot.to_delete:  # announced before its commit (see _commit_folder)
+            self.snapshot.to_delete.remove(name)
         self._apply_retention()  # writes the commit point: from here the checkpoint exists
-        return Checkpoint(self.layout.checkpoint_path(seq), self.filesystem)
+        return Checkpoint(final, self.filesystem)
+
+    def _name_checkpoint(self, requested: str | None, staging: str | None) -> tuple[int, str]:
+        """The sequence number and folder name of the next checkpoint.
+
+        A requested name one of the kept checkpoints has is refused (Ray Train asks for unique
+        names and would mix the two checkpoints' files in one folder); the default name skips
+        numbers a requested name already took.
+        """
+        seq = self.snapshot.next_seq
+        named = {c.dir_name for c in self.snapshot.checkpoints}
+        if requested is None:
+            while RunLayout.checkpoint_name(seq) in named:
+                seq += 1
+            return seq, RunLayout.checkpoint_name(seq)
+        check_dir_name(requested)
+        if requested in named:
+            if staging is not None:
+                self._try(lambda: delete_dir(self.filesystem, staging))
+            raise ValueError(
+                f"report(checkpoint_dir_name={requested!r}): the run already keeps a checkpoint of that name "
+                f"({display_path(self.filesystem, self.layout.path_of(requested))}). Give each checkpoint its own "
+                "name, e.g. with the epoch or step in it."
+            )
+        return seq, requested
 
     def record_validation(self, dir_name: str, metrics: dict[str, Any], status: str) -> None:
         """Record how the validation of checkpoint ``dir_name`` ended (VALIDATED merges ``metrics``
@@ -284,23 +335,42 @@ class RunStorage:
 
     @property
     def latest_checkpoint(self) -> Checkpoint | None:
+        """What the next attempt starts from: the newest committed checkpoint, or, while the run
+        has none, the trainer's ``resume_from_checkpoint`` (None for a fresh start)."""
+        return self.committed_checkpoint or self.resume_from_checkpoint
+
+    @property
+    def committed_checkpoint(self) -> Checkpoint | None:
+        """The run's newest committed checkpoint (``Result.checkpoint``), or None."""
         if not self.snapshot.checkpoints:
             return None
         latest = max(self.snapshot.checkpoints, key=lambda c: c.seq)
-        return Checkpoint(self.layout.checkpoint_path(latest.seq), self.filesystem)
+        return Checkpoint(self.layout.path_of(latest.dir_name), self.filesystem)
 
     @property
     def best_checkpoints(self) -> list[tuple[Checkpoint, dict[str, Any]]]:
         """The kept checkpoints with their metrics, best first by the CheckpointConfig's rule."""
         records = {c.seq: c for c in self.snapshot.checkpoints}
         order = rank_best_first(self._rankable(), self.checkpoint_config)
-        return [(Checkpoint(self.layout.checkpoint_path(seq), self.filesystem), records[seq].metrics) for seq in order]
+        return [(Checkpoint(self.layout.path_of(records[seq].dir_name), self.filesystem), records[seq].metrics) for seq in order]
 
     # -- internals --------------------------------------------------------------------------------
 
-    def _commit_folder(self, staged: str, final: str) -> None:
+    def _commit_folder(self, staged: str, final: str, *, announce: bool = False) -> None:
+        """Move the staged files to ``final``, all or nothing.
+
+        ``announce``: ``final`` has a name the user chose, which ``open`` cannot recognise as a
+        leftover the way it does ``checkpoint_*`` folders, so it is listed for deletion in the
+        snapshot before the move; a crash before the commit point then leaves nothing behind.
+        """
         if not exists(self.filesystem, staged):
             raise StorageError(f"cannot commit checkpoint: its staged files are missing at {display_path(self.filesystem, staged)}")
+        name = final.rpartition("/")[2]
+        if announce and name not in self.snapshot.to_delete:
+            self.snapshot.to_delete.append(name)
+            self._write()
+        if exists(self.filesystem, final):  # a half-done commit of a crashed attempt, or a dropped
+            delete_dir(self.filesystem, final)  # checkpoint whose deletion failed: never a kept one
         if is_local(self.filesystem):
             self.filesystem.move(staged, final)  # rename(2): all or nothing
             return
@@ -308,6 +378,20 @@ class RunStorage:
         pafs.copy_files(staged, final, source_filesystem=self.filesystem, destination_filesystem=self.filesystem)
         write_bytes(self.filesystem, f"{final}/{COMMIT_MARKER}", b"")
         self._try(lambda: delete_dir(self.filesystem, staged))
+
+    def _adopt_folder(self, staged: str | None, final: str) -> None:
+        """Record a checkpoint a worker wrote into the run folder itself, merging in the staged
+        files of ranks that uploaded theirs (``staged``), and marking it committed."""
+        if self.filesystem.get_file_info(final).type != pafs.FileType.Directory:
+            raise StorageError(
+                f"cannot record checkpoint {display_path(self.filesystem, final)} (CheckpointUploadMode.NO_UPLOAD): "
+                "it is not a folder of the run's storage."
+            )
+        if staged is not None and exists(self.filesystem, staged):
+            pafs.copy_files(staged, final, source_filesystem=self.filesystem, destination_filesystem=self.filesystem)
+            self._try(lambda: delete_dir(self.filesystem, staged))
+        if not is_local(self.filesystem):
+            write_bytes(self.filesystem, f"{final}/{COMMIT_MARKER}", b"")
 
     def _forget_missing_checkpoints(self) -> None:
         """Drop checkpoints named in run.json whose folder is gone, with a warning naming each.

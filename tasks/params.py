@@ -62,17 +62,40 @@ class Scaling(ParamsModel):
     resources_per_worker: dict[str, float] | None = Field(None, description='e.g. {"CPU": 1}')
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     accelerator_type: str | None = Field(None, min_length=1, description='Only nodes with this accelerator, e.g. "A100".')
+    min_workers: int | None = Field(
+        None,
+        ge=1,
+        description="Elastic training: start with at least this many workers and grow to num_workers as the "
+        "cluster allows; a lost node shrinks the run instead of failing it. None: exactly num_workers.",
+    )
+    label_selector: dict[str, str] | None = Field(
+        None, description='Only nodes with these Ray labels, e.g. {"ray.io/market-type": "on-demand"}.'
+    )
+    elastic_resize_monitor_interval_s: float = Field(
+        60.0, ge=0, description="Elastic training: how often a running job checks whether more workers now fit."
+    )
 
     def to_config(self) -> ScalingConfig:
         """The ``ScalingConfig`` these parameters describe."""
-        return ScalingConfig(**self.model_dump())
+        fields = self.model_dump()
+        low = fields.pop("min_workers")
+        if low is not None:
+            if low > self.num_workers:
+                raise ValueError(
+                    f"scaling.min_workers={low} is above scaling.num_workers={self.num_workers}: num_workers is the "
+                    "most workers an elastic run grows to."
+                )
+            fields["num_workers"] = (low, self.num_workers)
+        return ScalingConfig(**fields)
 
     def identity(self) -> dict:
         """The fields that name a sweep trial's run. Fields added later appear only when set, so
         a sweep run again after an upgrade finds the trials it already trained."""
         fields = self.model_dump()
-        if fields["accelerator_type"] is None:
-            del fields["accelerator_type"]
+        defaults = {name: field.default for name, field in type(self).model_fields.items()}
+        for later in ("accelerator_type", "min_workers", "label_selector", "elastic_resize_monitor_interval_s"):
+            if fields[later] == defaults[later]:
+                del fields[later]
         return fields
 
 
@@ -102,6 +125,12 @@ class Failures(ParamsModel):
         3, ge=-1, description="Prefect retries of the train task after a driver-level failure; -1 unlimited."
     )
     report_timeout_s: float | None = Field(None, gt=0, description="A rank this far behind the others counts as hung.")
+    max_preemption_failures: int = Field(
+        -1, ge=-1, description="Restarts after nodes were preempted (drained with a deadline); -1 unlimited."
+    )
+    preemption_grace_s: float = Field(
+        0.0, ge=0, description="Seconds past a preemption deadline the workers get to finish a checkpoint."
+    )
     retry_delay_s: float = Field(2.0, ge=0, description="Seconds between Prefect retries of the train task.")
 
     def to_config(self) -> FailureConfig:
@@ -110,6 +139,8 @@ class Failures(ParamsModel):
             max_failures=self.max_failures,
             controller_failure_limit=self.controller_failure_limit,
             report_timeout_s=self.report_timeout_s,
+            max_preemption_failures=self.max_preemption_failures,
+            preemption_grace_s=self.preemption_grace_s,
         )
 
 

@@ -29,6 +29,7 @@ if str(TESTS) not in sys.path:
 
 #: CPUs the shared test Ray advertises: 2 training workers plus room for Ray Data and the driver.
 TEST_NUM_CPUS = 4
+# address="local": always a Ray of our own, never a cluster another process left in /tmp/ray.
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +38,7 @@ def _ray_session():
 
     started = False
     if not ray.is_initialized():
-        ray.init(num_cpus=TEST_NUM_CPUS, include_dashboard=False, log_to_driver=True)
+        ray.init(address="local", num_cpus=TEST_NUM_CPUS, include_dashboard=False, log_to_driver=True)
         started = True
     yield
     if started and ray.is_initialized():
@@ -68,7 +69,7 @@ def ray_local(_ray_session):
     import ray
 
     if not ray.is_initialized():  # a test module with its own cluster shut the shared one down
-        ray.init(num_cpus=TEST_NUM_CPUS, include_dashboard=False, log_to_driver=True)
+        ray.init(address="local", num_cpus=TEST_NUM_CPUS, include_dashboard=False, log_to_driver=True)
     before = set(train_worker_actors())
     yield
     assert_no_leaks(new_since=before)

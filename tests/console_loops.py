@@ -38,7 +38,7 @@ def main(data: str, storage: str, name: str, fail: bool = False) -> None:
 
     from flows.pipeline import training_pipeline
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=True)
     state = training_pipeline(
         train_loop="console_loops:warning_loop",
         train_loop_config={"epochs": 4, "fail": fail},

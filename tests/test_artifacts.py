@@ -99,7 +99,7 @@ def finished_run(tmp_path_factory, prefect_harness, _ray_session):
     from flows.pipeline import training_pipeline
 
     if not ray.is_initialized():  # an earlier module shut the shared Ray down
-        ray.init(num_cpus=TEST_NUM_CPUS, include_dashboard=False, log_to_driver=True)
+        ray.init(address="local", num_cpus=TEST_NUM_CPUS, include_dashboard=False, log_to_driver=True)
     storage = tmp_path_factory.mktemp("artifacts") / "results"
     state = training_pipeline(
         train_loop=scripted_loop,

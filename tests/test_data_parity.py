@@ -133,3 +133,37 @@ def test_an_empty_dataset_trains_on_no_rows_with_a_warning(ray_local, tmp_path):
             run_config=RunConfig(name="empty", storage_path=str(tmp_path), callbacks=[seen]),
         ).fit()
     assert seen.rounds == [[{"ids": [], "hints": "no split"}]]
+
+
+class WholeToEveryRank(DataConfig):
+    """A user's DataConfig, as in Ray Train: its configure() decides what each rank gets."""
+
+    calls = []  # what configure() was given, on the driver
+
+    def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
+        WholeToEveryRank.calls.append((sorted(datasets), world_size, worker_node_ids))
+        return [{name: ds.iterator() for name, ds in datasets.items()} for _ in range(world_size)]
+
+
+def test_a_data_config_subclass_decides_the_shards_through_configure(ray_local, tmp_path):
+    import ray.data
+
+    seen = Rounds()
+    DataParallelTrainer(
+        ids_loop,
+        datasets={"train": ray.data.range(6)},
+        dataset_config=WholeToEveryRank(),
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+        run_config=RunConfig(name="custom", storage_path=str(tmp_path), callbacks=[seen]),
+    ).fit()
+    (ranks,) = seen.rounds
+    assert [sorted(r["ids"]) for r in ranks] == [list(range(6))] * 2
+    ((names, world_size, node_ids),) = WholeToEveryRank.calls
+    assert (names, world_size) == (["train"], 2)
+    assert node_ids == [ray_node_id()] * 2  # one node here: the workers' nodes in rank order
+
+
+def ray_node_id():
+    import ray
+
+    return ray.get_runtime_context().get_node_id()

@@ -28,6 +28,7 @@ def _two_cpu_ray():
     if ray.is_initialized():
         ray.shutdown()  # the suite's shared Ray; ray_local starts it again when a later test needs it
     ray.init(
+        address="local",
         num_cpus=2,
         include_dashboard=False,
         runtime_env={"env_vars": {"FLOWTRAIN_WORKER_START_TIMEOUT_S": str(SHORT_START_TIMEOUT_S)}},

@@ -17,19 +17,30 @@ from trainers.errors import (
     ControllerError,
     InsufficientResourcesError,
     NCCLHangError,
+    PreemptionError,
     RankFailure,
     TrainingFailedError,
     WorkerGroupError,
 )
 from trainers._internal.session import CheckpointUploadMode
+from trainers.preemption import PreemptionInfo, get_preemption_info
 from trainers.result import Result
-from trainers.train_fn import get_checkpoint, get_dataset_shard, report
+from trainers.train_fn import get_all_reported_checkpoints, get_checkpoint, get_dataset_shard, report
+from trainers.validation import (
+    CheckpointConsistencyMode,
+    ReportedCheckpoint,
+    ReportedCheckpointStatus,
+    ValidationConfig,
+    ValidationFn,
+    ValidationTaskConfig,
+)
 
 __all__ = [
     "Backend",
     "BackendConfig",
     "Checkpoint",
     "CheckpointConfig",
+    "CheckpointConsistencyMode",
     "CheckpointUploadMode",
     "ControllerError",
     "DataConfig",
@@ -38,7 +49,11 @@ __all__ = [
     "InsufficientResourcesError",
     "LoggingConfig",
     "NCCLHangError",
+    "PreemptionError",
+    "PreemptionInfo",
     "RankFailure",
+    "ReportedCheckpoint",
+    "ReportedCheckpointStatus",
     "Result",
     "RunConfig",
     "ScalingConfig",
@@ -47,10 +62,15 @@ __all__ = [
     "TrainRunContext",
     "TrainingFailedError",
     "UserCallback",
+    "ValidationConfig",
+    "ValidationFn",
+    "ValidationTaskConfig",
     "WorkerGroupError",
     "collective",
+    "get_all_reported_checkpoints",
     "get_checkpoint",
     "get_context",
     "get_dataset_shard",
+    "get_preemption_info",
     "report",
 ]

@@ -364,6 +364,27 @@ class DataConfig:
             )
         check_bool("DataConfig.enable_shard_locality", self.enable_shard_locality)
 
+    def configure(
+        self,
+        datasets: dict[str, Any],
+        world_size: int,
+        worker_handles: Any = None,
+        worker_node_ids: list[str] | None = None,
+        **kwargs: Any,
+    ) -> list[dict[str, Any]]:
+        """One ``{name: DataIterator}`` per worker rank. Override it in a subclass to decide the
+        shards yourself, as with Ray Train's ``DataConfig.configure``."""
+        from trainers._internal.data import configure
+
+        return configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs)
+
+    @staticmethod
+    def default_ingest_options() -> Any:
+        """The ``ray.data.ExecutionOptions`` a dataset gets when ``execution_options`` names none for it."""
+        from trainers._internal.data import default_ingest_options
+
+        return default_ingest_options()
+
 
 #: The log levels ``LoggingConfig`` accepts, as Python's logging spells them.
 LOG_LEVELS = ("CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET")

@@ -21,8 +21,10 @@ from trainers.backend import BackendConfig
 from trainers.callback import TrainRunContext
 from trainers.config import DataConfig, FailureConfig, RunConfig, ScalingConfig
 from trainers.context import StorageInfo
-from trainers.errors import ControllerError, TrainingFailedError, WorkerGroupError
+from trainers.errors import ControllerError, PreemptionError, TrainingFailedError, WorkerGroupError
 from trainers.result import Result
+from trainers.validation import ValidationConfig
+from trainers._internal.validation_runner import make_runner
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +140,7 @@ class DataParallelTrainer:
         _check_type("resume_from_checkpoint", resume_from_checkpoint, Checkpoint)
         #: Where a new run starts when its storage holds no checkpoint yet (as in Ray Train).
         self.resume_from_checkpoint = resume_from_checkpoint
+        _check_type("validation_config", validation_config, ValidationConfig)
         #: How reported checkpoints are validated (``trainers.ValidationConfig``), or None.
         self.validation_config = validation_config
 
@@ -209,12 +212,13 @@ class DataParallelTrainer:
             name,
             filesystem=run_config.storage_filesystem,
             checkpoint_config=run_config.checkpoint_config or CheckpointConfig(),
+            resume_from_checkpoint=self.resume_from_checkpoint,
         )
-        if scaling.num_workers > 0 or self.datasets:
+        if scaling.max_workers > 0 or self.datasets:
             from trainers._internal.ray_init import ensure_ray
 
             ensure_ray()
-        if scaling.num_workers > 0:
+        if scaling.max_workers > 0:
             from trainers._internal.resources import check_feasible, check_label_selector, cluster_nodes, leave_cpu_for_data
 
             _check_picklable("train_loop_per_worker", self.train_loop_per_worker)
@@ -227,7 +231,7 @@ class DataParallelTrainer:
                 scaling = leave_cpu_for_data(scaling, nodes)
         if self.datasets:
             datasets = resolve_datasets(self.datasets)
-            check_row_counts(datasets, self.dataset_config, max(1, scaling.num_workers))
+            check_row_counts(datasets, self.dataset_config, max(1, scaling.max_workers))
         storage.open(owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
         try:
             with log_level(self._log_level):
@@ -260,8 +264,10 @@ class DataParallelTrainer:
             score_attribute=storage.checkpoint_config.checkpoint_score_attribute,
             log_level=self._log_level,
             data_context=capture_data_context(),
+            validation_config=self.validation_config,
         )
-        workers = LocalWorkers(spec) if scaling.num_workers == 0 else RayWorkers(spec)
+        validations = make_runner(self.validation_config, storage, scaling, run_config.worker_runtime_env)
+        workers = LocalWorkers(spec) if scaling.max_workers == 0 else RayWorkers(spec)
         callbacks = list(run_config.callbacks or [])
         progress = ProgressLine(name)
 
@@ -288,6 +294,10 @@ class DataParallelTrainer:
             for callback in callbacks:
                 callback.on_restart(context(attempt), failures, checkpoint)
 
+        def on_resize(attempt, old_size, new_size):
+            logger.info("%s: more workers fit; restarting attempt %d's %d workers as %d", name, attempt, old_size, new_size)
+            progress.note(f"resizing from {old_size} to {new_size} workers; resuming from the latest checkpoint")
+
         failure_config = run_config.failure_config or FailureConfig()
         controller = Controller(
             workers=workers,
@@ -299,10 +309,17 @@ class DataParallelTrainer:
             on_report=on_report,
             on_failure=on_failure,
             on_restart=on_restart,
+            validations=validations,
+            max_preemption_failures=failure_config.max_preemption_failures,
+            preemption_grace_s=failure_config.preemption_grace_s,
+            resize=getattr(workers, "resize_to", None),
+            on_resize=on_resize,
         )
         try:
             value = controller.run()
-        except WorkerGroupError as error:
+            if validations is not None:
+                validations.wait_all()  # the Result includes every validation's metrics
+        except (WorkerGroupError, PreemptionError) as error:
             storage.finish(error=str(error))
             raise
         except (ValueError, TypeError, TrainingFailedError):
@@ -310,6 +327,8 @@ class DataParallelTrainer:
         except Exception as error:
             raise ControllerError(error) from error
         finally:
+            if validations is not None:
+                validations.cancel_all()  # a failed run's pending validations rerun when it resumes
             progress.close()
         storage.finish()
         return Result._from_run(storage, return_value=value, error=None)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainers.preemption import PreemptionInfo
 
 
 class TrainingFailedError(RuntimeError):
@@ -16,7 +20,8 @@ class RankFailure:
     world_rank: int
     node_id: str
     node_ip: str
-    #: ``"error"`` (the loop raised), ``"died"`` (the process or its node went away), ``"hung"``.
+    #: ``"error"`` (the loop raised), ``"died"`` (the process or its node went away), ``"hung"``,
+    #: ``"preempted"`` (its node went away after a drain for preemption).
     kind: str
     error_type: str
     message: str
@@ -82,6 +87,32 @@ def worker_group_error_type(failures: "list[RankFailure]", collective_backend: s
 
 def _rebuild_worker_group_error(cls, message, worker_failures, failures, attempt, budget_exhausted):
     return cls(message, worker_failures, failures, attempt=attempt, budget_exhausted=budget_exhausted)
+
+
+class PreemptionError(TrainingFailedError):
+    """Nodes of the run were preempted (drained with a deadline) once more than
+    ``FailureConfig.max_preemption_failures`` allows.
+
+    Preemptions have a budget of their own, so a spot instance taken back never uses up
+    ``max_failures``, which is kept for real failures. ``preemption_info`` names the preempted
+    nodes, their ranks and the deadline; ``drain_timed_out`` is True when workers were still
+    running at the deadline (plus ``FailureConfig.preemption_grace_s``) and were stopped, False
+    when every worker had already ended.
+    """
+
+    def __init__(self, preemption_info: "PreemptionInfo", drain_timed_out: bool = False) -> None:
+        self.preemption_info = preemption_info
+        self.drain_timed_out = drain_timed_out
+        ended = "workers still running at the deadline were stopped" if drain_timed_out else "every worker had ended"
+        super().__init__(
+            f"Training was interrupted by node preemption: rank(s) {preemption_info.preempted_ranks} on node(s) "
+            f"{[node[:12] for node in preemption_info.preempted_node_ids]} (deadline_ms={preemption_info.deadline_ms}; "
+            f"{ended}), and the preemption budget is spent. Raise FailureConfig.max_preemption_failures "
+            "(-1 restarts after every preemption) to resume from the latest checkpoint on the nodes left."
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.preemption_info, self.drain_timed_out))
 
 
 class ControllerError(TrainingFailedError):

@@ -1,12 +1,14 @@
-"""Functions a training loop calls: ``report``, ``get_checkpoint``, ``get_dataset_shard``."""
+"""Functions a training loop calls: ``report``, ``get_checkpoint``, ``get_dataset_shard``,
+``get_all_reported_checkpoints``."""
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
+from typing import Any, Callable
 
 from storage import Checkpoint
+from trainers._internal import reported_checkpoints
 from trainers._internal.session import CheckpointUploadMode, get_session
+from trainers.validation import CheckpointConsistencyMode, ReportedCheckpoint, ValidationTaskConfig
 
 
 def report(
@@ -14,6 +16,9 @@ def report(
     checkpoint: Checkpoint | None = None,
     checkpoint_dir_name: str | None = None,
     checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
+    delete_local_checkpoint_after_upload: bool | None = None,
+    checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None,
+    validation: bool | ValidationTaskConfig = False,
 ) -> None:
     """Report this worker's metrics, and optionally a checkpoint, for the current step.
 
@@ -24,24 +29,57 @@ def report(
     Metrics-only reports cost microseconds: they are pushed to the driver, not polled.
 
     With ``checkpoint_upload_mode=CheckpointUploadMode.ASYNC`` the checkpoint is copied to local
-    disk and uploaded in the background, so the loop does not wait for remote storage.
-    ``checkpoint_dir_name`` is accepted for Ray Train compatibility; folders are always named
-    ``checkpoint_NNNNNN`` in commit order.
+    disk and uploaded in the background, so the loop does not wait for remote storage. With
+    ``NO_UPLOAD`` nothing is copied: the checkpoint must be a folder you wrote directly inside the
+    run folder (``get_context().get_storage().build_checkpoint_path_from_name(name)``), and it is
+    recorded there.
+
+    ``checkpoint_dir_name`` names the checkpoint's folder in the run folder (rank 0's name counts;
+    default ``checkpoint_NNNNNN`` in commit order). Each checkpoint needs its own name: a name the
+    run already keeps is refused. ``delete_local_checkpoint_after_upload`` deletes the reported
+    folder once it is uploaded; None (the default) deletes it after an ASYNC upload and keeps it
+    after a SYNC one. ``checkpoint_upload_fn(checkpoint, checkpoint_dir_name)`` does the upload
+    instead of flowtrain: it writes the files to
+    ``get_context().get_storage().build_checkpoint_path_from_name(checkpoint_dir_name)`` and
+    returns a ``Checkpoint`` of that folder, which is then committed like any other (the name it
+    gets is a staging folder of the run; the final name is ``checkpoint_dir_name``).
+
+    ``validation=True`` (or a ``ValidationTaskConfig`` overriding its ``fn_kwargs`` and
+    ``timeout_s``) validates the checkpoint with the trainer's ``validation_config`` once it is
+    committed, in a separate Ray task while training goes on; the metrics it returns are merged
+    into the checkpoint's metrics.
     """
-    session = get_session("report")
-    if checkpoint_dir_name is not None and not session.warned_dir_name:
-        session.warned_dir_name = True
-        warnings.warn(
-            f"report(checkpoint_dir_name={checkpoint_dir_name!r}) is ignored: flowtrain names committed "
-            "checkpoints checkpoint_NNNNNN in commit order.",
-            stacklevel=2,
-        )
-    session.report(metrics, checkpoint, checkpoint_upload_mode)
+    get_session("report").report(
+        metrics,
+        checkpoint,
+        checkpoint_upload_mode,
+        validation=validation,
+        dir_name=checkpoint_dir_name,
+        delete_local=delete_local_checkpoint_after_upload,
+        upload_fn=checkpoint_upload_fn,
+    )
+
+
+def get_all_reported_checkpoints(
+    consistency_mode: CheckpointConsistencyMode = CheckpointConsistencyMode.VALIDATED,
+    timeout_s: float | None = None,
+) -> list[ReportedCheckpoint]:
+    """The run's kept checkpoints, oldest first, each with its metrics and validation status.
+
+    Waits until every checkpoint this worker has reported is committed (and, in the default
+    ``VALIDATED`` mode, until no validation of the run is pending), so the list includes them.
+    When ``timeout_s`` passes first, it returns the checkpoints as they stand then, as Ray Train
+    does. Checkpoints of earlier attempts and of the run's earlier ``fit()`` calls are included.
+    """
+    return reported_checkpoints.read(get_session("get_all_reported_checkpoints"), consistency_mode, timeout_s)
 
 
 def get_checkpoint() -> Checkpoint | None:
-    """The checkpoint to resume from: the latest committed one, or None on a fresh start."""
-    return get_session("get_checkpoint").checkpoint
+    """The checkpoint to resume from: the run's latest committed one (or the trainer's
+    ``resume_from_checkpoint`` while the run has none), None on a fresh start; after this worker
+    reported a checkpoint with a SYNC (or NO_UPLOAD) ``report()``, that checkpoint, as in Ray
+    Train (a SYNC one once every worker has reported that step and it is committed)."""
+    return get_session("get_checkpoint").current_checkpoint()
 
 
 def get_dataset_shard(dataset_name: str | None = None) -> Any:

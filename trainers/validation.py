@@ -99,7 +99,8 @@ class ValidationConfig:
         self.fn = fn
         self.task_config = task_config
         self.ray_remote_kwargs = ray_remote_kwargs
-        check_fn_kwargs(fn, task_config.fn_kwargs, "ValidationConfig(task_config=ValidationTaskConfig(fn_kwargs=...))")
+        # Partial: a report's own fn_kwargs may supply the rest.
+        check_fn_kwargs(fn, task_config.fn_kwargs, "ValidationConfig(task_config=ValidationTaskConfig(fn_kwargs=...))", partial=True)
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", repr(self.fn))
@@ -142,14 +143,15 @@ class ReportedCheckpoint:
     status: ReportedCheckpointStatus
 
 
-def check_fn_kwargs(fn: Any, fn_kwargs: dict[str, Any], where: str) -> None:
-    """Raise ``TypeError`` when ``fn(checkpoint, **fn_kwargs)`` cannot be called with these names."""
+def check_fn_kwargs(fn: Any, fn_kwargs: dict[str, Any], where: str, *, partial: bool = False) -> None:
+    """Raise ``TypeError`` when ``fn(checkpoint, **fn_kwargs)`` cannot be called with these names
+    (with ``partial``, only when a name is unknown: the others may come later)."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # a builtin or C function: Python cannot tell, the task will say
     try:
-        signature.bind(None, **fn_kwargs)
+        (signature.bind_partial if partial else signature.bind)(None, **fn_kwargs)
     except TypeError as error:
         name = getattr(fn, "__qualname__", repr(fn))
         raise TypeError(
@@ -173,9 +175,9 @@ def resolve_request(validation: Any, checkpoint: Any, config: ValidationConfig |
             "validation_config=trainers.ValidationConfig(fn) to the trainer (e.g. TorchTrainer(..., "
             "validation_config=...)), or drop validation= from report()."
         )
-    if isinstance(validation, ValidationTaskConfig):
-        merged = {**config.task_config.fn_kwargs, **validation.fn_kwargs}
-        check_fn_kwargs(config.fn, merged, "report(validation=ValidationTaskConfig(fn_kwargs=...))")
+    overrides = validation.fn_kwargs if isinstance(validation, ValidationTaskConfig) else {}
+    where = "report(validation=ValidationTaskConfig(fn_kwargs=...))" if overrides else f"report(validation={validation!r})"
+    check_fn_kwargs(config.fn, {**config.task_config.fn_kwargs, **overrides}, where)
     return validation
 
 

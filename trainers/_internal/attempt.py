@@ -11,6 +11,7 @@ import dataclasses
 import queue
 import socket
 import threading
+import time
 from typing import Any, Callable
 
 import pyarrow.fs
@@ -18,7 +19,10 @@ import pyarrow.fs
 from storage import Checkpoint
 from storage.layout import RunLayout
 from trainers._internal.data import install_data_context, split_datasets
+from trainers._internal.elastic import ElasticSizer, NodeResources, wait_released
 from trainers._internal.events import Event
+from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
+from trainers._internal.resources import capturing_placement_group
 from trainers._internal.session import WorkerSession
 from trainers._internal.worker import run_training_function
 from trainers._internal.worker_group import RayWorkerGroup
@@ -52,6 +56,8 @@ class RunSpec:
     data_context: Any = None
     #: ``LoggingConfig.log_level`` for flowtrain's loggers in the workers (None: leave them be).
     log_level: str | None = None
+    #: The trainer's ``ValidationConfig``: ``report(validation=...)`` checks requests against it.
+    validation_config: Any = None
 
 
 def _session_args(spec: RunSpec, context: TrainContext, attempt: int, checkpoint: Checkpoint | None, shards: dict) -> dict:
@@ -63,6 +69,7 @@ def _session_args(spec: RunSpec, context: TrainContext, attempt: int, checkpoint
         checkpoint=checkpoint,
         dataset_shards=shards,
         score_attribute=spec.score_attribute,
+        validation_config=spec.validation_config,
     )
 
 
@@ -71,9 +78,18 @@ class RayWorkers:
 
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
-        self.world_size = spec.scaling.num_workers
+        self.world_size = spec.scaling.max_workers
         self.backend = spec.backend_config.backend_cls()
         self.group: RayWorkerGroup | None = None
+        # An elastic run sizes each attempt by what is free, except inside a Tune trial, whose
+        # group already holds max_workers bundles for it.
+        self.sizer = (
+            ElasticSizer(spec.scaling) if spec.scaling.elasticity_enabled and capturing_placement_group() is None else None
+        )
+        self._started_at = 0.0
+        #: What the last stopped group held per node: the next elastic count waits to see it free.
+        self._released: NodeResources = {}
+        self._drain: DrainWatch | None = None
         self._nodes: dict[int, tuple[str, str]] = {}
         self._training = False
 
@@ -88,10 +104,17 @@ class RayWorkers:
             # after them: the first batch no longer also waits for that process to start.
             shards.extend(split_datasets(spec.datasets, spec.dataset_config, self.world_size, node_ids))
 
+        scaling = spec.scaling
+        if scaling.elasticity_enabled:
+            if self.sizer is not None:
+                wait_released(self._released)
+                self.world_size = self.sizer.size_to_start(time.monotonic() + spec.start_timeout_s)
+            scaling = scaling.with_num_workers(self.world_size)
         self.group = group = RayWorkerGroup(
-            scaling=spec.scaling, start_timeout_s=spec.start_timeout_s, runtime_env=spec.runtime_env
+            scaling=scaling, start_timeout_s=spec.start_timeout_s, runtime_env=spec.runtime_env
         )
         group.start(on_placed=split)
+        self._started_at = time.monotonic()
         import ray
 
         installed = (
@@ -100,6 +123,10 @@ class RayWorkers:
             else []
         )
         self._nodes = {w.ranks.world_rank: (w.metadata.node_id, w.metadata.node_ip) for w in group.workers}
+        node_to_ranks: dict[str, list[int]] = {}
+        for rank, (node_id, _) in self._nodes.items():
+            node_to_ranks.setdefault(node_id, []).append(rank)
+        self._drain = DrainWatch(node_to_ranks)
         accelerators: list[tuple[int, ...]] = [() for _ in group.workers]
         if spec.scaling.use_gpu:
             from trainers.torch.devices import assign_visible_devices
@@ -137,12 +164,39 @@ class RayWorkers:
         )
         self._training = True
 
-    def poll(self, timeout_s: float) -> list[Event]:
-        return self.group.poll(timeout_s) if self.group is not None else []
+    def poll(self, timeout_s: float) -> list[Event | PreemptionNotice]:
+        events: list[Event | PreemptionNotice] = self.group.poll(timeout_s) if self.group is not None else []
+        info = self._drain.check() if self._drain is not None and self.group is not None else None
+        if info is not None:
+            for worker in self.group.workers:
+                worker.actor.mark_preempted.remote(info)  # get_preemption_info() answers it from now on
+            events.append(PreemptionNotice(info))
+        return events
+
+    def resize_to(self) -> int | None:
+        """The larger size an elastic run should restart at, now that more workers fit, or None."""
+        if self.sizer is None or self.group is None or not self.group.workers:
+            return None
+        return self.sizer.resize_to(self.world_size, self._held(), self._started_at)
+
+    def _held(self) -> NodeResources:
+        """What this attempt's workers hold on each node."""
+        held: NodeResources = {}
+        if self.group is None:
+            return held
+        for worker in self.group.workers:
+            node = held.setdefault(worker.metadata.node_id, {})
+            for name, amount in self.group.scaling.worker_resources.items():
+                node[name] = node.get(name, 0.0) + amount
+        return held
 
     def release(self, index: int, data: Any) -> None:
         if self.group is not None:
             self.group.release_sync(index, data)
+
+    def answer_checkpoints(self, rank: int, query_id: int, answer: Any) -> None:
+        if self.group is not None and self.group.workers:
+            self.group.answer_checkpoints(rank, query_id, answer)
 
     def where(self, rank: int) -> tuple[str, str]:
         return self._nodes.get(rank, ("", ""))
@@ -156,7 +210,10 @@ class RayWorkers:
             self.backend.on_shutdown(self.group, self.spec.backend_config)
 
     def shutdown(self) -> None:
+        self._drain = None
         if self.group is not None:
+            if self.group.workers:
+                self._released = self._held()
             self.group.shutdown()
 
 
@@ -211,6 +268,10 @@ class LocalWorkers:
 
     def release(self, index: int, data: Any) -> None:
         pass  # one rank: its barriers never wait for the controller
+
+    def answer_checkpoints(self, rank: int, query_id: int, answer: Any) -> None:
+        if self._session is not None:
+            self._session.answer_checkpoints(query_id, answer)
 
     def where(self, rank: int) -> tuple[str, str]:
         return ("local", socket.gethostname())

@@ -13,8 +13,22 @@ import traceback
 from typing import Any, Callable, Protocol
 
 from storage import Checkpoint
-from trainers._internal.events import NOT_TRAINING, Event, FailedEvent, FinishedEvent, ReportEvent, SyncEvent
-from trainers.errors import RankFailure, WorkerGroupError, worker_group_error_type
+from trainers._internal.events import (
+    NOT_TRAINING,
+    CheckpointsQuery,
+    Event,
+    FailedEvent,
+    FinishedEvent,
+    ReportEvent,
+    SyncEvent,
+    checkpoint_placement,
+)
+from trainers._internal.reported_checkpoints import PendingQueries
+from trainers.validation import request_to_json
+from trainers._internal.preemption_watch import PreemptionNotice, deadline_passed
+from trainers._internal.preemption_watch import merge as merge_preemptions
+from trainers.errors import PreemptionError, RankFailure, TrainingFailedError, WorkerGroupError, worker_group_error_type
+from trainers.preemption import PreemptionInfo
 
 
 class Workers(Protocol):
@@ -25,11 +39,16 @@ class Workers(Protocol):
     def launch(self, attempt: int, checkpoint: Checkpoint | None) -> None: ...
     def poll(self, timeout_s: float) -> list[Event]: ...
     def release(self, index: int, data: Any) -> None: ...
+    def answer_checkpoints(self, rank: int, query_id: int, answer: Any) -> None: ...
     def where(self, rank: int) -> tuple[str, str]: ...
     def probe(self, ranks: list[int]) -> tuple[list[Event], dict[int, str]]: ...
     def finish(self) -> None: ...
     def shutdown(self) -> None: ...
 
+
+#: Failure kinds that are a process or node going away: the likely root cause of other ranks'
+#: errors, so they are listed first.
+DEATHS = ("died", "preempted")
 
 #: The rank under which a failure to start the whole group is recorded.
 LAUNCH = -1
@@ -48,6 +67,9 @@ class State(enum.Enum):
 ENDED_DRAIN_S = 10.0
 #: How often that wait re-checks whether the ranks it waits for are still training.
 DRAIN_POLL_S = 0.25
+
+#: How often the controller checks on running checkpoint validations (while there are any).
+VALIDATION_POLL_S = 0.25
 
 #: Restarts after setup clashes (``BackendConfig.is_setup_clash``) one run may take for free.
 SETUP_CLASH_RESTARTS = 3
@@ -76,6 +98,12 @@ class Controller:
         is_setup_clash: Callable[[BaseException], bool] = lambda error: False,
         clock: Callable[[], float] = time.monotonic,
         collective_backend: str | None = None,
+        validations: Any = None,
+        max_preemption_failures: int = -1,
+        preemption_grace_s: float = 0.0,
+        resize: Callable[[], int | None] | None = None,
+        on_resize: Callable[[int, int, int], None] = lambda *a: None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.workers = workers
         self.storage = storage
@@ -90,13 +118,33 @@ class Controller:
         self.is_setup_clash = is_setup_clash
         #: "nccl", "gloo" or None: a hang in an NCCL run is raised as NCCLHangError.
         self.collective_backend = collective_backend
+        #: Restarts allowed after preemptions (-1: always), counted apart from ``max_failures``.
+        self.max_preemption_failures = max_preemption_failures
+        #: Seconds past a preemption's deadline the workers may keep running (to finish a checkpoint).
+        self.preemption_grace_s = preemption_grace_s
+        self.num_preemptions = 0
+        #: Asked while an elastic run trains: the larger size to restart at, or None.
+        self.resize = resize
+        self.on_resize = on_resize
+        #: UNIX time in seconds (preemption deadlines are wall-clock times).
+        self.wall_clock = wall_clock
+        #: The preemption under way in this attempt and when it was noticed, or None.
+        self._preemption: PreemptionInfo | None = None
+        self._preemption_noticed_at = 0.0
+        self._resizing = False
+        #: Runs checkpoint validations (``ValidationRunner``), or None without a ValidationConfig.
+        self.validations = validations
+        #: ``get_all_reported_checkpoints()`` calls waiting for rounds or validations.
+        self._queries = PendingQueries()
+        #: Rounds of this attempt committed so far (reports are committed in order).
+        self._committed_rounds = 0
         self.setup_clash_restarts = 0
         #: When the first rank reported each pending round (for the report timeout).
         self._first_seen: dict[int, float] = {}
         self.state = State.LAUNCHING
         self.attempt = 0
         self.return_value: Any = None
-        self.error: WorkerGroupError | None = None
+        self.error: TrainingFailedError | None = None
         self._pending: dict[int, dict[int, ReportEvent]] = {}
         #: Ranks waiting at each barrier (``trainers.collective``) of this attempt, and when the
         #: first of them arrived (for the report timeout).
@@ -116,13 +164,17 @@ class Controller:
             self._launch()
         elif self.state is State.RUNNING:
             timeout = self.poll_timeout_s if self.report_timeout_s is None else min(self.poll_timeout_s, self.report_timeout_s / 4)
+            if self.validations is not None and self.validations.busy:
+                timeout = min(timeout, VALIDATION_POLL_S)  # notice a validation's end soon
             self._handle(self.workers.poll(timeout))
+            self._check_preemption_or_resize()
         elif self.state is State.RESTARTING:
             self._restart()
         return self.state
 
     def run(self) -> Any:
-        """Step until done; return rank 0's return value or raise ``WorkerGroupError``."""
+        """Step until done; return rank 0's return value or raise ``WorkerGroupError`` (or
+        ``PreemptionError`` when preemptions spent their budget)."""
         try:
             while self.state not in (State.FINISHED, State.FAILED):
                 self.step()
@@ -141,6 +193,9 @@ class Controller:
         self._finished.clear()
         self._failed.clear()
         self._activity = {}
+        self._preemption = None
+        self._queries.clear()
+        self._committed_rounds = 0
         try:
             self.workers.launch(self.attempt, self.storage.latest_checkpoint)
         except (ValueError, TypeError):
@@ -163,7 +218,14 @@ class Controller:
             elif isinstance(event, SyncEvent):
                 self._syncs.setdefault(event.index, {})[event.world_rank] = event
                 self._sync_first_seen.setdefault(event.index, self.clock())
+            elif isinstance(event, CheckpointsQuery):
+                self._queries.add(event)
+            elif isinstance(event, PreemptionNotice):
+                if self._preemption is None:
+                    self._preemption_noticed_at = self.wall_clock()
+                self._preemption = merge_preemptions(self._preemption, event.info)
         self._commit_complete_rounds()
+        self._validate_and_answer()
         self._release_complete_syncs()
         self._check_returned_during_a_barrier()
         self._check_laggards()
@@ -188,8 +250,26 @@ class Controller:
             self._first_seen.pop(index, None)
             metrics = [round_[rank].metrics for rank in range(size)]
             staged = any(event.staged for event in round_.values())
-            checkpoint = self.storage.record_report(metrics[0], report_index=index, attempt=self.attempt, staged=staged)
+            # As in Ray Train, the validation asked by the first rank that passed a checkpoint.
+            validation = next((round_[r].validation for r in range(size) if round_[r].staged), False) if staged else False
+            extra = {"validation": request_to_json(validation)} if validation else {}
+            extra.update(checkpoint_placement(list(round_.values())) if staged else {})
+            checkpoint = self.storage.record_report(metrics[0], report_index=index, attempt=self.attempt, staged=staged, **extra)
+            self._committed_rounds = index + 1
             self.on_report(self.attempt, metrics, checkpoint)
+
+    def _validate_and_answer(self) -> None:
+        """Start and collect checkpoint validations, then answer the ``get_all_reported_checkpoints()``
+        calls whose wait is over."""
+        if self.validations is not None:
+            self.validations.poll()
+        if self._queries:
+            self._queries.answer(
+                committed_rounds=self._committed_rounds,
+                validating=lambda: self.validations is not None and self.validations.busy,
+                storage=self.storage,
+                send=self.workers.answer_checkpoints,
+            )
 
     def _release_complete_syncs(self) -> None:
         """A barrier every rank reached lets them all go, carrying rank 0's data."""
@@ -320,8 +400,13 @@ class Controller:
     def _fail(self) -> None:
         self.workers.shutdown()
         # A dead process is the likely root cause of the others' errors: callbacks see it first too.
-        failures = sorted((self._describe(e) for e in self._failed.values()), key=lambda f: (f.kind != "died", f.world_rank))
+        failures = sorted((self._describe(e) for e in self._failed.values()), key=lambda f: (f.kind not in DEATHS, f.world_rank))
         self.on_failure(self.attempt, dict(self._failed))
+        if any(f.kind == "preempted" for f in failures):
+            # As in Ray Train: when a preempted node's death is among the failures, the others'
+            # errors are its echo (broken collectives), and the preemption budget pays.
+            self._preempted(drain_timed_out=False, failures=failures)
+            return
         if self._only_setup_clashes():
             # Nothing the training function did failed, so this restart does not count as a failure.
             self.setup_clash_restarts += 1
@@ -345,8 +430,50 @@ class Controller:
 
     def _restart(self) -> None:
         checkpoint = self.storage.rewind_to_latest_checkpoint()
-        self.on_restart(self.attempt, self._last_failures, checkpoint)
+        if self._resizing:
+            self._resizing = False  # on_resize told the callbacks already; nothing failed
+        else:
+            self.on_restart(self.attempt, self._last_failures, checkpoint)
         self.state = State.LAUNCHING
+
+    # -- preemption and elastic resizing ----------------------------------------------------------
+
+    def _check_preemption_or_resize(self) -> None:
+        """While a preemption is under way, end the attempt at its deadline (plus the grace);
+        otherwise let an elastic run grow when more workers fit."""
+        if self.state is not State.RUNNING:
+            return
+        if self._preemption is not None:
+            if deadline_passed(self._preemption, self._preemption_noticed_at, self.preemption_grace_s, self.wall_clock()):
+                self._preempted(drain_timed_out=True)
+            return
+        size = self.resize() if self.resize is not None else None
+        if size is not None:
+            old = self.workers.world_size
+            self.workers.shutdown()
+            self.on_resize(self.attempt, old, size)
+            self._resizing = True
+            self._last_failures = []
+            self.state = State.RESTARTING
+
+    def _preempted(self, *, drain_timed_out: bool, failures: list[RankFailure] | None = None) -> None:
+        """A preemption ended this attempt: restart on the nodes left from the latest checkpoint
+        while ``max_preemption_failures`` allows, else fail with ``PreemptionError``."""
+        self.workers.shutdown()
+        info = self._preemption
+        if info is None:  # the node went before its drain was noticed
+            nodes: dict[str, list[int]] = {}
+            for failure in failures or []:
+                if failure.kind == "preempted":
+                    nodes.setdefault(failure.node_id, []).append(failure.world_rank)
+            info = PreemptionInfo(deadline_ms=None, preempted_node_to_ranks=nodes)
+        self.num_preemptions += 1
+        if may_restart(self.max_preemption_failures, self.num_preemptions - 1):
+            self._last_failures = failures or []
+            self.state = State.RESTARTING
+            return
+        self.error = PreemptionError(info, drain_timed_out)
+        self.state = State.FAILED
 
     # -- errors ----------------------------------------------------------------------------------
 
@@ -364,7 +491,7 @@ class Controller:
 
     def _error(self, failures: list[RankFailure], *, budget_exhausted: bool) -> WorkerGroupError:
         # A dead process is the likely root cause of the others' collective errors: list it first.
-        failures = sorted(failures, key=lambda f: (f.kind != "died", f.world_rank))
+        failures = sorted(failures, key=lambda f: (f.kind not in DEATHS, f.world_rank))
         used = self.storage.num_failures
         if budget_exhausted:
             budget = f"the failure budget is spent (FailureConfig.max_failures={self.max_failures}, {used} restart(s) used)"

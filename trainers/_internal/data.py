@@ -135,11 +135,14 @@ def default_ingest_options() -> Any:
 
 def execution_options_for(config: DataConfig, name: str) -> Any:
     """A fresh copy of the ``ExecutionOptions`` dataset ``name`` runs with: the one given for all
-    datasets, or the one given for ``name`` in a dict, or else ``default_ingest_options()``."""
+    datasets, or the one given for ``name`` in a dict, or else the config's
+    ``default_ingest_options()`` (a ``DataConfig`` subclass may override it, as in Ray Train)."""
     given = config.execution_options
     if isinstance(given, dict):
         given = given.get(name)
-    return copy.deepcopy(given if given is not None else default_ingest_options())
+    if given is None:
+        given = getattr(config, "default_ingest_options", default_ingest_options)()
+    return copy.deepcopy(given)
 
 
 def configure(
@@ -170,8 +173,8 @@ def configure(
         if name in to_split and world_size > 1:
             parts = dataset.streaming_split(world_size, equal=True, locality_hints=hints)
         else:
-            # One rank reads a split dataset whole too: an iterator of its own needs no split
-            # coordinator actor, so its first batch comes sooner.
+            # With one worker a split dataset is read whole: a plain iterator needs no split
+            # coordinator actor (a process of its own), so the first batch comes sooner.
             parts = [dataset.iterator()] * world_size
         for rank in range(world_size):
             shards[rank][name] = parts[rank]
@@ -185,6 +188,8 @@ def split_datasets(
     subclass that overrides it decides, as in Ray Train); ``worker_node_ids`` are the workers'
     nodes in rank order, for shard locality."""
     check_datasets_to_split(datasets, config)
+    # A DataConfig without a configure method of its own (ours, until DataConfig carries one)
+    # gets this module's, which is what DataConfig.configure means.
     method = getattr(config, "configure", None)
     if method is None:
         shards = configure(config, datasets, world_size, None, worker_node_ids)

@@ -13,10 +13,38 @@ class ReportEvent:
     world_rank: int
     index: int
     metrics: dict[str, Any]
-    #: True when this rank uploaded checkpoint files into the staging folder of ``index``.
+    #: True when this rank reported a checkpoint: its files are in the staging folder of
+    #: ``index``, or (``in_place``) already at ``dir_name`` in the run folder.
     staged: bool
     #: ``report(validation=...)``: False, True or a ``trainers.ValidationTaskConfig``.
     validation: Any = False
+    #: The checkpoint folder's name: ``report(checkpoint_dir_name=...)``, or where the checkpoint
+    #: already is with ``in_place``. None: the default name.
+    dir_name: str | None = None
+    #: The checkpoint was written straight into the run folder (``CheckpointUploadMode.NO_UPLOAD``,
+    #: or a ``checkpoint_upload_fn`` that put it there): it is recorded where it is.
+    in_place: bool = False
+
+
+def checkpoint_placement(round_: list[ReportEvent]) -> dict[str, Any]:
+    """Where the checkpoint of one round (every rank's report of one step) goes, as extra
+    arguments of ``RunStorage.record_report``: {} for the default name.
+
+    As in Ray Train, the lowest rank's ``checkpoint_dir_name`` names the folder; a checkpoint a
+    rank already put into the run folder is recorded where it is, so all such ranks must name
+    the same folder.
+    """
+    placed = sorted({e.dir_name for e in round_ if e.in_place and e.dir_name})
+    if len(placed) > 1:
+        raise ValueError(
+            f"report(checkpoint, checkpoint_upload_mode=NO_UPLOAD): the ranks of step {round_[0].index} put "
+            f"their checkpoints in different folders of the run ({', '.join(placed)}); every rank must "
+            "write into the same folder, which becomes the one checkpoint of that step."
+        )
+    if placed:
+        return {"dir_name": placed[0], "in_place": True}
+    first = min(round_, key=lambda e: e.world_rank)
+    return {"dir_name": first.dir_name} if first.dir_name else {}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,10 @@ def check_feasible(scaling: ScalingConfig, nodes: list[dict[str, float]], *, hel
     requested and what the cluster has, and what to change. ``held`` describes what ``nodes``
     already leave out (e.g. the Tune trial this runs in), for the message.
     """
+    elastic = f" (min_workers of num_workers={scaling.num_workers!r})" if scaling.elasticity_enabled else ""
+    if scaling.elasticity_enabled:
+        # An elastic run can start once min_workers fit; that is what must be possible.
+        scaling = scaling.with_num_workers(scaling.min_workers)
     bundle = scaling.worker_resources
     n = scaling.num_workers
     total: dict[str, float] = {}
@@ -35,7 +39,7 @@ def check_feasible(scaling: ScalingConfig, nodes: list[dict[str, float]], *, hel
         for name, amount in node.items():
             total[name] = total.get(name, 0.0) + amount
     shown = {name: total.get(name, 0.0) for name in sorted(set(bundle) | {"CPU", "GPU"})}
-    request = f"{n} workers x {_fmt(bundle)} = {_fmt(scaling.total_resources)}"
+    request = f"{n} workers{elastic} x {_fmt(bundle)} = {_fmt(scaling.total_resources)}"
     have = f"the cluster has {_fmt(shown)} on {len(nodes)} node(s){held}"
     fix = "Lower ScalingConfig.num_workers or resources_per_worker, or add nodes (RAY_ADDRESS)."
 
@@ -77,20 +81,21 @@ def leave_cpu_for_data(scaling: ScalingConfig, nodes: list[dict[str, float]]) ->
     saying what to change.
     """
     total_cpu = sum(node.get("CPU", 0.0) for node in nodes)
-    workers_cpu = scaling.worker_resources.get("CPU", 0.0) * scaling.num_workers
-    if total_cpu - workers_cpu >= 1 or scaling.num_workers == 0:
+    num_workers = scaling.max_workers  # an elastic run may grow to max_workers: leave the CPU beside them too
+    workers_cpu = scaling.worker_resources.get("CPU", 0.0) * num_workers
+    if total_cpu - workers_cpu >= 1 or num_workers == 0:
         return scaling
     user_set = "CPU" in (scaling.resources_per_worker or {})
-    per_worker = math.floor((total_cpu - 1) / scaling.num_workers * 100) / 100
+    per_worker = math.floor((total_cpu - 1) / num_workers * 100) / 100
     if user_set or per_worker <= 0:
         raise InsufficientResourcesError(
-            f"Ray Data needs at least 1 CPU beside the training workers, but {scaling.num_workers} workers "
+            f"Ray Data needs at least 1 CPU beside the training workers, but {num_workers} workers "
             f"take {workers_cpu:g} of the cluster's {total_cpu:g} CPUs, so the data pipeline would never run. "
             "Leave one free: lower ScalingConfig.num_workers or resources_per_worker['CPU'] "
             "(fractions such as 0.5 are fine), or add CPUs."
         )
     warnings.warn(
-        f"Giving each of the {scaling.num_workers} training workers {per_worker:g} CPU (not 1) so that Ray Data "
+        f"Giving each of the {num_workers} training workers {per_worker:g} CPU (not 1) so that Ray Data "
         f"keeps 1 of the cluster's {total_cpu:g} CPUs for its pipeline; set ScalingConfig.resources_per_worker "
         "to choose yourself.",
         stacklevel=3,
@@ -120,7 +125,7 @@ def enclosing_placement_group(scaling: ScalingConfig) -> tuple[object, int] | No
     if group is None:
         return None
     bundles = [dict(b) for b in group.bundle_specs]
-    n = scaling.num_workers
+    n = scaling.num_workers  # an elastic run inside a trial trains at max_workers (see RayWorkers)
     worker = scaling.worker_resources
     first = len(bundles) - n
     # A process that holds resources sits in a bundle of its own (Tune uses the first one);

@@ -7,6 +7,7 @@ controller through ``emit``; it never waits on a timer.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import numbers
@@ -20,9 +21,12 @@ import pyarrow.fs
 from storage import Checkpoint, upload_directory
 from storage.layout import RunLayout
 from storage.retention import flatten
+from trainers._internal import checkpoint_upload
 from trainers._internal.events import Event, ReportEvent, SyncEvent
+from trainers._internal.reported_checkpoints import Answer, Answers
 from trainers._internal.uploader import OrderedUploader
 from trainers.context import TrainContext, _set_context
+from trainers.validation import resolve_request
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +42,20 @@ class CheckpointUploadMode(enum.Enum):
 
     ``SYNC`` uploads before ``report()`` returns. ``ASYNC`` copies the folder to local disk,
     returns, and uploads in the background (reports stay in order); use it with remote storage
-    so the loop waits only for the local copy.
+    so the loop waits only for the local copy. ``NO_UPLOAD`` copies nothing: the checkpoint is
+    a folder you already wrote directly inside the run folder
+    (``get_context().get_storage().build_checkpoint_path_from_name(name)``), and it is recorded
+    there as it is (retention deletes it like any other checkpoint).
     """
 
     SYNC = "SYNC"
     ASYNC = "ASYNC"
+    NO_UPLOAD = "NO_UPLOAD"
+
+    def default_delete_local_checkpoint_after_upload(self) -> bool:
+        """What ``report(delete_local_checkpoint_after_upload=None)`` means in this mode: delete
+        the reported folder after an ASYNC upload, keep it otherwise."""
+        return self is CheckpointUploadMode.ASYNC
 
 
 class TrainingInterrupted(BaseException):
@@ -66,6 +79,7 @@ class WorkerSession:
         dataset_shards: dict[str, Any],
         emit: Callable[[Event], None],
         score_attribute: str | None = None,
+        validation_config: Any = None,
     ) -> None:
         self.context = context
         self.attempt = attempt
@@ -76,10 +90,18 @@ class WorkerSession:
         self.emit = emit
         #: ``CheckpointConfig.checkpoint_score_attribute``: checked in every report with a checkpoint.
         self.score_attribute = score_attribute
+        #: The trainer's ``ValidationConfig`` (None: ``report(validation=...)`` is refused).
+        self.validation_config = validation_config
+        #: The controller's answers to ``get_all_reported_checkpoints()``.
+        self.answers = Answers()
         self.num_reports = 0
         self.stop_requested = threading.Event()
         self.uploader = OrderedUploader()
-        self.warned_dir_name = False
+        #: ``num_reports`` after the last SYNC report with a checkpoint whose commit
+        #: ``get_checkpoint()`` has not yet seen (None: ``self.checkpoint`` is up to date).
+        self._unseen_commit: int | None = None
+        #: ``checkpoint_dir_name`` values this worker used in this attempt (each names one checkpoint).
+        self._dir_names: set[str] = set()
         self.num_syncs = 0
         #: The barrier this rank waits at (a rank is at one barrier at a time), or None.
         self._sync: _SyncPoint | None = None
@@ -91,6 +113,11 @@ class WorkerSession:
         metrics: dict[str, Any],
         checkpoint: Checkpoint | None,
         upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
+        *,
+        validation: Any = False,
+        dir_name: str | None = None,
+        delete_local: bool | None = None,
+        upload_fn: checkpoint_upload.UploadFn | None = None,
     ) -> None:
         if self.stop_requested.is_set():
             raise TrainingInterrupted("the controller stopped this attempt")
@@ -102,14 +129,40 @@ class WorkerSession:
                 "e.g. Checkpoint.from_directory(folder)."
             )
         if not isinstance(upload_mode, CheckpointUploadMode):
-            raise ValueError(f"report(checkpoint_upload_mode={upload_mode!r}): must be CheckpointUploadMode.SYNC or ASYNC.")
+            raise ValueError(
+                f"report(checkpoint_upload_mode={upload_mode!r}): must be CheckpointUploadMode.SYNC or ASYNC "
+                "(flowtrain copies the checkpoint), or NO_UPLOAD (it is already in the run folder)."
+            )
+        no_upload = upload_mode is CheckpointUploadMode.NO_UPLOAD
+        delete_local = checkpoint_upload.resolve_delete(
+            delete_local, asynchronous=upload_mode is CheckpointUploadMode.ASYNC, no_upload=no_upload
+        )
+        checkpoint_upload.check_request(
+            checkpoint,
+            no_upload=no_upload,
+            dir_name=dir_name,
+            upload_fn=upload_fn,
+            delete_local=delete_local,
+            layout=self.layout,
+            filesystem=self.filesystem,
+        )
+        if checkpoint is not None and dir_name is not None and not no_upload:
+            if dir_name in self._dir_names:
+                raise ValueError(
+                    f"report(checkpoint_dir_name={dir_name!r}): an earlier report of this worker used that name; "
+                    "each checkpoint needs a folder name of its own, e.g. with the epoch or step in it."
+                )
+            self._dir_names.add(dir_name)
+        validation = resolve_request(validation, checkpoint, self.validation_config)
         plain = plain_metrics(metrics)
         if checkpoint is not None and self.score_attribute is not None:
-            check_score(plain, self.score_attribute, required=self.context.world_rank == 0)
+            # With a validation the score may come from it, so it need not be reported here.
+            check_score(plain, self.score_attribute, required=self.context.world_rank == 0 and not validation)
         index = self.num_reports
         self.num_reports += 1
-        event = ReportEvent(self.context.world_rank, index, plain, checkpoint is not None)
+        event = ReportEvent(self.context.world_rank, index, plain, checkpoint is not None, validation, dir_name)
         staging = self.layout.staging_path(self.attempt, index)
+        persist = dict(staging=staging, layout=self.layout, filesystem=self.filesystem, dir_name=dir_name, upload_fn=upload_fn)
         if checkpoint is not None and upload_mode is CheckpointUploadMode.ASYNC:
             local_copy = tempfile.mkdtemp(prefix="flowtrain-upload-")
             with checkpoint.as_directory() as folder:
@@ -117,22 +170,55 @@ class WorkerSession:
 
             def upload_then_report() -> None:
                 try:
-                    upload_directory(local_copy, self.filesystem, staging)
+                    placement = checkpoint_upload.persist(Checkpoint(local_copy, pyarrow.fs.LocalFileSystem()), **persist)
                 finally:
                     shutil.rmtree(local_copy, ignore_errors=True)
-                self.emit(event)
+                if delete_local:
+                    checkpoint_upload.delete_source(checkpoint)
+                self.emit(dataclasses.replace(event, dir_name=placement.dir_name, in_place=placement.in_place))
 
             self.uploader.submit(upload_then_report)
             return
         self.uploader.flush()  # earlier background uploads (if any) come first; re-raises their errors
-        if checkpoint is not None:
-            with checkpoint.as_directory() as folder:
-                upload_directory(folder, self.filesystem, staging)
+        if checkpoint is not None and no_upload:
+            name = checkpoint_upload.in_place_name(checkpoint, self.layout, self.filesystem)
+            event = dataclasses.replace(event, dir_name=name, in_place=True)
+            self.checkpoint, self._unseen_commit = checkpoint, None  # already where it stays, as in Ray Train
+        elif checkpoint is not None:
+            placement = checkpoint_upload.persist(checkpoint, **persist)
+            if delete_local:
+                kept = checkpoint_upload.uploaded(placement, staging, self.layout, self.filesystem)
+                checkpoint_upload.delete_source(checkpoint, keep=kept)
+            event = dataclasses.replace(event, dir_name=placement.dir_name, in_place=placement.in_place)
+            self._unseen_commit = self.num_reports
         self.emit(event)
+
+    def current_checkpoint(self) -> Checkpoint | None:
+        """What ``get_checkpoint()`` returns: the checkpoint this attempt started from, or the
+        newest one this worker reported since.
+
+        As in Ray Train, a SYNC report's checkpoint is returned once it is saved; flowtrain
+        saves a step's checkpoint when every worker has reported that step, so this waits for
+        that commit. A NO_UPLOAD checkpoint is returned at once. An ASYNC report is not waited
+        for: until a later SYNC or NO_UPLOAD report, the previous checkpoint is returned.
+        """
+        if self._unseen_commit is not None:
+            from trainers._internal.reported_checkpoints import read
+            from trainers.validation import CheckpointConsistencyMode
+
+            kept = read(self, CheckpointConsistencyMode.COMMITTED, None)
+            if kept:
+                self.checkpoint = kept[-1].checkpoint  # kept in commit order: the newest is last
+            self._unseen_commit = None
+        return self.checkpoint
 
     def flush(self) -> None:
         """Finish background uploads (called when the training function returns)."""
         self.uploader.flush()
+
+    def answer_checkpoints(self, query_id: int, answer: Answer) -> None:
+        """The controller's answer to this worker's ``get_all_reported_checkpoints()`` call."""
+        self.answers.put(query_id, answer)
 
     def synchronize(self, data: Any, caller: str) -> Any:
         """Wait until every rank made its next ``barrier()``/``broadcast_from_rank_zero()`` call,

@@ -55,7 +55,11 @@ def _remote() -> Any:
 
 def task_options(config: ValidationConfig, free_cpus: float) -> dict[str, Any]:
     """The Ray options of a validation task: ``ray_remote_kwargs``, with a CPU ask that fits the
-    ``free_cpus`` the cluster has beside the training workers unless the user chose one."""
+    ``free_cpus`` the cluster has beside the training workers unless the user chose one.
+
+    Without that fit a validation could not start before training ends, and a training function
+    waiting in ``get_all_reported_checkpoints()`` for it would wait forever.
+    """
     options = dict(config.ray_remote_kwargs)
     if "num_cpus" not in options:
         options["num_cpus"] = max(0.0, min(DEFAULT_NUM_CPUS, free_cpus))
@@ -81,6 +85,42 @@ def settle_without_config(storage: Any) -> None:
             stacklevel=3,
         )
         storage.record_validation(record.dir_name, {}, VALIDATION_FAILED)
+
+
+def make_runner(
+    config: ValidationConfig | None, storage: Any, scaling: Any, runtime_env: dict | None = None
+) -> "ValidationRunner | None":
+    """The run's validation runner, or None without a ``validation_config`` (then checkpoints a
+    crashed earlier driver left pending are settled, see ``settle_without_config``).
+
+    Validation tasks run in the workers' ``runtime_env`` (``RunConfig.worker_runtime_env``) unless
+    ``ray_remote_kwargs`` names one: they load the same checkpoints with the same packages.
+
+    Called before any worker starts: a validation function that cannot be sent to a Ray task
+    fails here, naming it.
+    """
+    if config is None:
+        settle_without_config(storage)
+        return None
+    from ray import cloudpickle
+
+    from trainers._internal.ray_init import ensure_ray
+    from trainers._internal.resources import cluster_nodes
+
+    try:
+        cloudpickle.dumps(config.fn)
+    except Exception as error:
+        raise TypeError(
+            f"ValidationConfig(fn={config.fn!r}) cannot be sent to its Ray task: it does not pickle "
+            f"({type(error).__name__}: {error}). Build clients, locks or open files inside the function."
+        ) from error
+    ensure_ray()
+    total_cpus = sum(node.get("CPU", 0.0) for node in cluster_nodes())
+    workers_cpus = scaling.total_resources.get("CPU", 0.0)
+    options = task_options(config, total_cpus - workers_cpus)
+    if runtime_env is not None:
+        options.setdefault("runtime_env", runtime_env)
+    return ValidationRunner(config, storage, options)
 
 
 @dataclasses.dataclass

@@ -185,6 +185,11 @@ class TrainWorker:
         if self._session is not None:
             self._session.preemption_info = info
 
+    def answer_checkpoints(self, query_id: int, answer: Any) -> None:
+        """The controller's answer to this worker's ``get_all_reported_checkpoints()`` call."""
+        if self._session is not None:
+            self._session.answer_checkpoints(query_id, answer)
+
     def stop(self) -> None:
         """Ask the training function to stop at its next ``report()``."""
         if self._session is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
+import warnings
 from typing import Any, Callable
 
 import ray
@@ -112,6 +113,14 @@ class RayWorkerGroup:
         if enclosing is not None:  # a Tune trial's group: its bundles are already ours, Tune removes it
             self._pg, first_bundle = enclosing
             self._owns_pg = False
+            if self.scaling.label_selector:
+                warnings.warn(
+                    f"ScalingConfig.label_selector={self.scaling.label_selector!r} is not applied: the workers run in "
+                    "this Ray Tune trial's placement group, and Tune's groups take no label selectors. Reserve only "
+                    "the trial's own process (tune.with_resources(fn, {'CPU': 1})) so the workers get a group of "
+                    "their own with the selector.",
+                    stacklevel=2,
+                )
             self._wait_for_group(deadline)
         else:
             trial_group = capturing_placement_group()
@@ -182,8 +191,9 @@ class RayWorkerGroup:
     def _wait_for_group(self, deadline: float) -> None:
         if not self._pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):
             state = placement_group_table(self._pg).get("state", "?")
+            labels = f" on nodes matching label_selector {self.scaling.label_selector!r}" if self.scaling.label_selector else ""
             raise WorkerStartError(
-                f"could not reserve {self.world_size} x {self.scaling.worker_resources} ({self.scaling.placement_strategy}) "
+                f"could not reserve {self.world_size} x {self.scaling.worker_resources} ({self.scaling.placement_strategy}){labels} "
                 f"within {self.start_timeout_s:g} s (placement group {state}): other work holds the resources, "
                 "or a node is missing."
             )
@@ -296,7 +306,9 @@ class RayWorkerGroup:
             rank,
             WorkerError(f"worker process (pid {meta.pid}) on node {meta.node_ip} died: {cause}"),
             "",
-            kind="died",
+            # Ray marks the death of an actor whose node was drained for preemption: that restart
+            # counts against FailureConfig.max_preemption_failures, not max_failures.
+            kind="preempted" if getattr(error, "preempted", False) else "died",
         )
 
     def release_sync(self, index: int, data: Any) -> None:
@@ -304,6 +316,10 @@ class RayWorkerGroup:
         through ``poll``)."""
         for worker in self.workers:
             worker.actor.release_sync.remote(index, data)
+
+    def answer_checkpoints(self, rank: int, query_id: int, answer: Any) -> None:
+        """Send rank ``rank`` the answer to its ``get_all_reported_checkpoints()`` call (no waiting)."""
+        self.workers[rank].actor.answer_checkpoints.remote(query_id, answer)
 
     def stop(self) -> None:
         """Ask every training function to stop at its next report (best effort, no waiting)."""

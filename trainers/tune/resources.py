@@ -45,7 +45,8 @@ def trial_resources(
 
     scaling = _check_scaling(scaling_config)
     driver = _check_driver(DEFAULT_DRIVER_RESOURCES if driver_resources is None else driver_resources)
-    workers = [dict(scaling.worker_resources) for _ in range(scaling.num_workers)]
+    # An elastic trainer trains at max_workers inside its trial, in the bundles reserved here.
+    workers = [dict(scaling.worker_resources) for _ in range(scaling.max_workers)]
     return tune.PlacementGroupFactory([driver, *workers], strategy=scaling.placement_strategy)
 
 

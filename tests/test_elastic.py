@@ -1,0 +1,187 @@
+"""Elastic training: ``ScalingConfig(num_workers=(min, max))``.
+
+The sizing rules and the controller's resize are checked without Ray; then a real three-node
+Ray on this machine loses a node (the run shrinks and resumes from its checkpoint) and gains one
+(the run grows, without spending the failure budget).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import elastic_loops
+import trainers.data_parallel_trainer
+from conftest import assert_no_leaks
+from test_controller import MemoryStore, ScriptedWorkers, report
+from trainers import DataParallelTrainer, FailureConfig, InsufficientResourcesError, RunConfig, ScalingConfig, UserCallback
+from trainers._internal.controller import Controller, State
+from trainers._internal.elastic import ElasticSizer, count_workers
+from trainers._internal.events import FinishedEvent
+from trainers._internal.resources import check_feasible
+
+CPU = {"CPU": 1.0}
+
+
+def test_count_workers_follows_the_placement_strategy_and_stops_at_max():
+    nodes = {"a": {"CPU": 3.0}, "b": {"CPU": 1.5}, "c": {"CPU": 0.5}}
+    assert count_workers(ScalingConfig(num_workers=(1, 8)), nodes) == 4
+    assert count_workers(ScalingConfig(num_workers=(1, 3)), nodes) == 3
+    assert count_workers(ScalingConfig(num_workers=(1, 8), placement_strategy="STRICT_PACK"), nodes) == 3
+    assert count_workers(ScalingConfig(num_workers=(1, 8), placement_strategy="STRICT_SPREAD"), nodes) == 2
+    labelled = ScalingConfig(num_workers=(1, 8), label_selector={"zone": "x"})
+    assert count_workers(labelled, nodes, {"a": {"zone": "y"}, "b": {"zone": "x"}}) == 1
+
+
+def test_a_running_elastic_group_grows_only_when_more_fit_and_at_most_once_an_interval():
+    free = {"a": {}}
+    now = [100.0]
+    sizer = ElasticSizer(
+        ScalingConfig(num_workers=(1, 4), elastic_resize_monitor_interval_s=10), free=lambda: free, labels=None, clock=lambda: now[0]
+    )
+    held = {"a": {"CPU": 1.0}}  # the attempt's own worker
+    assert sizer.resize_to(1, held, started_at=95.0) is None  # 5 s into the attempt: too early
+    now[0] = 106.0
+    assert sizer.resize_to(1, held, started_at=95.0) is None  # counted: nothing more fits
+    free = {"a": {}, "b": {"CPU": 2.0}}
+    now[0] = 110.0
+    assert sizer.resize_to(1, held, started_at=95.0) is None  # 4 s after the last count
+    now[0] = 116.5
+    assert sizer.resize_to(1, held, started_at=95.0) == 3
+
+
+def test_elastic_feasibility_asks_only_that_min_workers_can_ever_fit():
+    nodes = [{"CPU": 2.0}, {"CPU": 2.0}]
+    check_feasible(ScalingConfig(num_workers=(4, 16)), nodes)
+    with pytest.raises(InsufficientResourcesError, match=r"5 workers \(min_workers of num_workers=\(5, 16\)\)"):
+        check_feasible(ScalingConfig(num_workers=(5, 16)), nodes)
+
+
+def test_a_resize_restarts_from_the_latest_checkpoint_without_a_failure_or_on_restart():
+    attempt1 = [[report(0, 0, True)], []]
+    attempt2 = [[FinishedEvent(0, "done"), FinishedEvent(1, None)]]
+    workers = ScriptedWorkers(1, [attempt1, attempt2])
+    store = MemoryStore()
+    sizes = iter([None, 2])
+    resized, restarts = [], []
+
+    controller = Controller(
+        workers=workers, storage=store, max_failures=0, resize=lambda: next(sizes, None),
+        on_resize=lambda *a: resized.append(a), on_restart=lambda *a: restarts.append(a),
+    )
+    assert controller.step() is State.RUNNING
+    assert controller.step() is State.RUNNING  # the round commits; nothing more fits yet
+    assert controller.step() is State.RESTARTING
+    assert resized == [(1, 1, 2)] and workers.shutdowns == 1
+    workers.world_size = 2  # what RayWorkers does at its next launch
+    assert controller.run() == "done"
+    assert workers.launched == [(1, None), (2, "checkpoint@1/0")]
+    assert store.num_failures == 0 and restarts == []
+
+
+def test_an_elastic_range_no_cluster_can_hold_fails_before_any_worker_starts(ray_local, tmp_path):
+    trainer = DataParallelTrainer(
+        elastic_loops.elastic_loop,
+        train_loop_config={"stop_file": str(tmp_path / "stop"), "min_steps": 1, "sleep_s": 0},
+        scaling_config=ScalingConfig(num_workers=(64, 128)),
+        run_config=RunConfig(name="too-big", storage_path=str(tmp_path)),
+    )
+    with pytest.raises(InsufficientResourcesError, match="min_workers of num_workers=\\(64, 128\\)"):
+        trainer.fit()
+    assert_no_leaks()
+
+
+# -- a real multi-node Ray ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_nodes(monkeypatch):
+    """Head and one more node, 1 CPU each."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()  # the suite's shared single-node Ray; ray_local restarts it when needed
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    spare = cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address)
+    monkeypatch.setattr(trainers.data_parallel_trainer, "DEFAULT_START_TIMEOUT_S", 30.0)
+    yield cluster, spare
+    assert_no_leaks()
+    ray.shutdown()
+    cluster.shutdown()
+
+
+class Sizes(UserCallback):
+    """Records rank 0's reports; signals when one arrives from a run of the wanted world size."""
+
+    def __init__(self):
+        self.reports = []
+        self.restarts = []
+        self.changed = threading.Condition()
+
+    def after_report(self, run_context, metrics, checkpoint):
+        with self.changed:
+            self.reports.append(metrics[0])
+            self.changed.notify_all()
+
+    def on_restart(self, run_context, failures, resume_from):
+        self.restarts.append([f.kind for f in failures])
+
+    def wait_for(self, world_size, after=0):
+        """Wait until a report past index ``after`` comes from ``world_size`` workers; its index."""
+        with self.changed:
+            found = self.changed.wait_for(
+                lambda: any(r["world_size"] == world_size for r in self.reports[after:]), timeout=180
+            )
+            assert found, f"no report from {world_size} worker(s) after report {after}: {self.reports}"
+            return next(i for i, r in enumerate(self.reports) if i >= after and r["world_size"] == world_size)
+
+
+def fit_in_background(trainer):
+    outcome = {}
+
+    def target():
+        try:
+            outcome["result"] = trainer.fit()
+        except BaseException as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, outcome
+
+
+def test_elastic_run_shrinks_on_a_lost_node_and_grows_when_a_node_joins(two_nodes, tmp_path):
+    cluster, spare = two_nodes
+    sizes = Sizes()
+    stop = tmp_path / "stop"
+    trainer = DataParallelTrainer(
+        elastic_loops.elastic_loop,
+        train_loop_config={"stop_file": str(stop), "min_steps": 0, "sleep_s": 0.1},
+        scaling_config=ScalingConfig(num_workers=(1, 2), elastic_resize_monitor_interval_s=0.5),
+        # One failure allowed: Ray Train counts a lost node against max_failures; a growth is free.
+        run_config=RunConfig(name="elastic", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=1), callbacks=[sizes]),
+    )
+    thread, outcome = fit_in_background(trainer)
+    try:
+        first = sizes.wait_for(2)  # both nodes free: it starts at max_workers
+        cluster.remove_node(spare)  # rank 1 dies with its node
+        shrunk = sizes.wait_for(1, after=first + 1)
+        cluster.add_node(num_cpus=1)
+        grown = sizes.wait_for(2, after=shrunk + 1)
+    finally:
+        stop.touch()
+        thread.join(120)
+    assert not thread.is_alive()
+    assert "error" not in outcome, outcome.get("error")
+    reports = sizes.reports
+    # Each new size resumed from the checkpoint of the report just before it.
+    assert reports[shrunk]["resumed_from"] == reports[shrunk - 1]["step"] == reports[shrunk]["step"] - 1
+    assert reports[shrunk - 1]["world_size"] == 2
+    assert reports[grown]["resumed_from"] == reports[grown - 1]["step"] == reports[grown]["step"] - 1
+    assert reports[grown - 1]["world_size"] == 1
+    assert sizes.restarts == [["died"]]  # the lost node; the growth was no failure
+    history = outcome["result"].metrics_dataframe
+    assert list(history["step"]) == list(range(len(history)))  # every step exactly once

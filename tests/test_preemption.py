@@ -1,0 +1,221 @@
+"""Node preemption: a node drained with a deadline, as a cloud does before taking it back.
+
+The budget rules and the drain watch are checked without Ray; then a real two-node Ray on this
+machine drains the node of rank 1: the loop sees ``get_preemption_info()``, saves a checkpoint,
+and the run goes on from it on the other node, spending ``max_preemption_failures`` only.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+
+import pytest
+
+import elastic_loops
+import trainers.data_parallel_trainer
+from conftest import assert_no_leaks
+from test_controller import MemoryStore, ScriptedWorkers, report
+from trainers import (
+    DataParallelTrainer,
+    FailureConfig,
+    PreemptionError,
+    PreemptionInfo,
+    RunConfig,
+    ScalingConfig,
+    TrainingFailedError,
+    UserCallback,
+)
+from trainers._internal.controller import Controller
+from trainers._internal.events import FailedEvent, FinishedEvent
+from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
+from trainers.errors import WorkerError
+
+
+def preempted(rank):
+    return FailedEvent(rank, WorkerError("worker process died: its node was preempted"), "", kind="preempted")
+
+
+def test_preempted_deaths_spend_the_preemption_budget_not_max_failures():
+    attempt1 = [[report(0, 0, True), report(1, 0)], [preempted(1), FailedEvent(0, RuntimeError("gloo: connection reset"), "")]]
+    attempt3 = [[FinishedEvent(0, "done"), FinishedEvent(1, None)]]
+    workers = ScriptedWorkers(2, [attempt1, [[preempted(0)]], attempt3])
+    store = MemoryStore()
+    controller = Controller(workers=workers, storage=store, max_failures=0, max_preemption_failures=2)
+    assert controller.run() == "done"
+    assert store.num_failures == 0 and controller.num_preemptions == 2
+    assert workers.launched[1] == (2, "checkpoint@1/0")
+
+
+def test_a_spent_preemption_budget_raises_preemption_error_naming_the_node_and_ranks():
+    workers = ScriptedWorkers(2, [[[preempted(1)]], [[preempted(1)]]])
+    controller = Controller(workers=workers, storage=MemoryStore(), max_failures=5, max_preemption_failures=1)
+    with pytest.raises(PreemptionError) as caught:
+        controller.run()
+    error = caught.value
+    assert isinstance(error, TrainingFailedError) and not error.drain_timed_out
+    assert error.preemption_info == PreemptionInfo(None, {"node-1": [1]})
+    assert "max_preemption_failures" in str(error)
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is PreemptionError and again.preemption_info == error.preemption_info and str(again) == str(error)
+
+
+def test_workers_still_running_at_the_deadline_plus_grace_are_stopped():
+    info = PreemptionInfo(deadline_ms=1_000_000, preempted_node_to_ranks={"node-1": [1]})
+    workers = ScriptedWorkers(2, [[[PreemptionNotice(info)], [report(0, 0, True), report(1, 0)], [], []]])
+    now = [990.0]
+    controller = Controller(
+        workers=workers, storage=MemoryStore(), max_failures=0, max_preemption_failures=0,
+        preemption_grace_s=5.0, wall_clock=lambda: now[0],
+    )
+    controller.step()  # launch
+    controller.step()  # the notice
+    now[0] = 1004.0  # past the deadline, within the grace: the checkpoint round still commits
+    controller.step()
+    assert workers.shutdowns == 0
+    now[0] = 1005.0
+    with pytest.raises(PreemptionError) as caught:
+        controller.run()
+    assert caught.value.drain_timed_out and caught.value.preemption_info == info
+
+
+def test_the_drain_watch_reports_each_drain_of_its_own_nodes_once():
+    drained = {}
+    now = [0.0]
+    watch = DrainWatch({"a": [0, 1], "b": [2]}, source=lambda: dict(drained), poll_s=1.0, clock=lambda: now[0])
+    assert watch.check() is None
+    drained.update({"elsewhere": 5, "b": 0})
+    now[0] = 0.5
+    assert watch.check() is None  # polled less than poll_s ago
+    now[0] = 1.0
+    assert watch.check() == PreemptionInfo(None, {"b": [2]})  # Ray's deadline 0: none given
+    now[0] = 2.0
+    assert watch.check() is None  # nothing new
+    drained["a"] = 7000
+    now[0] = 3.0
+    assert watch.check() == PreemptionInfo(7000, {"a": [0, 1]})
+
+
+# -- a real two-node Ray -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_nodes(monkeypatch):
+    """Head and one more node, 1 CPU each."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()  # the suite's shared single-node Ray; ray_local restarts it when needed
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    spare = cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address)
+    monkeypatch.setattr(trainers.data_parallel_trainer, "DEFAULT_START_TIMEOUT_S", 30.0)
+    yield cluster, spare
+    assert_no_leaks()
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def drain_for_preemption(node_id: str, deadline_s: float) -> None:
+    """What a cloud's autoscaler does before it takes a spot node back."""
+    import ray
+    from ray.core.generated import autoscaler_pb2
+
+    reason = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
+    gcs = ray._raylet.GcsClient(address=ray.get_runtime_context().gcs_address)
+    accepted, why = gcs.drain_node(node_id, reason, "spot instance reclaimed", int((time.time() + deadline_s) * 1000))
+    assert accepted, why
+
+
+class Reports(UserCallback):
+    """Rank 0's reports, with a way to wait for one that matches."""
+
+    def __init__(self):
+        self.reports = []
+        self.checkpoints = []
+        self.restarts = []
+        self.changed = threading.Condition()
+
+    def after_report(self, run_context, metrics, checkpoint):
+        with self.changed:
+            self.reports.append(metrics[0])
+            self.checkpoints.append(checkpoint)
+            self.changed.notify_all()
+
+    def on_restart(self, run_context, failures, resume_from):
+        self.restarts.append([f.kind for f in failures])
+
+    def wait_for(self, match):
+        with self.changed:
+            assert self.changed.wait_for(lambda: any(match(r) for r in self.reports), timeout=180), self.reports
+            return next(i for i, r in enumerate(self.reports) if match(r))
+
+
+def fit_in_background(trainer):
+    outcome = {}
+
+    def target():
+        try:
+            outcome["result"] = trainer.fit()
+        except BaseException as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_drained_nodes_workers_see_the_preemption_save_and_the_run_resumes_on_the_other_node(two_nodes, tmp_path):
+    cluster, spare = two_nodes
+    reports = Reports()
+    stop = tmp_path / "stop"
+    trainer = DataParallelTrainer(
+        elastic_loops.preemption_loop,
+        train_loop_config={"stop_file": str(stop), "sleep_s": 0.1},
+        scaling_config=ScalingConfig(num_workers=(1, 2), elastic_resize_monitor_interval_s=0.5),
+        # No failure allowed at all: the preemption must not count as one.
+        run_config=RunConfig(name="preempted", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=0), callbacks=[reports]),
+    )
+    thread, outcome = fit_in_background(trainer)
+    try:
+        reports.wait_for(lambda r: r["world_size"] == 2)
+        drain_for_preemption(spare.node_id, deadline_s=600)  # the node goes when the test removes it
+        saved = reports.wait_for(lambda r: r["preempted_ranks"] is not None)
+        cluster.remove_node(spare)  # the cloud takes the node back
+        resumed = reports.wait_for(lambda r: r["world_size"] == 1)
+    finally:
+        stop.touch()
+        thread.join(120)
+    assert not thread.is_alive()
+    assert "error" not in outcome, outcome.get("error")
+    jit = reports.reports[saved]
+    assert jit["preempted_ranks"] == [1] and jit["deadline_ms"] > time.time() * 1000
+    assert reports.checkpoints[saved] is not None
+    assert reports.reports[resumed]["resumed_from"] == jit["step"]
+    assert reports.restarts == [["preempted"]]
+
+
+def test_a_preemption_over_budget_raises_preemption_error_once_the_deadline_passes(two_nodes, tmp_path):
+    cluster, spare = two_nodes
+    reports = Reports()
+    trainer = DataParallelTrainer(
+        elastic_loops.preemption_loop,
+        train_loop_config={"stop_file": str(tmp_path / "never"), "sleep_s": 0.1},
+        scaling_config=ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"),
+        run_config=RunConfig(
+            name="over-budget", storage_path=str(tmp_path), callbacks=[reports],
+            failure_config=FailureConfig(max_failures=3, max_preemption_failures=0),
+        ),
+    )
+    thread, outcome = fit_in_background(trainer)
+    reports.wait_for(lambda r: r["step"] >= 1)
+    drain_for_preemption(spare.node_id, deadline_s=1)  # the node stays, but its deadline passes
+    thread.join(120)
+    assert not thread.is_alive()
+    error = outcome.get("error")
+    assert isinstance(error, PreemptionError), outcome
+    assert error.drain_timed_out  # the workers were still training at the deadline
+    assert error.preemption_info.preempted_ranks == [1]
+    assert error.preemption_info.preempted_node_ids == [spare.node_id]

@@ -1,0 +1,178 @@
+"""How ``report()`` puts a checkpoint into the run's storage, and what it does with the local folder.
+
+Three ways, as in Ray Train: flowtrain copies the folder (the default); the user's
+``checkpoint_upload_fn(checkpoint, checkpoint_dir_name)`` copies it; or nothing is copied
+(``CheckpointUploadMode.NO_UPLOAD``) because the user wrote the checkpoint into the run folder
+already. A copy, ours or the user's, lands in the report's staging folder, so the controller
+still commits it all at once; ``checkpoint_dir_name`` is handed to the upload function as the
+staging folder's path relative to the run folder (``get_storage().build_checkpoint_path_from_name``
+or ``experiment_fs_path + "/" + name`` turn it into the place to write).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import posixpath
+from typing import Any, Callable
+
+import pyarrow.fs as pafs
+
+from storage import Checkpoint, upload_directory
+from storage.filesystem import delete_dir, display_path, is_local
+from storage.layout import RunLayout, check_dir_name
+
+logger = logging.getLogger(__name__)
+
+UploadFn = Callable[[Checkpoint, str], Checkpoint]
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where one rank's reported checkpoint went, as the controller needs to know it."""
+
+    #: The folder name to commit it under (None: the default), or where it already is.
+    dir_name: str | None
+    #: True when it is already in its final folder inside the run folder (nothing to move).
+    in_place: bool
+
+
+def check_request(
+    checkpoint: Checkpoint | None,
+    *,
+    no_upload: bool,
+    dir_name: str | None,
+    upload_fn: UploadFn | None,
+    delete_local: bool,
+    layout: RunLayout,
+    filesystem: pafs.FileSystem,
+) -> None:
+    """Refuse a ``report()`` whose checkpoint arguments cannot work, before anything is copied."""
+    if dir_name is not None:
+        check_dir_name(dir_name)
+    if upload_fn is not None and not callable(upload_fn):
+        raise TypeError(
+            f"report(checkpoint_upload_fn={upload_fn!r}): must be a function taking (checkpoint, "
+            "checkpoint_dir_name) and returning the uploaded trainers.Checkpoint."
+        )
+    if not isinstance(delete_local, bool):
+        raise TypeError(f"report(delete_local_checkpoint_after_upload={delete_local!r}): must be None, True or False.")
+    if checkpoint is None:
+        return
+    if no_upload:
+        if in_place_name(checkpoint, layout, filesystem) is None:
+            raise ValueError(
+                f"report(checkpoint_upload_mode=NO_UPLOAD): the checkpoint at {display_path(checkpoint.filesystem, checkpoint.path)} "
+                f"is not a folder directly inside the run folder {display_path(filesystem, layout.run_path)}, so "
+                "nothing would keep it. Write it to get_context().get_storage().build_checkpoint_path_from_name(name) "
+                "first, or report it with CheckpointUploadMode.SYNC to have it copied there."
+            )
+        return
+    if delete_local and _same_filesystem(checkpoint.filesystem, filesystem):
+        run_folder = _normal(layout.run_path, filesystem)
+        source = _normal(checkpoint.path, filesystem)
+        if run_folder == source or run_folder.startswith(source.rstrip("/") + "/"):
+            raise ValueError(
+                f"report(delete_local_checkpoint_after_upload=True): the run folder {layout.run_path} is inside the "
+                f"checkpoint folder {checkpoint.path}, which would be deleted after the upload. Save the checkpoint "
+                "to a folder of its own (a temporary folder), or pass delete_local_checkpoint_after_upload=False."
+            )
+
+
+def persist(
+    checkpoint: Checkpoint,
+    *,
+    staging: str,
+    layout: RunLayout,
+    filesystem: pafs.FileSystem,
+    dir_name: str | None,
+    upload_fn: UploadFn | None,
+) -> Placement:
+    """Copy ``checkpoint`` into the report's ``staging`` folder, ourselves or with ``upload_fn``."""
+    if upload_fn is None:
+        with checkpoint.as_directory() as folder:
+            upload_directory(folder, filesystem, staging)
+        return Placement(dir_name, in_place=False)
+    persisted = upload_fn(checkpoint, layout.relative(staging))
+    if not isinstance(persisted, Checkpoint):
+        raise TypeError(
+            f"report(checkpoint_upload_fn={getattr(upload_fn, '__name__', upload_fn)!r}) returned {persisted!r}; it "
+            "must return the uploaded checkpoint as a trainers.Checkpoint."
+        )
+    if _same_filesystem(persisted.filesystem, filesystem) and _normal(persisted.path, filesystem) == _normal(staging, filesystem):
+        return Placement(dir_name, in_place=False)
+    placed = in_place_name(persisted, layout, filesystem)
+    if placed is None:
+        raise ValueError(
+            f"report(checkpoint_upload_fn=...): the function returned a checkpoint at "
+            f"{display_path(persisted.filesystem, persisted.path)}, outside the run folder "
+            f"{display_path(filesystem, layout.run_path)}. Write it to the path built from the name it is given: "
+            "get_context().get_storage().build_checkpoint_path_from_name(checkpoint_dir_name)."
+        )
+    return Placement(placed, in_place=True)
+
+
+def delete_source(checkpoint: Checkpoint, keep: Checkpoint | None = None) -> None:
+    """Delete the reported checkpoint's folder after its upload (never the uploaded copy
+    ``keep``); a failure is logged, never raised: the upload itself succeeded."""
+    if (
+        keep is not None
+        and _same_filesystem(keep.filesystem, checkpoint.filesystem)
+        and _normal(keep.path, keep.filesystem) == _normal(checkpoint.path, checkpoint.filesystem)
+    ):
+        return
+    try:
+        delete_dir(checkpoint.filesystem, checkpoint.path)
+    except FileNotFoundError:
+        pass  # already gone: the loop's own temporary folder was cleaned up first
+    except OSError as error:  # e.g. another worker on this node shares the folder and deleted it first
+        logger.warning("could not delete the local checkpoint %s after its upload: %s", checkpoint.path, error)
+
+
+def in_place_name(checkpoint: Checkpoint, layout: RunLayout, filesystem: pafs.FileSystem) -> str | None:
+    """The folder name of ``checkpoint`` when it is a folder directly inside the run folder."""
+    if not _same_filesystem(checkpoint.filesystem, filesystem):
+        return None
+    root = _normal(layout.run_path, filesystem).rstrip("/")
+    inner = _normal(checkpoint.path, filesystem)
+    if not inner.startswith(root + "/"):
+        return None
+    relative = inner[len(root) + 1 :]
+    if "/" in relative:
+        return None
+    try:
+        return check_dir_name(relative)
+    except ValueError:
+        return None
+
+
+def _same_filesystem(a: pafs.FileSystem, b: pafs.FileSystem) -> bool:
+    if a is b:
+        return True
+    try:
+        return a.equals(b)
+    except (TypeError, NotImplementedError):
+        return False
+
+
+def _normal(path: str, filesystem: pafs.FileSystem) -> str:
+    # Symlinks and ".." resolved on local disk, as Ray Train does before comparing paths.
+    if is_local(filesystem):
+        return os.path.realpath(path)
+    return posixpath.normpath(path)
+
+
+def resolve_delete(delete_local: Any, *, asynchronous: bool, no_upload: bool) -> Any:
+    """``delete_local_checkpoint_after_upload=None`` means: delete after an ASYNC upload, keep
+    after a SYNC one (Ray Train's rule); NO_UPLOAD never deletes (nothing was uploaded)."""
+    if no_upload:
+        return False
+    return asynchronous if delete_local is None else delete_local
+
+
+def uploaded(placement: Placement, staging: str, layout: RunLayout, filesystem: pafs.FileSystem) -> Checkpoint:
+    """The uploaded copy of a checkpoint (where delete_source must not reach)."""
+    if placement.in_place and placement.dir_name:
+        return Checkpoint(layout.path_of(placement.dir_name), filesystem)
+    return Checkpoint(staging, filesystem)
