@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs
 
 from storage import Checkpoint
+from storage.filesystem import display_path
 from trainers.errors import TrainingFailedError
 
 if TYPE_CHECKING:
     import pandas as pd
+
+
+class ResultError(ValueError, RuntimeError):
+    """A ``Result`` cannot answer the question asked (no kept checkpoint, or none reported the
+    metric). A ``RuntimeError``, as Ray Train raises there, and a ``ValueError``, as flowtrain
+    raised before: ``except`` clauses written for either catch it."""
 
 
 def metrics_frame(history: list[dict[str, Any]]) -> "pd.DataFrame":
@@ -32,21 +40,61 @@ class Result:
     or without a checkpoint), ``checkpoint`` is the latest committed checkpoint and
     ``best_checkpoints`` the kept ones, best first, with the metrics they were reported with.
     ``return_value`` is what rank 0's training function returned.
+
+    ``path`` is the run folder inside ``filesystem``, as in Ray Train: an absolute path on local
+    disk, ``"bucket/prefix/name"`` (no ``s3://``) on object storage. ``uri`` gives the same folder
+    as something to paste into a shell or a browser (``s3://bucket/prefix/name``), and
+    ``Result.from_path(result.path, result.filesystem)`` or ``Result.from_path(result.uri)``
+    reopens it.
     """
 
     metrics: dict[str, Any] | None
     checkpoint: Checkpoint | None
     error: TrainingFailedError | None
     path: str
-    filesystem: pyarrow.fs.FileSystem | None = None
     metrics_dataframe: "pd.DataFrame | None" = None
-    best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = dataclasses.field(default_factory=list)
+    best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] | None = None
+    _storage_filesystem: pyarrow.fs.FileSystem | None = None
     return_value: Any = None
 
+    @property
+    def filesystem(self) -> pyarrow.fs.FileSystem:
+        """The filesystem ``path`` is on (local disk unless the run used remote storage)."""
+        return self._storage_filesystem or pyarrow.fs.LocalFileSystem()
+
+    @property
+    def uri(self) -> str:
+        """The run folder as a URI (``s3://bucket/prefix/name``), or its absolute local path."""
+        return display_path(self.filesystem, self.path)
+
+    @property
+    def config(self) -> Any:
+        """Not available: Ray Train V2 dropped ``Result.config`` (it belongs to Ray Tune)."""
+        raise DeprecationWarning(
+            "Result.config is no longer supported (Ray Train V2 dropped it: it only meant something for "
+            "Ray Tune). Keep the config you passed as train_loop_config, or report the values you need "
+            "as metrics."
+        )
+
+    def __repr__(self) -> str:
+        shown = {"metrics": self.metrics, "path": self.path, "filesystem": self.filesystem.type_name, "checkpoint": self.checkpoint}
+        if self.error is not None:
+            shown = {"error": type(self.error).__name__, **shown}
+        body = ",\n".join(f"  {key}={value!r}" for key, value in shown.items())
+        return f"{type(self).__name__}(\n{body}\n)"
+
     def get_best_checkpoint(self, metric: str, mode: str) -> Checkpoint | None:
-        """The kept checkpoint with the best ``metric`` (``mode`` "max" or "min"); NaN never wins."""
+        """The kept checkpoint with the best ``metric`` (``mode`` "max" or "min"); NaN never wins.
+
+        Raises ``ResultError`` (a ``RuntimeError`` and a ``ValueError``) when the run kept no
+        checkpoint, or none of them reported ``metric`` as a number.
+        """
         if mode not in ("max", "min"):
             raise ValueError(f"get_best_checkpoint(mode={mode!r}): must be 'max' or 'min'.")
+        if not self.best_checkpoints:
+            raise ResultError(
+                f"get_best_checkpoint({metric!r}): the run kept no checkpoint; pass checkpoint= to report() to keep one."
+            )
         scored = []
         for checkpoint, metrics in self.best_checkpoints:
             value = _lookup(metrics, metric)
@@ -55,20 +103,22 @@ class Result:
             if isinstance(value, float) and math.isnan(value):
                 continue
             scored.append((value, checkpoint))
-        if not scored and self.best_checkpoints:
-            keys = sorted({k for _, m in self.best_checkpoints for k in metrics_frame([m]).columns})
-            raise ValueError(f"get_best_checkpoint({metric!r}): no kept checkpoint reported it; reported keys: {keys}.")
         if not scored:
-            return None
+            keys = sorted({k for _, m in self.best_checkpoints for k in metrics_frame([m]).columns})
+            raise ResultError(f"get_best_checkpoint({metric!r}): no kept checkpoint reported it; reported keys: {keys}.")
         pick = max if mode == "max" else min
         return pick(scored, key=lambda pair: pair[0])[1]
 
     @classmethod
-    def from_path(cls, path: str, storage_filesystem: pyarrow.fs.FileSystem | None = None) -> "Result":
-        """Rebuild the Result of a run from its folder (``Result.path``), e.g. after the driver died."""
+    def from_path(cls, path: str | os.PathLike, storage_filesystem: pyarrow.fs.FileSystem | None = None) -> "Result":
+        """Rebuild the Result of a run from its folder, e.g. after the driver died: ``Result.path``
+        with ``storage_filesystem=Result.filesystem``, or a URI (``s3://...``) or absolute local path.
+
+        Raises ``StorageError`` (an ``OSError`` and a ``RuntimeError``) when the folder holds no run.
+        """
         from storage import load_run
 
-        run = load_run(path, storage_filesystem)
+        run = load_run(os.fspath(path), storage_filesystem)
         return cls._from_run(run, return_value=None, error=None)
 
     @classmethod
@@ -76,12 +126,12 @@ class Result:
         history = list(run.metrics_history)
         return cls(
             metrics=history[-1] if history else None,
-            checkpoint=run.latest_checkpoint,
+            checkpoint=run.committed_checkpoint,
             error=error,
-            path=run.run_uri,
-            filesystem=run.filesystem,
+            path=run.run_path,
             metrics_dataframe=metrics_frame(history),
             best_checkpoints=list(run.best_checkpoints),
+            _storage_filesystem=run.filesystem,
             return_value=return_value,
         )
 

@@ -32,7 +32,7 @@ STOP_CHECK_S = 0.5
 
 def describe(storage: Any) -> Answer:
     """The run's kept checkpoints, oldest first, as the controller sends them."""
-    return [(f"{storage.run_path}/{c.dir_name}", dict(c.metrics), c.status) for c in storage.snapshot.checkpoints]
+    return [(storage.layout.path_of(c.dir_name), dict(c.metrics), c.status) for c in storage.snapshot.checkpoints]
 
 
 class PendingQueries:

@@ -63,7 +63,7 @@ def task_options(config: ValidationConfig, free_cpus: float) -> dict[str, Any]:
     options = dict(config.ray_remote_kwargs)
     if "num_cpus" not in options:
         options["num_cpus"] = max(0.0, min(DEFAULT_NUM_CPUS, free_cpus))
-    elif options["num_cpus"] > free_cpus:
+    elif isinstance(options["num_cpus"], (int, float)) and options["num_cpus"] > free_cpus:
         warnings.warn(
             f"ValidationConfig(ray_remote_kwargs={{'num_cpus': {options['num_cpus']}}}) asks more than the "
             f"{free_cpus:g} CPU(s) the cluster has beside the training workers: validations will wait until "
@@ -193,7 +193,7 @@ class ValidationRunner:
             timeout_s = request.timeout_s
         else:
             fn_kwargs, timeout_s = dict(defaults.fn_kwargs), defaults.timeout_s
-        checkpoint = Checkpoint(f"{self.storage.run_path}/{record.dir_name}", self.storage.filesystem)
+        checkpoint = Checkpoint(self.storage.layout.path_of(record.dir_name), self.storage.filesystem)
         ref = _remote().options(**self.options).remote(self._fn, checkpoint, fn_kwargs)
         self._running[ref] = _Running(record.dir_name, time.monotonic(), timeout_s)
         logger.info("validating checkpoint %s", record.dir_name)
