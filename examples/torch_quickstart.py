@@ -81,7 +81,7 @@ def main() -> None:
     print(f"latest checkpoint: {result.checkpoint.path}")
     best = result.get_best_checkpoint("loss", "min")
     print(f"best checkpoint by loss: {best.path if best else None}")
-    print(f"run folder (Result.from_path): {result.path}")
+    print(f"run folder (Result.from_path): {result.uri}")
 
 
 if __name__ == "__main__":

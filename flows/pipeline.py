@@ -16,7 +16,16 @@ from prefect.runtime import flow_run
 
 from tasks.checkpoints import checkpoints
 from tasks.ingest import ingest
-from tasks.params import BoostingTraining, Checkpointing, DatasetSource, Failures, RunSettings, Scaling, TorchTraining
+from tasks.params import (
+    BoostingTraining,
+    Checkpointing,
+    DatasetSource,
+    Failures,
+    RunSettings,
+    Scaling,
+    TorchTraining,
+    Validation,
+)
 from tasks.train import train_with_retries
 
 #: Keys of ``train_loop_config`` that say how many reports a run makes (for the progress artifact).
@@ -71,16 +80,20 @@ def training_pipeline(
     checkpointing: Checkpointing = Checkpointing(),
     failures: Failures = Failures(),
     run: RunSettings = RunSettings(),
+    validation: Validation | None = None,
 ) -> dict[str, Any]:
     """Ingest ``datasets``, train ``train_loop`` on ``scaling.num_workers`` workers, keep and publish
     the checkpoints. Returns the run's folder, its final metrics and its best checkpoint.
 
     ``train_loop`` is ``package.module:function`` (deployments) or a function (ad hoc calls); it
     receives ``train_loop_config``. The same ``run.name`` resumes a run from its latest checkpoint.
+    With ``validation``, each checkpoint the loop reports with ``report(..., validation=True)`` (the
+    example loop does when ``train_loop_config`` has ``"validate": true``) is scored by
+    ``validation.fn`` in a Ray task while training goes on; ``scaling.min_workers`` makes the run elastic.
     """
     config = dict(train_loop_config or {})
     expected = next((config[k] for k in _REPORT_COUNT_KEYS if isinstance(config.get(k), int)), None)
-    training = TorchTraining(train_loop=train_loop, train_loop_config=config, expected_reports=expected)
+    training = TorchTraining(train_loop=train_loop, train_loop_config=config, expected_reports=expected, validation=validation)
     return _pipeline(
         training, datasets=datasets or {}, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run
     )

@@ -98,12 +98,15 @@ def checkpoint_rows(snapshot: RunSnapshot, config: CheckpointConfig) -> list[dic
         seq: kept[seq].metrics if seq in kept else (snapshot.reports[report]["metrics"] if report is not None else None)
         for seq, report in reports.items()
     }
-    ranked = rank_best_first([(seq, m) for seq, m in metrics.items() if m is not None], config)
+    attribute = config.checkpoint_score_attribute
+    # A dropped checkpoint's score may have come from its validation, which run.json keeps for the
+    # kept ones only: such a checkpoint has no place in the ranking (its row shows no score).
+    scorable = [(seq, m) for seq, m in metrics.items() if m is not None and (attribute is None or attribute in flatten(m))]
+    ranked = rank_best_first(scorable, config)
     place = {seq: i for i, seq in enumerate(ranked, start=1)}
     latest = max(kept, default=None)
     flat = {seq: flatten(m or {}) for seq, m in metrics.items()}
     steps = list(dict.fromkeys(k for values in flat.values() for k in values if is_step_key(k)))
-    attribute = config.checkpoint_score_attribute
     rows = []
     for seq in sorted(reports):
         report = reports[seq]

@@ -20,7 +20,8 @@ def tabular_mlp_loop(config: dict[str, Any]) -> None:
     (default: every other column), ``num_classes`` (2), ``epochs`` (5), ``lr`` (0.01),
     ``batch_size`` (64 per worker), ``hidden`` (32). With a ``valid`` dataset each report also has
     ``valid_loss`` and ``valid_accuracy``. Every epoch is checkpointed; a restart or a rerun of the
-    same run resumes at the next epoch.
+    same run resumes at the next epoch. ``validate`` (False): ask the trainer's ValidationConfig to
+    score every checkpoint (e.g. with ``tabular_mlp_validation``).
     """
     import torch
 
@@ -33,12 +34,7 @@ def tabular_mlp_loop(config: dict[str, Any]) -> None:
     batch_size = int(config.get("batch_size", 64))
 
     torch.manual_seed(int(config.get("seed", 0)))
-    model = torch.nn.Sequential(
-        torch.nn.BatchNorm1d(len(features), affine=False),  # tabular columns come in wildly different scales
-        torch.nn.Linear(len(features), int(config.get("hidden", 32))),
-        torch.nn.ReLU(),
-        torch.nn.Linear(int(config.get("hidden", 32)), num_classes),
-    )
+    model = _mlp(len(features), int(config.get("hidden", 32)), num_classes)
     optimizer = torch.optim.Adam(model.parameters(), lr=float(config.get("lr", 0.01)))
     start_epoch = 0
     if checkpoint := trainers.get_checkpoint():
@@ -82,7 +78,46 @@ def tabular_mlp_loop(config: dict[str, Any]) -> None:
                 state = {"model": inner.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch, "features": features}
                 torch.save(state, os.path.join(folder, "model.pt"))
                 checkpoint = Checkpoint.from_directory(folder)
-            trainers.report(metrics, checkpoint=checkpoint)
+            trainers.report(metrics, checkpoint=checkpoint, validation=bool(config.get("validate")))
+
+
+def _mlp(num_features: int, hidden: int, num_classes: int) -> Any:
+    import torch
+
+    return torch.nn.Sequential(
+        torch.nn.BatchNorm1d(num_features, affine=False),  # tabular columns come in wildly different scales
+        torch.nn.Linear(num_features, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, num_classes),
+    )
+
+
+def tabular_mlp_validation(checkpoint: Checkpoint, *, uri: str, label_column: str) -> dict[str, float]:
+    """Score a ``tabular_mlp_loop`` checkpoint on a held-out file or folder (parquet, csv or json at
+    ``uri``, local or a URI): ``holdout_loss`` and ``holdout_accuracy``. A ``trainers.ValidationConfig``
+    function: it runs in a Ray task of its own while training goes on."""
+    import pyarrow.dataset as pads
+    import torch
+
+    from storage import resolve_filesystem
+
+    with checkpoint.as_directory() as folder:
+        state = torch.load(os.path.join(folder, "model.pt"))
+    weights = state["model"]
+    model = _mlp(len(state["features"]), weights["1.weight"].shape[0], weights["3.weight"].shape[0])
+    model.load_state_dict(weights)
+    model.eval()
+    filesystem, path = resolve_filesystem(uri if "://" in uri else os.path.abspath(uri))
+    kind = next((k for k in ("parquet", "csv", "json") if path.rstrip("/").endswith((f".{k}", f".{k}l"))), "parquet")
+    table = pads.dataset(path, filesystem=filesystem, format=kind).to_table(columns=[*state["features"], label_column])
+    x = torch.stack([torch.as_tensor(table[c].to_numpy(), dtype=torch.float32) for c in state["features"]], dim=1)
+    y = torch.as_tensor(table[label_column].to_numpy(), dtype=torch.long)
+    with torch.no_grad():
+        logits = model(x)
+    return {
+        "holdout_loss": torch.nn.functional.cross_entropy(logits, y).item(),
+        "holdout_accuracy": (logits.argmax(1) == y).float().mean().item(),
+    }
 
 
 def _optional_shard(name: str) -> Any:

@@ -176,6 +176,32 @@ class RunSettings(ParamsModel):
         return RunConfig(storage_path=self.storage_path).resolved_storage_path
 
 
+class Validation(ParamsModel):
+    """Score each checkpoint the loop reports with ``report(..., validation=True)``, in a Ray task
+    beside training (``trainers.ValidationConfig``); its metrics join that checkpoint's, so
+    ``checkpointing.score_attribute`` can rank by them."""
+
+    fn: str = Field(description="The validation function as package.module:function, e.g. 'tasks.loops:tabular_mlp_validation'.")
+    fn_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments the function gets after the checkpoint.")
+    timeout_s: float | None = Field(None, gt=0, description="A validation running longer is stopped and recorded as timed out.")
+    num_cpus: float | None = Field(None, ge=0, description="CPUs the validation task reserves; None: 1 when free, else less.")
+
+    @field_validator("fn")
+    @classmethod
+    def _import_path(cls, path: str) -> str:
+        return check_import_path("validation.fn", path)
+
+    def to_config(self) -> Any:
+        """The ``trainers.ValidationConfig`` these parameters describe."""
+        from trainers import ValidationConfig, ValidationTaskConfig
+
+        fn = import_object("validation.fn", self.fn)
+        if not callable(fn):
+            raise ValueError(f"validation.fn={self.fn!r} names a {type(fn).__name__}, not a function.")
+        remote = {"num_cpus": self.num_cpus} if self.num_cpus is not None else None
+        return ValidationConfig(fn, ValidationTaskConfig(fn_kwargs=dict(self.fn_kwargs), timeout_s=self.timeout_s), remote)
+
+
 class TorchTraining(ParamsModel):
     """A torch training loop to run on every worker (``TorchTrainer``)."""
 
@@ -187,6 +213,8 @@ class TorchTraining(ParamsModel):
     train_loop_config: dict[str, Any] = Field(default_factory=dict)
     #: How many reports a full run makes (e.g. epochs), for the progress artifact; None: unknown.
     expected_reports: int | None = None
+    #: How the checkpoints the loop asks to validate are validated; None: no validation.
+    validation: Validation | None = None
 
 
 class BoostingTraining(ParamsModel):

@@ -264,7 +264,7 @@ def train_trial(
         train.fn(training, datasets=datasets, scaling=scaling, checkpointing=checkpointing, failures=failures, run=trial_run)
         found, status = _finished_run(trial_run), "trained"
     else:
-        logger.info("trial %r finished in an earlier sweep (%s); not training it again", trial.name, found.path)
+        logger.info("trial %r finished in an earlier sweep (%s); not training it again", trial.name, found.uri)
     score = _score(found.metrics, search.metric)
     logger.info("trial %r %s: %s=%s", trial.name, status, search.metric, score)
     return TrialOutcome(
@@ -273,7 +273,7 @@ def train_trial(
         status=status,
         score=score,
         metrics={k: json_safe(v) for k, v in (found.metrics or {}).items()},
-        run_path=found.path,
+        run_path=found.uri,
         checkpoint_path=found.checkpoint.path if found.checkpoint else None,
     )
 

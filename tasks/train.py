@@ -79,6 +79,7 @@ def build_trainer(
         scaling_config=scaling.to_config(),
         run_config=run_config,
         datasets=datasets or None,
+        validation_config=training.validation.to_config() if training.validation else None,
     )
 
 
@@ -127,7 +128,7 @@ def train(
     logger.info("run %r finished: %d reports, latest checkpoint %s", run.name, len(history), result.checkpoint and result.checkpoint.path)
     return TrainSummary(
         run_name=run.name,
-        run_path=result.path,
+        run_path=result.uri,  # a URI on object stores: Result.path is inside result.filesystem
         metrics=result.metrics,
         checkpoint_path=result.checkpoint.path if result.checkpoint else None,
         num_reports=len(history),

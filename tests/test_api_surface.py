@@ -35,10 +35,6 @@ DIFFERENCES: dict[str, str] = {
         "Deprecated in Ray Train V2 (its RunConfig raises DeprecationWarning when one is passed); "
         "flowtrain's RunConfig(sync_config=...) raises the same, so the class itself is not needed."
     ),
-    "ray.train.Result(_storage_filesystem)": (
-        "A private parameter; flowtrain's Result is built by fit() and Result.from_path, and "
-        "keeps the filesystem as Result.filesystem."
-    ),
     "ray.train.RunConfig.storage_context": "Ray's internal storage object; flowtrain keeps run storage in storage.RunStorage.",
     "ray.train.ScalingConfig.from_placement_group_factory": (
         "Ray Train V1's Tune bridge; flowtrain's trainers.tune.trial_resources builds Tune resources from a ScalingConfig."

@@ -74,7 +74,8 @@ def test_training_run_on_s3_end_to_end_and_resume(s3):
         ).fit()
 
     result = fit(5)
-    assert result.path == "s3://flowtrain-test/runs/e2e"
+    assert result.path == "flowtrain-test/runs/e2e"  # inside result.filesystem, as in Ray
+    assert result.uri == "s3://flowtrain-test/runs/e2e"
     assert list(result.metrics_dataframe["step"]) == [0, 1, 2, 3, 4]
     kept = listing(s3, "flowtrain-test/runs/e2e")
     assert [n for n in kept if n.startswith("checkpoint_")] == ["checkpoint_000001", "checkpoint_000002"]

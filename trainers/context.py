@@ -26,6 +26,12 @@ class StorageInfo:
     experiment_fs_path: str
     storage_filesystem: pyarrow.fs.FileSystem
 
+    def build_checkpoint_path_from_name(self, name: str) -> str:
+        """Where a checkpoint folder called ``name`` sits inside the run folder (a path in
+        ``storage_filesystem``): write there yourself and report it with
+        ``checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD``, as in Ray Train."""
+        return f"{self.experiment_fs_path.rstrip('/')}/{name}"
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainContext:

@@ -167,14 +167,16 @@ def resolve_request(validation: Any, checkpoint: Any, config: ValidationConfig |
         return False
     if validation is not True and not isinstance(validation, ValidationTaskConfig):
         raise TypeError(f"report(validation={validation!r}): must be True, False or a trainers.ValidationTaskConfig.")
-    if checkpoint is None:
-        raise ValueError(f"report(validation={validation!r}) needs a checkpoint to validate: pass checkpoint= too.")
     if config is None:
         raise ValueError(
             f"report(validation={validation!r}): this trainer has no validation function. Pass "
             "validation_config=trainers.ValidationConfig(fn) to the trainer (e.g. TorchTrainer(..., "
             "validation_config=...)), or drop validation= from report()."
         )
+    if checkpoint is None:
+        # As in Ray: every rank usually makes the same call and only rank 0 saves a checkpoint; the
+        # ranks without one have nothing to validate.
+        return False
     overrides = validation.fn_kwargs if isinstance(validation, ValidationTaskConfig) else {}
     where = "report(validation=ValidationTaskConfig(fn_kwargs=...))" if overrides else f"report(validation={validation!r})"
     check_fn_kwargs(config.fn, {**config.task_config.fn_kwargs, **overrides}, where)

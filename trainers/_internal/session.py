@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import pyarrow.fs
 
-from storage import Checkpoint, upload_directory
+from storage import Checkpoint
 from storage.layout import RunLayout
 from storage.retention import flatten
 from trainers._internal import checkpoint_upload

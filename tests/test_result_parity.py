@@ -1,0 +1,84 @@
+"""Result as Ray Train 2.60 has it: its constructor, ``path`` inside ``filesystem``, ``config``,
+and the exception types Ray's users catch (RuntimeError), keeping flowtrain's own."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pyarrow.fs as pafs
+import pytest
+
+import trainers as train
+from faulty_fs import RecordingHandler
+from storage import Checkpoint, StorageError
+from trainers import DataParallelTrainer, Result, RunConfig, ScalingConfig
+
+
+def test_result_takes_rays_constructor_parameters_and_repr():
+    fs = pafs.LocalFileSystem()
+    result = Result({"iter": 0, "metric": 1.0}, Checkpoint("/bucket/path/ckpt0"), None, "/bucket/path", None, None, fs, 7)
+    assert result.filesystem is fs and result.return_value == 7
+    text = repr(result)
+    assert "Checkpoint(filesystem=local, path=/bucket/path/ckpt0)" in text
+    assert "metrics={'iter': 0, 'metric': 1.0}" in text
+    assert Result(metrics={}, checkpoint=None, error=None, path="/p").filesystem.type_name == "local"
+    with pytest.raises(DeprecationWarning, match="Result.config"):
+        result.config
+
+
+def test_get_best_checkpoint_errors_are_runtime_errors_and_value_errors():
+    result = Result(
+        metrics={},
+        checkpoint=None,
+        error=None,
+        path="/bucket/path",
+        best_checkpoints=[(Checkpoint(f"/bucket/path/ckpt{i}"), {"metric": float(i)}) for i in range(3)],
+    )
+    assert result.get_best_checkpoint(metric="metric", mode="max").path == "/bucket/path/ckpt2"
+    for caught in (RuntimeError, ValueError):
+        with pytest.raises(caught, match="no kept checkpoint reported it"):
+            result.get_best_checkpoint(metric="invalid_metric", mode="max")
+    empty = Result(metrics={}, checkpoint=None, error=None, path="/bucket/path")
+    with pytest.raises(RuntimeError, match="kept no checkpoint"):
+        empty.get_best_checkpoint("metric", "max")
+
+
+@pytest.mark.parametrize("as_pathlike", [False, True])
+def test_from_path_on_a_folder_without_a_run_raises_a_runtime_error(tmp_path, as_pathlike):
+    missing = tmp_path / "nonexistent_experiment"
+    with pytest.raises(RuntimeError, match="doesn't exist") as caught:
+        Result.from_path(missing if as_pathlike else str(missing))
+    assert isinstance(caught.value, StorageError) and isinstance(caught.value, OSError)
+    (tmp_path / "existing").mkdir()
+    with pytest.raises(RuntimeError, match="has no run.json"):
+        Result.from_path(tmp_path / "existing" if as_pathlike else str(tmp_path / "existing"))
+
+
+def one_checkpoint(config):
+    folder = os.path.join(config["scratch"], "c")
+    os.makedirs(folder, exist_ok=True)
+    pathlib.Path(folder, "model.txt").write_text("w")
+    train.report({"loss": 1.0}, checkpoint=Checkpoint.from_directory(folder))
+
+
+def test_path_is_inside_the_filesystem_for_custom_storage_and_absolute_locally(tmp_path):
+    custom = pafs.PyFileSystem(RecordingHandler())
+
+    def fit(name, **storage):
+        return DataParallelTrainer(
+            one_checkpoint,
+            train_loop_config={"scratch": str(tmp_path / "scratch")},
+            scaling_config=ScalingConfig(num_workers=0),
+            run_config=RunConfig(name=name, **storage),
+        ).fit()
+
+    result = fit("remote", storage_path=str(tmp_path / "bucket"), storage_filesystem=custom)
+    assert result.path == f"{tmp_path}/bucket/remote" and "://" not in result.path
+    assert result.filesystem is custom and result.uri.endswith(f"faulty://{str(tmp_path).lstrip('/')}/bucket/remote")
+    reopened = Result.from_path(result.path, storage_filesystem=result.filesystem)
+    assert reopened.checkpoint == result.checkpoint and reopened.metrics == {"loss": 1.0}
+
+    local = fit("local", storage_path=str(tmp_path / "disk"))
+    assert local.path == str(tmp_path / "disk" / "local") and local.uri == local.path
+    assert Result.from_path(local.path + "/").checkpoint == local.checkpoint
