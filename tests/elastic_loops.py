@@ -31,12 +31,17 @@ def _checkpoint(step: int) -> Checkpoint:
     return Checkpoint.from_directory(folder)
 
 
+def _stop(config) -> bool:
+    """Whether to stop now: rank 0 decides for all, so every rank reports equally often."""
+    return trainers.collective.broadcast_from_rank_zero(os.path.exists(config["stop_file"]))
+
+
 def elastic_loop(config):
     """Report every step with a checkpoint, the world size and the step this attempt resumed from."""
     context = trainers.get_context()
     resumed = _resumed_step()
     step = 0 if resumed is None else resumed + 1
-    while not (os.path.exists(config["stop_file"]) and step >= config["min_steps"]):
+    while not _stop(config):
         metrics = {"step": step, "world_size": context.get_world_size(), "resumed_from": resumed}
         trainers.report(metrics, checkpoint=_checkpoint(step))
         step += 1
@@ -50,7 +55,7 @@ def preemption_loop(config):
     resumed = _resumed_step()
     step = 0 if resumed is None else resumed + 1
     saved = False
-    while not os.path.exists(config["stop_file"]):
+    while not _stop(config):
         info = trainers.get_preemption_info()
         metrics = {"step": step, "world_size": context.get_world_size(), "resumed_from": resumed, "preempted_ranks": None}
         if info is not None and not saved:

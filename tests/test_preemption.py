@@ -145,11 +145,11 @@ class Reports(UserCallback):
             self.changed.notify_all()
 
     def on_restart(self, run_context, failures, resume_from):
-        self.restarts.append([f.kind for f in failures])
+        self.restarts.append([f.world_rank for f in failures])
 
     def wait_for(self, match):
         with self.changed:
-            assert self.changed.wait_for(lambda: any(match(r) for r in self.reports), timeout=180), self.reports
+            assert self.changed.wait_for(lambda: any(match(r) for r in self.reports), timeout=180), self.reports[-3:]
             return next(i for i, r in enumerate(self.reports) if match(r))
 
 
@@ -194,7 +194,7 @@ def test_a_drained_nodes_workers_see_the_preemption_save_and_the_run_resumes_on_
     assert jit["preempted_ranks"] == [1] and jit["deadline_ms"] > time.time() * 1000
     assert reports.checkpoints[saved] is not None
     assert reports.reports[resumed]["resumed_from"] == jit["step"]
-    assert reports.restarts == [["preempted"]]
+    assert reports.restarts == [[1]]  # one restart, for rank 1's node, though max_failures=0
 
 
 def test_a_preemption_over_budget_raises_preemption_error_once_the_deadline_passes(two_nodes, tmp_path):

@@ -313,6 +313,7 @@ class DataParallelTrainer:
             max_preemption_failures=failure_config.max_preemption_failures,
             preemption_grace_s=failure_config.preemption_grace_s,
             resize=getattr(workers, "resize_to", None),
+            lost_a_node=getattr(workers, "lost_a_node", None) if scaling.elasticity_enabled else None,
             on_resize=on_resize,
         )
         try:

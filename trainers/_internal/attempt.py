@@ -73,6 +73,10 @@ def _session_args(spec: RunSpec, context: TrainContext, attempt: int, checkpoint
     )
 
 
+#: After workers died in an elastic run: how long to wait for Ray to call their node dead.
+NODE_DEATH_WAIT_S = 5.0
+
+
 class RayWorkers:
     """The workers of one attempt as Ray actors."""
 
@@ -172,6 +176,24 @@ class RayWorkers:
                 worker.actor.mark_preempted.remote(info)  # get_preemption_info() answers it from now on
             events.append(PreemptionNotice(info))
         return events
+
+    def lost_a_node(self, node_ids: list[str], wait_s: float = NODE_DEATH_WAIT_S) -> bool:
+        """Whether one of ``node_ids`` has left the cluster (not just a worker process dying).
+
+        Ray marks a node dead a moment after its processes go, so the answer waits up to
+        ``wait_s`` for that mark; the controller asks only after workers died.
+        """
+        import ray
+
+        wanted = {node for node in node_ids if node}
+        deadline = time.monotonic() + wait_s
+        while True:
+            alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+            if wanted - alive:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
 
     def resize_to(self) -> int | None:
         """The larger size an elastic run should restart at, now that more workers fit, or None."""

@@ -102,6 +102,7 @@ class Controller:
         max_preemption_failures: int = -1,
         preemption_grace_s: float = 0.0,
         resize: Callable[[], int | None] | None = None,
+        lost_a_node: Callable[[list[str]], bool] | None = None,
         on_resize: Callable[[int, int, int], None] = lambda *a: None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -125,6 +126,9 @@ class Controller:
         self.num_preemptions = 0
         #: Asked while an elastic run trains: the larger size to restart at, or None.
         self.resize = resize
+        #: Elastic runs: whether these nodes left the cluster. A lost node shrinks the run at no
+        #: cost to ``max_failures`` (the relaunch takes as many workers as now fit, at least min).
+        self.lost_a_node = lost_a_node
         self.on_resize = on_resize
         #: UNIX time in seconds (preemption deadlines are wall-clock times).
         self.wall_clock = wall_clock
@@ -402,10 +406,18 @@ class Controller:
         # A dead process is the likely root cause of the others' errors: callbacks see it first too.
         failures = sorted((self._describe(e) for e in self._failed.values()), key=lambda f: (f.kind not in DEATHS, f.world_rank))
         self.on_failure(self.attempt, dict(self._failed))
-        if any(f.kind == "preempted" for f in failures):
-            # As in Ray Train: when a preempted node's death is among the failures, the others'
-            # errors are its echo (broken collectives), and the preemption budget pays.
+        # As in Ray Train: when a preempted node's death is among the failures, the others' errors
+        # are its echo (broken collectives), and the preemption budget pays. A call in flight when
+        # the node went may fail before Ray knows why, so a death on a node whose drain was seen
+        # counts too.
+        draining = set(self._preemption.preempted_ranks) if self._preemption is not None else set()
+        if any(f.kind == "preempted" or (f.kind == "died" and f.world_rank in draining) for f in failures):
             self._preempted(drain_timed_out=False, failures=failures)
+            return
+        deaths = [f.node_id for f in failures if f.kind == "died"]
+        if self.lost_a_node is not None and deaths and self.lost_a_node(deaths):
+            self._last_failures = failures
+            self.state = State.RESTARTING
             return
         if self._only_setup_clashes():
             # Nothing the training function did failed, so this restart does not count as a failure.

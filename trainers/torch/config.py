@@ -89,6 +89,16 @@ def _accelerate_env(workers: list[Any], use_gpu: bool) -> dict[int, dict[str, st
     return {w.ranks.world_rank: {"ACCELERATE_TORCH_DEVICE": f"cuda:{ids[0]}"} for w, (_, ids) in zip(workers, visible) if ids}
 
 
+def _per_rank_env(workers: list[Any], use_gpu: bool) -> dict[int, dict[str, str]]:
+    """Per world rank: Accelerate's and DeepSpeed's variables, set before the group is joined."""
+    from trainers.torch.deepspeed_env import deepspeed_env
+
+    merged = deepspeed_env(workers, use_gpu)
+    for rank, env in _accelerate_env(workers, use_gpu).items():
+        merged.setdefault(rank, {}).update(env)
+    return merged
+
+
 def init_method_url(init_method: str, master_addr: str, master_port: str) -> str:
     """The ``init_method`` argument of ``torch.distributed.init_process_group`` for ``TorchConfig.init_method``."""
     if init_method == "env":
@@ -146,7 +156,7 @@ class TorchBackend(Backend):
             env,
             backend,
             backend_config.timeout_s,
-            _accelerate_env(worker_group.workers, use_gpu),
+            _per_rank_env(worker_group.workers, use_gpu),
             backend_config.init_method,
             timeout_s=backend_config.timeout_s + 30,
         )

@@ -1,0 +1,68 @@
+"""JaxTrainer: SPMD JAX training on N workers joined into one ``jax.distributed`` job."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from storage import Checkpoint
+from trainers.config import DataConfig, RunConfig, ScalingConfig
+from trainers.data_parallel_trainer import DataParallelTrainer
+from trainers.jax.config import JaxConfig
+
+
+class JaxTrainer(DataParallelTrainer):
+    """Runs a JAX training function on N workers connected by ``jax.distributed``, CPUs included.
+
+    Inside the function ``jax.process_count()`` is the number of workers and ``jax.devices()``
+    spans all of them, so one program shards its arrays over every worker::
+
+        def train_func(config):
+            mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+            ...  # jit a step over batches sharded along "data"; gradients are summed across workers
+            trainers.report({"loss": loss}, checkpoint=...)
+
+        JaxTrainer(train_func, scaling_config=ScalingConfig(num_workers=4)).fit()
+
+    Same arguments as Ray Train's ``JaxTrainer``. Without ``jax_config`` the trainer takes
+    ``use_gpu`` and ``use_tpu`` from ``scaling_config``; on TPUs also give ``ScalingConfig``'s
+    ``topology`` and ``accelerator_type``.
+    """
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        jax_config: JaxConfig | None = None,
+        scaling_config: ScalingConfig | None = None,
+        dataset_config: DataConfig | None = None,
+        run_config: RunConfig | None = None,
+        datasets: dict[str, Any] | None = None,
+        validation_config: Any = None,
+        metadata: dict[str, Any] | None = None,
+        resume_from_checkpoint: Checkpoint | None = None,
+    ) -> None:
+        if jax_config is not None and not isinstance(jax_config, JaxConfig):
+            raise TypeError(f"jax_config={jax_config!r}: must be a trainers.jax.JaxConfig.")
+        scaling = scaling_config if isinstance(scaling_config, ScalingConfig) else ScalingConfig()
+        if jax_config is None:
+            jax_config = JaxConfig(use_tpu=scaling.use_tpu, use_gpu=scaling.use_gpu)
+        if jax_config.use_gpu and not scaling.use_gpu:
+            raise ValueError("JaxConfig(use_gpu=True) needs GPUs reserved: set ScalingConfig(use_gpu=True), or use_gpu=False.")
+        if jax_config.use_tpu and not scaling.use_tpu:
+            raise ValueError(
+                "JaxConfig(use_tpu=True) needs TPUs reserved: set ScalingConfig(use_tpu=True, topology=..., "
+                "accelerator_type=...), or use_tpu=False."
+            )
+        super().__init__(
+            train_loop_per_worker,
+            train_loop_config=train_loop_config,
+            backend_config=jax_config,
+            scaling_config=scaling_config,
+            run_config=run_config,
+            datasets=datasets,
+            dataset_config=dataset_config,
+            validation_config=validation_config,
+            metadata=metadata,
+            resume_from_checkpoint=resume_from_checkpoint,
+        )

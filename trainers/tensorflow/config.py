@@ -1,0 +1,96 @@
+"""TensorflowConfig and the TensorFlow backend: a ``TF_CONFIG`` on every worker.
+
+``tf.distribute.MultiWorkerMirroredStrategy`` finds its peers in the ``TF_CONFIG`` environment
+variable: every worker's ``host:port`` and this worker's index. The backend asks each worker for
+a port free on its own node, then writes the same cluster list everywhere, with the index equal
+to the world rank, so TensorFlow's chief (index 0) is our rank 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+from typing import Any
+
+from trainers.backend import Backend, BackendConfig
+
+#: Seconds each set-up call to the workers may take (they only pick a port and set variables).
+SETUP_TIMEOUT_S = 60.0
+#: What TensorFlow says when its gRPC server cannot bind the port reserved for it.
+_BIND_FAILURES = ("Could not start gRPC server", "Address already in use")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorflowConfig(BackendConfig):
+    """How the workers of a ``TensorflowTrainer`` find each other. It has no fields.
+
+    Before your training function starts, every worker has ``TF_CONFIG`` set (the cluster of all
+    workers, its task index = its world rank), so ``tf.distribute.MultiWorkerMirroredStrategy()``
+    connects them, across nodes too. ``TF_USE_LEGACY_KERAS=1`` is set as Ray Train sets it, so
+    ``tf.keras`` is Keras 2 (the ``tf-keras`` package), whose ``fit()`` works with that strategy;
+    set ``TF_USE_LEGACY_KERAS=0`` in the workers' environment to keep Keras 3.
+    Same name as ``ray.train.tensorflow.TensorflowConfig``.
+    """
+
+    @property
+    def backend_cls(self) -> type[Backend]:
+        return TensorflowBackend
+
+    @property
+    def framework(self) -> str:
+        return "tensorflow"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {}
+
+    def is_setup_clash(self, error: BaseException) -> bool:
+        """TensorFlow could not bind the port reserved for it (another process took it after the
+        backend released it): restart on new ports, free of the failure budget."""
+        return any(text in str(error) for text in _BIND_FAILURES)
+
+
+# -- worker side --------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port free on this worker's node right now (asked of the OS, not guessed)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def tf_config(addresses: list[str], index: int) -> str:
+    """The ``TF_CONFIG`` value for the worker at ``index`` of ``addresses`` (``host:port`` each)."""
+    return json.dumps({"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}})
+
+
+def _set_environment(addresses: list[str], index: int) -> None:
+    os.environ["TF_CONFIG"] = tf_config(addresses, index)
+    # Keras 3's fit() cannot run under MultiWorkerMirroredStrategy; Keras 2 (tf-keras) can. A
+    # value the user set for the workers wins.
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+
+def address(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# -- driver side --------------------------------------------------------------------------------
+
+
+class TensorflowBackend(Backend):
+    """Writes ``TF_CONFIG`` (and ``TF_USE_LEGACY_KERAS``) on every worker before the loop starts."""
+
+    def on_start(self, worker_group: Any, backend_config: TensorflowConfig) -> None:
+        import ray
+
+        workers = worker_group.workers
+        if not workers:
+            return
+        ports = worker_group.execute(free_port, timeout_s=SETUP_TIMEOUT_S)
+        addresses = [address(w.metadata.node_ip, port) for w, port in zip(workers, ports)]
+        # One call per worker with its own index, all sent before waiting on any.
+        ray.get([w.actor.execute.remote(_set_environment, addresses, w.ranks.world_rank) for w in workers], timeout=SETUP_TIMEOUT_S)

@@ -1,0 +1,253 @@
+"""Keras callbacks that report to flowtrain: ``ReportCheckpointCallback``, as in ``ray.train.tensorflow.keras``.
+
+Importing this module imports TensorFlow. The callbacks derive from ``tf.keras.callbacks.Callback``,
+which inside a ``TensorflowTrainer`` worker is Keras 2 (``tf-keras``) unless the workers set
+``TF_USE_LEGACY_KERAS=0``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import tensorflow as tf
+
+from storage import Checkpoint
+from trainers.tensorflow.checkpoint import KERAS_KEY, TensorflowCheckpoint, keras_package, model_from_checkpoint
+
+__all__ = ["RayReportCallback", "ReportCheckpointCallback"]
+
+#: The Keras hooks (less their ``on_`` prefix) a report or a checkpoint can be tied to.
+EVENTS = (
+    "epoch_begin",
+    "epoch_end",
+    "train_batch_begin",
+    "train_batch_end",
+    "test_batch_begin",
+    "test_batch_end",
+    "predict_batch_begin",
+    "predict_batch_end",
+    "train_begin",
+    "train_end",
+    "test_begin",
+    "test_end",
+    "predict_begin",
+    "predict_end",
+)
+
+
+def _events(field: str, value: Any) -> tuple[str, ...]:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not names or any(name not in EVENTS for name in names):
+        raise ValueError(
+            f"ReportCheckpointCallback({field}={value!r}): must be one Keras hook name or a list of them, "
+            f"from {', '.join(repr(e) for e in EVENTS)}."
+        )
+    return tuple(names)
+
+
+def _check_metrics(metrics: Any) -> None:
+    if metrics is None or isinstance(metrics, str):
+        return
+    if isinstance(metrics, list) and all(isinstance(m, str) for m in metrics):
+        return
+    if isinstance(metrics, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in metrics.items()):
+        return
+    raise TypeError(
+        f"ReportCheckpointCallback(metrics={metrics!r}): must be None (every Keras log), a log name, a list of "
+        "log names, or a dict of reported name to log name, e.g. {'train_loss': 'loss'}."
+    )
+
+
+def _plain(value: Any) -> Any:
+    """A Keras log value as a plain Python number when it is one (numpy and tensor scalars too)."""
+    if hasattr(value, "numpy"):
+        value = value.numpy()
+    if hasattr(value, "item") and getattr(value, "size", 1) == 1:
+        value = value.item()
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value) if isinstance(value, float) or not math.isfinite(value) else value
+    return value
+
+
+class RayReportCallback(tf.keras.callbacks.Callback):
+    """Reports Keras logs to flowtrain at chosen hooks, with a checkpoint of the model at others.
+
+    ``checkpoint_on`` and ``report_metrics_on`` name Keras hooks without their ``on_`` prefix
+    (``"epoch_end"``, ``"train_batch_end"``, ...). At a checkpoint hook every rank saves the
+    model (``model.keras``, Keras' own format; the strategy needs every rank to take part) and
+    rank 0 reports its copy with the metrics; every other rank reports the same metrics without
+    a checkpoint. At a hook in ``report_metrics_on`` only, every
+    rank reports the metrics. ``metrics`` picks what is reported: None for all of Keras' logs,
+    a log name, a list of names, or a dict ``{reported name: log name}``. At the epoch hooks the
+    Keras epoch index is reported too, as ``epoch``, unless a log already has that name, and
+    each checkpoint's metadata records it, so a resumed run passes ``initial_epoch=epoch + 1``
+    to ``fit()``.
+    """
+
+    def __init__(
+        self,
+        checkpoint_on: str | list[str] = "epoch_end",
+        report_metrics_on: str | list[str] = "epoch_end",
+        metrics: str | list[str] | dict[str, str] | None = None,
+    ) -> None:
+        super().__init__()
+        self._checkpoint_on = _events("checkpoint_on", checkpoint_on)
+        self._report_metrics_on = _events("report_metrics_on", report_metrics_on)
+        _check_metrics(metrics)
+        self._metrics = metrics
+        self._epoch: int | None = None
+
+    @staticmethod
+    def get_model(checkpoint: Checkpoint) -> Any:
+        """The Keras model in a checkpoint this callback reported, loaded with the Keras that saved it.
+
+        Call it inside ``strategy.scope()`` to resume training on the workers.
+        """
+        return model_from_checkpoint(checkpoint)
+
+    # -- what Keras calls ------------------------------------------------------------------------
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
+        self._handle(logs, "epoch_begin")
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
+        self._handle(logs, "epoch_end")
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._handle(logs, "train_batch_begin")
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._handle(logs, "train_batch_end")
+
+    def on_test_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._handle(logs, "test_batch_begin")
+
+    def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._handle(logs, "test_batch_end")
+
+    def on_predict_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._handle(logs, "predict_batch_begin")
+
+    def on_predict_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._handle(logs, "predict_batch_end")
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._handle(logs, "train_begin")
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self._handle(logs, "train_end")
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        self._handle(logs, "test_begin")
+
+    def on_test_end(self, logs: dict | None = None) -> None:
+        self._handle(logs, "test_end")
+
+    def on_predict_begin(self, logs: dict | None = None) -> None:
+        self._handle(logs, "predict_begin")
+
+    def on_predict_end(self, logs: dict | None = None) -> None:
+        self._handle(logs, "predict_end")
+
+    # Keras 2 skips a callback's batch hooks when these say False: without them every batch would
+    # pay for a call (and for turning its logs into numbers) even when nothing is reported per batch.
+    def _implements_train_batch_hooks(self) -> bool:
+        return self._wants("train_batch_")
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return self._wants("test_batch_")
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        return self._wants("predict_batch_")
+
+    def _wants(self, prefix: str) -> bool:
+        return any(e.startswith(prefix) for e in self._checkpoint_on + self._report_metrics_on)
+
+    # -- reporting -------------------------------------------------------------------------------
+
+    def _handle(self, logs: dict | None, when: str) -> None:
+        if when in self._checkpoint_on:
+            self._save_and_report_checkpoint(self._selected(logs or {}, when), None)
+        elif when in self._report_metrics_on:
+            self._report_metrics(self._selected(logs or {}, when))
+
+    def _selected(self, logs: dict, when: str) -> dict[str, Any]:
+        wanted = self._metrics
+        if wanted is None:
+            names = {name: name for name in logs}
+        elif isinstance(wanted, str):
+            names = {wanted: wanted}
+        elif isinstance(wanted, list):
+            names = {name: name for name in wanted}
+        else:
+            names = dict(wanted)
+        missing = sorted(set(names.values()) - set(logs))
+        if missing:
+            raise KeyError(
+                f"ReportCheckpointCallback(metrics={wanted!r}): Keras has no log {', '.join(map(repr, missing))} at "
+                f"{when!r}; its logs there are {sorted(logs)}. Compile the model with that metric or pick another name."
+            )
+        metrics = {reported: _plain(logs[name]) for reported, name in names.items()}
+        if when.startswith("epoch_") and self._epoch is not None:
+            metrics.setdefault("epoch", self._epoch)
+        return metrics
+
+    def _save_and_report_checkpoint(self, metrics: dict[str, Any], checkpoint: Checkpoint | None) -> None:
+        """Every rank saves the model, rank 0 reports its copy with ``metrics``, the others report
+        ``metrics`` alone."""
+        import trainers
+
+        # Under MultiWorkerMirroredStrategy saving reads variables that are all-reduced on read
+        # (metrics, the optimizer's step): a save on rank 0 alone would leave its collectives
+        # unmatched. So every rank writes, as TensorFlow asks, and only rank 0's copy is kept.
+        folder = tempfile.mkdtemp(prefix="flowtrain-keras-")
+        try:
+            self.model.save(os.path.join(folder, TensorflowCheckpoint.MODEL_FILENAME))
+            if trainers.get_context().get_world_rank() != 0:
+                trainers.report(metrics)
+                return
+            checkpoint = Checkpoint.from_directory(folder)
+            saved = {TensorflowCheckpoint.MODEL_FILENAME_KEY: TensorflowCheckpoint.MODEL_FILENAME}
+            saved[KERAS_KEY] = keras_package(self.model)
+            if self._epoch is not None:
+                saved["epoch"] = self._epoch
+            checkpoint.update_metadata(saved)
+            trainers.report(metrics, checkpoint=checkpoint)
+        finally:
+            # report() has copied the folder into the run's storage.
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _report_metrics(self, metrics: dict[str, Any]) -> None:
+        import trainers
+
+        trainers.report(metrics)
+
+
+class ReportCheckpointCallback(RayReportCallback):
+    """Keras callback that reports ``fit()``'s logs and checkpoints the model, every epoch by default.
+
+    Inside a ``TensorflowTrainer`` training function::
+
+        model.fit(data, epochs=10, callbacks=[ReportCheckpointCallback()])
+
+    reports Keras' logs (``loss``, your metrics, ``val_*``) and ``epoch`` after every epoch, with
+    a checkpoint holding ``model.keras`` (rank 0's copy). To resume after a restart::
+
+        checkpoint = trainers.get_checkpoint()
+        with strategy.scope():
+            model = ReportCheckpointCallback.get_model(checkpoint) if checkpoint else build_model()
+        start = checkpoint.get_metadata()["epoch"] + 1 if checkpoint else 0
+        model.fit(data, initial_epoch=start, epochs=10, callbacks=[ReportCheckpointCallback()])
+
+    Args:
+        checkpoint_on: Keras hook(s), without ``on_``, at which to report a checkpoint (with the metrics).
+        report_metrics_on: Keras hook(s) at which to report the metrics.
+        metrics: None for all logs, a log name, a list of names, or ``{reported name: log name}``.
+    """
