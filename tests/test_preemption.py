@@ -219,3 +219,31 @@ def test_a_preemption_over_budget_raises_preemption_error_once_the_deadline_pass
     assert error.drain_timed_out  # the workers were still training at the deadline
     assert error.preemption_info.preempted_ranks == [1]
     assert error.preemption_info.preempted_node_ids == [spare.node_id]
+
+
+@pytest.mark.parametrize("relax", [True, False])
+def test_relaxed_collectives_commit_the_survivors_checkpoint_without_the_preempted_rank(relax):
+    """FailureConfig(relax_collectives_on_preemption=True): rank 1 is being taken away and never
+    reports step 0; rank 0's just-in-time checkpoint commits without it (and waits for it without)."""
+    info = PreemptionInfo(deadline_ms=1_000_000, preempted_node_to_ranks={"node-1": [1]})
+    store = MemoryStore()
+    workers = ScriptedWorkers(2, [[[PreemptionNotice(info)], [report(0, 0, True)], [report(1, 0)], []]])
+    controller = Controller(
+        workers=workers, storage=store, max_failures=0, relax_collectives_on_preemption=relax, wall_clock=lambda: 990.0
+    )
+    controller.step()  # launch
+    controller.step()  # the notice
+    controller.step()  # rank 0 reports step 0 with a checkpoint
+    assert [(index, staged) for _, index, _, staged in store.reports] == ([(0, True)] if relax else [])
+    controller.step()  # rank 1's late report of the same step is not a second round
+    assert len(store.reports) == 1 and controller._pending == {}
+
+
+def test_rank_0_being_preempted_relaxes_nothing():
+    info = PreemptionInfo(deadline_ms=1_000_000, preempted_node_to_ranks={"node-0": [0]})
+    store = MemoryStore()
+    workers = ScriptedWorkers(2, [[[PreemptionNotice(info)], [report(1, 0, True)], []]])
+    controller = Controller(workers=workers, storage=store, max_failures=0, relax_collectives_on_preemption=True, wall_clock=lambda: 990.0)
+    for _ in range(3):
+        controller.step()
+    assert store.reports == []  # rank 0's metrics are the run's: its round waits for it

@@ -312,6 +312,7 @@ class DataParallelTrainer:
             validations=validations,
             max_preemption_failures=failure_config.max_preemption_failures,
             preemption_grace_s=failure_config.preemption_grace_s,
+            relax_collectives_on_preemption=failure_config.relax_collectives_on_preemption,
             resize=getattr(workers, "resize_to", None),
             lost_a_node=getattr(workers, "lost_a_node", None) if scaling.elasticity_enabled else None,
             on_resize=on_resize,

@@ -103,6 +103,7 @@ class Controller:
         preemption_grace_s: float = 0.0,
         resize: Callable[[], int | None] | None = None,
         lost_a_node: Callable[[list[str]], bool] | None = None,
+        relax_collectives_on_preemption: bool = False,
         on_resize: Callable[[int, int, int], None] = lambda *a: None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -129,6 +130,10 @@ class Controller:
         #: Elastic runs: whether these nodes left the cluster. A lost node shrinks the run at no
         #: cost to ``max_failures`` (the relaunch takes as many workers as now fit, at least min).
         self.lost_a_node = lost_a_node
+        #: During a preemption, commit reports without the ranks being taken away (not rank 0's).
+        self.relax_collectives_on_preemption = relax_collectives_on_preemption
+        #: Ranks whose reports the current preemption lets the others commit without.
+        self._relaxed: set[int] = set()
         self.on_resize = on_resize
         #: UNIX time in seconds (preemption deadlines are wall-clock times).
         self.wall_clock = wall_clock
@@ -198,6 +203,7 @@ class Controller:
         self._failed.clear()
         self._activity = {}
         self._preemption = None
+        self._relaxed = set()
         self._queries.clear()
         self._committed_rounds = 0
         try:
@@ -213,6 +219,8 @@ class Controller:
     def _handle(self, events: list[Event]) -> None:
         for event in events:
             if isinstance(event, ReportEvent):
+                if event.index < self._committed_rounds:
+                    continue  # a relaxed rank's report of a round committed without it
                 self._pending.setdefault(event.index, {})[event.world_rank] = event
                 self._first_seen.setdefault(event.index, self.clock())
             elif isinstance(event, FinishedEvent):
@@ -228,6 +236,7 @@ class Controller:
                 if self._preemption is None:
                     self._preemption_noticed_at = self.wall_clock()
                 self._preemption = merge_preemptions(self._preemption, event.info)
+                self._relax_for(self._preemption)
         self._commit_complete_rounds()
         self._validate_and_answer()
         self._release_complete_syncs()
@@ -243,19 +252,27 @@ class Controller:
         elif len(self._finished) == self.workers.world_size:
             self._finish()
 
+    def _relax_for(self, info: PreemptionInfo) -> None:
+        """With ``relax_collectives_on_preemption``, let the surviving ranks commit their reports
+        (a just-in-time checkpoint) without the preempted ones, as Ray Train does. Rank 0's metrics
+        are the run's, so when rank 0 is preempted nothing is relaxed."""
+        preempted = set(info.preempted_ranks)
+        if self.relax_collectives_on_preemption and 0 not in preempted:
+            self._relaxed = preempted
+
     def _commit_complete_rounds(self) -> None:
         size = self.workers.world_size
         while self._pending:
             index = min(self._pending)
             round_ = self._pending[index]
-            if len(round_) < size:
+            if any(rank not in round_ for rank in range(size) if rank not in self._relaxed):
                 return
             del self._pending[index]
             self._first_seen.pop(index, None)
-            metrics = [round_[rank].metrics for rank in range(size)]
+            metrics = [round_[rank].metrics if rank in round_ else {} for rank in range(size)]
             staged = any(event.staged for event in round_.values())
             # As in Ray Train, the validation asked by the first rank that passed a checkpoint.
-            validation = next((round_[r].validation for r in range(size) if round_[r].staged), False) if staged else False
+            validation = next((round_[r].validation for r in sorted(round_) if round_[r].staged), False) if staged else False
             extra = {"validation": request_to_json(validation)} if validation else {}
             extra.update(checkpoint_placement(list(round_.values())) if staged else {})
             checkpoint = self.storage.record_report(metrics[0], report_index=index, attempt=self.attempt, staged=staged, **extra)
