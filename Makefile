@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml constraints.txt
 	# torch first, pinned, so no resolver step can reach for a multi-GB CUDA build.
 	$(PY) -m pip install --quiet -c constraints.txt torch
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	# DeepSpeed (the deepspeed extra) is a source distribution that imports torch to build: build it
+	# against the torch above (--no-build-isolation), with no CUDA ops (DS_BUILD_OPS=0) but the CPU
+	# shared-memory comm op compiled now, or DeepSpeed compiles it on first use in every fresh
+	# environment. --no-cache-dir: a wheel cached from a build with other DS_BUILD_* flags would be reused.
+	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(PY) -m pip install --quiet --no-cache-dir --no-build-isolation -c constraints.txt deepspeed
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -54,7 +54,7 @@ def tabular_keras_loop(config: dict[str, Any]) -> None:
                 [
                     tf.keras.Input((len(features),)),
                     # Tabular columns come in wildly different scales.
-                    tf.keras.layers.BatchNormalization(center=False, scale=False),
+                    tf.keras.layers.BatchNormalization(momentum=0.9, center=False, scale=False),
                     tf.keras.layers.Dense(int(config.get("hidden", 32)), activation="relu"),
                     tf.keras.layers.Dense(int(config.get("num_classes", 2))),
                 ]

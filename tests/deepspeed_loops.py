@@ -5,6 +5,7 @@ plain DDP run and the ZeRO stages compute the same thing up to float32 reduction
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import tempfile
@@ -15,7 +16,8 @@ from trainers import Checkpoint, get_checkpoint, get_context, report
 
 NUM_ROWS = 64
 GLOBAL_BATCH = 16
-LR = 0.05
+LR = 0.1
+MOMENTUM = 0.5  # optimizer state that a resumed run must restore
 
 
 def mlp() -> torch.nn.Module:
@@ -58,10 +60,12 @@ def zero_engine(stage: int):
         "train_batch_size": GLOBAL_BATCH,
         "train_micro_batch_size_per_gpu": GLOBAL_BATCH // get_context().get_world_size(),
         "zero_optimization": {"stage": stage},
+        # DeepSpeed clips gradients to norm 1.0 unless told otherwise; DDP does not clip.
+        "gradient_clipping": 0.0,
         # torch's SGD under ZeRO: DeepSpeed's fused optimizers would need compiled ops.
         "zero_allow_untested_optimizer": True,
     }
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     return engine
 
@@ -77,7 +81,7 @@ def compare_loop(config: dict) -> dict:
     steps = config["steps"]
     losses: dict[str, list[float]] = {"ddp": []}
     ddp = prepare_model(mlp())
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
     for step in range(steps):
         x, y = my_batch(step)
         optimizer.zero_grad()
@@ -136,3 +140,129 @@ def resumable_zero_loop(config: dict) -> dict:
                 checkpoint=Checkpoint.from_directory(folder),
             )
     return {"global_steps": engine.global_steps}
+
+
+@functools.cache
+def lightning_regressor():
+    """A LightningModule class with SGD momentum (optimizer state to save and restore); built on
+    first use so other tests never import Lightning."""
+    import lightning.pytorch as pl
+
+    class MomentumRegressor(pl.LightningModule):
+        def __init__(self, lr: float = LR) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+            self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=MOMENTUM)
+
+    MomentumRegressor.__qualname__ = "MomentumRegressor"
+    return MomentumRegressor
+
+
+def lightning_sharded_loop(config: dict) -> dict:
+    """Lightning on CPU workers with ``RayDeepSpeedStrategy(stage=...)`` or ``RayFSDPStrategy()``
+    (``config["strategy"]``): ``epochs`` epochs reported through ``RayTrainReportCallback``, then
+    one more epoch in a new ``pl.Trainer`` resumed from ``get_checkpoint()``.
+
+    Returns the files of the first checkpoint each rank saw and the resumed trainer's state.
+    """
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainers.lightning import (
+        RayDeepSpeedStrategy,
+        RayFSDPStrategy,
+        RayLightningEnvironment,
+        RayTrainReportCallback,
+        prepare_trainer,
+    )
+
+    def trainer(epochs: int) -> pl.Trainer:
+        if config["strategy"] == "deepspeed":
+            strategy = RayDeepSpeedStrategy(stage=config["stage"])
+        else:
+            strategy = RayFSDPStrategy()
+        return prepare_trainer(
+            pl.Trainer(
+                max_epochs=epochs,
+                strategy=strategy,
+                plugins=[RayLightningEnvironment()],
+                callbacks=[RayTrainReportCallback()],
+                accelerator="cpu",
+                devices="auto",
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                default_root_dir=tempfile.mkdtemp(prefix="lightning-root-"),
+            )
+        )
+
+    x, y = data()
+    loader = DataLoader(TensorDataset(x, y), batch_size=GLOBAL_BATCH // 2, shuffle=False)
+    torch.manual_seed(0)
+    trainer(config["epochs"]).fit(lightning_regressor()(lr=LR), train_dataloaders=loader)
+    # A rank that saved nothing (FSDP's full state dict is rank 0's file) keeps no checkpoint of
+    # its own, as in Ray Train: take rank 0's, the run's latest.
+    import torch.distributed as dist
+
+    latest = [get_checkpoint()]
+    dist.broadcast_object_list(latest, src=0)
+    with latest[0].as_directory() as folder:
+        files = sorted(os.path.relpath(os.path.join(root, name), folder) for root, _, names in os.walk(folder) for name in names)
+        resumed = trainer(config["epochs"] + 1)
+        torch.manual_seed(1)  # different initial weights: only the checkpoint makes the losses continue
+        resumed.fit(
+            lightning_regressor()(lr=LR),
+            train_dataloaders=loader,
+            ckpt_path=os.path.join(folder, RayTrainReportCallback.CHECKPOINT_NAME),
+        )
+    return {"files": files, "global_step": resumed.global_step, "epoch": resumed.current_epoch}
+
+
+def fsdp_kwargs_loop(config: dict) -> dict:
+    """Plain DDP, then ``prepare_model(parallel_strategy="fsdp", parallel_strategy_kwargs=...)`` for
+    each ``(name, kwargs)`` in ``config["variants"]`` (Ray's FSDP1-style arguments), same data.
+
+    Rank 1 starts from different weights when the kwargs ask for ``sync_module_states``: only the
+    broadcast from rank 0 makes it train like DDP. Returns each variant's losses and how many
+    submodules were sharded on their own.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    from trainers.torch import prepare_model
+
+    rank = get_context().get_world_rank()
+
+    def train(model: torch.nn.Module) -> list[float]:
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+        losses = []
+        for step in range(config["steps"]):
+            x, y = my_batch(step)
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            losses.append(global_mean(loss))
+        return losses
+
+    result = {"losses": {"ddp": train(prepare_model(mlp()))}, "sharded_submodules": {}}
+    for name, kwargs in config["variants"]:
+        model = mlp()
+        if kwargs.get("sync_module_states") and rank == 1:
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.add_(1.0)
+        model = prepare_model(model, parallel_strategy="fsdp", parallel_strategy_kwargs=kwargs)
+        result["sharded_submodules"][name] = sum(isinstance(m, FSDPModule) for m in model.modules() if m is not model)
+        result["losses"][name] = train(model)
+    report({"done": 1})
+    return result

@@ -87,3 +87,31 @@ def linear_regression_loop(config: dict[str, Any]) -> dict[str, Any]:
         "w": np.asarray(jax.device_get(params["w"])).tolist(),
         "b": float(jax.device_get(params["b"])),
     }
+
+
+def keras3_data_parallel_loop(config: dict[str, Any]) -> dict[str, Any]:
+    """Keras 3 on the JAX backend (``KERAS_BACKEND=jax`` in the workers' environment), data
+    parallel over every worker's device, reporting and checkpointing each epoch through
+    ``trainers.tensorflow.keras.ReportCheckpointCallback``; resumes from the latest checkpoint."""
+    import jax
+    import keras
+
+    from trainers.tensorflow.keras import ReportCheckpointCallback
+
+    checkpoint = trainers.get_checkpoint()
+    # Loaded before the distribution is set: Keras 3 cannot load a saved model straight into
+    # variables laid out over several processes, but it can assign its weights to them.
+    saved = ReportCheckpointCallback.get_model(checkpoint).get_weights() if checkpoint else None
+    distribution = keras.distribution.DataParallel(devices=jax.devices())
+    distribution.auto_shard_dataset = False  # each worker passes its own rows
+    keras.distribution.set_distribution(distribution)
+    x, y = rows(seed=trainers.get_context().get_world_rank(), count=128)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((TRUE_W.size,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1), loss="mse")
+    if saved is not None:
+        model.set_weights(saved)
+    start = checkpoint.get_metadata()["epoch"] + 1 if checkpoint else 0
+    model.fit(x, y[:, None], batch_size=32, initial_epoch=start, epochs=config["epochs"], verbose=0,
+              callbacks=[ReportCheckpointCallback()])
+    return {"backend": keras.backend.backend(), "start_epoch": start, "keras": type(model).__module__.split(".")[0]}

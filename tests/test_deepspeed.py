@@ -39,7 +39,7 @@ def test_zero_stages_1_2_3_train_like_ddp_on_cpu(compared):
     assert compared["accelerator"] == "cpu"
     assert compared["env"] == {"DS_ACCELERATOR": "cpu", "LOCAL_SIZE": "2", "CROSS_RANK": "0", "CROSS_SIZE": "1"}
     ddp = torch.tensor(losses["ddp"])
-    assert ddp[-1] < 0.5 * ddp[0]
+    assert ddp[-1] < 0.1 * ddp[0]
     for stage in (1, 2, 3):
         torch.testing.assert_close(torch.tensor(losses[f"zero{stage}"]), ddp, **TOLERANCE, msg=f"ZeRO-{stage}")
 

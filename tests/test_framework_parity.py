@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import os
 import pickle
+import sys
 import warnings
 
 import numpy as np
@@ -313,12 +314,14 @@ def test_lightning_report_callback_validation_validates_each_epochs_checkpoint(r
     assert sorted((m["epoch"], m["validated_epoch"]) for _, m in result.best_checkpoints) == [(0, 0), (1, 1)]
 
 
-def test_ray_deepspeed_strategy_without_deepspeed_names_the_install():
+def test_ray_deepspeed_strategy_without_deepspeed_names_the_install(monkeypatch):
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
     from trainers.lightning import RayDeepSpeedStrategy
 
     assert issubclass(RayDeepSpeedStrategy, DeepSpeedStrategy)
+    # The test install has deepspeed; None in sys.modules makes its import fail as if it had not.
+    monkeypatch.setitem(sys.modules, "deepspeed", None)
     with pytest.raises(ImportError, match=r"pip install 'flowtrain\[deepspeed\]'") as caught:
         RayDeepSpeedStrategy(stage=3)
     assert isinstance(caught.value, MissingExtraError)

@@ -87,6 +87,40 @@ def test_its_checkpoint_restores_on_the_driver_and_in_a_resumed_run(ray_local, j
     assert recorder.reports[0][0]["loss"] <= result.metrics["loss"] * 1.01
 
 
+def test_keras_3_on_the_jax_backend_trains_data_parallel_and_resumes_from_its_checkpoint(ray_local, tmp_path):
+    """What a Keras 3 user gets: JaxTrainer with KERAS_BACKEND=jax and Keras' DataParallel over
+    jax.devices(), reported and checkpointed by the same ReportCheckpointCallback."""
+    from trainers.jax import JaxTrainer
+
+    def fit_keras(epochs):
+        recorder = PerRank()
+        result = JaxTrainer(
+            jax_loops.keras3_data_parallel_loop,
+            train_loop_config={"epochs": epochs},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(
+                name="keras3-jax",
+                storage_path=str(tmp_path),
+                worker_runtime_env={"env_vars": {"KERAS_BACKEND": "jax"}},
+                callbacks=[recorder],
+            ),
+        ).fit()
+        return result, recorder
+
+    result, recorder = fit_keras(3)
+    assert result.return_value == {"backend": "jax", "start_epoch": 0, "keras": "keras"}
+    losses = [per_rank[0]["loss"] for per_rank in recorder.reports]
+    assert losses[-1] < losses[0] / 5
+    # One model: both workers step on the gradient of all rows, so their losses agree.
+    assert all(per_rank[0] == per_rank[1] for per_rank in recorder.reports)
+    assert result.checkpoint.get_metadata()["keras_package"] == "keras"
+    resumed, _ = fit_keras(4)
+    assert resumed.return_value["start_epoch"] == 3
+    assert list(resumed.metrics_dataframe["epoch"]) == [0, 1, 2, 3]
+    # It went on from the saved weights: a fresh model's first epoch ends far higher.
+    assert resumed.metrics["loss"] < losses[-1]
+
+
 def test_jax_config_checks_itself_and_matches_the_scaling_config():
     from trainers.jax import JaxConfig, JaxTrainer
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.plugins.environments import LightningEnvironment
+from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 
 from trainers._extras import require
@@ -82,36 +83,66 @@ class RayDDPStrategy(_OnFlowtrainWorker, DDPStrategy):
 
 
 class RayFSDPStrategy(_OnFlowtrainWorker, FSDPStrategy):
-    """Lightning's ``FSDPStrategy`` on flowtrain's workers (same arguments).
+    """Lightning's ``FSDPStrategy`` on flowtrain's workers (same arguments), on GPUs or CPUs.
 
     The default ``state_dict_type="full"`` gathers the whole model into rank 0's checkpoint, so
     ``LightningModule.load_from_checkpoint`` loads it without FSDP; ``"sharded"`` writes one
     shard per rank (all of them are kept in the reported checkpoint).
 
-    Needs GPUs (``ScalingConfig(use_gpu=True)``): Lightning builds on torch's
-    ``FullyShardedDataParallel``, which does not run on CPU. To shard on CPU workers, call
-    ``trainers.torch.prepare_model(model, parallel_strategy="fsdp")`` in a plain torch loop.
+    On CPU workers the shards are exchanged over the gloo group the trainer set up (Lightning
+    alone refuses CPUs). There, wrap submodules with ``auto_wrap_policy`` rather than with
+    ``torch.distributed.fsdp.wrap.wrap`` inside ``configure_model``.
     """
 
-    def setup_environment(self) -> None:
-        """Fails at once on CPU workers, naming what to use instead."""
-        if self.root_device.type == "cpu":
-            raise ValueError(
-                "RayFSDPStrategy needs GPUs: Lightning's FSDP (torch's FullyShardedDataParallel) does "
-                "not run on CPU. Set ScalingConfig(use_gpu=True), use strategy=RayDDPStrategy() on CPU "
-                "workers, or shard a plain torch loop with trainers.torch.prepare_model(model, "
-                "parallel_strategy='fsdp')."
-            )
-        super().setup_environment()
+    def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Wraps the model in ``FullyShardedDataParallel``; on CPU, with the CPU as its device."""
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        already_wrapped = any(isinstance(module, FullyShardedDataParallel) for module in model.modules())
+        if self.root_device.type != "cpu" or already_wrapped:
+            return super()._setup_model(model)
+        # Lightning passes device_id=None for a CPU device, and torch's FSDP then looks for an
+        # accelerator and fails; naming the CPU makes it shard over gloo.
+        model = FullyShardedDataParallel(
+            module=model,
+            cpu_offload=self.cpu_offload,
+            mixed_precision=self.mixed_precision_config,
+            sharding_strategy=self.sharding_strategy,
+            device_id=self.root_device,
+            **self.kwargs,
+        )
+        # Lightning's own step (metrics, activation checkpointing) on the wrapped model; its
+        # auto_wrap_policy was applied above, so hide it rather than have Lightning warn and drop it.
+        policy = self.kwargs.pop("auto_wrap_policy", None)
+        try:
+            return super()._setup_model(model)
+        finally:
+            if policy is not None:
+                self.kwargs["auto_wrap_policy"] = policy
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """The model's weights for a checkpoint; on CPU, the full ones gathered without a CPU copy."""
+        if self.root_device.type != "cpu" or self._state_dict_type != "full":
+            return super().lightning_module_state_dict()
+        from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
+
+        # Lightning asks FSDP to offload the gathered weights to the CPU; when they already are on
+        # the CPU, torch frees the gathered storage before copying it out (a segfault in torch 2.13).
+        config = FullStateDictConfig(offload_to_cpu=False, rank0_only=True)
+        with FullyShardedDataParallel.state_dict_type(self.model, StateDictType.FULL_STATE_DICT, config):
+            return self.model.state_dict()
 
 
 class RayDeepSpeedStrategy(_OnFlowtrainWorker, DeepSpeedStrategy):
     """Lightning's ``DeepSpeedStrategy`` (ZeRO stages, offloading) on flowtrain's workers (same
-    arguments, e.g. ``RayDeepSpeedStrategy(stage=3)``).
+    arguments, e.g. ``RayDeepSpeedStrategy(stage=3)``), on GPUs or CPUs.
 
-    DeepSpeed joins the process group flowtrain set up; its backend and timeout come from
-    ``TorchConfig`` on the trainer. Needs the ``deepspeed`` package
-    (``pip install 'flowtrain[deepspeed]'``), and in practice GPUs.
+    DeepSpeed joins the process group flowtrain set up (gloo on CPU, where Lightning alone
+    refuses to run DeepSpeed); its backend and timeout come from ``TorchConfig`` on the trainer.
+    With ``RayTrainReportCallback`` every rank saves its part of the DeepSpeed checkpoint (a
+    folder named ``checkpoint.ckpt``) on its own node, and the report merges the parts into one
+    checkpoint; ``pl.Trainer.fit(ckpt_path=...)`` on that folder resumes, optimizer included.
+    Needs the ``deepspeed`` package (``pip install 'flowtrain[deepspeed]'``).
 
     Raises:
         MissingExtraError: (an ``ImportError``) when deepspeed is not installed, naming the
@@ -122,3 +153,56 @@ class RayDeepSpeedStrategy(_OnFlowtrainWorker, DeepSpeedStrategy):
         # Lightning would only say "not available" once training starts; say what to install now.
         require("deepspeed", extra="deepspeed")
         super().__init__(*args, **kwargs)
+
+    def setup_environment(self) -> None:
+        """Joins DeepSpeed to the existing process group; on CPU too (Lightning allows CUDA only)."""
+        if self.root_device.type == "cpu":
+            DDPStrategy.setup_environment(self)
+        else:
+            super().setup_environment()
+
+    def setup_distributed(self) -> None:
+        """Lets DeepSpeed wrap the process group; skips Lightning's check of CUDA device indices on CPU."""
+        if self.root_device.type != "cpu":
+            super().setup_distributed()
+            return
+        # CPU devices have no index, which Lightning's check reads as a wrong GPU selection.
+        reset_seed()
+        self.set_world_ranks()
+        self._init_deepspeed_distributed()
+
+    def _setup_model_and_optimizer(self, model: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None) -> tuple[Any, Any]:
+        """``deepspeed.initialize`` on the model; on CPU without a device index (a CPU has none)."""
+        if self.root_device.type != "cpu":
+            return super()._setup_model_and_optimizer(model, optimizer, lr_scheduler)
+        import deepspeed
+
+        # Lightning passes the device's index, None on CPU, which DeepSpeed cannot compare; with
+        # no args DeepSpeed takes LOCAL_RANK, which the trainer set.
+        engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
+            config=self.config,
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+        )
+        return engine, deepspeed_optimizer
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        """Every rank writes its part of the DeepSpeed checkpoint into ``filepath`` (a folder) on its
+        own node.
+
+        Lightning would have every rank write into rank 0's path, which on another node is a
+        folder nobody reports; flowtrain merges each rank's folder into one checkpoint instead.
+        """
+        if storage_options is not None:
+            raise TypeError(
+                "RayDeepSpeedStrategy.save_checkpoint(storage_options=...): not supported, DeepSpeed "
+                "writes its own files; pass storage_options=None."
+            )
+        # DeepSpeed saves the weights and optimizer state itself, sharded; the rest rides along.
+        client_state = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+        self.deepspeed_engine.save_checkpoint(
+            filepath, client_state=client_state, tag="checkpoint", exclude_frozen_parameters=self.exclude_frozen_parameters
+        )

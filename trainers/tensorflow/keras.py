@@ -1,20 +1,17 @@
 """Keras callbacks that report to flowtrain: ``ReportCheckpointCallback``, as in ``ray.train.tensorflow.keras``.
 
-Importing this module imports TensorFlow. The callbacks derive from ``tf.keras.callbacks.Callback``,
-which inside a ``TensorflowTrainer`` worker is Keras 2 (``tf-keras``) unless the workers set
-``TF_USE_LEGACY_KERAS=0``.
+The callbacks derive from the Keras that ``tf.keras`` names in this process: Keras 2
+(``tf-keras``) when ``TF_USE_LEGACY_KERAS=1``, as ``TensorflowTrainer`` sets on its workers,
+and Keras 3 otherwise (for example Keras 3 on the JAX backend inside a ``JaxTrainer``, where
+importing this module does not import TensorFlow).
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 import shutil
 import tempfile
 from typing import Any
-
-import tensorflow as tf
 
 from storage import Checkpoint
 from trainers.tensorflow.checkpoint import KERAS_KEY, TensorflowCheckpoint, keras_package, model_from_checkpoint
@@ -38,6 +35,18 @@ EVENTS = (
     "predict_begin",
     "predict_end",
 )
+
+
+def _keras_callback_base() -> type:
+    """``tf.keras.callbacks.Callback`` without importing TensorFlow: TensorFlow's own rule picks
+    Keras 2 (``tf_keras``) when ``TF_USE_LEGACY_KERAS`` is set to true, Keras 3 otherwise."""
+    if os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1"):
+        import tf_keras
+
+        return tf_keras.callbacks.Callback
+    import keras
+
+    return keras.callbacks.Callback
 
 
 def _events(field: str, value: Any) -> tuple[str, ...]:
@@ -64,17 +73,16 @@ def _check_metrics(metrics: Any) -> None:
 
 
 def _plain(value: Any) -> Any:
-    """A Keras log value as a plain Python number when it is one (numpy and tensor scalars too)."""
+    """A Keras log value as a plain Python number when it is one (numpy and tensor scalars too),
+    so that it is stored and compared like any reported metric."""
     if hasattr(value, "numpy"):
         value = value.numpy()
-    if hasattr(value, "item") and getattr(value, "size", 1) == 1:
+    if hasattr(value, "item") and getattr(value, "size", None) == 1:
         value = value.item()
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value) if isinstance(value, float) or not math.isfinite(value) else value
     return value
 
 
-class RayReportCallback(tf.keras.callbacks.Callback):
+class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]
     """Reports Keras logs to flowtrain at chosen hooks, with a checkpoint of the model at others.
 
     ``checkpoint_on`` and ``report_metrics_on`` name Keras hooks without their ``on_`` prefix

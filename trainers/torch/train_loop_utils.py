@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sequ
 from trainers import context as _context
 from trainers.torch.amp import accelerate, autocast_model, backward, current_amp, prepare_optimizer
 from trainers.torch.devices import get_device, get_devices
+from trainers.torch.fsdp_options import apply_fsdp, plan_fsdp
 
 PARALLEL_STRATEGIES = ("ddp", "fsdp", None)
 
@@ -41,8 +42,18 @@ def prepare_model(
 
     ``parallel_strategy="ddp"`` wraps in ``DistributedDataParallel``; ``"fsdp"`` shards it with
     torch's ``fully_shard`` (works on CPU over gloo too); ``None`` leaves it unwrapped. Nothing is
-    wrapped when a single worker trains. After ``accelerate(amp=True)`` the forward runs under
-    ``torch.autocast``.
+    wrapped when a single worker trains.
+
+    ``parallel_strategy_kwargs`` go to ``DistributedDataParallel`` for "ddp". For "fsdp" they may
+    be ``fully_shard``'s own (``mesh``, ``reshard_after_forward``, ``mp_policy``...) or, as in
+    Ray Train, ``FullyShardedDataParallel``'s: ``sharding_strategy`` (FULL_SHARD, SHARD_GRAD_OP,
+    NO_SHARD, HYBRID_SHARD), ``auto_wrap_policy`` (those submodules are sharded on their own),
+    ``mixed_precision``, ``cpu_offload``, ``process_group``/``device_mesh``,
+    ``ignored_modules``/``ignored_states``, ``sync_module_states``, ``forward_prefetch``, and
+    ``device_id``, ``backward_prefetch``, ``limit_all_gathers``, ``use_orig_params`` where their
+    value is what FSDP2 does anyway. Anything else raises ``ValueError`` naming it.
+
+    After ``accelerate(amp=True)`` the forward runs under ``torch.autocast``.
 
     To checkpoint a sharded model, either gather it on every rank with
     ``torch.distributed.checkpoint.state_dict.get_model_state_dict(model,
@@ -55,6 +66,9 @@ def prepare_model(
             f"prepare_model(parallel_strategy={parallel_strategy!r}): must be one of 'ddp', 'fsdp' or None."
         )
     device = move_to_device if isinstance(move_to_device, torch.device) else get_device()
+    if parallel_strategy == "fsdp":
+        # Checked before the model moves, so a bad argument fails fast and on every rank alike.
+        fsdp_plan = plan_fsdp(dict(parallel_strategy_kwargs or {}), device)
     if move_to_device:
         model = model.to(device)
     # Before any wrapper: DDP and fully_shard call the module's own forward, now under autocast.
@@ -68,10 +82,7 @@ def prepare_model(
             kwargs.setdefault("device_ids", [device])
             kwargs.setdefault("output_device", device)
         return torch.nn.parallel.DistributedDataParallel(model, **kwargs)
-    from torch.distributed.fsdp import fully_shard
-
-    fully_shard(model, **kwargs)
-    return model
+    return apply_fsdp(model, fsdp_plan, device)
 
 
 class _DeviceLoader:

@@ -15,7 +15,8 @@ from typing import Any
 
 from trainers._extras import MissingExtraError
 from trainers.backend import Backend
-from trainers.torch.config import TorchConfig, free_port
+from trainers._internal.validation import check_choice, check_number
+from trainers.torch.config import INIT_METHODS, TorchConfig, free_port
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,26 @@ _NEURON_EXTRACT_ENV = {
 }
 
 
+class TorchXLAMissingError(MissingExtraError):
+    """``TorchXLAConfig`` was used where ``torch_xla`` is not installed (an ``ImportError``).
+
+    torch-xla pins one torch version, so flowtrain has no extra for it: install the build that
+    matches your torch (or AWS Neuron's ``torch-neuronx``) on the driver and the workers.
+    """
+
+    def __init__(self, message: str | None = None) -> None:
+        # One optional argument, so the error pickles back from a worker unchanged.
+        ImportError.__init__(
+            self,
+            message
+            or "TorchXLAConfig needs the 'torch_xla' package, which is not installed: run "
+            "pip install torch-xla==<your torch version> (for TPUs, see pytorch/xla's install notes), "
+            "or on AWS Trainium/Inferentia install torch-neuronx from AWS Neuron's package repository.",
+            name="torch_xla",
+        )
+        self.module, self.extra = "torch_xla", None
+
+
 def _has_torch_xla() -> bool:
     # find_spec answers without importing torch_xla (slow, and it grabs devices).
     return "torch_xla" in sys.modules or importlib.util.find_spec("torch_xla") is not None
@@ -46,12 +67,15 @@ class TorchXLAConfig(TorchConfig):
 
     Pass it as ``TorchTrainer(..., torch_config=TorchXLAConfig())``. Every worker gets torchrun's
     and torch elastic's environment variables and joins one ``xla`` process group before the
-    training function starts; ``backend`` and ``init_method`` of ``TorchConfig`` are not used.
+    training function starts. ``backend`` must be None (or "xla"); ``init_method`` ("env" or
+    "tcp") says how the ranks find rank 0, as in ``TorchConfig``. Workers given ``neuron_cores``
+    get ``PJRT_DEVICE=NEURON`` unless their environment already names a PJRT device.
     As in Ray Train, it targets AWS Neuron devices (``ScalingConfig(resources_per_worker=
     {"neuron_cores": n})``) and sets the EFA networking variables Neuron expects.
 
     Raises:
-        MissingExtraError: (an ``ImportError``) when ``torch_xla`` is not installed here.
+        TorchXLAMissingError: (an ``ImportError``) when ``torch_xla`` is not installed here,
+            naming what to install.
     """
 
     #: Run once to extract the model's XLA graphs and compile them all in parallel at the end
@@ -60,13 +84,20 @@ class TorchXLAConfig(TorchConfig):
     neuron_parallel_compile: bool = False
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        if self.backend not in (None, "xla"):
+            raise ValueError(
+                f"TorchXLAConfig.backend={self.backend!r}: the process group is always 'xla'; leave backend "
+                "unset (or use TorchConfig for gloo/nccl)."
+            )
+        # Not super().__post_init__(): TorchConfig's backend check knows only gloo and nccl.
+        check_choice("TorchXLAConfig.init_method", self.init_method, INIT_METHODS)
+        check_number("TorchXLAConfig.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0")
         if not isinstance(self.neuron_parallel_compile, bool):
             raise ValueError(
                 f"TorchXLAConfig.neuron_parallel_compile={self.neuron_parallel_compile!r}: must be True or False."
             )
         if not _has_torch_xla():
-            raise MissingExtraError("torch_xla", extra="xla")
+            raise TorchXLAMissingError()
 
     @property
     def backend_cls(self) -> type[Backend]:
@@ -77,8 +108,13 @@ class TorchXLAConfig(TorchConfig):
         return "torch_xla"
 
 
-def _xla_env(world_size: int, num_nodes: int, master: dict[str, str], extract_graphs: bool) -> dict[str, str]:
-    """The variables every worker sets: torch elastic's roles (one role: all workers) and networking."""
+def _xla_env(
+    world_size: int, num_nodes: int, master: dict[str, str], extract_graphs: bool, neuron: bool = False
+) -> dict[str, str]:
+    """The variables every worker sets: torch elastic's roles (one role: all workers) and networking.
+
+    ``PJRT_DEVICE`` is only a default (``_init_xla_process_group`` keeps a value already set).
+    """
     env = {
         **master,
         "GROUP_WORLD_SIZE": str(num_nodes),
@@ -87,24 +123,38 @@ def _xla_env(world_size: int, num_nodes: int, master: dict[str, str], extract_gr
     }
     if extract_graphs:
         env.update(_NEURON_EXTRACT_ENV)
+    if neuron:
+        env["PJRT_DEVICE"] = "NEURON"
     return env
 
 
-def _init_xla_process_group(env: dict[str, str], timeout_s: float) -> None:
+def _init_xla_process_group(env: dict[str, str], timeout_s: float, init_method: str = "env") -> None:
     import datetime
 
+    from trainers.torch.config import init_method_url
+
+    # A PJRT device the user chose (runtime_env, image) wins over the default.
+    pjrt = os.environ.get("PJRT_DEVICE")
     os.environ.update(env)
+    if pjrt:
+        os.environ["PJRT_DEVICE"] = pjrt
     os.environ["ROLE_RANK"] = os.environ["ROLE_WORLD_RANK"] = os.environ["RANK"]
     try:
         import torch_xla.core.xla_model  # noqa: F401
         import torch_xla.distributed.xla_backend  # noqa: F401  (registers the "xla" backend)
     except ImportError as error:
-        raise MissingExtraError("torch_xla", extra="xla") from error
+        raise TorchXLAMissingError() from error
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.destroy_process_group()
-    dist.init_process_group("xla", timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        "xla",
+        init_method=init_method_url(init_method, env["MASTER_ADDR"], env["MASTER_PORT"]),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
 
 
 def _destroy_process_group() -> None:
@@ -152,10 +202,17 @@ class TorchXLABackend(Backend):
                 "TORCHELASTIC_RUN_ID": uuid.uuid4().hex,
             },
             backend_config.neuron_parallel_compile,
+            neuron=bool((worker_group.scaling.resources_per_worker or {}).get("neuron_cores")),
         )
         if backend_config.neuron_parallel_compile:
             logger.info("TorchXLAConfig(neuron_parallel_compile=True): this run extracts graphs for Neuron")
-        worker_group.execute(_init_xla_process_group, env, backend_config.timeout_s, timeout_s=backend_config.timeout_s + 30)
+        worker_group.execute(
+            _init_xla_process_group,
+            env,
+            backend_config.timeout_s,
+            backend_config.init_method,
+            timeout_s=backend_config.timeout_s + 30,
+        )
 
     def on_shutdown(self, worker_group: Any, backend_config: TorchXLAConfig) -> None:
         try:
