@@ -19,8 +19,8 @@ from trainers import Checkpoint, DataParallelTrainer, FailureConfig, Result, Run
 from trainers._internal.controller import Controller
 from trainers._internal.events import NOT_TRAINING, FailedEvent, ReportEvent
 
-#: Attempts per run; each one commits a round and fails right after it (10 on each storage: a
-#: lost round showed up within the first few before the fix, and each attempt starts new workers).
+#: Attempts per run; each one commits a round and fails right after it. 10 on each storage, 20 in
+#: all: each attempt starts a new worker group, so more would cost the suite seconds per attempt.
 ROUNDS = 10
 
 
