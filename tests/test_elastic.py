@@ -7,15 +7,14 @@ Ray on this machine loses a node (the run shrinks and resumes from its checkpoin
 
 from __future__ import annotations
 
-import threading
 
 import pytest
 
 import elastic_loops
-import trainers.data_parallel_trainer
 from conftest import assert_no_leaks
+from multinode import RecordedReports, fit_in_background, two_node_cluster
 from test_controller import MemoryStore, ScriptedWorkers, report
-from trainers import DataParallelTrainer, FailureConfig, InsufficientResourcesError, RunConfig, ScalingConfig, UserCallback
+from trainers import DataParallelTrainer, FailureConfig, InsufficientResourcesError, RunConfig, ScalingConfig
 from trainers._internal.controller import Controller, State
 from trainers._internal.elastic import ElasticSizer, count_workers
 from trainers._internal.events import FinishedEvent
@@ -98,64 +97,13 @@ def test_an_elastic_range_no_cluster_can_hold_fails_before_any_worker_starts(ray
 @pytest.fixture
 def two_nodes(monkeypatch):
     """Head and one more node, 1 CPU each."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    if ray.is_initialized():
-        ray.shutdown()  # the suite's shared single-node Ray; ray_local restarts it when needed
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    spare = cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address)
-    monkeypatch.setattr(trainers.data_parallel_trainer, "DEFAULT_START_TIMEOUT_S", 30.0)
-    yield cluster, spare
-    assert_no_leaks()
-    ray.shutdown()
-    cluster.shutdown()
-
-
-class Sizes(UserCallback):
-    """Records rank 0's reports; signals when one arrives from a run of the wanted world size."""
-
-    def __init__(self):
-        self.reports = []
-        self.restarts = []
-        self.changed = threading.Condition()
-
-    def after_report(self, run_context, metrics, checkpoint):
-        with self.changed:
-            self.reports.append(metrics[0])
-            self.changed.notify_all()
-
-    def on_restart(self, run_context, failures, resume_from):
-        self.restarts.append([f.kind for f in failures])
-
-    def wait_for(self, world_size, after=0):
-        """Wait until a report past index ``after`` comes from ``world_size`` workers; its index."""
-        with self.changed:
-            found = self.changed.wait_for(
-                lambda: any(r["world_size"] == world_size for r in self.reports[after:]), timeout=180
-            )
-            assert found, f"no report from {world_size} worker(s) after report {after}: {self.reports}"
-            return next(i for i, r in enumerate(self.reports) if i >= after and r["world_size"] == world_size)
-
-
-def fit_in_background(trainer):
-    outcome = {}
-
-    def target():
-        try:
-            outcome["result"] = trainer.fit()
-        except BaseException as error:
-            outcome["error"] = error
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, outcome
+    with two_node_cluster(monkeypatch, start_timeout_s=30.0) as nodes:
+        yield nodes
 
 
 def test_elastic_run_shrinks_on_a_lost_node_and_grows_when_a_node_joins(two_nodes, tmp_path):
     cluster, spare = two_nodes
-    sizes = Sizes()
+    sizes = RecordedReports()
     stop = tmp_path / "stop"
     trainer = DataParallelTrainer(
         elastic_loops.elastic_loop,
@@ -166,11 +114,11 @@ def test_elastic_run_shrinks_on_a_lost_node_and_grows_when_a_node_joins(two_node
     )
     thread, outcome = fit_in_background(trainer)
     try:
-        first = sizes.wait_for(2)  # both nodes free: it starts at max_workers
+        first = sizes.wait_for(lambda r: r["world_size"] == 2)  # both nodes free: it starts at max_workers
         cluster.remove_node(spare)  # rank 1 dies with its node
-        shrunk = sizes.wait_for(1, after=first + 1)
+        shrunk = sizes.wait_for(lambda r: r["world_size"] == 1, after=first + 1)
         cluster.add_node(num_cpus=1)
-        grown = sizes.wait_for(2, after=shrunk + 1)
+        grown = sizes.wait_for(lambda r: r["world_size"] == 2, after=shrunk + 1)
     finally:
         stop.touch()
         thread.join(120)
@@ -182,6 +130,6 @@ def test_elastic_run_shrinks_on_a_lost_node_and_grows_when_a_node_joins(two_node
     assert reports[shrunk - 1]["world_size"] == 2
     assert reports[grown]["resumed_from"] == reports[grown - 1]["step"] == reports[grown]["step"] - 1
     assert reports[grown - 1]["world_size"] == 1
-    assert sizes.restarts == [["died"]]  # the lost node; the growth was no failure
+    assert [[f.kind for f in failures] for failures in sizes.restarts] == [["died"]]  # the lost node; the growth was no failure
     history = outcome["result"].metrics_dataframe
     assert list(history["step"]) == list(range(len(history)))  # every step exactly once

@@ -7,8 +7,7 @@ import threading
 import pytest
 
 import loops
-import trainers.data_parallel_trainer
-from conftest import assert_no_leaks
+from multinode import fit_in_background, two_node_cluster
 from trainers import FailureConfig, RunConfig, ScalingConfig, UserCallback, WorkerGroupError
 from trainers.torch import TorchTrainer
 
@@ -16,19 +15,8 @@ from trainers.torch import TorchTrainer
 @pytest.fixture
 def two_nodes(monkeypatch):
     """Head and one more node, 1 CPU each, so STRICT_SPREAD puts one rank on each."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    if ray.is_initialized():
-        ray.shutdown()  # the suite's shared single-node Ray; ray_local restarts it when needed
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    spare = cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address)
-    monkeypatch.setattr(trainers.data_parallel_trainer, "DEFAULT_START_TIMEOUT_S", 15.0)
-    yield cluster, spare
-    assert_no_leaks()
-    ray.shutdown()
-    cluster.shutdown()
+    with two_node_cluster(monkeypatch, start_timeout_s=15.0) as nodes:
+        yield nodes
 
 
 class Watch(UserCallback):
@@ -47,21 +35,6 @@ class Watch(UserCallback):
     def on_restart(self, run_context, failures, resume_from):
         self.restarts.append(failures)
         self.restarted.set()
-
-
-def fit_in_background(trainer):
-    """Run fit() in a thread (Ray's cluster utilities must run in the main thread)."""
-    outcome = {}
-
-    def target():
-        try:
-            outcome["result"] = trainer.fit()
-        except BaseException as error:
-            outcome["error"] = error
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, outcome
 
 
 def trainer(tmp_path, name, callback, max_failures):

@@ -8,14 +8,12 @@ and the run goes on from it on the other node, spending ``max_preemption_failure
 from __future__ import annotations
 
 import pickle
-import threading
 import time
 
 import pytest
 
 import elastic_loops
-import trainers.data_parallel_trainer
-from conftest import assert_no_leaks
+from multinode import RecordedReports, fit_in_background, two_node_cluster
 from test_controller import MemoryStore, ScriptedWorkers, report
 from trainers import (
     DataParallelTrainer,
@@ -25,7 +23,6 @@ from trainers import (
     RunConfig,
     ScalingConfig,
     TrainingFailedError,
-    UserCallback,
 )
 from trainers._internal.controller import Controller
 from trainers._internal.events import FailedEvent, FinishedEvent
@@ -103,19 +100,8 @@ def test_the_drain_watch_reports_each_drain_of_its_own_nodes_once():
 @pytest.fixture
 def two_nodes(monkeypatch):
     """Head and one more node, 1 CPU each."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    if ray.is_initialized():
-        ray.shutdown()  # the suite's shared single-node Ray; ray_local restarts it when needed
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    spare = cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address)
-    monkeypatch.setattr(trainers.data_parallel_trainer, "DEFAULT_START_TIMEOUT_S", 30.0)
-    yield cluster, spare
-    assert_no_leaks()
-    ray.shutdown()
-    cluster.shutdown()
+    with two_node_cluster(monkeypatch, start_timeout_s=30.0) as nodes:
+        yield nodes
 
 
 def drain_for_preemption(node_id: str, deadline_s: float) -> None:
@@ -129,47 +115,9 @@ def drain_for_preemption(node_id: str, deadline_s: float) -> None:
     assert accepted, why
 
 
-class Reports(UserCallback):
-    """Rank 0's reports, with a way to wait for one that matches."""
-
-    def __init__(self):
-        self.reports = []
-        self.checkpoints = []
-        self.restarts = []
-        self.changed = threading.Condition()
-
-    def after_report(self, run_context, metrics, checkpoint):
-        with self.changed:
-            self.reports.append(metrics[0])
-            self.checkpoints.append(checkpoint)
-            self.changed.notify_all()
-
-    def on_restart(self, run_context, failures, resume_from):
-        self.restarts.append([f.world_rank for f in failures])
-
-    def wait_for(self, match):
-        with self.changed:
-            assert self.changed.wait_for(lambda: any(match(r) for r in self.reports), timeout=180), self.reports[-3:]
-            return next(i for i, r in enumerate(self.reports) if match(r))
-
-
-def fit_in_background(trainer):
-    outcome = {}
-
-    def target():
-        try:
-            outcome["result"] = trainer.fit()
-        except BaseException as error:
-            outcome["error"] = error
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, outcome
-
-
 def test_a_drained_nodes_workers_see_the_preemption_save_and_the_run_resumes_on_the_other_node(two_nodes, tmp_path):
     cluster, spare = two_nodes
-    reports = Reports()
+    reports = RecordedReports()
     stop = tmp_path / "stop"
     trainer = DataParallelTrainer(
         elastic_loops.preemption_loop,
@@ -194,12 +142,12 @@ def test_a_drained_nodes_workers_see_the_preemption_save_and_the_run_resumes_on_
     assert jit["preempted_ranks"] == [1] and jit["deadline_ms"] > time.time() * 1000
     assert reports.checkpoints[saved] is not None
     assert reports.reports[resumed]["resumed_from"] == jit["step"]
-    assert reports.restarts == [[1]]  # one restart, for rank 1's node, though max_failures=0
+    assert [[f.world_rank for f in failures] for failures in reports.restarts] == [[1]]  # one restart, for rank 1's node, though max_failures=0
 
 
 def test_a_preemption_over_budget_raises_preemption_error_once_the_deadline_passes(two_nodes, tmp_path):
     cluster, spare = two_nodes
-    reports = Reports()
+    reports = RecordedReports()
     trainer = DataParallelTrainer(
         elastic_loops.preemption_loop,
         train_loop_config={"stop_file": str(tmp_path / "never"), "sleep_s": 0.1},
