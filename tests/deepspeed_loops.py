@@ -1,6 +1,8 @@
-"""DeepSpeed training functions for tests/test_deepspeed.py, in a module so Ray workers import
-them by name. Each rank takes its half of every global batch of the same seeded data, so a
-plain DDP run and the ZeRO stages compute the same thing up to float32 reduction order.
+"""Training functions for the rest of the torch family (tests/test_deepspeed.py,
+test_fsdp_lightning.py, test_fsdp.py's FSDP1-style kwargs, test_framework_parity.py's XLA
+backend), in a module so Ray workers import them by name. Each rank takes its half of every
+global batch of the same seeded data, so plain DDP, the ZeRO stages and FSDP compute the same
+thing up to float32 reduction order.
 """
 
 from __future__ import annotations
@@ -266,3 +268,22 @@ def fsdp_kwargs_loop(config: dict) -> dict:
         result["losses"][name] = train(model)
     report({"done": 1})
     return result
+
+
+#: The variables TorchXLAConfig's backend sets (besides those every flowtrain worker has).
+XLA_ENV = (
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "ROLE_RANK",
+    "ROLE_WORLD_RANK", "FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_FORK_SAFE", "XLA_TRANSFER_SEED_ASYNC",
+    "NCCL_ASYNC_ERROR_HANDLING", "NEURON_PARALLEL_COMPILE", "PJRT_DEVICE", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+)
+
+
+def xla_env_loop() -> dict:
+    """What a worker of a TorchXLAConfig run sees: its XLA/torch elastic environment, the process
+    group's backend, and the sum over ranks of (rank + 1) computed through that group."""
+    import torch.distributed as dist
+
+    value = torch.tensor([float(get_context().get_world_rank() + 1)])
+    dist.all_reduce(value)
+    report({"done": 1})
+    return {"env": {name: os.environ.get(name) for name in XLA_ENV}, "backend": dist.get_backend(), "sum": value.item()}

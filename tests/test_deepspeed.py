@@ -94,3 +94,12 @@ def test_killed_zero3_worker_resumes_from_the_last_deepspeed_checkpoint(tmp_path
     model.load_state_dict(state)  # strict: every parameter is there, whole
     for name, value in compared["ddp_weights"].items():
         torch.testing.assert_close(model.state_dict()[name], torch.tensor(value), **TOLERANCE)
+
+
+def test_importing_trainers_never_imports_deepspeed():
+    import subprocess
+    import sys
+
+    code = "import sys, trainers, trainers.torch, trainers.torch.xla; print('deepspeed' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -333,7 +333,7 @@ def test_ray_deepspeed_strategy_without_deepspeed_names_the_install(monkeypatch)
 def test_torch_xla_config_without_torch_xla_says_what_to_install():
     from trainers.torch.xla import TorchXLAConfig
 
-    with pytest.raises(ImportError, match=r"'torch_xla'.*pip install 'flowtrain\[xla\]'"):
+    with pytest.raises(ImportError, match=r"'torch_xla'.*pip install torch-xla==<your torch version>.*torch-neuronx"):
         TorchXLAConfig()
 
 
@@ -353,3 +353,79 @@ def test_torch_xla_config_takes_rays_parameters(tmp_path, monkeypatch):
         TorchXLAConfig(neuron_parallel_compile="yes")
     with pytest.raises(ValueError, match="timeout_s"):
         TorchXLAConfig(timeout_s=0)
+
+
+FAKE_XLA_BACKEND = """
+# A stand-in for torch_xla's backend registration: an "xla" process group that is really gloo.
+import torch.distributed as dist
+
+def _gloo(store, rank, size, timeout):
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+if "xla" not in dist.Backend.backend_list:
+    dist.Backend.register_backend("xla", _gloo, devices=["cpu"])
+"""
+
+
+def fake_torch_xla(folder) -> str:
+    """A fake ``torch_xla`` package in ``folder`` whose ``xla`` backend is gloo; returns the folder."""
+    for package in ("torch_xla", "torch_xla/core", "torch_xla/distributed"):
+        (folder / package).mkdir(parents=True)
+        (folder / package / "__init__.py").write_text("")
+    (folder / "torch_xla/core/xla_model.py").write_text("")
+    (folder / "torch_xla/distributed/xla_backend.py").write_text(FAKE_XLA_BACKEND)
+    return str(folder)
+
+
+def test_torch_xla_backend_sets_rays_environment_and_joins_an_xla_group(ray_local, tmp_path, monkeypatch):
+    import deepspeed_loops
+    from trainers.torch.xla import TorchXLAConfig
+
+    fake = fake_torch_xla(tmp_path / "fake")
+    monkeypatch.syspath_prepend(fake)
+    workers_path = os.pathsep.join([fake, os.environ["PYTHONPATH"]])
+    result = TorchTrainer(
+        deepspeed_loops.xla_env_loop,
+        torch_config=TorchXLAConfig(init_method="tcp", neuron_parallel_compile=False),
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(
+            name="xla",
+            storage_path=str(tmp_path / "runs"),
+            worker_runtime_env={"env_vars": {"PYTHONPATH": workers_path, "PJRT_DEVICE": "CPU"}},
+        ),
+    ).fit()
+    seen = result.return_value  # rank 0's
+    assert seen["backend"] == "xla" and seen["sum"] == 3.0  # both ranks in one xla group
+    env = seen["env"]
+    assert env["RANK"] == env["LOCAL_RANK"] == env["ROLE_RANK"] == env["ROLE_WORLD_RANK"] == "0"
+    assert env["WORLD_SIZE"] == env["ROLE_WORLD_SIZE"] == "2" and env["GROUP_WORLD_SIZE"] == "1"
+    assert env["MASTER_ADDR"] and env["MASTER_PORT"].isdigit() and len(env["TORCHELASTIC_RUN_ID"]) == 32
+    assert (env["FI_PROVIDER"], env["FI_EFA_USE_DEVICE_RDMA"], env["FI_EFA_FORK_SAFE"]) == ("efa", "1", "1")
+    assert env["XLA_TRANSFER_SEED_ASYNC"] == env["NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert env["NEURON_PARALLEL_COMPILE"] is None  # only with neuron_parallel_compile=True
+    assert env["PJRT_DEVICE"] == "CPU"  # the user's choice is kept
+
+
+def test_torch_xla_env_decisions():
+    from trainers.torch.xla.config import _xla_env
+
+    master = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"}
+    compile_env = _xla_env(8, 2, master, extract_graphs=True, neuron=True)
+    assert compile_env["GROUP_WORLD_SIZE"] == "2" and compile_env["ROLE_WORLD_SIZE"] == "8"
+    assert compile_env["PJRT_DEVICE"] == "NEURON"
+    assert {k: compile_env[k] for k in ("NEURON_PARALLEL_COMPILE", "NEURON_EXTRACT_GRAPHS_ONLY", "NEURON_FALL_BACK_TO_NULL_NEFF")} == {
+        "NEURON_PARALLEL_COMPILE": "1", "NEURON_EXTRACT_GRAPHS_ONLY": "1", "NEURON_FALL_BACK_TO_NULL_NEFF": "1"
+    }
+    plain = _xla_env(2, 1, master, extract_graphs=False)
+    assert "PJRT_DEVICE" not in plain and "NEURON_PARALLEL_COMPILE" not in plain
+
+
+def test_torch_xla_config_refuses_another_backend(tmp_path, monkeypatch):
+    from trainers.torch.xla import TorchXLAConfig
+
+    monkeypatch.syspath_prepend(fake_torch_xla(tmp_path))
+    assert TorchXLAConfig(backend="xla").backend == "xla"
+    with pytest.raises(ValueError, match=r"TorchXLAConfig.backend='gloo': the process group is always 'xla'"):
+        TorchXLAConfig(backend="gloo")
+    with pytest.raises(ValueError, match=r"TorchXLAConfig.init_method='xla'"):
+        TorchXLAConfig(init_method="xla")

@@ -138,8 +138,6 @@ class RayWorkers:
             visible = assign_visible_devices(
                 [list(w.metadata.gpu_ids) for w in group.workers], [w.metadata.node_id for w in group.workers]
             )
-            import ray
-
             ray.get([w.actor.set_env.remote({"CUDA_VISIBLE_DEVICES": v}) for w, (v, _) in zip(group.workers, visible)])
             accelerators = [ids for _, ids in visible]
         if spec.log_level is not None:
