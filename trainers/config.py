@@ -255,11 +255,18 @@ class ScalingConfig:
         return None
 
     def as_placement_group_factory(self) -> Any:
-        """Ray Tune resources for a trial that runs this trainer: its own small bundle, then one
-        bundle per worker (see ``trainers.tune.trial_resources``)."""
-        from trainers.tune.resources import trial_resources
+        """Ray Tune resources for a trial that runs this trainer: one CPU for the trial's own
+        process, then one bundle per worker (see ``trainers.tune.trial_resources``)."""
+        return self.tune_bundles({"CPU": 1})
 
-        return trial_resources(self)
+    def tune_bundles(self, driver_resources: dict[str, float]) -> Any:
+        """A ``tune.PlacementGroupFactory``: ``driver_resources`` for the trial's own process, then
+        one bundle per worker (``max_workers`` of them: an elastic trainer trains at its maximum
+        inside a trial), placed by ``placement_strategy``."""
+        from ray import tune
+
+        workers = [dict(self.worker_resources) for _ in range(self.max_workers)]
+        return tune.PlacementGroupFactory([dict(driver_resources), *workers], strategy=self.placement_strategy)
 
 
 #: Ray's built-in resources, spelled as Ray spells them.

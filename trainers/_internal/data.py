@@ -12,9 +12,18 @@ from __future__ import annotations
 import copy
 import sys
 import warnings
-from typing import Any
+from typing import Any, Protocol
 
-from trainers.config import DataConfig
+
+class DataConfig(Protocol):
+    """What this module reads of a ``trainers.DataConfig`` (named so, to read as one)."""
+
+    datasets_to_split: Any
+    execution_options: Any
+    enable_shard_locality: bool
+
+    def configure(self, datasets: dict[str, Any], world_size: int, worker_handles: Any = None,
+                  worker_node_ids: list[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]: ...
 
 
 def is_dataset(value: Any) -> bool:

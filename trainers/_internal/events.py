@@ -89,6 +89,13 @@ class CheckpointsQuery:
     wait: bool = True
 
 
+class TrainingInterrupted(BaseException):
+    """Raised inside the training function when the controller stops the run (restart, Ctrl-C).
+
+    A ``BaseException`` so that a user's ``except Exception`` does not swallow it.
+    """
+
+
 Event = ReportEvent | FinishedEvent | FailedEvent | SyncEvent | CheckpointsQuery
 
 #: What a worker's ``activity()`` answers once its training function has ended (raised or

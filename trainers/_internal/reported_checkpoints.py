@@ -13,14 +13,23 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from storage import Checkpoint
 from trainers._internal.events import CheckpointsQuery
 from trainers.validation import CheckpointConsistencyMode, ReportedCheckpoint, ReportedCheckpointStatus
 
-if TYPE_CHECKING:
-    from trainers._internal.session import WorkerSession
+
+class QueryingSession(Protocol):
+    """What ``read`` uses of the worker's session (``trainers._internal.session.WorkerSession``)."""
+
+    uploader: Any
+    answers: "Answers"
+    context: Any
+    num_reports: int
+    emit: Callable[[Any], None]
+    stop_requested: threading.Event
+    filesystem: Any
 
 #: What the controller sends back: (path inside the run's filesystem, metrics, status) per kept
 #: checkpoint, in report order.
@@ -92,9 +101,9 @@ class Answers:
             return self._answers.pop(query_id, None)
 
 
-def read(session: "WorkerSession", consistency_mode: Any, timeout_s: float | None) -> list[ReportedCheckpoint]:
+def read(session: QueryingSession, consistency_mode: Any, timeout_s: float | None) -> list[ReportedCheckpoint]:
     """The body of ``get_all_reported_checkpoints()`` in a worker."""
-    from trainers._internal.session import TrainingInterrupted
+    from trainers._internal.events import TrainingInterrupted
 
     if not isinstance(consistency_mode, CheckpointConsistencyMode):
         raise ValueError(

@@ -22,7 +22,7 @@ from storage import Checkpoint
 from storage.layout import RunLayout
 from storage.retention import flatten
 from trainers._internal import checkpoint_upload
-from trainers._internal.events import Event, ReportEvent, SyncEvent
+from trainers._internal.events import Event, ReportEvent, SyncEvent, TrainingInterrupted
 from trainers._internal.reported_checkpoints import Answer, Answers
 from trainers._internal.uploader import OrderedUploader
 from trainers.context import TrainContext, _set_context
@@ -56,13 +56,6 @@ class CheckpointUploadMode(enum.Enum):
         """What ``report(delete_local_checkpoint_after_upload=None)`` means in this mode: delete
         the reported folder after an ASYNC upload, keep it otherwise."""
         return self is CheckpointUploadMode.ASYNC
-
-
-class TrainingInterrupted(BaseException):
-    """Raised inside the training function when the controller stops the run (restart, Ctrl-C).
-
-    A ``BaseException`` so that a user's ``except Exception`` does not swallow it.
-    """
 
 
 class WorkerSession:

@@ -41,13 +41,9 @@ def trial_resources(
     concurrent trials never outgrow the cluster, and the trainer starts its workers in these
     bundles instead of reserving a group of its own.
     """
-    from ray import tune
-
     scaling = _check_scaling(scaling_config)
     driver = _check_driver(DEFAULT_DRIVER_RESOURCES if driver_resources is None else driver_resources)
-    # An elastic trainer trains at max_workers inside its trial, in the bundles reserved here.
-    workers = [dict(scaling.worker_resources) for _ in range(scaling.max_workers)]
-    return tune.PlacementGroupFactory([driver, *workers], strategy=scaling.placement_strategy)
+    return scaling.tune_bundles(driver)
 
 
 def with_resources(
