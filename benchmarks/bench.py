@@ -24,6 +24,7 @@ import tempfile
 
 import benchmarks.gbdt  # noqa: F401  (registers its workloads)
 import benchmarks.training  # noqa: F401
+import benchmarks.tensorflow_jax  # noqa: F401
 from benchmarks.workloads import OPT_IN, WORKLOADS
 
 RESULTS = pathlib.Path(__file__).with_name("results")
@@ -53,7 +54,7 @@ def run(names: list[str], repeats: int) -> dict:
         # A fresh Ray per workload: what one workload leaves behind (ray.train's controller
         # actors, the log monitor's growing list of worker logs, Ray Data's pools) must not
         # weigh on the next, so a workload measures the same alone (--only) as in a full run.
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
         try:
             workload(impls[0], storage, -1)  # warm-up: imports, Ray worker pool
             samples: dict[str, list[dict]] = {impl: [] for impl in impls}

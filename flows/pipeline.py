@@ -9,7 +9,7 @@ as deployments (``prefect deployment run 'flowtrain-pipeline/...' --param ...``)
 from __future__ import annotations
 
 import datetime
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from prefect import flow
 from prefect.runtime import flow_run
@@ -81,6 +81,7 @@ def training_pipeline(
     failures: Failures = Failures(),
     run: RunSettings = RunSettings(),
     validation: Validation | None = None,
+    framework: Literal["torch", "tensorflow", "jax"] = "torch",
 ) -> dict[str, Any]:
     """Ingest ``datasets``, train ``train_loop`` on ``scaling.num_workers`` workers, keep and publish
     the checkpoints. Returns the run's folder, its final metrics and its best checkpoint.
@@ -90,10 +91,14 @@ def training_pipeline(
     With ``validation``, each checkpoint the loop reports with ``report(..., validation=True)`` (the
     example loop does when ``train_loop_config`` has ``"validate": true``) is scored by
     ``validation.fn`` in a Ray task while training goes on; ``scaling.min_workers`` makes the run elastic.
+    ``framework`` picks the trainer: ``"torch"`` (TorchTrainer), ``"tensorflow"`` (TensorflowTrainer,
+    e.g. ``tasks.keras_loops:tabular_keras_loop``) or ``"jax"`` (JaxTrainer).
     """
     config = dict(train_loop_config or {})
     expected = next((config[k] for k in _REPORT_COUNT_KEYS if isinstance(config.get(k), int)), None)
-    training = TorchTraining(train_loop=train_loop, train_loop_config=config, expected_reports=expected, validation=validation)
+    training = TorchTraining(
+        train_loop=train_loop, train_loop_config=config, expected_reports=expected, validation=validation, framework=framework
+    )
     return _pipeline(
         training, datasets=datasets or {}, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run
     )

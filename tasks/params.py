@@ -203,11 +203,13 @@ class Validation(ParamsModel):
 
 
 class TorchTraining(ParamsModel):
-    """A torch training loop to run on every worker (``TorchTrainer``)."""
+    """A training loop to run on every worker: ``TorchTrainer`` by default, ``TensorflowTrainer`` or
+    ``JaxTrainer`` with ``framework``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    framework: Literal["torch"] = "torch"
+    #: The trainer the loop runs under: TorchTrainer, TensorflowTrainer (Keras) or JaxTrainer.
+    framework: Literal["torch", "tensorflow", "jax"] = "torch"
     #: ``package.module:function`` (deployments), or the function itself (ad hoc calls).
     train_loop: str | Callable[..., Any]
     train_loop_config: dict[str, Any] = Field(default_factory=dict)

@@ -71,9 +71,14 @@ def build_trainer(
             scaling_config=scaling.to_config(),
             run_config=run_config,
         )
-    from trainers.torch import TorchTrainer
+    if training.framework == "tensorflow":
+        from trainers.tensorflow import TensorflowTrainer as LoopTrainer
+    elif training.framework == "jax":
+        from trainers.jax import JaxTrainer as LoopTrainer
+    else:
+        from trainers.torch import TorchTrainer as LoopTrainer
 
-    return TorchTrainer(
+    return LoopTrainer(
         resolve_train_loop(training.train_loop),
         train_loop_config=dict(training.train_loop_config),
         scaling_config=scaling.to_config(),

@@ -234,6 +234,14 @@ def test_pipeline_deployment_runs_as_defined(worker, name, num_reports):
 FEW_EPOCHS = {"label_column": "target", "epochs": 2}
 
 
+def test_keras_deployment_runs_its_loop_under_tensorflow_trainer(worker):
+    """The tabular-keras deployment: a Keras loop named by import path, on 2 TensorFlow workers."""
+    run = run_deployment(worker, "flowtrain-pipeline/tabular-keras", "--param", "train_loop_config=" + json.dumps(FEW_EPOCHS))
+    _, snapshot = _run_folder(worker, run)
+    assert [r["metrics"]["epoch"] for r in snapshot["reports"]] == list(range(FEW_EPOCHS["epochs"]))
+    assert all("val_loss" in c["metrics"] for c in snapshot["checkpoints"]) and snapshot["checkpoints"]
+
+
 def test_sweep_deployment_runs_as_defined(worker):
     run = run_deployment(worker, "flowtrain-sweep/tabular-mlp-sweep", "--param", "train_loop_config=" + json.dumps(FEW_EPOCHS))
     sweep = worker["results"] / "tabular-mlp-sweep"

@@ -90,8 +90,9 @@ class RayFSDPStrategy(_OnFlowtrainWorker, FSDPStrategy):
     shard per rank (all of them are kept in the reported checkpoint).
 
     On CPU workers the shards are exchanged over the gloo group the trainer set up (Lightning
-    alone refuses CPUs). There, wrap submodules with ``auto_wrap_policy`` rather than with
-    ``torch.distributed.fsdp.wrap.wrap`` inside ``configure_model``.
+    alone gives torch's FSDP no device for a CPU, and FSDP then refuses to start). There, wrap
+    submodules with ``auto_wrap_policy`` rather than with ``torch.distributed.fsdp.wrap.wrap``
+    inside ``configure_model``.
     """
 
     def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -195,6 +196,8 @@ class RayDeepSpeedStrategy(_OnFlowtrainWorker, DeepSpeedStrategy):
 
         Lightning would have every rank write into rank 0's path, which on another node is a
         folder nobody reports; flowtrain merges each rank's folder into one checkpoint instead.
+        So every rank must be given the same path (``RayTrainReportCallback`` does; Lightning's
+        ``ModelCheckpoint`` does when metrics in its file names are logged with ``sync_dist=True``).
         """
         if storage_options is not None:
             raise TypeError(

@@ -29,8 +29,10 @@ class TensorflowConfig(BackendConfig):
     Before your training function starts, every worker has ``TF_CONFIG`` set (the cluster of all
     workers, its task index = its world rank), so ``tf.distribute.MultiWorkerMirroredStrategy()``
     connects them, across nodes too. ``TF_USE_LEGACY_KERAS=1`` is set as Ray Train sets it, so
-    ``tf.keras`` is Keras 2 (the ``tf-keras`` package), whose ``fit()`` works with that strategy;
-    set ``TF_USE_LEGACY_KERAS=0`` in the workers' environment to keep Keras 3.
+    ``tf.keras`` is Keras 2 (the ``tf-keras`` package), whose ``fit()`` works with that strategy.
+    Keras 3's ``fit()`` does not run under ``MultiWorkerMirroredStrategy``; for data-parallel
+    Keras 3 use ``JaxTrainer`` with ``KERAS_BACKEND=jax`` and ``keras.distribution.DataParallel``.
+    Setting ``TF_USE_LEGACY_KERAS=0`` in the workers' environment keeps Keras 3 as ``tf.keras``.
     Same name as ``ray.train.tensorflow.TensorflowConfig``.
     """
 
