@@ -28,8 +28,8 @@ from benchmarks.workloads import NUM_WORKERS, WORKLOADS
 
 #: Rows per worker per step, steps per run, and the steps left out of the steady rate.
 BATCH = 64
-STEPS = 150
-WARMUP_STEPS = 30
+STEPS = 600
+WARMUP_STEPS = 50
 FEATURES = 64
 HIDDEN = 512
 

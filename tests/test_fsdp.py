@@ -1,5 +1,6 @@
 """FSDP (torch's fully_shard) under TorchTrainer on 2 CPU workers over gloo: same losses as DDP,
-checkpoints that reload (full state dict from rank 0, and sharded DCP with resume)."""
+checkpoints that reload (full state dict from rank 0, and sharded DCP with resume), and Ray's
+FSDP1-style parallel_strategy_kwargs mapped onto fully_shard (or refused, naming the argument)."""
 
 from __future__ import annotations
 

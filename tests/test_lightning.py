@@ -51,11 +51,3 @@ def test_lightning_module_trains_reports_every_epoch_and_checkpoint_loads_and_re
     resumed = fit(tmp_path, EPOCHS + 1)
     assert list(resumed.metrics_dataframe["epoch"]) == list(range(EPOCHS + 1))
     assert resumed.metrics_dataframe["step"].iloc[-1] == 4 * (EPOCHS + 1)
-
-
-def test_lightning_fsdp_on_cpu_workers_says_what_to_use_instead():
-    from trainers.lightning import RayFSDPStrategy
-
-    # Lightning's FSDP is torch's FullyShardedDataParallel, which needs an accelerator.
-    with pytest.raises(ValueError, match=r"RayFSDPStrategy needs GPUs.*parallel_strategy='fsdp'"):
-        RayFSDPStrategy().setup_environment()
