@@ -36,3 +36,9 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench $(BENCH_ARGS)
+
+# flowtrain vs ray.train from 2 to 64 workers, one node and several (benchmarks/scale.py);
+# e.g. make bench-scale BENCH_ARGS="--workers 2 4 --topologies single multi --quick"
+.PHONY: bench-scale
+bench-scale: $(STAMP)
+	$(PY) -m benchmarks.scale $(BENCH_ARGS)

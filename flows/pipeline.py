@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, Callable, Literal
 
-from prefect import flow
+from prefect import Flow, flow
 from prefect.runtime import flow_run
 
 from tasks.checkpoints import checkpoints
@@ -32,13 +32,14 @@ from tasks.train import train_with_retries
 _REPORT_COUNT_KEYS = ("epochs", "num_epochs", "num_boost_round")
 
 
-def pipeline_run_name() -> str:
-    """What the flow run is called in the UI: the training run's name, else ``<what>-<time>``."""
+def flow_run_name(default: str | None = None) -> str:
+    """What the flow run is called in the UI: its ``run.name`` parameter (the training run's or the
+    sweep's name); without one ``default``, else ``<what it trains>-<time>``."""
     params = flow_run.parameters or {}
     run = params.get("run")
     name = run.get("name") if isinstance(run, dict) else getattr(run, "name", None)
-    if name:
-        return name
+    if name or default:
+        return name or default
     loop = params.get("train_loop", flow_run.flow_name or "train")
     what = loop.rpartition(":")[2] if isinstance(loop, str) else getattr(loop, "__name__", "train")
     return f"{what}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
@@ -71,7 +72,7 @@ def _pipeline(
     }
 
 
-@flow(name="flowtrain-pipeline", flow_run_name=pipeline_run_name)
+@flow(name="flowtrain-pipeline", flow_run_name=flow_run_name)
 def training_pipeline(
     train_loop: str | Callable[..., Any] = "tasks.loops:tabular_mlp_loop",
     train_loop_config: dict[str, Any] | None = None,
@@ -104,39 +105,45 @@ def training_pipeline(
     )
 
 
-@flow(name="flowtrain-xgboost", flow_run_name=pipeline_run_name)
-def xgboost_pipeline(
-    datasets: dict[str, DatasetSource],
-    label_column: str,
-    params: dict[str, Any] | None = None,
-    num_boost_round: int = 10,
-    scaling: Scaling = Scaling(),
-    checkpointing: Checkpointing = Checkpointing(),
-    failures: Failures = Failures(),
-    run: RunSettings = RunSettings(),
-) -> dict[str, Any]:
-    """XGBoost on ``scaling.num_workers`` workers from parameters alone: ``datasets["train"]`` is
-    trained on, every other dataset is evaluated each round (``valid-logloss``, ...)."""
-    training = BoostingTraining(
-        framework="xgboost", label_column=label_column, params=params or {}, num_boost_round=num_boost_round
-    )
-    return _pipeline(training, datasets=datasets, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run)
+#: The flows that train gradient-boosted trees from parameters alone, one per library: the flow's
+#: name (deployments say ``<flow name>/<deployment>``) and its description.
+BOOSTING_FLOWS: dict[str, tuple[str, str]] = {
+    "xgboost": (
+        "flowtrain-xgboost",
+        """XGBoost on ``scaling.num_workers`` workers from parameters alone: ``datasets["train"]`` is
+    trained on, every other dataset is evaluated each round (``valid-logloss``, ...).""",
+    ),
+    "lightgbm": (
+        "flowtrain-lightgbm",
+        """LightGBM (data parallel) on ``scaling.num_workers`` workers from parameters alone:
+    ``datasets["train"]`` is trained on, every other dataset is evaluated each round.""",
+    ),
+}
 
 
-@flow(name="flowtrain-lightgbm", flow_run_name=pipeline_run_name)
-def lightgbm_pipeline(
-    datasets: dict[str, DatasetSource],
-    label_column: str,
-    params: dict[str, Any] | None = None,
-    num_boost_round: int = 10,
-    scaling: Scaling = Scaling(),
-    checkpointing: Checkpointing = Checkpointing(),
-    failures: Failures = Failures(),
-    run: RunSettings = RunSettings(),
-) -> dict[str, Any]:
-    """LightGBM (data parallel) on ``scaling.num_workers`` workers from parameters alone:
-    ``datasets["train"]`` is trained on, every other dataset is evaluated each round."""
-    training = BoostingTraining(
-        framework="lightgbm", label_column=label_column, params=params or {}, num_boost_round=num_boost_round
-    )
-    return _pipeline(training, datasets=datasets, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run)
+def _boosting_flow(framework: Literal["xgboost", "lightgbm"]) -> Flow[..., dict[str, Any]]:
+    """The ``BOOSTING_FLOWS`` flow of ``framework``: the same parameters and wiring for every library."""
+    flow_name, description = BOOSTING_FLOWS[framework]
+
+    def pipeline(
+        datasets: dict[str, DatasetSource],
+        label_column: str,
+        params: dict[str, Any] | None = None,
+        num_boost_round: int = 10,
+        scaling: Scaling = Scaling(),
+        checkpointing: Checkpointing = Checkpointing(),
+        failures: Failures = Failures(),
+        run: RunSettings = RunSettings(),
+    ) -> dict[str, Any]:
+        training = BoostingTraining(
+            framework=framework, label_column=label_column, params=params or {}, num_boost_round=num_boost_round
+        )
+        return _pipeline(training, datasets=datasets, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run)
+
+    pipeline.__name__ = pipeline.__qualname__ = f"{framework}_pipeline"  # the entrypoint prefect.yaml names
+    pipeline.__doc__ = description
+    return flow(name=flow_name, flow_run_name=flow_run_name)(pipeline)
+
+
+xgboost_pipeline = _boosting_flow("xgboost")
+lightgbm_pipeline = _boosting_flow("lightgbm")

@@ -7,24 +7,18 @@ the same sweep again reuses the trials that finished and resumes the ones that d
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 from prefect import flow, unmapped
-from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.pipeline import flow_run_name
 from tasks.ingest import ingest
 from tasks.params import Checkpointing, DatasetSource, Failures, RunSettings, Scaling
 from tasks.sweep import Search, Trial, TrialOutcome, collect_outcomes, plan_sweep, rank_trials, train_trial_with_retries
 
 DEFAULT_SWEEP_NAME = "sweep"
-
-
-def sweep_run_name() -> str:
-    """What the flow run is called in the UI: the sweep's name."""
-    run = (flow_run.parameters or {}).get("run")
-    name = run.get("name") if isinstance(run, dict) else getattr(run, "name", None)
-    return name or DEFAULT_SWEEP_NAME
 
 
 @flow(name="flowtrain-sweep-trials", flow_run_name="trials")
@@ -38,7 +32,7 @@ def sweep_trials(trials: list[Trial], arguments: dict[str, Any], failures: Failu
     return collect_outcomes(trials, list(futures))
 
 
-@flow(name="flowtrain-sweep", flow_run_name=sweep_run_name)
+@flow(name="flowtrain-sweep", flow_run_name=functools.partial(flow_run_name, DEFAULT_SWEEP_NAME))
 def sweep(
     search: Search,
     train_loop: str | Callable[..., Any] = "tasks.loops:tabular_mlp_loop",

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
+
+if TYPE_CHECKING:
+    from storage.upload import UploadStats
 
 
 def resolve_filesystem(storage_path: str, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
@@ -64,17 +68,22 @@ def display_path(fs: pafs.FileSystem, path: str) -> str:
     """What to show a person: the plain path on local disk, a URI elsewhere."""
     if is_local(fs):
         return path
-    scheme = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs"}.get(fs.type_name, fs.type_name)
+    kind = fs.type_name.removeprefix("py::")  # a PyFileSystem says what its handler is after "py::"
+    scheme = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs"}.get(kind, kind)
     return f"{scheme}://{path.lstrip('/')}"
 
 
-def upload_directory(local_dir: str, fs: pafs.FileSystem, dest_path: str) -> None:
-    """Copy the files of ``local_dir`` into ``dest_path`` on ``fs``, merging with what is there."""
-    if is_local(fs):
-        shutil.copytree(local_dir, dest_path, dirs_exist_ok=True)
-        return
-    fs.create_dir(dest_path, recursive=True)
-    pafs.copy_files(local_dir, dest_path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+def upload_directory(local_dir: str, fs: pafs.FileSystem, dest_path: str) -> "UploadStats":
+    """Copy the files of ``local_dir`` into ``dest_path`` on ``fs``, merging with what is there.
+
+    Errors that pass (an S3 503, a dropped connection) are retried with backoff, as
+    ``storage.upload`` describes; when that does not help, or the error is one waiting cannot
+    fix, ``storage.upload.CheckpointUploadError`` names ``dest_path`` and the last error. Returns
+    the bytes copied, the seconds it took and the retries.
+    """
+    from storage.upload import copy_tree  # storage.upload builds on this module's helpers
+
+    return copy_tree(pafs.LocalFileSystem(), local_dir, fs, dest_path, destination=display_path(fs, dest_path))
 
 
 def download_directory(fs: pafs.FileSystem, src_path: str, local_dir: str) -> None:
@@ -87,19 +96,23 @@ def download_directory(fs: pafs.FileSystem, src_path: str, local_dir: str) -> No
 
 
 def exists(fs: pafs.FileSystem, path: str) -> bool:
+    """True when a file or folder is at ``path``."""
     return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
 def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:
+    """The whole content of the file at ``path``."""
     with fs.open_input_stream(path) as stream:
         return stream.read()
 
 
 def write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """Write ``data`` as the file at ``path``, replacing what was there."""
     with fs.open_output_stream(path) as stream:
         stream.write(data)
 
 
 def delete_dir(fs: pafs.FileSystem, path: str) -> None:
+    """Delete the folder at ``path`` with everything in it; nothing happens when it is not there."""
     if exists(fs, path):
         fs.delete_dir(path)

@@ -32,7 +32,7 @@ def score_of(metrics: dict[str, Any], attribute: str) -> Any:
 
 
 def _rank_key(score: Any, order: str) -> tuple[int, float]:
-    """Sort key, best first: NaN and non-numbers rank last."""
+    """Sort key, best first: NaN, non-numbers and no score at all (None) rank last."""
     if isinstance(score, bool) or not isinstance(score, (int, float)) or math.isnan(score):
         return (1, 0.0)
     return (0, -score if order == "max" else score)
@@ -43,13 +43,15 @@ def rank_best_first(
 ) -> list[int]:
     """Checkpoint sequence numbers ordered best first.
 
-    With a score attribute: by score in ``checkpoint_score_order``, NaN last, ties to the more
-    recent. Without one: the most recent first.
+    With a score attribute: by score in ``checkpoint_score_order``, ties to the more recent; NaN,
+    a non-number and a checkpoint without the score (its validation failed or has not ended) rank
+    last. Without one: the most recent first.
     """
     attribute = config.checkpoint_score_attribute
     if attribute is None:
         return [seq for seq, _ in sorted(checkpoints, key=lambda c: -c[0])]
-    keyed = [(_rank_key(score_of(metrics, attribute), config.checkpoint_score_order), -seq, seq) for seq, metrics in checkpoints]
+    order = config.checkpoint_score_order
+    keyed = [(_rank_key(flatten(metrics).get(attribute), order), -seq, seq) for seq, metrics in checkpoints]
     return [seq for _, _, seq in sorted(keyed)]
 
 

@@ -27,7 +27,7 @@ from storage.errors import StorageError
 from storage.filesystem import delete_dir, display_path, exists, is_local, resolve_filesystem, write_bytes
 from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name
 from storage.lease import Lease
-from storage.retention import flatten, rank_best_first, score_of, select_kept
+from storage.retention import rank_best_first, score_of, select_kept
 from storage.snapshot import (
     PENDING_VALIDATION,
     VALIDATED,
@@ -36,6 +36,7 @@ from storage.snapshot import (
     read_snapshot,
     write_snapshot,
 )
+from storage.upload import CheckpointUploadError, copy_tree, retry
 
 T = TypeVar("T")
 
@@ -188,6 +189,7 @@ class RunStorage:
         validation: Any = False,
         dir_name: str | None = None,
         in_place: bool = False,
+        upload: dict[str, Any] | None = None,
     ) -> Checkpoint | None:
         """Record one report (rank 0's metrics); with ``staged`` commit its checkpoint and return it.
 
@@ -199,6 +201,9 @@ class RunStorage:
         ``ValueError``. ``in_place``: a worker already put the checkpoint at ``dir_name`` in the
         run folder (``CheckpointUploadMode.NO_UPLOAD``): it is recorded where it is, and staged
         files of other ranks, if any, are merged into it.
+
+        ``upload`` (``{"bytes", "seconds", "retries"}`` of the ranks' uploads) is kept in the
+        checkpoint's record, beside its metrics; the commit's own retries are added to its count.
         """
         if attempt != self.snapshot.attempt:
             raise StorageError(
@@ -223,7 +228,9 @@ class RunStorage:
         if in_place:
             self._adopt_folder(staging if staged else None, final)
         else:
-            self._commit_folder(staging, final, announce=dir_name is not None)
+            commit_retries = self._commit_folder(staging, final, announce=dir_name is not None)
+            if upload is not None:
+                upload = {**upload, "retries": upload.get("retries", 0) + commit_retries}
         self.snapshot.checkpoints.append(
             CheckpointRecord(
                 seq=seq,
@@ -231,6 +238,7 @@ class RunStorage:
                 metrics=metrics,
                 report=len(self.snapshot.reports) - 1,
                 **({"status": PENDING_VALIDATION, "validation": validation} if validation else {}),
+                upload=upload,
             )
         )
         self.snapshot.next_seq = seq + 1
@@ -285,17 +293,8 @@ class RunStorage:
         return kept | {c.seq for c in self.pending_validations}
 
     def _rankable(self) -> list[tuple[int, dict[str, Any]]]:
-        """(seq, metrics) of the kept checkpoints for ranking. A checkpoint whose score attribute
-        was not reported (it was to come from a validation that failed or has not ended) ranks
-        last, as a non-number does."""
-        attribute = self.checkpoint_config.checkpoint_score_attribute
-        rankable = []
-        for c in self.snapshot.checkpoints:
-            metrics = c.metrics
-            if attribute is not None and attribute not in flatten(metrics):
-                metrics = {**metrics, attribute: None}
-            rankable.append((c.seq, metrics))
-        return rankable
+        """(seq, metrics) of the kept checkpoints, for ranking."""
+        return [(c.seq, c.metrics) for c in self.snapshot.checkpoints]
 
     def _apply_retention(self) -> None:
         kept = self._kept()
@@ -311,16 +310,12 @@ class RunStorage:
         self._write()
         return self.latest_checkpoint
 
-    def record_failure(self, kind: str = "worker") -> int:
-        """Count a failure in the snapshot (so a driver restart does not reset it); return the count."""
-        if kind == "controller":
-            self.snapshot.num_controller_failures += 1
-            count = self.snapshot.num_controller_failures
-        else:
-            self.snapshot.num_failures += 1
-            count = self.snapshot.num_failures
+    def record_failure(self) -> int:
+        """Count a worker-group failure in the snapshot (so a driver restart does not reset it);
+        return the count."""
+        self.snapshot.num_failures += 1
         self._write()
-        return count
+        return self.snapshot.num_failures
 
     # -- what Result reads -----------------------------------------------------------------------
 
@@ -356,8 +351,11 @@ class RunStorage:
 
     # -- internals --------------------------------------------------------------------------------
 
-    def _commit_folder(self, staged: str, final: str, *, announce: bool = False) -> None:
-        """Move the staged files to ``final``, all or nothing.
+    def _commit_folder(self, staged: str, final: str, *, announce: bool = False) -> int:
+        """Move the staged files to ``final``, all or nothing; return the retries it took.
+
+        On object stores the files are copied and then marked committed; errors that pass are
+        retried (``storage.upload``), and the marker is written only once every file is in.
 
         ``announce``: ``final`` has a name the user chose, which ``open`` cannot recognise as a
         leftover the way it does ``checkpoint_*`` folders, so it is listed for deletion in the
@@ -373,11 +371,16 @@ class RunStorage:
             delete_dir(self.filesystem, final)  # checkpoint whose deletion failed: never a kept one
         if is_local(self.filesystem):
             self.filesystem.move(staged, final)  # rename(2): all or nothing
-            return
-        self.filesystem.create_dir(final, recursive=True)
-        pafs.copy_files(staged, final, source_filesystem=self.filesystem, destination_filesystem=self.filesystem)
-        write_bytes(self.filesystem, f"{final}/{COMMIT_MARKER}", b"")
+            return 0
+        where = display_path(self.filesystem, final)
+        try:
+            copied = copy_tree(self.filesystem, staged, self.filesystem, final, destination=where)
+            marked = retry(lambda: write_bytes(self.filesystem, f"{final}/{COMMIT_MARKER}", b""), destination=where)
+        except CheckpointUploadError:
+            self._try(lambda: delete_dir(self.filesystem, final))  # unmarked, so never read; tidied now
+            raise
         self._try(lambda: delete_dir(self.filesystem, staged))
+        return copied.retries + marked
 
     def _adopt_folder(self, staged: str | None, final: str) -> None:
         """Record a checkpoint a worker wrote into the run folder itself, merging in the staged

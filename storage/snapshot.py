@@ -46,6 +46,10 @@ class CheckpointRecord:
     #: The validation asked for in ``report(validation=...)``: False, True, or
     #: ``{"fn_kwargs": ..., "timeout_s": ...}``; kept so a resumed run can validate it again.
     validation: Any = False
+    #: How its files reached the storage, apart from the user's metrics: ``{"bytes": summed over
+    #: the ranks, "seconds": the slowest rank's upload, "retries": tries made again, the ranks'
+    #: and the commit's}``; None when nothing was uploaded (NO_UPLOAD, or written before this field).
+    upload: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass
@@ -55,7 +59,6 @@ class RunSnapshot:
     name: str
     attempt: int = 0
     num_failures: int = 0
-    num_controller_failures: int = 0
     #: Every recorded report in order: {"attempt", "report_index", "metrics"}.
     reports: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     checkpoints: list[CheckpointRecord] = dataclasses.field(default_factory=list)

@@ -91,7 +91,9 @@ def committed_reports(kept: list[CheckpointRecord], *, num_reports: int, num_com
 
 def checkpoint_rows(snapshot: RunSnapshot, config: CheckpointConfig) -> list[dict[str, Any]]:
     """One row per checkpoint the run committed, oldest first: its report and step, its score,
-    whether retention kept it, and why (the ``num_to_keep`` best by score, plus the latest)."""
+    how long its upload took and how big it was (``UPLOAD_COLUMNS``; blank for a dropped one, whose
+    record is gone, and for one nothing was uploaded for), whether retention kept it, and why (the
+    ``num_to_keep`` best by score, plus the latest)."""
     kept = {c.seq: c for c in snapshot.checkpoints}
     reports = committed_reports(snapshot.checkpoints, num_reports=len(snapshot.reports), num_committed=snapshot.next_seq)
     metrics = {
@@ -99,10 +101,9 @@ def checkpoint_rows(snapshot: RunSnapshot, config: CheckpointConfig) -> list[dic
         for seq, report in reports.items()
     }
     attribute = config.checkpoint_score_attribute
-    # A dropped checkpoint's score may have come from its validation, which run.json keeps for the
-    # kept ones only: such a checkpoint has no place in the ranking (its row shows no score).
-    scorable = [(seq, m) for seq, m in metrics.items() if m is not None and (attribute is None or attribute in flatten(m))]
-    ranked = rank_best_first(scorable, config)
+    # A checkpoint without its score (a dropped one's may have come from its validation, which
+    # run.json keeps for the kept ones only) ranks last, as in retention itself.
+    ranked = rank_best_first([(seq, m) for seq, m in metrics.items() if m is not None], config)
     place = {seq: i for i, seq in enumerate(ranked, start=1)}
     latest = max(kept, default=None)
     flat = {seq: flatten(m or {}) for seq, m in metrics.items()}
@@ -114,10 +115,28 @@ def checkpoint_rows(snapshot: RunSnapshot, config: CheckpointConfig) -> list[dic
         row.update({k: round_sig(flat[seq].get(k)) for k in steps})
         if attribute is not None:
             row[attribute] = round_sig(flat[seq].get(attribute))
+        row.update(upload_cells(kept[seq].upload if seq in kept else None))
         row["status"] = "kept" if seq in kept else "dropped"
         row["why"] = retention_reason(seq in kept, place=place.get(seq), latest=seq == latest, config=config)
         rows.append(row)
     return rows
+
+
+#: Table columns of a checkpoint's upload: the slowest rank's seconds, and the megabytes
+#: (10^6 bytes) of all ranks.
+UPLOAD_COLUMNS = ("upload s", "upload MB")
+
+
+def upload_cells(upload: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``UPLOAD_COLUMNS`` cells of a checkpoint whose record holds ``upload`` (None: blank)."""
+    seconds, megabytes = UPLOAD_COLUMNS
+    if not upload:
+        return {seconds: None, megabytes: None}
+    size = upload.get("bytes")
+    return {
+        seconds: round_sig(float(upload["seconds"]), 3) if upload.get("seconds") is not None else None,
+        megabytes: round_sig(size / 1e6, 4) if size is not None else None,
+    }
 
 
 def retention_reason(kept: bool, *, place: int | None, latest: bool, config: CheckpointConfig) -> str:

@@ -23,7 +23,7 @@ def ingest(name: str, source: DatasetSource) -> DatasetSpec:
     Returns where it is and what it holds (not its rows): the train stage opens it again, so
     nothing large passes through Prefect. I/O errors are retried; a missing file or column is not.
     """
-    from trainers._internal.ray_init import ensure_ray
+    from trainers.cluster import ensure_ray
     from trainers.data import DatasetError, read_dataset
 
     with run_output():

@@ -134,10 +134,10 @@ class Failures(ParamsModel):
     retry_delay_s: float = Field(2.0, ge=0, description="Seconds between Prefect retries of the train task.")
 
     def to_config(self) -> FailureConfig:
-        """The ``FailureConfig`` these parameters describe."""
+        """The ``FailureConfig`` of ``fit()`` inside the train task. ``controller_failure_limit`` is
+        not in it: Prefect spends it, retrying the task (``tasks.retries.train_task_options``)."""
         return FailureConfig(
             max_failures=self.max_failures,
-            controller_failure_limit=self.controller_failure_limit,
             report_timeout_s=self.report_timeout_s,
             max_preemption_failures=self.max_preemption_failures,
             preemption_grace_s=self.preemption_grace_s,

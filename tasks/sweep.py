@@ -164,8 +164,7 @@ def trials_the_cluster_holds(scaling: Scaling, *, with_data: bool = False) -> in
     """How many trials of ``scaling`` the connected Ray cluster can train at once (at least one fits,
     else ``InsufficientResourcesError`` says what is missing). ``with_data`` keeps one CPU free for
     the trials' Ray Data pipelines."""
-    from trainers._internal.ray_init import ensure_ray
-    from trainers._internal.resources import bundles_that_fit, check_feasible, cluster_nodes
+    from trainers.cluster import bundles_that_fit, check_feasible, cluster_nodes, ensure_ray
 
     config = scaling.to_config()
     if config.num_workers == 0:

@@ -102,7 +102,7 @@ def train(
 
     ``run.name`` must be set (the flow names the run): it is what makes a retry resume.
     """
-    from trainers._internal.ray_init import ensure_ray
+    from trainers.cluster import ensure_ray
     from trainers.data import read_dataset
 
     if not run.name:

@@ -20,6 +20,8 @@ os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="flowtrain-test-prefect-home-")
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Tests that inject storage failures need the retries, not the production backoff between them.
+os.environ.setdefault("FLOWTRAIN_UPLOAD_BACKOFF_S", "0.01")
 # Ray workers inherit this, so training functions defined in test modules unpickle there.
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(ROOT), str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -18,14 +18,12 @@ def two_node_cluster(monkeypatch: Any, *, start_timeout_s: float) -> Iterator[tu
     import ray
     from ray.cluster_utils import Cluster
 
-    import trainers.data_parallel_trainer
-
     if ray.is_initialized():
         ray.shutdown()  # the suite's shared single-node Ray; ray_local restarts it when needed
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     spare = cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address)
-    monkeypatch.setattr(trainers.data_parallel_trainer, "DEFAULT_START_TIMEOUT_S", start_timeout_s)
+    monkeypatch.setenv("FLOWTRAIN_WORKER_START_TIMEOUT_S", str(start_timeout_s))  # read by each fit()
     try:
         yield cluster, spare
         assert_no_leaks()

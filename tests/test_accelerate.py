@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -44,21 +46,28 @@ def test_accelerator_finds_the_process_group_and_averages_gradients(tmp_path):
     torch.testing.assert_close(out["weight"], plain_torch_reference(), rtol=1e-5, atol=1e-6)
 
 
-def test_accelerate_is_told_each_workers_own_gpu():
+def test_accelerate_is_told_each_workers_own_gpu(monkeypatch):
     from types import SimpleNamespace
 
-    from trainers.torch.config import _accelerate_env
+    from trainers.context import StorageInfo, TrainContext, _set_context
+    from trainers.torch.config import TorchConfig, _accelerate_env
 
     def worker(rank, node, gpus):
         return SimpleNamespace(ranks=SimpleNamespace(world_rank=rank), metadata=SimpleNamespace(node_id=node, gpu_ids=gpus))
 
-    # Node a: rank 0 got GPU 3, rank 1 GPU 1; both see "1,3", so rank 0's GPU is cuda:1, not cuda:LOCAL_RANK.
-    workers = [worker(0, "a", ("3",)), worker(1, "a", ("1",)), worker(2, "b", ("0",))]
-    assert _accelerate_env(workers, use_gpu=True) == {
-        0: {"ACCELERATE_TORCH_DEVICE": "cuda:1"},
-        1: {"ACCELERATE_TORCH_DEVICE": "cuda:0"},
-        2: {"ACCELERATE_TORCH_DEVICE": "cuda:0"},
-    }
-    assert _accelerate_env(workers[:1], use_gpu=False) == {
+    assert _accelerate_env([worker(0, "a", ())], use_gpu=False) == {
         0: {"ACCELERATE_USE_CPU": "true", "ACCELERATE_TORCH_DEVICE": "cpu"}
     }
+    assert _accelerate_env([worker(0, "a", ("3",))], use_gpu=True) == {}  # told in its training function
+
+    # The trainer gave this worker the second GPU it sees (accelerator_ids index CUDA_VISIBLE_DEVICES):
+    # Accelerate must use cuda:1, not cuda:LOCAL_RANK.
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "")  # restored after the test
+    storage = StorageInfo("/tmp", "/tmp/run", "/tmp/run", None)
+    for ids, device in (((), ""), ((1,), "cuda:1")):
+        _set_context(TrainContext("run", 2, 0, 0, 2, 0, storage, accelerator_ids=ids))
+        try:
+            with TorchConfig().train_func_context():
+                assert os.environ["ACCELERATE_TORCH_DEVICE"] == device
+        finally:
+            _set_context(None)

@@ -30,7 +30,7 @@ class MemoryStore:
             return self.latest_checkpoint
         return None
 
-    def record_failure(self, kind="worker"):
+    def record_failure(self):
         self.num_failures += 1
         return self.num_failures
 

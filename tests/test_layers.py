@@ -1,4 +1,10 @@
-"""Imports point down only: flows -> tasks -> trainers -> storage (an AST scan of every module)."""
+"""Imports point down only (an AST scan of every module, imports inside functions included).
+
+- Between packages: flows -> tasks -> trainers -> storage, and Prefect and Ray only where they belong.
+- Into trainers: code outside ``trainers/`` uses its public modules, never ``trainers._internal``.
+- Inside trainers: ``trainers/_internal`` (and ``storage``) never import a framework module
+  (``trainers.torch``, ``trainers.xgboost``, ...), ``tasks`` or ``flows``; those build on them.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = ("trainers", "storage", "tasks", "flows")
 
 FORBIDDEN = {
     "storage": {"trainers", "tasks", "flows", "prefect", "ray"},
@@ -16,16 +23,77 @@ FORBIDDEN = {
     "flows": {"ray"},
 }
 
+INTERNAL = "trainers._internal"
+#: Modules that build on ``trainers/_internal`` and ``storage``, so neither may import them. The
+#: package itself (``import trainers``, ``from trainers import x``) is among them: its face
+#: imports every public module, ``DataParallelTrainer`` included.
+UPPER = (
+    "trainers.data_parallel_trainer",
+    "trainers.cluster",
+    "trainers.torch",
+    "trainers.xgboost",
+    "trainers.lightgbm",
+    "trainers.lightning",
+    "trainers.huggingface",
+    "trainers.tensorflow",
+    "trainers.jax",
+    "trainers.tune",
+    "tasks",
+    "flows",
+)
 
-def imported_roots(path: pathlib.Path) -> set[str]:
+
+def module_name(path: pathlib.Path, root: pathlib.Path) -> str:
+    """``trainers/_internal/attempt.py`` -> ``trainers._internal.attempt`` (a package's ``__init__`` is the package)."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: pathlib.Path, root: pathlib.Path) -> list[tuple[int, list[str]]]:
+    """Every import statement of ``path`` as (line, the modules it may import): top level, inside
+    functions and under ``TYPE_CHECKING`` alike. ``from a import b`` may import ``a`` and ``a.b``
+    (b may be a submodule); relative imports are resolved against the file's package."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    roots = set()
+    package = module_name(path, root).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            roots.add(node.module.split(".")[0])
-    return roots
+            found.extend((node.lineno, [alias.name]) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.append((node.lineno, [module] + [f"{module}.{a.name}" for a in node.names if a.name != "*"]))
+    return found
+
+
+def _within(module: str, prefixes: tuple[str, ...]) -> str | None:
+    return next((p for p in prefixes if module == p or module.startswith(p + ".")), None)
+
+
+def _upper(module: str) -> str | None:
+    """The module above ``trainers/_internal`` and ``storage`` that ``module`` is, or lives in."""
+    return "trainers (the package's face)" if module == "trainers" else _within(module, UPPER)
+
+
+def layer_violations(root: pathlib.Path) -> list[str]:
+    """``file:line imports module (the rule it breaks)`` for every import that points the wrong way."""
+    found = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            where = path.relative_to(root).as_posix()
+            inside_trainers = where.startswith("trainers/")
+            low = next((layer for layer in ("trainers/_internal/", "storage/") if where.startswith(layer)), None)
+            for line, modules in imports(path, root):
+                if not inside_trainers and (module := next((m for m in modules if _within(m, (INTERNAL,))), None)):
+                    found.append(f"{where}:{line} imports {module} (outside trainers/: use a public module of trainers)")
+                elif low and (module := next((m for m in modules if _upper(m)), None)):
+                    found.append(f"{where}:{line} imports {module} ({low} is below {_upper(module)})")
+    return sorted(found)
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
@@ -33,13 +101,48 @@ def test_package_imports_only_lower_layers(package):
     files = sorted((ROOT / package).rglob("*.py"))
     assert files, f"{package}/ has no modules"
     offenders = {
-        str(path.relative_to(ROOT)): sorted(imported_roots(path) & FORBIDDEN[package]) for path in files
+        str(path.relative_to(ROOT)): sorted({m.split(".")[0] for _, ms in imports(path, ROOT) for m in ms} & FORBIDDEN[package])
+        for path in files
     }
     offenders = {path: bad for path, bad in offenders.items() if bad}
     assert not offenders, f"{package}/ must not import {sorted(FORBIDDEN[package])}: {offenders}"
 
 
+def test_internals_are_reached_through_public_modules_and_never_import_upward():
+    violations = layer_violations(ROOT)
+    assert not violations, "imports pointing the wrong way:\n" + "\n".join(violations)
+
+
 def test_scan_catches_a_forbidden_import(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("import os\nfrom prefect import flow\nimport ray.data\n")
-    assert imported_roots(module) == {"os", "prefect", "ray"}
+    assert {m.split(".")[0] for _, ms in imports(module, tmp_path) for m in ms} == {"os", "prefect", "ray"}
+
+
+def test_scan_catches_planted_wrong_way_imports(tmp_path):
+    files = {
+        "trainers/__init__.py": "",
+        "trainers/cluster.py": "from trainers._internal.resources import cluster_nodes\n",  # allowed: inside trainers
+        "trainers/_internal/__init__.py": "",
+        "trainers/_internal/fine.py": "from trainers.config import ScalingConfig\nfrom storage import Checkpoint\n",
+        "trainers/_internal/face.py": "import trainers\n",
+        "trainers/_internal/late.py": "def f():\n    from trainers.torch.devices import get_device\n",
+        "trainers/_internal/relative.py": "from ..xgboost import config\n",
+        "storage/__init__.py": "",
+        "storage/up.py": "import tasks.train\n",
+        "tasks/__init__.py": "",
+        "tasks/train.py": "from trainers import _internal\nfrom trainers.cluster import ensure_ray\n",
+        "flows/__init__.py": "",
+        "flows/pipeline.py": "def g():\n    import trainers._internal.session as session\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert layer_violations(tmp_path) == [
+        "flows/pipeline.py:2 imports trainers._internal.session (outside trainers/: use a public module of trainers)",
+        "storage/up.py:1 imports tasks.train (storage/ is below tasks)",
+        "tasks/train.py:1 imports trainers._internal (outside trainers/: use a public module of trainers)",
+        "trainers/_internal/face.py:1 imports trainers (trainers/_internal/ is below trainers (the package's face))",
+        "trainers/_internal/late.py:2 imports trainers.torch.devices (trainers/_internal/ is below trainers.torch)",
+        "trainers/_internal/relative.py:1 imports trainers.xgboost (trainers/_internal/ is below trainers.xgboost)",
+    ]

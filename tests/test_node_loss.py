@@ -78,3 +78,50 @@ def test_lost_node_without_replacement_is_a_clear_error_not_a_hang(two_nodes, tm
     assert "the worker group failed to start" in message
     assert "could not reserve 2 x {'CPU': 1} (STRICT_SPREAD) within 15 s" in message
     assert error.budget_exhausted
+
+
+def test_node_lost_while_the_workers_start_names_the_node_within_the_timeout(two_nodes, tmp_path, monkeypatch):
+    """The group is placed on both nodes, then the spare node dies before its worker starts: the
+    start-up wait ends at the start timeout with the node and the resources named, not a hang."""
+    import trainers._internal.attempt as attempt
+
+    cluster, spare = two_nodes
+    split = attempt.split_datasets
+
+    def lose_the_spare_node_then_split(*args, **kwargs):
+        cluster.remove_node(spare)  # between placement and the actors' start
+        return split(*args, **kwargs)
+
+    monkeypatch.setattr(attempt, "split_datasets", lose_the_spare_node_then_split)
+    with pytest.raises(WorkerGroupError) as raised:
+        trainer(tmp_path, "node-lost-at-start", Watch(step=99), max_failures=0).fit()
+    message = str(raised.value)
+    assert "the worker group failed to start" in message
+    assert "1 of 2 worker(s) x {'CPU': 1} did not start" in message, message
+    assert f"on node {spare.node_id[:8]} (" in message.split("Nodes now:")[0], message  # the node it was placed on
+    nodes_now = message.split("Nodes now:")[1].split(". A node")[0]
+    assert spare.node_id[:8] not in nodes_now and "free {CPU: 0} of {CPU: 1}" in nodes_now, message
+
+
+def test_resources_held_by_other_work_are_named_per_node(two_nodes, tmp_path):
+    """Both nodes exist but another actor holds the spare node's CPU: the placement wait ends at
+    the start timeout, naming what each node has free."""
+    import ray
+
+    cluster, spare = two_nodes
+
+    @ray.remote(num_cpus=1)
+    class Blocker:
+        def node(self):
+            return ray.get_runtime_context().get_node_id()
+
+    blockers = [Blocker.remote()]
+    held_node = ray.get(blockers[0].node.remote())
+    try:
+        with pytest.raises(WorkerGroupError) as raised:
+            trainer(tmp_path, "resources-held", Watch(step=99), max_failures=0).fit()
+    finally:
+        ray.kill(blockers[0])
+    message = str(raised.value)
+    assert "could not reserve 2 x {'CPU': 1} (STRICT_SPREAD) within 15 s" in message, message
+    assert f"node {held_node[:8]} (" in message and "free {CPU: 0} of {CPU: 1}" in message, message

@@ -59,3 +59,11 @@ def test_never_more_than_n_plus_one_and_best_and_latest_survive():
 def test_missing_attribute_lists_reported_keys():
     with pytest.raises(KeyError, match=r"checkpoint_score_attribute='val/acc' was not reported.*\['loss', 'val/loss'\]"):
         score_of({"loss": 1, "val": {"loss": 2}}, "val/acc")
+
+
+def test_a_checkpoint_without_its_score_ranks_last():
+    # Its score was to come from a validation that failed or has not ended: ranked, not an error.
+    config = CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="val/loss", checkpoint_score_order="min")
+    items = [(0, {"val": {"loss": 2.0}}), (1, {"loss": 0.1}), (2, {"val": {"loss": 3.0}}), (3, {})]
+    assert rank_best_first(items, config) == [0, 2, 3, 1]
+    assert select_kept(items, config) == {0, 3}

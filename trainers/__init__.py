@@ -22,10 +22,10 @@ from trainers.errors import (
     TrainingFailedError,
     WorkerGroupError,
 )
-from trainers._internal.session import CheckpointUploadMode
-from trainers.preemption import PreemptionInfo, get_preemption_info
+from trainers.preemption import PreemptionInfo
+from trainers.report_config import CheckpointUploadMode
 from trainers.result import Result
-from trainers.train_fn import get_all_reported_checkpoints, get_checkpoint, get_dataset_shard, report
+from trainers.train_fn import get_all_reported_checkpoints, get_checkpoint, get_dataset_shard, get_preemption_info, report
 from trainers.validation import (
     CheckpointConsistencyMode,
     ReportedCheckpoint,

@@ -296,7 +296,12 @@ class FailureConfig:
     max_failures: int = 0
     #: A Ray Tune setting that Ray Train V2 dropped; passing it raises DeprecationWarning.
     fail_fast: bool | str = DEPRECATED
-    #: Retries of the driver itself (the Prefect train task) after it crashed: -1 without limit.
+    #: Retries of the whole ``fit()`` after a driver-level failure (a ``ControllerError``: storage,
+    #: Ray or a callback failing under the controller; or the driver process dying), each resuming
+    #: from the run's latest checkpoint; -1 without limit. Made by whatever runs ``fit()``: the
+    #: Prefect pipeline's train task retries this many times. ``fit()`` alone cannot rerun itself
+    #: and warns when this is set. (Ray Train counts a worker group that fails to start here;
+    #: flowtrain counts that against ``max_failures``.)
     controller_failure_limit: int = -1
     #: Restarts allowed after nodes were preempted (drained with a deadline): -1 without limit.
     max_preemption_failures: int = -1

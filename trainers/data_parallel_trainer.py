@@ -23,13 +23,11 @@ from trainers.config import DataConfig, FailureConfig, RunConfig, ScalingConfig
 from trainers.context import StorageInfo
 from trainers.errors import ControllerError, PreemptionError, TrainingFailedError, WorkerGroupError
 from trainers.result import Result
+from trainers.tuning import worker_start_timeout_s
 from trainers.validation import ValidationConfig
 from trainers._internal.validation_runner import make_runner
 
 logger = logging.getLogger(__name__)
-
-#: Seconds to wait for the placement group, the actors and the backend before counting a failure.
-DEFAULT_START_TIMEOUT_S = float(os.environ.get("FLOWTRAIN_WORKER_START_TIMEOUT_S", "120"))
 
 
 def _takes_config(fn: Callable[..., Any]) -> bool:
@@ -79,6 +77,23 @@ def _restore_removed(cls: type, method: str) -> DeprecationWarning:
     )
 
 
+def _warn_controller_failure_limit(failure_config: FailureConfig | None) -> None:
+    """``FailureConfig.controller_failure_limit`` bounds reruns of ``fit()``, which ``fit()`` cannot
+    make itself: say so when it is set, rather than ignore it silently."""
+    limit = failure_config.controller_failure_limit if failure_config is not None else -1
+    if limit != -1:
+        warnings.warn(
+            f"FailureConfig(controller_failure_limit={limit}) has no effect on fit() itself: fit() does not retry "
+            "a failure of the driver (a ControllerError: storage, Ray or a callback failing under the controller; "
+            "or this process dying). It bounds the retries of whatever runs fit() again: the Prefect pipeline's "
+            "train task retries that many times, each retry resuming from the run's latest checkpoint; do the same "
+            "by calling fit() again with the same RunConfig(storage_path=..., name=...). (Ray Train counts a worker "
+            "group that fails to start here; flowtrain counts it against FailureConfig.max_failures.)",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def _caller_stacklevel() -> int:
     """The stack level of the user's line that built the trainer (past our own subclasses' __init__)."""
     frame, level = inspect.currentframe(), 1
@@ -95,6 +110,10 @@ class DataParallelTrainer:
     A second ``fit()`` with the same ``RunConfig(storage_path=..., name=...)`` resumes the run
     from its latest checkpoint.
     """
+
+    #: The keyword a framework's trainer takes its ``BackendConfig`` under, and that config's class
+    #: (``TorchTrainer``: ``("torch_config", TorchConfig)``); ``__init__`` checks it for every trainer.
+    _backend_config_arg: tuple[str, type[BackendConfig]] = ("backend_config", BackendConfig)
 
     def __init__(
         self,
@@ -125,14 +144,20 @@ class DataParallelTrainer:
         _check_type("scaling_config", scaling_config, ScalingConfig)
         _check_type("run_config", run_config, RunConfig)
         _check_type("dataset_config", dataset_config, DataConfig)
-        _check_type("backend_config", backend_config, BackendConfig)
+        arg, config_cls = self._backend_config_arg
+        if backend_config is not None and not isinstance(backend_config, config_cls):
+            home = config_cls.__module__.rpartition(".")[0]  # trainers.torch.config -> trainers.torch
+            raise TypeError(f"{arg}={backend_config!r}: must be a {home}.{config_cls.__name__}.")
         if datasets is not None and not isinstance(datasets, dict):
             raise TypeError(f"datasets={datasets!r}: must be a dict of name to ray.data.Dataset, e.g. {{'train': ds}}.")
         check_dataset_values(datasets or {})
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
-        self.backend_config = backend_config or BackendConfig()
+        self.backend_config = backend_config if backend_config is not None else config_cls()
         self.scaling_config = scaling_config or ScalingConfig()
+        # A backend that cannot run on these resources (TorchConfig(backend="nccl") without GPUs)
+        # fails here, before any worker starts.
+        self.backend_config.collective_backend(self.scaling_config.use_gpu)
         self.run_config = run_config or RunConfig()
         self.datasets = datasets or {}
         self.dataset_config = dataset_config or DataConfig()
@@ -205,6 +230,7 @@ class DataParallelTrainer:
     def fit(self) -> Result:
         """Train; return the Result, or raise TrainingFailedError when training cannot finish."""
         scaling, run_config = self.scaling_config, self.run_config
+        _warn_controller_failure_limit(run_config.failure_config)
         datasets: dict[str, Any] = {}
         name = run_config.name or self._default_name()
         storage = RunStorage(  # resolves the URI only: a bad storage_path fails before Ray starts
@@ -259,7 +285,7 @@ class DataParallelTrainer:
             layout=storage.layout,
             filesystem=storage.filesystem,
             metadata=self.metadata,
-            start_timeout_s=DEFAULT_START_TIMEOUT_S,
+            start_timeout_s=worker_start_timeout_s(),
             runtime_env=run_config.worker_runtime_env,
             score_attribute=storage.checkpoint_config.checkpoint_score_attribute,
             log_level=self._log_level,

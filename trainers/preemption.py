@@ -1,4 +1,5 @@
-"""Node preemption, as the training function sees it: ``get_preemption_info()``.
+"""Node preemption, as the training function sees it: the ``PreemptionInfo`` that
+``trainers.get_preemption_info()`` returns.
 
 When a node that holds some of the run's workers is drained with a deadline (what a cloud does
 before it takes a spot instance back), every worker can learn it from inside its loop, save a
@@ -32,23 +33,3 @@ class PreemptionInfo:
     def preempted_ranks(self) -> list[int]:
         """The world ranks on the preempted nodes, sorted."""
         return sorted({rank for ranks in self.preempted_node_to_ranks.values() for rank in ranks})
-
-
-def get_preemption_info() -> PreemptionInfo | None:
-    """The preemption coming to a node of this run, or None while there is none.
-
-    Call it in the training loop, for example once a step, and save a checkpoint when it stops
-    being None::
-
-        if trainers.get_preemption_info() is not None and not saved:
-            trainers.report(metrics, checkpoint=Checkpoint.from_directory(folder))
-            saved = True
-
-    Every worker must call it the same number of times: it waits for all of them (like
-    ``trainers.collective.barrier()``) so that they all get the same answer, rank 0's, and
-    therefore all take the same branch. Outside ``train_loop_per_worker`` it raises RuntimeError.
-    """
-    from trainers._internal.session import get_session
-
-    session = get_session("get_preemption_info")
-    return session.synchronize(session.preemption_info, "get_preemption_info")

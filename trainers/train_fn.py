@@ -1,5 +1,5 @@
 """Functions a training loop calls: ``report``, ``get_checkpoint``, ``get_dataset_shard``,
-``get_all_reported_checkpoints``."""
+``get_all_reported_checkpoints``, ``get_preemption_info``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from typing import Any, Callable
 
 from storage import Checkpoint
 from trainers._internal import reported_checkpoints
-from trainers._internal.session import CheckpointUploadMode, get_session
+from trainers._internal.session import get_session
+from trainers.preemption import PreemptionInfo
+from trainers.report_config import CheckpointUploadMode
 from trainers.validation import CheckpointConsistencyMode, ReportedCheckpoint, ValidationTaskConfig
 
 
@@ -104,3 +106,21 @@ def get_dataset_shard(dataset_name: str | None = None) -> Any:
             f"{', '.join(repr(n) for n in sorted(shards))}."
         )
     return shards[dataset_name]
+
+
+def get_preemption_info() -> PreemptionInfo | None:
+    """The preemption coming to a node of this run, or None while there is none.
+
+    Call it in the training loop, for example once a step, and save a checkpoint when it stops
+    being None::
+
+        if trainers.get_preemption_info() is not None and not saved:
+            trainers.report(metrics, checkpoint=Checkpoint.from_directory(folder))
+            saved = True
+
+    Every worker must call it the same number of times: it waits for all of them (like
+    ``trainers.collective.barrier()``) so that they all get the same answer, rank 0's, and
+    therefore all take the same branch. Outside ``train_loop_per_worker`` it raises RuntimeError.
+    """
+    session = get_session("get_preemption_info")
+    return session.synchronize(session.preemption_info, "get_preemption_info")

@@ -31,6 +31,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
+from trainers.tuning import LATE_LINES_S
+
 #: Receives what one worker printed: its world rank, the lines (one batch of them, in order)
 #: and whether they came from its stderr (warnings, logging, tracebacks) or its stdout.
 Sink = Callable[[int, list[str], bool], None]
@@ -44,8 +46,6 @@ _RAY_DATA_NOTICE = re.compile(
 _SPLIT_COORDINATOR = "SplitCoordinator"
 #: Name under which ``ray.init(log_to_driver=True)`` registers the handler that prints worker lines.
 _RAY_PRINTER = "ray_print_logs"
-#: How long after a capture ends the lines Ray delivers late still go to its sink.
-LATE_LINES_S = 10.0
 
 _lock = threading.Lock()
 #: The sinks of each captured run name, latest last (two runs of one name at once in one process,

@@ -19,6 +19,7 @@ import pyarrow.fs
 from storage import Checkpoint
 from storage.layout import RunLayout
 from trainers._internal.data import install_data_context, split_datasets
+from trainers._internal.devices import assign_visible_devices
 from trainers._internal.elastic import ElasticSizer, NodeResources, wait_released
 from trainers._internal.events import Event
 from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
@@ -29,6 +30,7 @@ from trainers._internal.worker_group import RayWorkerGroup
 from trainers.backend import BackendConfig
 from trainers.config import DataConfig, ScalingConfig
 from trainers.context import StorageInfo, TrainContext
+from trainers.tuning import NODE_DEATH_WAIT_S
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,10 +73,6 @@ def _session_args(spec: RunSpec, context: TrainContext, attempt: int, checkpoint
         score_attribute=spec.score_attribute,
         validation_config=spec.validation_config,
     )
-
-
-#: After workers died in an elastic run: how long to wait for Ray to call their node dead.
-NODE_DEATH_WAIT_S = 5.0
 
 
 class RayWorkers:
@@ -133,8 +131,6 @@ class RayWorkers:
         self._drain = DrainWatch(node_to_ranks)
         accelerators: list[tuple[int, ...]] = [() for _ in group.workers]
         if spec.scaling.use_gpu:
-            from trainers.torch.devices import assign_visible_devices
-
             visible = assign_visible_devices(
                 [list(w.metadata.gpu_ids) for w in group.workers], [w.metadata.node_id for w in group.workers]
             )

@@ -7,6 +7,12 @@ already. A copy, ours or the user's, lands in the report's staging folder, so th
 still commits it all at once; ``checkpoint_dir_name`` is handed to the upload function as the
 staging folder's path relative to the run folder (``get_storage().build_checkpoint_path_from_name``
 or ``experiment_fs_path + "/" + name`` turn it into the place to write).
+
+flowtrain's own copy retries errors that pass, with backoff (``storage.upload``); a user's
+``checkpoint_upload_fn`` is called once and never retried, because only its author knows whether
+calling it again is safe: retry inside it where it is. Each rank measures its upload (bytes,
+seconds, retries) and the controller records the checkpoint's totals in run.json
+(``upload_record``).
 """
 
 from __future__ import annotations
@@ -15,13 +21,16 @@ import dataclasses
 import logging
 import os
 import posixpath
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Iterable
 
 import pyarrow.fs as pafs
 
 from storage import Checkpoint, upload_directory
 from storage.filesystem import delete_dir, display_path, is_local
 from storage.layout import RunLayout, check_dir_name
+from storage.upload import CheckpointUploadError, UploadStats
+from trainers.errors import WorkerGroupError
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +45,8 @@ class Placement:
     dir_name: str | None
     #: True when it is already in its final folder inside the run folder (nothing to move).
     in_place: bool
+    #: What the upload took on this rank (None: nothing was uploaded).
+    upload: UploadStats | None = None
 
 
 def check_request(
@@ -89,19 +100,22 @@ def persist(
     dir_name: str | None,
     upload_fn: UploadFn | None,
 ) -> Placement:
-    """Copy ``checkpoint`` into the report's ``staging`` folder, ourselves or with ``upload_fn``."""
+    """Copy ``checkpoint`` into the report's ``staging`` folder, ourselves (retrying errors that
+    pass; ``CheckpointUploadError`` when that fails) or with ``upload_fn`` (called once)."""
     if upload_fn is None:
         with checkpoint.as_directory() as folder:
-            upload_directory(folder, filesystem, staging)
-        return Placement(dir_name, in_place=False)
+            stats = upload_directory(folder, filesystem, staging)
+        return Placement(dir_name, in_place=False, upload=stats)
+    start = time.monotonic()
     persisted = upload_fn(checkpoint, layout.relative(staging))
+    stats = UploadStats(bytes=_local_bytes(checkpoint), seconds=time.monotonic() - start)
     if not isinstance(persisted, Checkpoint):
         raise TypeError(
             f"report(checkpoint_upload_fn={getattr(upload_fn, '__name__', upload_fn)!r}) returned {persisted!r}; it "
             "must return the uploaded checkpoint as a trainers.Checkpoint."
         )
     if _same_filesystem(persisted.filesystem, filesystem) and _normal(persisted.path, filesystem) == _normal(staging, filesystem):
-        return Placement(dir_name, in_place=False)
+        return Placement(dir_name, in_place=False, upload=stats)
     placed = in_place_name(persisted, layout, filesystem)
     if placed is None:
         raise ValueError(
@@ -110,7 +124,76 @@ def persist(
             f"{display_path(filesystem, layout.run_path)}. Write it to the path built from the name it is given: "
             "get_context().get_storage().build_checkpoint_path_from_name(checkpoint_dir_name)."
         )
-    return Placement(placed, in_place=True)
+    return Placement(placed, in_place=True, upload=stats)
+
+
+def _local_bytes(checkpoint: Checkpoint) -> int:
+    """The size of a reported folder on local disk: what a user's upload function had to copy
+    (0 when the folder is elsewhere, where measuring it would cost a listing of remote storage)."""
+    if not is_local(checkpoint.filesystem):
+        return 0
+    total = 0
+    for folder, _, names in os.walk(checkpoint.path):
+        for name in names:
+            try:
+                total += os.path.getsize(os.path.join(folder, name))
+            except OSError:
+                pass  # removed while we counted: it was not part of the upload either
+    return total
+
+
+def upload_record(reports: Iterable[Any]) -> dict[str, Any] | None:
+    """The upload figures of one checkpoint for its record in run.json, from every rank's
+    report of that step (``ReportEvent.upload``): ``{"bytes": summed over the ranks, "seconds":
+    the slowest rank's upload, "retries": retries of all ranks}``; None when no rank uploaded."""
+    combined = UploadStats.combine(getattr(report, "upload", None) for report in reports)
+    return combined.to_record() if combined is not None else None
+
+
+class CheckpointUploadFailedError(WorkerGroupError, CheckpointUploadError):
+    """``fit()`` ended because a checkpoint could not be uploaded into the run's storage.
+
+    Both a ``WorkerGroupError`` (a worker's ``report()`` raised and the run's failure budget is
+    spent) and a ``storage.upload.CheckpointUploadError``: catch either. ``path``,
+    ``attempts`` and ``last_error`` are those of the first failed upload; ``worker_failures``
+    holds each rank's own error.
+    """
+
+    def _first_upload_error(self) -> CheckpointUploadError | None:
+        for _, error in sorted(self.worker_failures.items()):
+            if isinstance(error, CheckpointUploadError):
+                return error
+        return None
+
+    @property
+    def path(self) -> str | None:
+        """Where the first failed upload was copying the checkpoint to."""
+        error = self._first_upload_error()
+        return error.path if error else None
+
+    @property
+    def attempts(self) -> int:
+        """How many times the first failed upload was tried."""
+        error = self._first_upload_error()
+        return error.attempts if error else 0
+
+    @property
+    def last_error(self) -> str | None:
+        """The last underlying error of the first failed upload."""
+        error = self._first_upload_error()
+        return error.last_error if error else None
+
+    def __reduce__(self):
+        return WorkerGroupError.__reduce__(self)  # the worker failures carry the upload's details
+
+
+def run_error_type(error_type: type[WorkerGroupError], worker_errors: Iterable[BaseException]) -> type[WorkerGroupError]:
+    """The type of the error that ends a run: ``CheckpointUploadFailedError`` when a rank failed
+    because its checkpoint could not be uploaded, so ``except CheckpointUploadError`` around
+    ``fit()`` catches it; otherwise ``error_type`` as it is (an ``NCCLHangError`` stays one)."""
+    if error_type is WorkerGroupError and any(isinstance(e, CheckpointUploadError) for e in worker_errors):
+        return CheckpointUploadFailedError
+    return error_type
 
 
 def delete_source(checkpoint: Checkpoint, keep: Checkpoint | None = None) -> None:

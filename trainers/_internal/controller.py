@@ -23,7 +23,9 @@ from trainers._internal.events import (
     SyncEvent,
     checkpoint_placement,
 )
+from trainers._internal.checkpoint_upload import run_error_type, upload_record
 from trainers._internal.reported_checkpoints import PendingQueries
+from trainers.tuning import DRAIN_POLL_S, ENDED_DRAIN_S, SETUP_CLASH_RESTARTS, VALIDATION_POLL_S
 from trainers.validation import request_to_json
 from trainers._internal.preemption_watch import PreemptionNotice, deadline_passed
 from trainers._internal.preemption_watch import merge as merge_preemptions
@@ -60,19 +62,6 @@ class State(enum.Enum):
     RESTARTING = "restarting"
     FINISHED = "finished"
     FAILED = "failed"
-
-
-#: How long the controller waits, after a failure, for the queued reports of ranks whose training
-#: function has already ended (they arrive within milliseconds; this only bounds a sick cluster).
-ENDED_DRAIN_S = 10.0
-#: How often that wait re-checks whether the ranks it waits for are still training.
-DRAIN_POLL_S = 0.25
-
-#: How often the controller checks on running checkpoint validations (while there are any).
-VALIDATION_POLL_S = 0.25
-
-#: Restarts after setup clashes (``BackendConfig.is_setup_clash``) one run may take for free.
-SETUP_CLASH_RESTARTS = 3
 
 
 def may_restart(max_failures: int, failures_so_far: int) -> bool:
@@ -265,7 +254,11 @@ class Controller:
         while self._pending:
             index = min(self._pending)
             round_ = self._pending[index]
-            if any(rank not in round_ for rank in range(size) if rank not in self._relaxed):
+            # The length check first: a round is looked at after every event, and walking all
+            # ranks each time would make a round's cost grow with the square of the world size.
+            if len(round_) < size - len(self._relaxed) or any(
+                rank not in round_ for rank in range(size) if rank not in self._relaxed
+            ):
                 return
             del self._pending[index]
             self._first_seen.pop(index, None)
@@ -275,6 +268,9 @@ class Controller:
             validation = next((round_[r].validation for r in sorted(round_) if round_[r].staged), False) if staged else False
             extra = {"validation": request_to_json(validation)} if validation else {}
             extra.update(checkpoint_placement(list(round_.values())) if staged else {})
+            upload = upload_record(round_.values()) if staged else None
+            if upload is not None:  # kept beside the metrics in run.json, never inside them
+                extra["upload"] = upload
             checkpoint = self.storage.record_report(metrics[0], report_index=index, attempt=self.attempt, staged=staged, **extra)
             self._committed_rounds = index + 1
             self.on_report(self.attempt, metrics, checkpoint)
@@ -444,7 +440,7 @@ class Controller:
             return
         failures_so_far = self.storage.num_failures
         if may_restart(self.max_failures, failures_so_far):
-            self.storage.record_failure("worker")
+            self.storage.record_failure()
             self._last_failures = failures
             self.state = State.RESTARTING
             return
@@ -519,8 +515,7 @@ class Controller:
         )
 
     def _error(self, failures: list[RankFailure], *, budget_exhausted: bool) -> WorkerGroupError:
-        # A dead process is the likely root cause of the others' collective errors: list it first.
-        failures = sorted(failures, key=lambda f: (f.kind not in DEATHS, f.world_rank))
+        """The error that ends the run; ``failures`` come root cause first, as ``_fail`` sorts them."""
         used = self.storage.num_failures
         if budget_exhausted:
             budget = f"the failure budget is spent (FailureConfig.max_failures={self.max_failures}, {used} restart(s) used)"
@@ -537,7 +532,9 @@ class Controller:
         first = failures[0]
         if first.traceback:
             lines.append(f"Traceback of rank {first.world_rank}:\n{first.traceback.rstrip()}")
-        error_type = worker_group_error_type(failures, self.collective_backend)
+        error_type = run_error_type(
+            worker_group_error_type(failures, self.collective_backend), [e.error for e in self._failed.values()]
+        )
         return error_type(
             "\n".join(lines),
             {event.world_rank: event.error for event in self._failed.values()},

@@ -15,12 +15,8 @@ from typing import Callable
 
 from trainers._internal.resources import bundles_that_fit, label_matches
 from trainers.config import ScalingConfig
+from trainers.tuning import RELEASE_WAIT_S, WAIT_POLL_S
 
-#: How often a launch waiting for ``min_workers`` to fit counts the free resources again.
-WAIT_POLL_S = 0.5
-#: How long a stopped group's resources may take to show as free again in Ray's resource view
-#: (Ray reports them asynchronously; about 0.1 s on an idle machine).
-RELEASE_WAIT_S = 2.0
 
 #: Node id -> resource name -> amount.
 NodeResources = dict[str, dict[str, float]]

@@ -1,4 +1,6 @@
-"""Messages a worker pushes to the controller. Small, picklable, one per event."""
+"""What a worker tells the controller: its reports, barriers, questions and end, one small
+picklable object per event (sent in batches over the worker's socket or Ray's long poll); and the
+failures the controller finds itself (a hang, a group that did not start) in the same form."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ class ReportEvent:
     #: The checkpoint was written straight into the run folder (``CheckpointUploadMode.NO_UPLOAD``,
     #: or a ``checkpoint_upload_fn`` that put it there): it is recorded where it is.
     in_place: bool = False
+    #: What this rank's upload of the checkpoint took (a ``storage.upload.UploadStats``), or None.
+    upload: Any = None
 
 
 def checkpoint_placement(round_: list[ReportEvent]) -> dict[str, Any]:
@@ -57,12 +61,15 @@ class FinishedEvent:
 
 @dataclasses.dataclass(frozen=True)
 class FailedEvent:
-    """The worker's training function raised, or the worker died."""
+    """A rank failed: its training function raised, its process or node went away, or the
+    controller found it hung; or (``world_rank`` -1) the worker group did not start."""
 
     world_rank: int
     error: BaseException
     traceback: str
-    #: "error" when the function raised, "died" when the worker process or its node went away.
+    #: "error" when the function raised, "died" when the worker process or its node went away,
+    #: "preempted" when its node was drained for preemption, "hung" when it fell behind the others'
+    #: report past ``FailureConfig.report_timeout_s``, "failed to start" for the group's start.
     kind: str = "error"
 
 

@@ -13,11 +13,7 @@ import time
 from typing import Callable
 
 from trainers.preemption import PreemptionInfo
-
-#: How often the driver asks Ray which nodes are draining.
-POLL_S = 1.0
-#: How long the controller waits for a preempted node that was drained without a deadline.
-DEFAULT_DEADLINE_S = 120.0
+from trainers.tuning import PREEMPTION_DEFAULT_DEADLINE_S, PREEMPTION_POLL_S
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,9 +44,9 @@ def merge(old: PreemptionInfo | None, new: PreemptionInfo) -> PreemptionInfo:
 def deadline_passed(info: PreemptionInfo, noticed_at_s: float, grace_s: float, now_s: float) -> bool:
     """Whether the preempted nodes' deadline plus ``grace_s`` has passed (times in UNIX seconds).
 
-    A drain without a deadline gets ``DEFAULT_DEADLINE_S`` from when it was noticed.
+    A drain without a deadline gets ``PREEMPTION_DEFAULT_DEADLINE_S`` from when it was noticed.
     """
-    deadline_s = info.deadline_ms / 1000 if info.deadline_ms is not None else noticed_at_s + DEFAULT_DEADLINE_S
+    deadline_s = info.deadline_ms / 1000 if info.deadline_ms is not None else noticed_at_s + PREEMPTION_DEFAULT_DEADLINE_S
     return now_s >= deadline_s + grace_s
 
 
@@ -62,7 +58,7 @@ class DrainWatch:
         node_to_ranks: dict[str, list[int]],
         *,
         source: Callable[[], dict[str, int]] = draining_nodes,
-        poll_s: float = POLL_S,
+        poll_s: float = PREEMPTION_POLL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.node_to_ranks = {node: sorted(ranks) for node, ranks in node_to_ranks.items()}

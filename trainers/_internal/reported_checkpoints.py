@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol
 
 from storage import Checkpoint
 from trainers._internal.events import CheckpointsQuery
+from trainers.tuning import STOP_CHECK_S
 from trainers.validation import CheckpointConsistencyMode, ReportedCheckpoint, ReportedCheckpointStatus
 
 
@@ -34,9 +35,6 @@ class QueryingSession(Protocol):
 #: What the controller sends back: (path inside the run's filesystem, metrics, status) per kept
 #: checkpoint, in report order.
 Answer = list[tuple[str, dict[str, Any], str]]
-
-#: How often a waiting worker checks whether the controller stopped the attempt.
-STOP_CHECK_S = 0.5
 
 
 def describe(storage: Any) -> Answer:

@@ -8,7 +8,6 @@ controller through ``emit``; it never waits on a timer.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import numbers
 import shutil
@@ -26,36 +25,11 @@ from trainers._internal.events import Event, ReportEvent, SyncEvent, TrainingInt
 from trainers._internal.reported_checkpoints import Answer, Answers
 from trainers._internal.uploader import OrderedUploader
 from trainers.context import TrainContext, _set_context
+from trainers.report_config import CheckpointUploadMode
+from trainers.tuning import BROADCAST_WARN_BYTES, SYNC_WAKE_S
 from trainers.validation import resolve_request
 
 logger = logging.getLogger(__name__)
-
-#: Above this many pickled bytes a broadcast warns: it travels through the driver, made for
-#: small values (a run id, a path), not for tensors (use the framework's collectives for those).
-BROADCAST_WARN_BYTES = 1000
-#: How often a rank waiting at a barrier checks whether the controller stopped the attempt.
-SYNC_WAKE_S = 0.5
-
-
-class CheckpointUploadMode(enum.Enum):
-    """How ``report()`` moves a checkpoint into the run's storage.
-
-    ``SYNC`` uploads before ``report()`` returns. ``ASYNC`` copies the folder to local disk,
-    returns, and uploads in the background (reports stay in order); use it with remote storage
-    so the loop waits only for the local copy. ``NO_UPLOAD`` copies nothing: the checkpoint is
-    a folder you already wrote directly inside the run folder
-    (``get_context().get_storage().build_checkpoint_path_from_name(name)``), and it is recorded
-    there as it is (retention deletes it like any other checkpoint).
-    """
-
-    SYNC = "SYNC"
-    ASYNC = "ASYNC"
-    NO_UPLOAD = "NO_UPLOAD"
-
-    def default_delete_local_checkpoint_after_upload(self) -> bool:
-        """What ``report(delete_local_checkpoint_after_upload=None)`` means in this mode: delete
-        the reported folder after an ASYNC upload, keep it otherwise."""
-        return self is CheckpointUploadMode.ASYNC
 
 
 class WorkerSession:
@@ -168,7 +142,7 @@ class WorkerSession:
                     shutil.rmtree(local_copy, ignore_errors=True)
                 if delete_local:
                     checkpoint_upload.delete_source(checkpoint)
-                self.emit(dataclasses.replace(event, dir_name=placement.dir_name, in_place=placement.in_place))
+                self.emit(dataclasses.replace(event, dir_name=placement.dir_name, in_place=placement.in_place, upload=placement.upload))
 
             self.uploader.submit(upload_then_report)
             return
@@ -182,7 +156,7 @@ class WorkerSession:
             if delete_local:
                 kept = checkpoint_upload.uploaded(placement, staging, self.layout, self.filesystem)
                 checkpoint_upload.delete_source(checkpoint, keep=kept)
-            event = dataclasses.replace(event, dir_name=placement.dir_name, in_place=placement.in_place)
+            event = dataclasses.replace(event, dir_name=placement.dir_name, in_place=placement.in_place, upload=placement.upload)
             self._unseen_commit = self.num_reports
         self.emit(event)
 

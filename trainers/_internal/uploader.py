@@ -18,12 +18,8 @@ class OrderedUploader:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future] = []
 
-    @property
-    def busy(self) -> bool:
-        """True while a submitted job has not finished."""
-        return any(not future.done() for future in self._pending)
-
     def submit(self, job: Callable[[], None]) -> None:
+        """Queue ``job`` behind the earlier ones; first re-raise the error of one that failed."""
         self.raise_failure()
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowtrain-upload")

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import ray
 
+from trainers._internal.event_channel import ChannelAddress, EventSender
 from trainers._internal.events import NOT_TRAINING, Event, FailedEvent, FinishedEvent
 from trainers._internal.session import TrainingInterrupted, WorkerSession, set_session
 from trainers.worker_output import announce, worker_label
@@ -118,6 +119,8 @@ class TrainWorker:
         self._session: WorkerSession | None = None
         self._thread: threading.Thread | None = None
         self._label = "TrainWorker"
+        #: The direct line to the controller (None: events wait in ``_events`` for ``next_events``).
+        self._sender: EventSender | None = None
 
     def __repr__(self) -> str:
         # Ray shows this actor's lines under this name; trainers.worker_output routes them by it.
@@ -146,18 +149,39 @@ class TrainWorker:
         takes_config: bool,
         session_args: dict[str, Any],
         context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-    ) -> None:
+        channel: ChannelAddress | None = None,
+    ) -> bool:
+        """Start the training function in a thread; True when its events go over ``channel``."""
         run_context = session_args["context"]
         self._label = worker_label(run_context.experiment_name, run_context.world_rank)
         announce(self._label)
-        self._session = WorkerSession(emit=self._events.put, **session_args)
+        if channel is not None:
+            try:
+                self._sender = EventSender.connect(channel, run_context.world_rank)
+            except OSError as error:
+                print(f"flowtrain: cannot reach the controller at {channel.host}:{channel.port} ({error}); "
+                      "reports go through Ray instead", file=sys.stderr)
+        self._session = WorkerSession(emit=self._emit, **session_args)
         self._thread = threading.Thread(
             target=run_training_function,
-            args=(train_fn, config, takes_config, self._session, self._events.put, context),
+            args=(train_fn, config, takes_config, self._session, self._emit, context),
             name="train_loop_per_worker",
             daemon=True,
         )
         self._thread.start()
+        return self._sender is not None
+
+    def _emit(self, event: Event) -> None:
+        sender = self._sender
+        if sender is not None:
+            try:
+                sender.send([event])
+                return
+            except OSError:
+                # The controller still listens through next_events: later events go that way.
+                self._sender = None
+                sender.close()
+        self._events.put(event)
 
     def next_events(self, timeout_s: float) -> list[Event]:
         """Wait up to ``timeout_s`` for the next event, then return it with any queued behind it."""
@@ -189,8 +213,3 @@ class TrainWorker:
         """The controller's answer to this worker's ``get_all_reported_checkpoints()`` call."""
         if self._session is not None:
             self._session.answer_checkpoints(query_id, answer)
-
-    def stop(self) -> None:
-        """Ask the training function to stop at its next ``report()``."""
-        if self._session is not None:
-            self._session.stop_requested.set()

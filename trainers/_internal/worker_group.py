@@ -1,8 +1,10 @@
 """N training workers as Ray actors in one placement group, ranked by node.
 
-The controller drives a group through four calls: ``start``, ``poll``, ``stop`` and
-``shutdown``. ``poll`` keeps one outstanding ``next_events`` call per worker and waits on all of
-them at once, so a report reaches the driver the moment a worker makes it.
+An attempt (``attempt.RayWorkers``) drives a group through ``start`` (place it, start the actors,
+rank them), ``execute`` (the backend's set-up), ``start_training``, then ``poll`` until
+``shutdown``. The workers' events arrive through a ``WorkerInbox``: each worker's socket to this
+process, behind it one Ray long poll per worker that also notices a dead worker or node, so a
+report reaches the driver the moment a worker makes it.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ import warnings
 from typing import Any, Callable
 
 import ray
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from trainers._internal.events import Event, FailedEvent, FinishedEvent
+from trainers._internal.events import Event, FailedEvent
 from trainers._internal.ranks import Ranks, assign_ranks
 from trainers._internal.resources import (
     WORKER_GROUP_PREFIX,
@@ -28,15 +30,12 @@ from trainers._internal.resources import (
     nodes_beside,
     stuck_beside_other_groups,
 )
+from trainers._internal.start_failure import describe_nodes, describe_unstarted
 from trainers._internal.worker import TrainWorker, WorkerMetadata
+from trainers._internal.worker_inbox import WorkerInbox
 from trainers.config import ScalingConfig
 from trainers.errors import InsufficientResourcesError, WorkerError
 
-#: How long a worker's next_events call waits before answering "nothing yet".
-LONG_POLL_S = 10.0
-#: A worker Ray calls unavailable (unreachable, maybe back soon) is given this long before it
-#: counts as failed; a worker that died fails at once.
-UNAVAILABLE_GRACE_S = 10.0
 #: Inside a Tune trial, how often a worker group waiting its turn checks the cluster could still hold it.
 TURN_CHECK_S = 5.0
 
@@ -91,8 +90,8 @@ class RayWorkerGroup:
         self.workers: list[Worker] = []
         self._pg = None
         self._owns_pg = False
-        self._inflight: dict[Any, int] = {}
-        self._unavailable_since: dict[int, float] = {}
+        self._inbox: WorkerInbox | None = None
+        self._placed: dict[int, str] = {}
 
     @property
     def world_size(self) -> int:
@@ -139,6 +138,9 @@ class RayWorkerGroup:
             else:
                 self._wait_for_turn(trial_group)
                 deadline = time.monotonic() + self.start_timeout_s  # the turn's wait is not start-up time
+        # Where each bundle was reserved: if a node dies before its worker starts, the group's
+        # table forgets it, and the error must still say which node it was.
+        self._placed = dict(placement_group_table(self._pg).get("bundles_to_node_id") or {})
         if on_placed is not None:
             on_placed(self._bundle_nodes_by_rank(first_bundle))
         remote_cls = _remote_worker_class()
@@ -151,12 +153,7 @@ class RayWorkerGroup:
             ).remote()
             for i in range(self.world_size)
         ]
-        try:
-            metadata = ray.get([a.metadata.remote() for a in actors], timeout=max(0.1, deadline - time.monotonic()))
-        except GetTimeoutError as error:
-            for actor in actors:
-                ray.kill(actor, no_restart=True)
-            raise WorkerStartError(f"worker actors did not start within {self.start_timeout_s:g} s") from error
+        metadata = self._wait_for_actors(actors, first_bundle, deadline)
         driver_node = ray.get_runtime_context().get_node_id()
         ranks = assign_ranks([m.node_id for m in metadata], first_node=driver_node)
         workers = [Worker(a, m, r) for a, m, r in zip(actors, metadata, ranks)]
@@ -177,11 +174,36 @@ class RayWorkerGroup:
             ]
         )
 
+    def _wait_for_actors(self, actors: list[Any], first_bundle: int, deadline: float) -> list[WorkerMetadata]:
+        """Every actor's metadata once all have started; a clear ``WorkerStartError`` naming the
+        workers' nodes when some died while starting or did not answer by ``deadline``."""
+        refs = [a.metadata.remote() for a in actors]
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=max(0.1, deadline - time.monotonic()))
+        answers: dict[int, Any] = {}
+        failed: dict[int, BaseException] = {}
+        index = {ref: i for i, ref in enumerate(refs)}
+        for ref in ready:
+            try:
+                answers[index[ref]] = ray.get(ref)
+            except (RayActorError, RayTaskError) as error:
+                failed[index[ref]] = error
+        if not pending and not failed:
+            return [answers[i] for i in range(len(refs))]
+        silent = [index[ref] for ref in pending]
+        where = describe_unstarted(self._placed, first_bundle, silent, failed)
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        waited = f"within {self.start_timeout_s:g} s" if pending else "in time"
+        raise WorkerStartError(
+            f"{len(silent) + len(failed)} of {len(actors)} worker(s) x {self.scaling.worker_resources} did not start "
+            f"{waited}: {where}. Nodes now: {describe_nodes()}. A node that left takes its workers with it; "
+            "raise FLOWTRAIN_WORKER_START_TIMEOUT_S if workers only start slowly (large images, many workers per node)."
+        )
+
     def _bundle_nodes_by_rank(self, first_bundle: int) -> list[str]:
         """The node of each worker's bundle, in the rank order ``start`` gives the workers (worker
         i starts in bundle ``first_bundle + i``, so its node is known before it starts)."""
-        where = placement_group_table(self._pg).get("bundles_to_node_id") or {}
-        nodes = [where[first_bundle + i] for i in range(self.world_size)]
+        nodes = [self._placed[first_bundle + i] for i in range(self.world_size)]
         ranks = assign_ranks(nodes, first_node=ray.get_runtime_context().get_node_id())
         by_rank = [""] * len(nodes)
         for node, rank in zip(nodes, ranks):
@@ -195,7 +217,7 @@ class RayWorkerGroup:
             raise WorkerStartError(
                 f"could not reserve {self.world_size} x {self.scaling.worker_resources} ({self.scaling.placement_strategy}){labels} "
                 f"within {self.start_timeout_s:g} s (placement group {state}): other work holds the resources, "
-                "or a node is missing."
+                f"or a node is missing. Nodes now: {describe_nodes()}."
             )
 
     def _wait_for_turn(self, trial_group: Any) -> None:
@@ -243,45 +265,27 @@ class RayWorkerGroup:
         """Start the training function on every worker (inside ``context`` when given), then listen
         for their events."""
         extra = () if context is None else (context,)
+        self._inbox = inbox = WorkerInbox([w.actor for w in self.workers], self._died, self._channel_host())
         ray.get(
-            [w.actor.start.remote(train_fn, config, takes_config, args, *extra) for w, args in zip(self.workers, session_args)]
+            [
+                w.actor.start.remote(train_fn, config, takes_config, args, *extra, channel=inbox.address)
+                for w, args in zip(self.workers, session_args)
+            ]
         )
-        for worker in self.workers:
-            self._listen(worker.ranks.world_rank)
+        inbox.listen()
 
-    def _listen(self, rank: int) -> None:
-        self._inflight[self.workers[rank].actor.next_events.remote(LONG_POLL_S)] = rank
+    def _channel_host(self) -> str:
+        """Where the workers reach this process: loopback when they all run on this machine."""
+        here = ray.util.get_node_ip_address()
+        if all(w.metadata.node_ip == here for w in self.workers):
+            return "127.0.0.1"
+        return here
 
     def poll(self, timeout_s: float) -> list[Event]:
         """Events that arrived within ``timeout_s``; a dead worker shows up as a ``FailedEvent``."""
-        if not self._inflight:
+        if self._inbox is None:
             return []
-        refs = list(self._inflight)
-        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout_s)
-        if ready:
-            more, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            ready = more or ready
-        events: list[Event] = []
-        for ref in ready:
-            rank = self._inflight.pop(ref)
-            try:
-                batch = ray.get(ref)
-            except ActorUnavailableError as error:
-                since = self._unavailable_since.setdefault(rank, time.monotonic())
-                if time.monotonic() - since > UNAVAILABLE_GRACE_S:
-                    events.append(self._died(rank, error))
-                else:
-                    time.sleep(0.2)  # not dead: ask again shortly, no restart spent yet
-                    self._listen(rank)
-                continue
-            except (RayActorError, RayTaskError) as error:
-                events.append(self._died(rank, error))
-                continue
-            self._unavailable_since.pop(rank, None)
-            events.extend(batch)
-            if not any(isinstance(e, (FinishedEvent, FailedEvent)) for e in batch):
-                self._listen(rank)
-        return events
+        return self._inbox.poll(timeout_s)
 
     def probe(self, ranks: list[int], timeout_s: float = 2.0) -> tuple[list[FailedEvent], dict[int, str]]:
         """Ask ``ranks`` what they are doing: dead ones answer at once with an error.
@@ -321,23 +325,17 @@ class RayWorkerGroup:
         """Send rank ``rank`` the answer to its ``get_all_reported_checkpoints()`` call (no waiting)."""
         self.workers[rank].actor.answer_checkpoints.remote(query_id, answer)
 
-    def stop(self) -> None:
-        """Ask every training function to stop at its next report (best effort, no waiting)."""
-        for worker in self.workers:
-            try:
-                worker.actor.stop.remote()
-            except Exception:
-                pass
-
     def shutdown(self) -> None:
         """Kill every actor and release the placement group. Safe to call twice."""
+        if self._inbox is not None:
+            self._inbox.close()  # first: the actors' deaths below are no news
+            self._inbox = None
         for worker in self.workers:
             try:
                 ray.kill(worker.actor, no_restart=True)
             except Exception:
                 pass
         self.workers = []
-        self._inflight.clear()
         if self._pg is not None and self._owns_pg:
             try:
                 remove_placement_group(self._pg)

@@ -16,11 +16,10 @@ from typing import Any
 
 from trainers._internal.validation import check_bool, check_number
 from trainers.backend import Backend, BackendConfig
+from trainers.tuning import JAX_SHUTDOWN_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 
-#: Seconds each worker may spend leaving ``jax.distributed`` when the group stops.
-SHUTDOWN_TIMEOUT_S = 10.0
 #: What JAX says when the coordinator cannot bind the port reserved for it.
 _BIND_FAILURES = ("Address already in use", "Failed to start RPC server")
 
@@ -130,6 +129,6 @@ class JaxBackend(Backend):
         # Leaving together lets the coordinator (rank 0) stop last; the actors are killed right
         # after, so a worker that cannot leave in time is not waited for.
         try:
-            worker_group.execute(_shutdown, timeout_s=SHUTDOWN_TIMEOUT_S)
+            worker_group.execute(_shutdown, timeout_s=JAX_SHUTDOWN_TIMEOUT_S)
         except Exception as error:
             logger.debug("jax.distributed.shutdown on the workers: %s", error)

@@ -28,6 +28,8 @@ class JaxTrainer(DataParallelTrainer):
     ``topology`` and ``accelerator_type``.
     """
 
+    _backend_config_arg = ("jax_config", JaxConfig)
+
     def __init__(
         self,
         train_loop_per_worker: Callable[..., Any],
@@ -42,18 +44,9 @@ class JaxTrainer(DataParallelTrainer):
         metadata: dict[str, Any] | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
     ) -> None:
-        if jax_config is not None and not isinstance(jax_config, JaxConfig):
-            raise TypeError(f"jax_config={jax_config!r}: must be a trainers.jax.JaxConfig.")
-        scaling = scaling_config if isinstance(scaling_config, ScalingConfig) else ScalingConfig()
         if jax_config is None:
+            scaling = scaling_config if isinstance(scaling_config, ScalingConfig) else ScalingConfig()
             jax_config = JaxConfig(use_tpu=scaling.use_tpu, use_gpu=scaling.use_gpu)
-        if jax_config.use_gpu and not scaling.use_gpu:
-            raise ValueError("JaxConfig(use_gpu=True) needs GPUs reserved: set ScalingConfig(use_gpu=True), or use_gpu=False.")
-        if jax_config.use_tpu and not scaling.use_tpu:
-            raise ValueError(
-                "JaxConfig(use_tpu=True) needs TPUs reserved: set ScalingConfig(use_tpu=True, topology=..., "
-                "accelerator_type=...), or use_tpu=False."
-            )
         super().__init__(
             train_loop_per_worker,
             train_loop_config=train_loop_config,
@@ -66,3 +59,10 @@ class JaxTrainer(DataParallelTrainer):
             metadata=metadata,
             resume_from_checkpoint=resume_from_checkpoint,
         )
+        if self.backend_config.use_gpu and not self.scaling_config.use_gpu:
+            raise ValueError("JaxConfig(use_gpu=True) needs GPUs reserved: set ScalingConfig(use_gpu=True), or use_gpu=False.")
+        if self.backend_config.use_tpu and not self.scaling_config.use_tpu:
+            raise ValueError(
+                "JaxConfig(use_tpu=True) needs TPUs reserved: set ScalingConfig(use_tpu=True, topology=..., "
+                "accelerator_type=...), or use_tpu=False."
+            )

@@ -7,22 +7,17 @@ from typing import Any, Callable
 import lightgbm
 
 from storage import Checkpoint
-from trainers._internal import gbdt
+from trainers.gbdt.callback import ReportCallback, model_path
 
 MODEL_FILE = "model.txt"
 
 
-def get_model(checkpoint: Checkpoint, filename: str = MODEL_FILE) -> lightgbm.Booster:
-    """Load the ``lightgbm.Booster`` saved in a checkpoint by ``RayTrainReportCallback``.
-
-    ``booster.current_iteration()`` tells how many rounds it holds, e.g. to resume training with
-    ``lightgbm.train(..., init_model=booster, num_boost_round=total - booster.current_iteration())``.
-    """
-    with gbdt.model_path(checkpoint, filename, MODEL_FILE) as path:
-        return lightgbm.Booster(model_file=path)
+def load_model(path: str) -> lightgbm.Booster:
+    """The ``lightgbm.Booster`` saved at ``path``."""
+    return lightgbm.Booster(model_file=path)
 
 
-class RayTrainReportCallback:
+class RayTrainReportCallback(ReportCallback):
     """Reports LightGBM's evaluation metrics after every boosting round and saves the model as a
     checkpoint, as ``ray.train.lightgbm.RayTrainReportCallback`` does.
 
@@ -49,6 +44,8 @@ class RayTrainReportCallback:
     #: LightGBM runs callbacks by this number: after record_evaluation (20), before early_stopping (30).
     order = 25
 
+    # Ray Train's signature; xgboost's callback has the same one but for its file name, and both
+    # leave the arguments to ReportCallback.
     def __init__(
         self,
         metrics: str | list[str] | dict[str, str] | None = None,
@@ -57,27 +54,28 @@ class RayTrainReportCallback:
         checkpoint_at_end: bool = True,
         results_postprocessing_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
-        self._metrics = gbdt.check_callback_args(type(self).__name__, metrics, filename, frequency, checkpoint_at_end)
-        self._filename = filename
-        self._frequency = frequency
-        self._checkpoint_at_end = checkpoint_at_end
-        self._postprocess = results_postprocessing_fn
+        super().__init__(metrics, filename, frequency, checkpoint_at_end, results_postprocessing_fn)
 
     @classmethod
     def get_model(cls, checkpoint: Checkpoint, filename: str = MODEL_FILE) -> lightgbm.Booster:
-        """Load the ``lightgbm.Booster`` saved in ``checkpoint`` (see ``trainers.lightgbm.get_model``)."""
-        return get_model(checkpoint, filename)
+        """Load the ``lightgbm.Booster`` saved in ``checkpoint`` by this callback (also ``trainers.lightgbm.get_model``).
+
+        ``booster.current_iteration()`` tells how many rounds it holds, e.g. to resume training with
+        ``lightgbm.train(..., init_model=booster, num_boost_round=total - booster.current_iteration())``.
+        """
+        with model_path(checkpoint, filename, MODEL_FILE) as path:
+            return load_model(path)
 
     def __call__(self, env: Any) -> None:
-        metrics = self._round_metrics(env.evaluation_result_list or [])
+        """Report the round LightGBM just finished, with a checkpoint when it is due."""
+        metrics = self._round_metrics({f"{e[0]}-{e[1]}": e[2] for e in env.evaluation_result_list or []})
         last = env.iteration == env.end_iteration - 1
-        if gbdt.is_checkpoint_round(env.iteration, self._frequency) or (last and self._checkpoint_at_end):
+        if self._is_checkpoint_round(env.iteration) or (last and self._checkpoint_at_end):
             # num_iteration=-1: every round, so that a resumed run counts them all.
-            gbdt.report(metrics, lambda path: env.model.save_model(path, num_iteration=-1), self._filename)
+            self._report(metrics, lambda path: env.model.save_model(path, num_iteration=-1))
         else:
-            gbdt.report(metrics, None, self._filename)
+            self._report(metrics, None)
 
-    def _round_metrics(self, results: list[tuple]) -> dict[str, Any]:
-        latest = {f"{entry[0]}-{entry[1]}": entry[2] for entry in results}
-        selected = gbdt.select_metrics(type(self).__name__, latest, self._metrics)
-        return self._postprocess(selected) if self._postprocess else selected
+
+#: ``RayTrainReportCallback.get_model``, as a function.
+get_model = RayTrainReportCallback.get_model

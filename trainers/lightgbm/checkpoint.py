@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import lightgbm
 
-from trainers._internal.framework_checkpoint import FrameworkCheckpoint
-from trainers.lightgbm.callback import MODEL_FILE
+from trainers.gbdt.checkpoint import GBDTCheckpoint
+from trainers.lightgbm.callback import MODEL_FILE, load_model
 
 
-class LightGBMCheckpoint(FrameworkCheckpoint):
+class LightGBMCheckpoint(GBDTCheckpoint):
     """A checkpoint with a LightGBM model: ``LightGBMCheckpoint.from_model(booster)``, then
     ``checkpoint.get_model()``.
 
@@ -22,29 +21,6 @@ class LightGBMCheckpoint(FrameworkCheckpoint):
 
     #: The file ``from_model`` writes (LightGBM's text format).
     MODEL_FILENAME: ClassVar[str] = MODEL_FILE
-    _INSTEAD: ClassVar[str] = "trainers.Checkpoint with RayTrainReportCallback.get_model(checkpoint)"
-
-    @classmethod
-    def from_model(
-        cls,
-        booster: lightgbm.Booster,
-        *,
-        preprocessor: Any | None = None,
-        path: str | os.PathLike | None = None,
-    ) -> "LightGBMCheckpoint":
-        """A checkpoint of ``booster`` saved into ``path`` (an existing, preferably empty folder;
-        a new temporary one by default), with ``preprocessor`` if given.
-
-        For a scikit-learn style model pass ``model.booster_``.
-        """
-        if not isinstance(booster, lightgbm.Booster):
-            raise TypeError(
-                f"LightGBMCheckpoint.from_model(booster={type(booster).__name__}): pass a lightgbm.Booster "
-                "(for an LGBMClassifier/LGBMRegressor, model.booster_)."
-            )
-        return cls._from_saved(booster.save_model, preprocessor=preprocessor, path=path, method="from_model")
-
-    def get_model(self) -> lightgbm.Booster:
-        """The ``lightgbm.Booster`` stored in this checkpoint."""
-        with self._model_file() as path:
-            return lightgbm.Booster(model_file=path)
+    _BOOSTER = lightgbm.Booster
+    _PASS_A_BOOSTER = "a lightgbm.Booster (for an LGBMClassifier/LGBMRegressor, model.booster_)"
+    _load_model = staticmethod(load_model)

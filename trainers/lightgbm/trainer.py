@@ -2,70 +2,38 @@
 
 from __future__ import annotations
 
-import logging
-from typing import Any, Callable, NoReturn
+from operator import methodcaller
+from typing import Any, Callable
 
 import lightgbm
 import numpy as np
 
-import trainers
 from storage import Checkpoint
-from trainers._internal import gbdt
-from trainers._internal.gbdt_trainer import GBDTTrainer
 from trainers.config import DataConfig, RunConfig, ScalingConfig
+from trainers.gbdt.library import Library, Shards
+from trainers.gbdt.param_form import TRAIN
+from trainers.gbdt.trainer import GBDTTrainer
 from trainers.lightgbm.bins import shared_bins
-from trainers.lightgbm.callback import RayTrainReportCallback, get_model
+from trainers.lightgbm.callback import RayTrainReportCallback
 from trainers.lightgbm.config import LightGBMConfig, get_network_params
 
-logger = logging.getLogger(__name__)
 
-
-def _train_fn_per_worker(form: gbdt.ParamForm) -> None:
-    """The parameter form's training function: resume from the latest checkpoint, build the
-    Datasets from this worker's shards with bins shared by all workers, boost the remaining rounds."""
-    booster, done = None, 0
-    checkpoint = trainers.get_checkpoint()
-    if checkpoint is not None:
-        booster = get_model(checkpoint)
-        done = booster.current_iteration()
-    remaining = form.num_boost_round - done
-    if remaining <= 0:
-        logger.info("the checkpoint holds %d rounds, num_boost_round=%d: nothing left to train", done, form.num_boost_round)
-        return
-    rank = trainers.get_context().get_world_rank()
+def _boost(form: Any, shards: Shards, booster: Any, num_boost_round: int, callbacks: list, train_kwargs: dict) -> None:
+    """The parameter form's boosting: the training set binned from all workers' rows, the validation
+    sets with its bins, then ``lightgbm.train`` over LightGBM's own network."""
     params = {"tree_learner": "data_parallel", "pre_partition": True, **form.params}
-    features = list(form.features)
-    frames = {
-        name: gbdt.load_shard(trainers.get_dataset_shard(name), name, rank, form.features, form.label_column, np.float64)
-        for name in form.dataset_names
-    }
-    x, y = frames[gbdt.TRAIN]
-    train_set = lightgbm.Dataset(
-        x,
-        label=y,
-        reference=shared_bins(x, params, feature_name=features),
-        feature_name=features,
-        **form.dmatrix_params.get(gbdt.TRAIN, {}),
-    )
-    valid_sets = [train_set] + [
-        lightgbm.Dataset(vx, label=vy, reference=train_set, feature_name=features, **form.dmatrix_params.get(name, {}))
-        for name, (vx, vy) in frames.items()
-        if name != gbdt.TRAIN
-    ]
-    kwargs = dict(form.train_kwargs)
-    callbacks = list(kwargs.pop("callbacks", None) or [])
-    if not any(isinstance(c, RayTrainReportCallback) for c in callbacks):
-        callbacks.append(RayTrainReportCallback(frequency=1))
+    features, frames = list(form.features), {name: (x, y) for name, x, y in shards}
+
+    def dataset(name: str, reference: Any) -> lightgbm.Dataset:
+        x, y = frames[name]
+        return lightgbm.Dataset(x, label=y, reference=reference, feature_name=features, **form.dmatrix_params.get(name, {}))
+
+    train_set = dataset(TRAIN, shared_bins(frames[TRAIN][0], params, feature_name=features))
+    valid_sets = [train_set] + [dataset(name, train_set) for name in frames if name != TRAIN]
     params.update(get_network_params())  # last: this frees the port LightGBM binds next
     lightgbm.train(
-        params,
-        train_set,
-        num_boost_round=remaining,
-        valid_sets=valid_sets,
-        valid_names=list(frames),
-        init_model=booster,
-        callbacks=callbacks,
-        **kwargs,
+        params, train_set, num_boost_round=num_boost_round, valid_sets=valid_sets, valid_names=list(frames),
+        init_model=booster, callbacks=callbacks, **train_kwargs,
     )
 
 
@@ -106,14 +74,19 @@ class LightGBMTrainer(GBDTTrainer):
     ``lightgbm.train`` (e.g. ``callbacks=[RayTrainReportCallback(frequency=10)]``).
     """
 
-    _library_train = staticmethod(lightgbm.train)
-    _reserved = ("params", "train_set", "num_boost_round", "valid_sets", "valid_names", "init_model")
-    _param_form_fn = staticmethod(_train_fn_per_worker)
+    #: This library as GBDTTrainer uses it (XGBoostTrainer fills in the same fields for xgboost).
+    _library = Library(
+        name="lightgbm", config_cls=LightGBMConfig, train=lightgbm.train, feature_dtype=np.float64,
+        report_callback=RayTrainReportCallback, num_rounds=methodcaller("current_iteration"), boost=_boost,
+        reserved=("params", "train_set", "num_boost_round", "valid_sets", "valid_names", "init_model"),
+    )
 
+    # Ray Train's signature, which XGBoostTrainer shares but for xgboost_config=.
     def __init__(
         self,
         train_loop_per_worker: Callable[..., Any] | None = None,
         *,
+        # DataParallelTrainer's arguments, as every framework's trainer takes them, and the config:
         train_loop_config: dict[str, Any] | None = None,
         lightgbm_config: LightGBMConfig | None = None,
         scaling_config: ScalingConfig | None = None,
@@ -123,40 +96,18 @@ class LightGBMTrainer(GBDTTrainer):
         validation_config: Any = None,
         metadata: dict[str, Any] | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
+        # The parameter form's arguments:
         label_column: str | None = None,
         params: dict[str, Any] | None = None,
         num_boost_round: int | None = None,
         dmatrix_params: dict[str, dict[str, Any]] | None = None,
         **train_kwargs: Any,
     ) -> None:
-        if lightgbm_config is not None and not isinstance(lightgbm_config, LightGBMConfig):
-            raise TypeError(f"lightgbm_config={lightgbm_config!r}: must be a trainers.lightgbm.LightGBMConfig.")
+        # Every argument goes on to GBDTTrainer as it came, as in every framework's trainer.
         super().__init__(
-            train_loop_per_worker,
-            train_loop_config=train_loop_config,
-            backend_config=lightgbm_config or LightGBMConfig(),
-            scaling_config=scaling_config,
-            run_config=run_config,
-            datasets=datasets,
-            dataset_config=dataset_config,
-            validation_config=validation_config,
-            metadata=metadata,
-            resume_from_checkpoint=resume_from_checkpoint,
-            label_column=label_column,
-            params=params,
-            num_boost_round=num_boost_round,
-            dmatrix_params=dmatrix_params,
+            train_loop_per_worker, train_loop_config=train_loop_config, backend_config=lightgbm_config,
+            scaling_config=scaling_config, run_config=run_config, datasets=datasets, dataset_config=dataset_config,
+            validation_config=validation_config, metadata=metadata, resume_from_checkpoint=resume_from_checkpoint,
+            label_column=label_column, params=params, num_boost_round=num_boost_round, dmatrix_params=dmatrix_params,
             train_kwargs=train_kwargs,
-        )
-
-    @classmethod
-    def get_model(cls, checkpoint: Checkpoint) -> NoReturn:
-        """Removed, as in Ray Train: raises ``DeprecationWarning`` naming what to call instead.
-
-        Load a checkpoint's model with ``RayTrainReportCallback.get_model(checkpoint)`` (or
-        ``trainers.lightgbm.get_model(checkpoint)``).
-        """
-        raise DeprecationWarning(
-            "LightGBMTrainer.get_model(checkpoint) is gone (Ray Train V2 removed it): load the model with "
-            "trainers.lightgbm.RayTrainReportCallback.get_model(checkpoint), or trainers.lightgbm.get_model(checkpoint)."
         )

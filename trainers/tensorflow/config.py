@@ -15,9 +15,8 @@ import socket
 from typing import Any
 
 from trainers.backend import Backend, BackendConfig
+from trainers.tuning import TENSORFLOW_SETUP_TIMEOUT_S
 
-#: Seconds each set-up call to the workers may take (they only pick a port and set variables).
-SETUP_TIMEOUT_S = 60.0
 #: What TensorFlow says when its gRPC server cannot bind the port reserved for it.
 _BIND_FAILURES = ("Could not start gRPC server", "Address already in use")
 
@@ -92,7 +91,7 @@ class TensorflowBackend(Backend):
         workers = worker_group.workers
         if not workers:
             return
-        ports = worker_group.execute(free_port, timeout_s=SETUP_TIMEOUT_S)
+        ports = worker_group.execute(free_port, timeout_s=TENSORFLOW_SETUP_TIMEOUT_S)
         addresses = [address(w.metadata.node_ip, port) for w, port in zip(workers, ports)]
         # One call per worker with its own index, all sent before waiting on any.
-        ray.get([w.actor.execute.remote(_set_environment, addresses, w.ranks.world_rank) for w in workers], timeout=SETUP_TIMEOUT_S)
+        ray.get([w.actor.execute.remote(_set_environment, addresses, w.ranks.world_rank) for w in workers], timeout=TENSORFLOW_SETUP_TIMEOUT_S)

@@ -31,6 +31,8 @@ class TensorflowTrainer(DataParallelTrainer):
     (``tf.config.threading``) if several workers share a node's cores.
     """
 
+    _backend_config_arg = ("tensorflow_config", TensorflowConfig)
+
     def __init__(
         self,
         train_loop_per_worker: Callable[..., Any],
@@ -45,12 +47,10 @@ class TensorflowTrainer(DataParallelTrainer):
         metadata: dict[str, Any] | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
     ) -> None:
-        if tensorflow_config is not None and not isinstance(tensorflow_config, TensorflowConfig):
-            raise TypeError(f"tensorflow_config={tensorflow_config!r}: must be a trainers.tensorflow.TensorflowConfig.")
         super().__init__(
             train_loop_per_worker,
             train_loop_config=train_loop_config,
-            backend_config=tensorflow_config or TensorflowConfig(),
+            backend_config=tensorflow_config,
             scaling_config=scaling_config,
             run_config=run_config,
             datasets=datasets,

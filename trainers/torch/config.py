@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import os
 import socket
-from typing import Any
+from typing import Any, Callable, ContextManager, Iterator
 
 from trainers._internal.validation import check_choice, check_number
 from trainers.backend import Backend, BackendConfig
@@ -48,8 +49,18 @@ class TorchConfig(BackendConfig):
     def framework(self) -> str:
         return "torch"
 
+    @property
+    def train_func_context(self) -> Callable[[], ContextManager[None]]:
+        """Each worker's training function runs inside ``_accelerate_device``: Hugging Face
+        Accelerate is told which GPU is the worker's own."""
+        return _accelerate_device
+
     def resolved_backend(self, use_gpu: bool) -> str:
-        """The process-group backend that will be used."""
+        """The process-group backend that will be used; ``ValueError`` when it is nccl without GPUs."""
+        if self.backend == "nccl" and not use_gpu:
+            raise ValueError(
+                "TorchConfig(backend='nccl') needs GPUs: set ScalingConfig(use_gpu=True), or use backend='gloo'."
+            )
         return self.backend or ("nccl" if use_gpu else "gloo")
 
     def collective_backend(self, use_gpu: bool) -> str:
@@ -75,18 +86,31 @@ def _import_torch_and_free_port() -> int:
 
 
 def _accelerate_env(workers: list[Any], use_gpu: bool) -> dict[int, dict[str, str]]:
-    """Per world rank: the variables Hugging Face Accelerate reads to find this worker's device.
+    """Per world rank: the variables Hugging Face Accelerate reads to treat CPU workers as one job.
 
     Accelerate (and ``transformers.Trainer``, built on it) treats CPU processes as one distributed
-    job only when ``ACCELERATE_USE_CPU`` is set, and on GPUs would take ``cuda:LOCAL_RANK``,
-    which need not be the worker's own GPU; ``ACCELERATE_TORCH_DEVICE`` names it.
+    job only when ``ACCELERATE_USE_CPU`` is set. GPU workers are told their device by
+    ``_accelerate_device`` instead, once they know which GPU is theirs.
     """
-    if not use_gpu:
-        return {w.ranks.world_rank: {"ACCELERATE_USE_CPU": "true", "ACCELERATE_TORCH_DEVICE": "cpu"} for w in workers}
-    from trainers.torch.devices import assign_visible_devices
+    if use_gpu:
+        return {}
+    return {w.ranks.world_rank: {"ACCELERATE_USE_CPU": "true", "ACCELERATE_TORCH_DEVICE": "cpu"} for w in workers}
 
-    visible = assign_visible_devices([list(w.metadata.gpu_ids) for w in workers], [w.metadata.node_id for w in workers])
-    return {w.ranks.world_rank: {"ACCELERATE_TORCH_DEVICE": f"cuda:{ids[0]}"} for w, (_, ids) in zip(workers, visible) if ids}
+
+@contextlib.contextmanager
+def _accelerate_device() -> Iterator[None]:
+    """Around the training function: name this worker's own GPU to Accelerate.
+
+    Accelerate would take ``cuda:LOCAL_RANK``, which need not be the GPU the trainer gave this
+    worker; ``ACCELERATE_TORCH_DEVICE`` names the first of its ``TrainContext.accelerator_ids``
+    (indices into its ``CUDA_VISIBLE_DEVICES``). Nothing is set on a CPU worker.
+    """
+    from trainers.context import get_context
+
+    ids = get_context().accelerator_ids
+    if ids:
+        os.environ["ACCELERATE_TORCH_DEVICE"] = f"cuda:{ids[0]}"
+    yield
 
 
 def _per_rank_env(workers: list[Any], use_gpu: bool) -> dict[int, dict[str, str]]:
@@ -144,10 +168,6 @@ class TorchBackend(Backend):
             return
         use_gpu = worker_group.scaling.use_gpu
         backend = backend_config.resolved_backend(use_gpu)
-        if backend == "nccl" and not use_gpu:
-            raise ValueError(
-                "TorchConfig.backend='nccl' needs GPUs: set ScalingConfig(use_gpu=True) or use backend='gloo'."
-            )
         master = worker_group.workers[0]
         ports = worker_group.execute(_import_torch_and_free_port, timeout_s=backend_config.timeout_s + 30)
         env = {"MASTER_ADDR": master.metadata.node_ip, "MASTER_PORT": str(ports[0])}

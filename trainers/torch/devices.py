@@ -1,4 +1,4 @@
-"""Which accelerator each worker uses (pure functions, testable without a GPU)."""
+"""This worker's torch devices (``trainers._internal.devices`` decides which GPUs each worker has)."""
 
 from __future__ import annotations
 
@@ -7,28 +7,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
-
-
-def assign_visible_devices(gpu_ids_by_worker: list[list[str]], node_of_worker: list[str]) -> list[tuple[str, tuple[int, ...]]]:
-    """Per worker: the ``CUDA_VISIBLE_DEVICES`` to set, and its own GPUs as indices into that list.
-
-    Every worker on a node sees all GPUs given to that node's workers (sorted), so NCCL can use
-    peer-to-peer copies between them; each worker then trains on its own ones by index.
-    """
-    def order(gpu: str) -> tuple[int, str]:
-        return (int(gpu), gpu) if gpu.isdigit() else (1 << 30, gpu)
-
-    per_node: dict[str, list[str]] = {}
-    for node, gpus in zip(node_of_worker, gpu_ids_by_worker):
-        per_node.setdefault(node, [])
-        for gpu in gpus:
-            if gpu not in per_node[node]:
-                per_node[node].append(gpu)
-    visible = {node: sorted(gpus, key=order) for node, gpus in per_node.items()}
-    return [
-        (",".join(visible[node]), tuple(visible[node].index(gpu) for gpu in gpus))
-        for node, gpus in zip(node_of_worker, gpu_ids_by_worker)
-    ]
 
 
 def get_devices() -> list["torch.device"]:

@@ -18,6 +18,8 @@ class TorchTrainer(DataParallelTrainer):
     checkpoints. Same arguments as ``ray.train.torch.TorchTrainer``.
     """
 
+    _backend_config_arg = ("torch_config", TorchConfig)
+
     def __init__(
         self,
         train_loop_per_worker: Callable[..., Any],
@@ -32,17 +34,10 @@ class TorchTrainer(DataParallelTrainer):
         metadata: dict[str, Any] | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
     ) -> None:
-        if torch_config is not None and not isinstance(torch_config, TorchConfig):
-            raise TypeError(f"torch_config={torch_config!r}: must be a trainers.torch.TorchConfig.")
-        config = torch_config or TorchConfig()
-        if config.backend == "nccl" and not (isinstance(scaling_config, ScalingConfig) and scaling_config.use_gpu):
-            raise ValueError(
-                "TorchConfig(backend='nccl') needs GPUs: set ScalingConfig(use_gpu=True), or use backend='gloo'."
-            )
         super().__init__(
             train_loop_per_worker,
             train_loop_config=train_loop_config,
-            backend_config=config,
+            backend_config=torch_config,
             scaling_config=scaling_config,
             run_config=run_config,
             datasets=datasets,

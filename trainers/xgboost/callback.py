@@ -8,24 +8,19 @@ import xgboost
 from xgboost.callback import TrainingCallback
 
 from storage import Checkpoint
-from trainers._internal import gbdt
+from trainers.gbdt.callback import ReportCallback, model_path
 
 MODEL_FILE = "model.ubj"
 
 
-def get_model(checkpoint: Checkpoint, filename: str = MODEL_FILE) -> xgboost.Booster:
-    """Load the ``xgboost.Booster`` saved in a checkpoint by ``RayTrainReportCallback``.
-
-    ``booster.num_boosted_rounds()`` tells how many rounds it holds, e.g. to resume training
-    with ``xgboost.train(..., xgb_model=booster, num_boost_round=total - booster.num_boosted_rounds())``.
-    """
-    with gbdt.model_path(checkpoint, filename, MODEL_FILE) as path:
-        booster = xgboost.Booster()
-        booster.load_model(path)
-        return booster
+def load_model(path: str) -> xgboost.Booster:
+    """The ``xgboost.Booster`` saved at ``path``."""
+    booster = xgboost.Booster()
+    booster.load_model(path)
+    return booster
 
 
-class RayTrainReportCallback(TrainingCallback):
+class RayTrainReportCallback(ReportCallback, TrainingCallback):
     """Reports xgboost's evaluation metrics after every boosting round and saves the model as a
     checkpoint, as ``ray.train.xgboost.RayTrainReportCallback`` does.
 
@@ -48,6 +43,8 @@ class RayTrainReportCallback(TrainingCallback):
     #: The model's default file name inside each checkpoint (as ``ray.train.xgboost``'s).
     CHECKPOINT_NAME = MODEL_FILE
 
+    # Ray Train's signature; LightGBM's callback has the same one but for its file name, and both
+    # leave the arguments to ReportCallback.
     def __init__(
         self,
         metrics: str | list[str] | dict[str, str] | None = None,
@@ -56,48 +53,56 @@ class RayTrainReportCallback(TrainingCallback):
         checkpoint_at_end: bool = True,
         results_postprocessing_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
-        super().__init__()
-        self._metrics = gbdt.check_callback_args(type(self).__name__, metrics, filename, frequency, checkpoint_at_end)
-        self._filename = filename
-        self._frequency = frequency
-        self._checkpoint_at_end = checkpoint_at_end
-        self._postprocess = results_postprocessing_fn
+        super().__init__(metrics, filename, frequency, checkpoint_at_end, results_postprocessing_fn)
         # The latest round's metrics, held back until we know whether it is the last round (its row
         # then carries the final checkpoint: one row per round, with or without checkpoint_at_end).
         self._held: dict[str, Any] | None = None
 
     @classmethod
     def get_model(cls, checkpoint: Checkpoint, filename: str = MODEL_FILE) -> xgboost.Booster:
-        """Load the ``xgboost.Booster`` saved in ``checkpoint`` (see ``trainers.xgboost.get_model``)."""
-        return get_model(checkpoint, filename)
+        """Load the ``xgboost.Booster`` saved in ``checkpoint`` by this callback (also ``trainers.xgboost.get_model``).
+
+        ``booster.num_boosted_rounds()`` tells how many rounds it holds, e.g. to resume training
+        with ``xgboost.train(..., xgb_model=booster, num_boost_round=total - booster.num_boosted_rounds())``.
+        """
+        with model_path(checkpoint, filename, MODEL_FILE) as path:
+            return load_model(path)
 
     def before_training(self, model: xgboost.Booster) -> xgboost.Booster:
+        """Start with nothing held back (the callback may serve several trainings)."""
         self._held = None
         return model
 
     def after_iteration(self, model: xgboost.Booster, epoch: int, evals_log: dict) -> bool:
-        metrics = self._round_metrics(evals_log)
+        """Report the previous round, then this one's now if it is a checkpoint round (else hold it)."""
+        metrics = self._round_metrics(_latest(evals_log))
         self._release(save=None)
-        if gbdt.is_checkpoint_round(epoch, self._frequency):
-            gbdt.report(metrics, model.save_model, self._filename)
+        if self._is_checkpoint_round(epoch):
+            self._report(metrics, model.save_model)
         else:
             self._held = metrics
         return False  # never asks xgboost to stop
 
     def after_training(self, model: xgboost.Booster) -> xgboost.Booster:
+        """Report the last round, with the final checkpoint when ``checkpoint_at_end``."""
         self._release(save=model.save_model if self._checkpoint_at_end else None)
         return model
 
     def _release(self, save: Callable[[str], None] | None) -> None:
         if self._held is not None:
             held, self._held = self._held, None
-            gbdt.report(held, save, self._filename)
+            self._report(held, save)
 
-    def _round_metrics(self, evals_log: dict) -> dict[str, Any]:
-        latest = {}
-        for data_name, by_metric in evals_log.items():
-            for metric, values in by_metric.items():
-                value = values[-1]
-                latest[f"{data_name}-{metric}"] = value[0] if isinstance(value, tuple) else value
-        selected = gbdt.select_metrics(type(self).__name__, latest, self._metrics)
-        return self._postprocess(selected) if self._postprocess else selected
+
+def _latest(evals_log: dict) -> dict[str, Any]:
+    """Each metric's value in the round just finished, as ``"<evaluation set>-<metric>"``."""
+    latest = {}
+    for data_name, by_metric in evals_log.items():
+        for metric, values in by_metric.items():
+            value = values[-1]
+            latest[f"{data_name}-{metric}"] = value[0] if isinstance(value, tuple) else value
+    return latest
+
+
+#: ``RayTrainReportCallback.get_model``, as a function.
+get_model = RayTrainReportCallback.get_model

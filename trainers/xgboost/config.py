@@ -36,6 +36,7 @@ class XGBoostConfig(BackendConfig):
     def __post_init__(self) -> None:
         check_choice("XGBoostConfig.xgboost_communicator", self.xgboost_communicator, COMMUNICATORS)
 
+    # BackendConfig's hooks, filled in as every framework's config fills them in.
     @property
     def backend_cls(self) -> type[Backend]:
         return XGBoostBackend

@@ -2,54 +2,27 @@
 
 from __future__ import annotations
 
-import logging
-from typing import Any, Callable, NoReturn
+from operator import methodcaller
+from typing import Any, Callable
 
 import numpy as np
 import xgboost
 
-import trainers
 from storage import Checkpoint
-from trainers._internal import gbdt
-from trainers._internal.gbdt_trainer import GBDTTrainer
 from trainers.config import DataConfig, RunConfig, ScalingConfig
-from trainers.xgboost.callback import RayTrainReportCallback, get_model
+from trainers.gbdt.library import Library, Shards
+from trainers.gbdt.trainer import GBDTTrainer
+from trainers.xgboost.callback import RayTrainReportCallback
 from trainers.xgboost.config import XGBoostConfig
 
-logger = logging.getLogger(__name__)
 
-
-def _train_fn_per_worker(form: gbdt.ParamForm) -> None:
-    """The parameter form's training function: resume from the latest checkpoint, build the
-    DMatrices from this worker's shards, boost the remaining rounds."""
-    booster, done = None, 0
-    checkpoint = trainers.get_checkpoint()
-    if checkpoint is not None:
-        booster = get_model(checkpoint)
-        done = booster.num_boosted_rounds()
-    remaining = form.num_boost_round - done
-    if remaining <= 0:
-        logger.info("the checkpoint holds %d rounds, num_boost_round=%d: nothing left to train", done, form.num_boost_round)
-        return
-    rank = trainers.get_context().get_world_rank()
-    evals = []
-    for name in form.dataset_names:
-        x, y = gbdt.load_shard(trainers.get_dataset_shard(name), name, rank, form.features, form.label_column, np.float32)
-        matrix = xgboost.DMatrix(x, label=y, feature_names=list(form.features), **form.dmatrix_params.get(name, {}))
-        evals.append((matrix, name))
-    kwargs = dict(form.train_kwargs)
-    callbacks = list(kwargs.pop("callbacks", None) or [])
-    if not any(isinstance(c, RayTrainReportCallback) for c in callbacks):
-        callbacks.append(RayTrainReportCallback(frequency=1))
-    kwargs.setdefault("verbose_eval", False)
+def _boost(form: Any, shards: Shards, booster: Any, num_boost_round: int, callbacks: list, train_kwargs: dict) -> None:
+    """The parameter form's boosting: a DMatrix of each shard, then ``xgboost.train``."""
+    feature_names = list(form.features)
+    evals = [(xgboost.DMatrix(x, label=y, feature_names=feature_names, **form.dmatrix_params.get(name, {})), name) for name, x, y in shards]
+    train_kwargs.setdefault("verbose_eval", False)  # the reports show every round
     xgboost.train(
-        form.params,
-        evals[0][0],
-        num_boost_round=remaining,
-        evals=evals,
-        xgb_model=booster,
-        callbacks=callbacks,
-        **kwargs,
+        form.params, evals[0][0], num_boost_round=num_boost_round, evals=evals, xgb_model=booster, callbacks=callbacks, **train_kwargs
     )
 
 
@@ -88,14 +61,19 @@ class XGBoostTrainer(GBDTTrainer):
     less often, ``early_stopping_rounds=``).
     """
 
-    _library_train = staticmethod(xgboost.train)
-    _reserved = ("params", "dtrain", "num_boost_round", "evals", "xgb_model")
-    _param_form_fn = staticmethod(_train_fn_per_worker)
+    #: This library as GBDTTrainer uses it (LightGBMTrainer fills in the same fields for LightGBM).
+    _library = Library(
+        name="xgboost", config_cls=XGBoostConfig, train=xgboost.train, feature_dtype=np.float32,
+        report_callback=RayTrainReportCallback, num_rounds=methodcaller("num_boosted_rounds"), boost=_boost,
+        reserved=("params", "dtrain", "num_boost_round", "evals", "xgb_model"),
+    )
 
+    # Ray Train's signature, which LightGBMTrainer shares but for lightgbm_config=.
     def __init__(
         self,
         train_loop_per_worker: Callable[..., Any] | None = None,
         *,
+        # DataParallelTrainer's arguments, as every framework's trainer takes them, and the config:
         train_loop_config: dict[str, Any] | None = None,
         xgboost_config: XGBoostConfig | None = None,
         scaling_config: ScalingConfig | None = None,
@@ -105,40 +83,18 @@ class XGBoostTrainer(GBDTTrainer):
         validation_config: Any = None,
         metadata: dict[str, Any] | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
+        # The parameter form's arguments:
         label_column: str | None = None,
         params: dict[str, Any] | None = None,
         num_boost_round: int | None = None,
         dmatrix_params: dict[str, dict[str, Any]] | None = None,
         **train_kwargs: Any,
     ) -> None:
-        if xgboost_config is not None and not isinstance(xgboost_config, XGBoostConfig):
-            raise TypeError(f"xgboost_config={xgboost_config!r}: must be a trainers.xgboost.XGBoostConfig.")
+        # Every argument goes on to GBDTTrainer as it came, as in every framework's trainer.
         super().__init__(
-            train_loop_per_worker,
-            train_loop_config=train_loop_config,
-            backend_config=xgboost_config or XGBoostConfig(),
-            scaling_config=scaling_config,
-            run_config=run_config,
-            datasets=datasets,
-            dataset_config=dataset_config,
-            validation_config=validation_config,
-            metadata=metadata,
-            resume_from_checkpoint=resume_from_checkpoint,
-            label_column=label_column,
-            params=params,
-            num_boost_round=num_boost_round,
-            dmatrix_params=dmatrix_params,
+            train_loop_per_worker, train_loop_config=train_loop_config, backend_config=xgboost_config,
+            scaling_config=scaling_config, run_config=run_config, datasets=datasets, dataset_config=dataset_config,
+            validation_config=validation_config, metadata=metadata, resume_from_checkpoint=resume_from_checkpoint,
+            label_column=label_column, params=params, num_boost_round=num_boost_round, dmatrix_params=dmatrix_params,
             train_kwargs=train_kwargs,
-        )
-
-    @classmethod
-    def get_model(cls, checkpoint: Checkpoint) -> NoReturn:
-        """Removed, as in Ray Train: raises ``DeprecationWarning`` naming what to call instead.
-
-        Load a checkpoint's model with ``RayTrainReportCallback.get_model(checkpoint)`` (or
-        ``trainers.xgboost.get_model(checkpoint)``).
-        """
-        raise DeprecationWarning(
-            "XGBoostTrainer.get_model(checkpoint) is gone (Ray Train V2 removed it): load the model with "
-            "trainers.xgboost.RayTrainReportCallback.get_model(checkpoint), or trainers.xgboost.get_model(checkpoint)."
         )

@@ -1,0 +1,417 @@
+"""Copying a checkpoint's files into the run's storage, retrying the errors that pass.
+
+Object stores fail now and then in ways that go away by themselves (an S3 503 or "slow down",
+a dropped connection, a timeout). An upload that meets one waits and tries again, with
+exponential backoff and jitter, a bounded number of times; then it fails with a
+``CheckpointUploadError`` naming where it was copying to and the last error.
+
+What is retried (``is_transient``): every ``OSError`` except those waiting cannot fix, which are
+raised after the first try:
+
+- a missing file or folder, no permission, a name taken by a folder (``FileNotFoundError``,
+  ``PermissionError``, ``IsADirectoryError``, ``NotADirectoryError``, ``FileExistsError``);
+- on local disk, a full disk or quota, a read-only filesystem, a name too long (by ``errno``);
+- on object stores, whose errors pyarrow raises as plain ``OSError`` with the cloud's error code
+  in the message: a missing bucket, access denied, bad credentials (``PERMANENT_CODES``).
+
+Any other exception (a ``TypeError``, pyarrow's ``ArrowInvalid``) is a mistake, not weather: it
+is raised at once, as it is.
+
+The policy (``RetryPolicy``) is read from the environment at every upload, so a run can change it
+without a restart of Python: ``FLOWTRAIN_UPLOAD_RETRIES`` (retries after the first try, default
+4, so 5 tries), ``FLOWTRAIN_UPLOAD_BACKOFF_S`` (the wait before the first retry, default 0.5 s;
+it doubles for each further retry), ``FLOWTRAIN_UPLOAD_BACKOFF_MAX_S`` (the longest wait, default
+8 s), ``FLOWTRAIN_UPLOAD_THREADS`` (files copied at once to remote storage, default 8). Workers
+read their own environment: set these in ``RunConfig(worker_runtime_env={"env_vars": {...}})``
+(or in the environment Ray's workers start with) for the workers' uploads, and in the driver's
+for the commit, which copies the staged files into the checkpoint's folder on object stores.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import errno
+import logging
+import os
+import random
+import re
+import shutil
+import time
+from typing import Any, Callable, Iterable
+
+import pyarrow.fs as pafs
+
+from storage.errors import StorageError
+
+logger = logging.getLogger(__name__)
+
+#: Retries after the first try of an upload (``FLOWTRAIN_UPLOAD_RETRIES``): 5 tries in all.
+UPLOAD_RETRIES = 4
+#: Seconds to wait before the first retry (``FLOWTRAIN_UPLOAD_BACKOFF_S``); each further retry
+#: waits twice as long as the one before, up to ``UPLOAD_BACKOFF_MAX_S``.
+UPLOAD_BACKOFF_S = 0.5
+#: The longest wait between two tries, in seconds (``FLOWTRAIN_UPLOAD_BACKOFF_MAX_S``). With the
+#: defaults an upload that never succeeds gives up after waiting at most 0.5+1+2+4 = 7.5 s.
+UPLOAD_BACKOFF_MAX_S = 8.0
+#: Files copied at once into remote storage (``FLOWTRAIN_UPLOAD_THREADS``); local disk copies
+#: one file at a time.
+UPLOAD_THREADS = 8
+#: Bytes read and written per call when streaming a file to remote storage.
+CHUNK_BYTES = 4 * 1024 * 1024
+
+#: Python error types waiting cannot fix.
+PERMANENT_TYPES: tuple[type[OSError], ...] = (
+    FileNotFoundError,
+    PermissionError,
+    FileExistsError,
+    IsADirectoryError,
+    NotADirectoryError,
+)
+#: Local-disk ``errno`` values waiting cannot fix (within the seconds an upload waits).
+PERMANENT_ERRNOS = frozenset(
+    code
+    for code in (
+        getattr(errno, name, None)
+        for name in ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "ENOENT", "ENAMETOOLONG", "EFBIG", "EISDIR", "ENOTDIR")
+    )
+    if code is not None
+)
+#: Error codes of S3 (as pyarrow names them: "AWS Error ACCESS_DENIED during ..."), Google Cloud
+#: Storage and Azure that mean the bucket is missing or the credentials may not write there.
+PERMANENT_CODES = (
+    "ACCESS_DENIED",
+    "NO_SUCH_BUCKET",
+    "INVALID_ACCESS_KEY_ID",
+    "SIGNATURE_DOES_NOT_MATCH",
+    "INVALID_CLIENT_TOKEN_ID",
+    "UNRECOGNIZED_CLIENT",
+    "MISSING_AUTHENTICATION_TOKEN",
+    "AccessDenied",
+    "NoSuchBucket",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "PERMISSION_DENIED",
+    "UNAUTHENTICATED",
+    "AuthorizationFailure",
+    "AuthorizationPermissionMismatch",
+    "ContainerNotFound",
+)
+_PERMANENT_CODE = re.compile(r"\b(" + "|".join(PERMANENT_CODES) + r")\b")
+#: pyarrow's S3 filesystem says this (no error code) when a bucket is missing.
+_MISSING_BUCKET = re.compile(r"Bucket '[^']*' not found")
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether trying again later may succeed: True for I/O errors other than a missing bucket or
+    folder, a denied permission, bad credentials or a full or read-only disk."""
+    if not isinstance(error, OSError) or isinstance(error, PERMANENT_TYPES):
+        return False
+    if error.errno in PERMANENT_ERRNOS:
+        return False
+    message = str(error)
+    return not (_PERMANENT_CODE.search(message) or _MISSING_BUCKET.search(message))
+
+
+class CheckpointUploadError(StorageError):
+    """A checkpoint's files could not be copied into the run's storage.
+
+    Raised after the retry budget is spent on errors that pass (``attempts`` tries), or after
+    the first try of one that does not (``attempts`` is 1). ``path`` is where the files were going
+    (a URI on object stores) and ``last_error`` the last underlying error, as text; the message
+    names both. The checkpoint was not committed: the run's previous checkpoint is untouched and
+    is what ``Result.checkpoint`` and a resumed run use.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, attempts: int = 0, last_error: str | None = None) -> None:
+        super().__init__(message)
+        self._path = path
+        self._attempts = attempts
+        self._last_error = last_error
+
+    @property
+    def path(self) -> str | None:
+        """Where the checkpoint's files were being copied to."""
+        return self._path
+
+    @property
+    def attempts(self) -> int:
+        """How many times the copy was tried."""
+        return self._attempts
+
+    @property
+    def last_error(self) -> str | None:
+        """The last underlying error, as ``"Type: message"``."""
+        return self._last_error
+
+    def __reduce__(self):
+        # OSError's own pickling would pass the keyword-only fields as positional arguments.
+        return (_rebuild, (type(self), str(self), self._path, self._attempts, self._last_error))
+
+
+def _rebuild(cls, message, path, attempts, last_error):
+    return cls(message, path=path, attempts=attempts, last_error=last_error)
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently an upload is tried again (see the module's docstring)."""
+
+    #: Retries after the first try.
+    retries: int = UPLOAD_RETRIES
+    #: Seconds before the first retry; doubled for each further one.
+    backoff_s: float = UPLOAD_BACKOFF_S
+    #: The longest wait between two tries.
+    backoff_max_s: float = UPLOAD_BACKOFF_MAX_S
+    #: Files copied at once into remote storage.
+    threads: int = UPLOAD_THREADS
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "RetryPolicy":
+        """The policy the ``FLOWTRAIN_UPLOAD_*`` variables set (defaults for those unset); a value
+        that is not a number, or is negative, is a ``ValueError`` naming the variable."""
+        env = os.environ if environ is None else environ
+        return cls(
+            retries=_read(env, "FLOWTRAIN_UPLOAD_RETRIES", UPLOAD_RETRIES, int, minimum=0),
+            backoff_s=_read(env, "FLOWTRAIN_UPLOAD_BACKOFF_S", UPLOAD_BACKOFF_S, float, minimum=0),
+            backoff_max_s=_read(env, "FLOWTRAIN_UPLOAD_BACKOFF_MAX_S", UPLOAD_BACKOFF_MAX_S, float, minimum=0),
+            threads=_read(env, "FLOWTRAIN_UPLOAD_THREADS", UPLOAD_THREADS, int, minimum=1),
+        )
+
+    @property
+    def attempts(self) -> int:
+        """Tries in all: the first one plus the retries."""
+        return self.retries + 1
+
+    def delay(self, retry: int, draw: Callable[[], float] = random.random) -> float:
+        """Seconds to wait before retry number ``retry`` (0 is the first): the exponential step,
+        capped, times a random factor between 0.5 and 1, so workers that failed together do not
+        all come back at the same moment."""
+        step = min(self.backoff_max_s, self.backoff_s * 2**retry)
+        return step * (0.5 + 0.5 * draw())
+
+
+def _read(env: Any, name: str, default: Any, kind: type, *, minimum: float) -> Any:
+    text = env.get(name)
+    if text is None or text.strip() == "":
+        return default
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        kind_name = "a whole number" if kind is int else "a number"
+        raise ValueError(f"{name}={text!r}: must be {kind_name} of at least {minimum:g} (unset: {default}).")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class UploadStats:
+    """What one upload took: the checkpoint's bytes, the seconds from start to end (waits between
+    tries included) and how many tries failed and were made again."""
+
+    bytes: int
+    seconds: float
+    retries: int = 0
+
+    def to_record(self) -> dict[str, Any]:
+        """The form kept in a checkpoint's record in run.json."""
+        return {"bytes": self.bytes, "seconds": round(self.seconds, 6), "retries": self.retries}
+
+    @staticmethod
+    def combine(parts: Iterable["UploadStats | None"]) -> "UploadStats | None":
+        """One checkpoint's uploads on several ranks as one: bytes and retries added up, seconds
+        of the slowest rank (they upload at the same time). None when no rank uploaded."""
+        found = [p for p in parts if p is not None]
+        if not found:
+            return None
+        return UploadStats(
+            bytes=sum(p.bytes for p in found),
+            seconds=max(p.seconds for p in found),
+            retries=sum(p.retries for p in found),
+        )
+
+
+def retry(
+    action: Callable[[], Any],
+    *,
+    destination: str,
+    source: str | None = None,
+    policy: RetryPolicy | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Call ``action`` until it returns, retrying transient errors by ``policy`` (the
+    environment's by default); return how many retries it took.
+
+    ``action`` must be safe to call again after it failed half way (overwrite, never append).
+    Raises ``CheckpointUploadError`` naming ``destination`` (and ``source``) when the budget is
+    spent or the error is not transient; errors that are not ``OSError`` pass through as they are.
+    """
+    policy = policy or RetryPolicy.from_env()
+    start = time.monotonic()
+    for attempt in range(policy.attempts):
+        try:
+            action()
+            return attempt
+        except CheckpointUploadError:
+            raise
+        except OSError as error:
+            if not is_transient(error):
+                raise _failure(destination, source, error, attempt + 1, start, transient=False) from error
+            if attempt + 1 == policy.attempts:
+                raise _failure(destination, source, error, attempt + 1, start, transient=True) from error
+            wait = policy.delay(attempt)
+            logger.warning(
+                "copying checkpoint files to %s failed (%s: %s); retry %d of %d in %.2f s",
+                destination, type(error).__name__, error, attempt + 1, policy.retries, wait,
+            )
+            sleep(wait)
+    raise AssertionError("unreachable: the last try returns or raises")  # pragma: no cover
+
+
+def _failure(destination: str, source: str | None, error: OSError, attempts: int, start: float, *, transient: bool) -> CheckpointUploadError:
+    last = f"{type(error).__name__}: {error}"
+    origin = f" from {source}" if source else ""
+    if transient:
+        why = (
+            f"after {attempts} tries over {time.monotonic() - start:.1f} s (FLOWTRAIN_UPLOAD_RETRIES sets the "
+            "budget). Last error"
+        )
+    else:
+        why = "; not retried, since waiting cannot fix it (a missing bucket or folder, a denied permission, a full disk)"
+    return CheckpointUploadError(
+        f"could not copy the checkpoint{origin} to {destination} {why}: {last}. The checkpoint was not "
+        "committed; the run's previous checkpoint is kept.",
+        path=destination,
+        attempts=attempts,
+        last_error=last,
+    )
+
+
+def copy_tree(
+    source_fs: pafs.FileSystem,
+    source: str,
+    dest_fs: pafs.FileSystem,
+    dest: str,
+    *,
+    destination: str | None = None,
+    policy: RetryPolicy | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> UploadStats:
+    """Copy the files of folder ``source`` into folder ``dest`` (merging with what is there),
+    retrying transient errors; return the bytes copied, the seconds taken and the retries.
+
+    A retry copies again only the files not yet copied, each from its start, overwriting what a
+    failed try left of it, so a retry never leaves a file half written. ``destination`` is the
+    name the error uses for ``dest`` (a URI; default ``dest``). Within one filesystem the store
+    copies each file itself (a server-side copy on S3).
+    """
+    policy = policy or RetryPolicy.from_env()
+    destination = destination or dest
+    start = time.monotonic()
+    plan: dict[str, Any] = {}
+    done: set[str] = set()
+
+    def one_pass() -> None:
+        # Listing and making folders may fail too: each is part of the try until it has worked.
+        if not plan:
+            plan.update(_plan(source_fs, source))
+        if "made" not in plan:
+            _make_dirs(dest_fs, dest, plan["dirs"])
+            plan["made"] = True
+        remaining = [(path, size) for path, size in plan["files"] if path not in done]
+        _copy_files(source_fs, source, dest_fs, dest, remaining, done, policy.threads)
+
+    retries = retry(one_pass, destination=destination, source=_shown(source_fs, source), policy=policy, sleep=sleep)
+    return UploadStats(bytes=sum(size for _, size in plan["files"]), seconds=time.monotonic() - start, retries=retries)
+
+
+def _shown(fs: pafs.FileSystem, path: str) -> str:
+    from storage.filesystem import display_path  # storage.filesystem's upload_directory uses this module
+
+    return display_path(fs, path)
+
+
+def _plan(fs: pafs.FileSystem, root: str) -> dict[str, Any]:
+    """The folders and (file, size) pairs under ``root``, as paths relative to it."""
+    root = root.rstrip("/") or "/"
+    entries = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    prefix = root.rstrip("/") + "/"
+    dirs, files = [], []
+    for entry in entries:
+        relative = entry.path[len(prefix) :] if entry.path.startswith(prefix) else entry.base_name
+        if entry.type == pafs.FileType.Directory:
+            dirs.append(relative)
+        elif entry.type == pafs.FileType.File:
+            files.append((relative, entry.size or 0))
+    return {"dirs": sorted(dirs), "files": sorted(files)}
+
+
+def _make_dirs(fs: pafs.FileSystem, dest: str, dirs: list[str]) -> None:
+    if isinstance(fs, pafs.LocalFileSystem):
+        os.makedirs(dest, exist_ok=True)
+        for relative in dirs:
+            os.makedirs(os.path.join(dest, relative), exist_ok=True)
+        return
+    fs.create_dir(dest, recursive=True)
+    for relative in dirs:  # empty folders of the checkpoint too, as a local copy keeps them
+        fs.create_dir(f"{dest.rstrip('/')}/{relative}", recursive=True)
+
+
+def _copy_files(
+    source_fs: pafs.FileSystem,
+    source: str,
+    dest_fs: pafs.FileSystem,
+    dest: str,
+    files: list[tuple[str, int]],
+    done: set[str],
+    threads: int,
+) -> None:
+    """Copy ``files``, adding each to ``done`` once it is in; raise the worst error of the pass
+    (one waiting cannot fix before one it can) after every file of the pass was tried."""
+    same = _same(source_fs, dest_fs)
+
+    def copy(relative: str) -> None:
+        _copy_file(source_fs, f"{source.rstrip('/')}/{relative}", dest_fs, f"{dest.rstrip('/')}/{relative}", same)
+        done.add(relative)
+
+    names = [relative for relative, _ in files]
+    errors: list[BaseException] = []
+    if isinstance(dest_fs, pafs.LocalFileSystem) or threads == 1 or len(names) < 2:
+        for relative in names:
+            try:
+                copy(relative)
+            except OSError as error:
+                errors.append(error)
+                if not is_transient(error):
+                    break
+    else:
+        with concurrent.futures.ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="flowtrain-copy") as pool:
+            for future in [pool.submit(copy, relative) for relative in names]:
+                error = future.exception()
+                if error is not None:
+                    errors.append(error)
+    if errors:
+        permanent = [e for e in errors if not is_transient(e)]
+        raise (permanent or errors)[0]
+
+
+def _copy_file(source_fs: pafs.FileSystem, source: str, dest_fs: pafs.FileSystem, dest: str, same: bool) -> None:
+    if isinstance(source_fs, pafs.LocalFileSystem) and isinstance(dest_fs, pafs.LocalFileSystem):
+        shutil.copy2(source, dest)  # as shutil.copytree did; truncates what a failed try left
+        return
+    if same:
+        dest_fs.copy_file(source, dest)  # the store copies (S3 CopyObject): nothing goes through us
+        return
+    with source_fs.open_input_stream(source) as reader, dest_fs.open_output_stream(dest) as writer:
+        while chunk := reader.read(CHUNK_BYTES):
+            writer.write(chunk)
+
+
+def _same(a: pafs.FileSystem, b: pafs.FileSystem) -> bool:
+    if a is b:
+        return True
+    try:
+        return a.equals(b)
+    except (TypeError, NotImplementedError):
+        return False

@@ -1,0 +1,74 @@
+"""Why a worker group did not start, in words that name the nodes and the resources.
+
+A group that cannot start shows up as a wait that runs out: the placement group stays pending
+(the resources are busy or gone), or some actors never answer (their node died after the group
+was placed, or their process cannot start). These describe what the cluster looks like at that
+moment, so the error says where to look instead of only "timed out".
+"""
+
+from __future__ import annotations
+
+
+def _fmt(resources: dict[str, float]) -> str:
+    shown = {k: v for k, v in resources.items() if not k.startswith(("node:", "bundle_group", "memory", "object_store_memory"))}
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(shown.items()) if "_group_" not in k) + "}"
+
+
+def _nodes() -> dict[str, dict]:
+    import ray
+
+    return {node["NodeID"]: node for node in ray.nodes()}
+
+
+def node_name(node_id: str, nodes: dict[str, dict] | None = None) -> str:
+    """``node 1a2b3c4d (10.0.0.5)``, with ``, dead`` when Ray has marked it dead."""
+    node = (nodes if nodes is not None else _nodes()).get(node_id)
+    if node is None:
+        return f"node {node_id[:8]} (gone)"
+    dead = "" if node.get("Alive") else ", dead"
+    return f"node {node_id[:8]} ({node.get('NodeManagerAddress', '?')}{dead})"
+
+
+def describe_nodes() -> str:
+    """Every live node with what it has free and in all: ``node 1a2b3c4d (10.0.0.5): free {CPU: 0.5} of {CPU: 2}``."""
+    from ray._private import state
+
+    try:
+        nodes = _nodes()
+        available = state.available_resources_per_node()
+    except Exception as error:  # noqa: BLE001 - a description must never hide the real failure
+        return f"(the cluster's nodes could not be listed: {error})"
+    lines = []
+    for node_id, node in sorted(nodes.items()):
+        if not node.get("Alive"):
+            continue
+        total = node.get("Resources") or {}
+        free = {name: available.get(node_id, {}).get(name, 0.0) for name in total}
+        lines.append(f"{node_name(node_id, nodes)}: free {_fmt(free)} of {_fmt(total)}")
+    return "; ".join(lines) if lines else "no live nodes"
+
+
+def describe_unstarted(placed: dict[int, str], first_bundle: int, silent: list[int], failed: dict[int, BaseException]) -> str:
+    """Which workers did not start and on which node: ``placed`` maps bundle index to the node it
+    was reserved on (worker i sits in bundle ``first_bundle + i``), ``silent`` lists the workers
+    that never answered and ``failed`` maps workers whose actor died to the error."""
+    try:
+        nodes = _nodes()
+    except Exception:  # noqa: BLE001
+        nodes = {}
+
+    def place(worker: int) -> str:
+        node_id = placed.get(first_bundle + worker, "")
+        return node_name(node_id, nodes) if node_id else "no node yet"
+
+    by_place: dict[str, list[int]] = {}
+    for worker in sorted(silent):
+        by_place.setdefault(place(worker), []).append(worker)
+    parts = [
+        f"the worker(s) of bundle(s) {', '.join(map(str, workers))} on {where} never answered"
+        for where, workers in by_place.items()
+    ]
+    for worker, error in sorted(failed.items()):
+        cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        parts.append(f"the worker of bundle {worker} on {place(worker)} died while starting: {cause}")
+    return "; ".join(parts)

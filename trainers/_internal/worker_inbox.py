@@ -1,0 +1,130 @@
+"""Where the events of one attempt's workers arrive at the controller, by either of two roads.
+
+The fast road is the event channel: each worker writes its events to a socket the controller
+reads (``event_channel``). The Ray road is one outstanding ``next_events`` long poll per worker,
+watched by a background thread: it carries the events of a worker that could not reach the
+socket, and it is how a worker's death (or its node's) becomes a ``FailedEvent``, since a dead
+node closes no socket. Whatever the thread receives it queues and wakes the controller's wait.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+
+from trainers._internal.event_channel import ChannelAddress, EventListener
+from trainers._internal.events import Event, FailedEvent, FinishedEvent
+
+#: How long a worker's next_events call waits before answering "nothing yet".
+LONG_POLL_S = 10.0
+#: A worker Ray calls unavailable (unreachable, maybe back soon) is given this long before it
+#: counts as failed; a worker that died fails at once.
+UNAVAILABLE_GRACE_S = 10.0
+
+
+def _ends(events: list[Event]) -> bool:
+    return any(isinstance(e, (FinishedEvent, FailedEvent)) for e in events)
+
+
+class WorkerInbox:
+    """Events from the workers ``actors`` (indexed by world rank), from the socket and from Ray.
+
+    ``died(rank, error)`` turns a Ray error about a worker into its ``FailedEvent``.
+    """
+
+    def __init__(self, actors: list[Any], died: Callable[[int, BaseException], FailedEvent], host: str) -> None:
+        self._actors = actors
+        self._died = died
+        self._listener = EventListener(host)
+        self._from_ray: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._ended: set[int] = set()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> ChannelAddress:
+        """What the workers connect to."""
+        return self._listener.address
+
+    def listen(self) -> None:
+        """Start the Ray long polls (after the training functions started)."""
+        self._thread = threading.Thread(target=self._watch, name="flowtrain-worker-watch", daemon=True)
+        self._thread.start()
+
+    def poll(self, timeout_s: float) -> list[Event]:
+        """Events that arrived within ``timeout_s`` (returns as soon as there is one)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            batches, _ = self._listener.poll(max(0.0, deadline - time.monotonic()))
+            events: list[Event] = []
+            for _, batch in batches:
+                events.extend(batch)
+            while True:
+                try:
+                    events.append(self._from_ray.get_nowait())
+                except queue.Empty:
+                    break
+            for event in events:
+                if isinstance(event, (FinishedEvent, FailedEvent)):
+                    self._ended.add(event.world_rank)
+            if events or time.monotonic() >= deadline:
+                return events
+
+    def close(self) -> None:
+        """Stop listening; the watcher thread ends once its current wait returns."""
+        self._stopped = True
+        self._listener.close()
+
+    # -- the Ray road (runs in the watcher thread) ----------------------------------------------
+
+    def _watch(self) -> None:
+        inflight: dict[Any, int] = {}
+        unavailable_since: dict[int, float] = {}
+
+        def listen(rank: int) -> None:
+            inflight[self._actors[rank].next_events.remote(LONG_POLL_S)] = rank
+
+        try:
+            for rank in range(len(self._actors)):
+                listen(rank)
+            while inflight and not self._stopped:
+                refs = list(inflight)
+                ready, _ = ray.wait(refs, num_returns=1, timeout=LONG_POLL_S)
+                if ready:
+                    more, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                    ready = more or ready
+                delivered = False
+                for ref in ready:
+                    rank = inflight.pop(ref)
+                    try:
+                        batch = ray.get(ref)
+                    except ActorUnavailableError as error:
+                        since = unavailable_since.setdefault(rank, time.monotonic())
+                        if time.monotonic() - since > UNAVAILABLE_GRACE_S:
+                            self._from_ray.put(self._died(rank, error))
+                            delivered = True
+                        else:
+                            time.sleep(0.2)  # not dead: ask again shortly, no restart spent yet
+                            listen(rank)
+                        continue
+                    except (RayActorError, RayTaskError) as error:
+                        if rank not in self._ended:
+                            self._from_ray.put(self._died(rank, error))
+                            delivered = True
+                        continue
+                    unavailable_since.pop(rank, None)
+                    for event in batch:
+                        self._from_ray.put(event)
+                    delivered = delivered or bool(batch)
+                    if not _ends(batch) and rank not in self._ended:
+                        listen(rank)
+                if delivered and not self._stopped:
+                    self._listener.wake()
+        except Exception:  # noqa: BLE001 - Ray shutting down under a stopped inbox; nothing to tell
+            if not self._stopped:
+                raise

@@ -1,0 +1,102 @@
+"""What both libraries' ``RayTrainReportCallback`` share: their arguments, which metrics a round
+reports, when it carries a checkpoint (written by rank 0 alone), and reading the model back."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from typing import Any, Callable, Iterator
+
+from storage import Checkpoint
+from trainers.context import get_context
+from trainers.train_fn import report
+
+
+class ReportCallback:
+    """The base of ``trainers.xgboost.RayTrainReportCallback`` and
+    ``trainers.lightgbm.RayTrainReportCallback``; each hooks it into its library's training loop."""
+
+    def __init__(
+        self,
+        metrics: str | list[str] | dict[str, str] | None,
+        filename: str,
+        frequency: int,
+        checkpoint_at_end: bool,
+        results_postprocessing_fn: Callable[[dict[str, Any]], dict[str, Any]] | None,
+    ) -> None:
+        super().__init__()
+        self._metrics = _check_args(type(self).__name__, metrics, filename, frequency, checkpoint_at_end)
+        self._filename = filename
+        self._frequency = frequency
+        self._checkpoint_at_end = checkpoint_at_end
+        self._postprocess = results_postprocessing_fn
+
+    def _round_metrics(self, latest: dict[str, Any]) -> dict[str, Any]:
+        """What to report of the library's latest ``"<dataset>-<metric>"`` values."""
+        selected = _select_metrics(type(self).__name__, latest, self._metrics)
+        return self._postprocess(selected) if self._postprocess else selected
+
+    def _is_checkpoint_round(self, iteration: int) -> bool:
+        """Rounds count from 0; with frequency=k rounds k-1, 2k-1, ... are checkpointed."""
+        return self._frequency > 0 and (iteration + 1) % self._frequency == 0
+
+    def _report(self, metrics: dict[str, Any], save: Callable[[str], None] | None) -> None:
+        """Report one round; with ``save``, rank 0 also writes the model as a checkpoint (the other
+        ranks hold the same model, so they send none)."""
+        if save is None or get_context().get_world_rank() != 0:
+            report(metrics)
+            return
+        with tempfile.TemporaryDirectory(prefix="flowtrain-model-") as folder:
+            save(os.path.join(folder, self._filename))
+            report(metrics, checkpoint=Checkpoint.from_directory(folder))
+
+
+def _check_args(owner: str, metrics: Any, filename: Any, frequency: Any, checkpoint_at_end: Any) -> Any:
+    if isinstance(metrics, str):
+        metrics = [metrics]
+    if metrics is not None and not (
+        (isinstance(metrics, list) and all(isinstance(m, str) for m in metrics))
+        or (isinstance(metrics, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in metrics.items()))
+    ):
+        raise TypeError(
+            f"{owner}(metrics={metrics!r}): must be None (report every metric), a metric name, a list of names, "
+            "or a dict of reported name to the library's name, e.g. {'loss': 'valid-logloss'}."
+        )
+    if not isinstance(filename, str) or not filename or os.sep in filename:
+        raise ValueError(f"{owner}(filename={filename!r}): must be a file name such as 'model.ubj'.")
+    if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 0:
+        raise ValueError(f"{owner}(frequency={frequency!r}): must be 0 (no checkpoints while training) or an integer >= 1.")
+    if not isinstance(checkpoint_at_end, bool):
+        raise TypeError(f"{owner}(checkpoint_at_end={checkpoint_at_end!r}): must be True or False.")
+    return metrics
+
+
+def _select_metrics(owner: str, reported: dict[str, float], metrics: list[str] | dict[str, str] | None) -> dict[str, float]:
+    if not metrics:
+        return dict(reported)
+    wanted = metrics.items() if isinstance(metrics, dict) else ((m, m) for m in metrics)
+    selected = {}
+    for shown, key in wanted:
+        if key not in reported:
+            raise ValueError(
+                f"{owner}(metrics=...): the library reported no metric {key!r}; it reported {sorted(reported)}. "
+                "Names are '<dataset>-<metric>', from the evaluation sets you pass."
+            )
+        selected[shown] = reported[key]
+    return selected
+
+
+@contextlib.contextmanager
+def model_path(checkpoint: Checkpoint, filename: str, default: str) -> Iterator[str]:
+    """The path of the model file inside ``checkpoint``, with a clear error when it is not there."""
+    if not isinstance(checkpoint, Checkpoint):
+        raise TypeError(f"get_model(checkpoint={checkpoint!r}): pass a trainers.Checkpoint, e.g. result.checkpoint.")
+    with checkpoint.as_directory() as folder:
+        path = os.path.join(folder, filename)
+        if not os.path.exists(path):
+            hint = "" if filename != default else " Pass filename= if the callback saved under another name."
+            raise FileNotFoundError(
+                f"get_model: the checkpoint {checkpoint.path} has no {filename!r}; it holds {sorted(os.listdir(folder))}.{hint}"
+            )
+        yield path

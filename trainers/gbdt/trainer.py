@@ -1,0 +1,101 @@
+"""GBDTTrainer: what XGBoostTrainer and LightGBMTrainer are, given their library's adapter."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NoReturn
+
+from storage import Checkpoint
+from trainers.backend import BackendConfig
+from trainers.config import DataConfig
+from trainers.data_parallel_trainer import DataParallelTrainer
+from trainers.gbdt.library import Library
+from trainers.gbdt.loop import train_fn_per_worker
+from trainers.gbdt.param_form import TRAIN, ParamForm, check_columns, check_forms, check_param_form, default_data_config
+from trainers.result import Result
+
+
+class GBDTTrainer(DataParallelTrainer):
+    """A DataParallelTrainer for one boosting library (``_library``) that also trains from
+    parameters alone, with a built-in training function."""
+
+    #: The library this trainer boosts with.
+    _library: Library
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any] | None,
+        *,
+        train_loop_config: dict[str, Any] | None,
+        backend_config: BackendConfig | None,
+        datasets: dict[str, Any] | None,
+        dataset_config: DataConfig | None,
+        label_column: str | None,
+        params: dict[str, Any] | None,
+        num_boost_round: int | None,
+        dmatrix_params: dict[str, dict[str, Any]] | None,
+        train_kwargs: dict[str, Any],
+        **trainer_args: Any,
+    ) -> None:
+        """``backend_config`` is the subclass's ``<library>_config=``; ``trainer_args`` go to
+        ``DataParallelTrainer`` as they are."""
+        library, name = self._library, type(self).__name__
+        if backend_config is not None and not isinstance(backend_config, library.config_cls):
+            raise TypeError(f"{library.name}_config={backend_config!r}: must be a trainers.{library.name}.{library.config_cls.__name__}.")
+        param_args = dict(label_column=label_column, params=params, num_boost_round=num_boost_round, dmatrix_params=dmatrix_params)
+        self._param_form: ParamForm | None = None
+        if check_forms(name, train_loop_per_worker, train_loop_config, param_args, train_kwargs):
+            param_args["num_boost_round"] = 10 if num_boost_round is None else num_boost_round  # Ray Train's default
+            check_param_form(name, library, datasets, train_kwargs=train_kwargs, **param_args)
+            self._param_form = ParamForm(
+                library=library,
+                label_column=label_column,
+                params=dict(params or {}),
+                num_boost_round=param_args["num_boost_round"],
+                dmatrix_params=dict(dmatrix_params or {}),
+                train_kwargs=dict(train_kwargs),
+            )
+            train_loop_per_worker = train_fn_per_worker
+            dataset_config = default_data_config(dataset_config)
+        # On to DataParallelTrainer, as every framework's trainer goes.
+        super().__init__(
+            train_loop_per_worker,
+            train_loop_config=train_loop_config,
+            backend_config=backend_config or library.config_cls(),
+            datasets=datasets,
+            dataset_config=dataset_config,
+            **trainer_args,
+        )
+
+    def fit(self) -> Result:
+        """Train; return the Result. In the parameter form the label and feature columns of every
+        dataset are checked first, before any worker starts."""
+        if self._param_form is None:
+            return super().fit()
+        from trainers._internal.data import resolve_datasets
+        from trainers._internal.ray_init import ensure_ray
+
+        ensure_ray()
+        given = self.datasets
+        resolved = resolve_datasets(given)
+        features = check_columns(resolved, self._param_form.label_column)
+        names = (TRAIN, *sorted(n for n in resolved if n != TRAIN))
+        self.train_loop_config = dataclasses.replace(self._param_form, features=features, dataset_names=names)
+        self.datasets = resolved  # dataset functions are called once per fit, here
+        try:
+            return super().fit()
+        finally:
+            self.datasets, self.train_loop_config = given, None
+
+    @classmethod
+    def get_model(cls, checkpoint: Checkpoint) -> NoReturn:
+        """Removed, as in Ray Train: raises ``DeprecationWarning`` naming what to call instead.
+
+        Load a checkpoint's model with the library's ``RayTrainReportCallback.get_model(checkpoint)``
+        (or ``trainers.xgboost.get_model(checkpoint)``, ``trainers.lightgbm.get_model(checkpoint)``).
+        """
+        module = f"trainers.{cls._library.name}"
+        raise DeprecationWarning(
+            f"{cls.__name__}.get_model(checkpoint) is gone (Ray Train V2 removed it): load the model with "
+            f"{module}.RayTrainReportCallback.get_model(checkpoint), or {module}.get_model(checkpoint)."
+        )
