@@ -153,3 +153,14 @@ def test_accelerator_type_asks_each_worker_for_a_sliver_of_rays_accelerator_reso
     assert ScalingConfig().worker_resources == {"CPU": 1}
     with pytest.raises(ValueError, match=r"ScalingConfig.accelerator_type='': must be a name such as 'A100'"):
         ScalingConfig(accelerator_type="")
+
+
+def test_the_default_start_timeout_grows_with_the_group_and_the_variable_overrides_it(monkeypatch):
+    from trainers.tuning import worker_start_timeout_s
+
+    monkeypatch.delenv("FLOWTRAIN_WORKER_START_TIMEOUT_S", raising=False)
+    assert worker_start_timeout_s(2) == 121.0
+    assert worker_start_timeout_s(64) == 152.0  # 64 workers start in ~20 s on 2 cores (benchmarks/scale)
+    assert worker_start_timeout_s(1000) == 620.0
+    monkeypatch.setenv("FLOWTRAIN_WORKER_START_TIMEOUT_S", "7")
+    assert worker_start_timeout_s(64) == 7.0

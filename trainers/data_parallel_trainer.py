@@ -285,7 +285,7 @@ class DataParallelTrainer:
             layout=storage.layout,
             filesystem=storage.filesystem,
             metadata=self.metadata,
-            start_timeout_s=worker_start_timeout_s(),
+            start_timeout_s=worker_start_timeout_s(self.scaling_config.max_workers),
             runtime_env=run_config.worker_runtime_env,
             score_attribute=storage.checkpoint_config.checkpoint_score_attribute,
             log_level=self._log_level,

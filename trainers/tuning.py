@@ -27,12 +27,19 @@ WORKER_START_TIMEOUT_ENV = "FLOWTRAIN_WORKER_START_TIMEOUT_S"
 #: as a failure. Long enough for a cold node to import torch and for a busy cluster to free a
 #: bundle; short enough that a group that cannot be placed is reported within minutes.
 DEFAULT_WORKER_START_TIMEOUT_S = 120.0
+#: Seconds the default grows by per worker: a node starts its worker processes a few at a time
+#: (Ray starts at most as many at once as the node has CPUs), so a big group takes longer to
+#: start. On 2 cores 64 workers take ~20 s (benchmarks/scale), well inside 120 + 64 x 0.5 s.
+WORKER_START_TIMEOUT_PER_WORKER_S = 0.5
 
 
-def worker_start_timeout_s() -> float:
-    """Seconds a worker group may take to start: ``FLOWTRAIN_WORKER_START_TIMEOUT_S`` when set
-    (read now, not at import, so a test or a Ray ``runtime_env`` can set it), else 120."""
-    return float(os.environ.get(WORKER_START_TIMEOUT_ENV, DEFAULT_WORKER_START_TIMEOUT_S))
+def worker_start_timeout_s(num_workers: int = 1) -> float:
+    """Seconds a group of ``num_workers`` workers may take to start: ``FLOWTRAIN_WORKER_START_TIMEOUT_S``
+    when set (read now, not at import, so a test or a Ray ``runtime_env`` can set it), else
+    120 s plus 0.5 s per worker."""
+    if WORKER_START_TIMEOUT_ENV in os.environ:
+        return float(os.environ[WORKER_START_TIMEOUT_ENV])
+    return DEFAULT_WORKER_START_TIMEOUT_S + WORKER_START_TIMEOUT_PER_WORKER_S * max(1, num_workers)
 
 
 #: Seconds each TensorFlow set-up call to the workers may take: they only pick a port and set
