@@ -6,71 +6,89 @@ A Ray Train script changes only its imports::
     from trainers.torch import TorchTrainer       # was: from ray.train.torch import TorchTrainer
 """
 
-from storage import Checkpoint, CheckpointConfig
-from trainers import collective
-from trainers.backend import Backend, BackendConfig
-from trainers.callback import TrainRunContext, UserCallback
-from trainers.config import TRAIN_DATASET_KEY, DataConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
-from trainers.context import TrainContext, get_context
-from trainers.data_parallel_trainer import DataParallelTrainer
-from trainers.errors import (
-    ControllerError,
-    InsufficientResourcesError,
-    NCCLHangError,
-    PreemptionError,
-    RankFailure,
-    TrainingFailedError,
-    WorkerGroupError,
-)
-from trainers.preemption import PreemptionInfo
-from trainers.report_config import CheckpointUploadMode
-from trainers.result import Result
-from trainers.train_fn import get_all_reported_checkpoints, get_checkpoint, get_dataset_shard, get_preemption_info, report
-from trainers.validation import (
-    CheckpointConsistencyMode,
-    ReportedCheckpoint,
-    ReportedCheckpointStatus,
-    ValidationConfig,
-    ValidationFn,
-    ValidationTaskConfig,
-)
+from __future__ import annotations
 
-__all__ = [
-    "Backend",
-    "BackendConfig",
-    "Checkpoint",
-    "CheckpointConfig",
-    "CheckpointConsistencyMode",
-    "CheckpointUploadMode",
-    "ControllerError",
-    "DataConfig",
-    "DataParallelTrainer",
-    "FailureConfig",
-    "InsufficientResourcesError",
-    "LoggingConfig",
-    "NCCLHangError",
-    "PreemptionError",
-    "PreemptionInfo",
-    "RankFailure",
-    "ReportedCheckpoint",
-    "ReportedCheckpointStatus",
-    "Result",
-    "RunConfig",
-    "ScalingConfig",
-    "TRAIN_DATASET_KEY",
-    "TrainContext",
-    "TrainRunContext",
-    "TrainingFailedError",
-    "UserCallback",
-    "ValidationConfig",
-    "ValidationFn",
-    "ValidationTaskConfig",
-    "WorkerGroupError",
-    "collective",
-    "get_all_reported_checkpoints",
-    "get_checkpoint",
-    "get_context",
-    "get_dataset_shard",
-    "get_preemption_info",
-    "report",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: Where each public name lives. They are imported on first use, not here: every worker process
+#: imports this package (its actor class lives in ``trainers._internal``), and loading the whole
+#: driver side (trainer, controller, worker group) there cost each worker ~0.05-0.1 s of CPU,
+#: which is start-up time multiplied by the worker count.
+_HOMES: dict[str, tuple[str, ...]] = {
+    "storage": ("Checkpoint", "CheckpointConfig"),
+    "trainers.backend": ("Backend", "BackendConfig"),
+    "trainers.callback": ("TrainRunContext", "UserCallback"),
+    "trainers.config": ("TRAIN_DATASET_KEY", "DataConfig", "FailureConfig", "LoggingConfig", "RunConfig", "ScalingConfig"),
+    "trainers.context": ("TrainContext", "get_context"),
+    "trainers.data_parallel_trainer": ("DataParallelTrainer",),
+    "trainers.errors": (
+        "ControllerError",
+        "InsufficientResourcesError",
+        "NCCLHangError",
+        "PreemptionError",
+        "RankFailure",
+        "TrainingFailedError",
+        "WorkerGroupError",
+    ),
+    "trainers.preemption": ("PreemptionInfo",),
+    "trainers.report_config": ("CheckpointUploadMode",),
+    "trainers.result": ("Result",),
+    "trainers.train_fn": ("get_all_reported_checkpoints", "get_checkpoint", "get_dataset_shard", "get_preemption_info", "report"),
+    "trainers.validation": (
+        "CheckpointConsistencyMode",
+        "ReportedCheckpoint",
+        "ReportedCheckpointStatus",
+        "ValidationConfig",
+        "ValidationFn",
+        "ValidationTaskConfig",
+    ),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+__all__ = sorted([*_HOME_OF, "collective"])
+
+
+def __getattr__(name: str) -> Any:
+    if name == "collective":
+        return importlib.import_module("trainers.collective")
+    if name not in _HOME_OF:
+        raise AttributeError(f"module 'trainers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME_OF[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time the names load on first use
+    from storage import Checkpoint, CheckpointConfig
+    from trainers import collective
+    from trainers.backend import Backend, BackendConfig
+    from trainers.callback import TrainRunContext, UserCallback
+    from trainers.config import TRAIN_DATASET_KEY, DataConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from trainers.context import TrainContext, get_context
+    from trainers.data_parallel_trainer import DataParallelTrainer
+    from trainers.errors import (
+        ControllerError,
+        InsufficientResourcesError,
+        NCCLHangError,
+        PreemptionError,
+        RankFailure,
+        TrainingFailedError,
+        WorkerGroupError,
+    )
+    from trainers.preemption import PreemptionInfo
+    from trainers.report_config import CheckpointUploadMode
+    from trainers.result import Result
+    from trainers.train_fn import get_all_reported_checkpoints, get_checkpoint, get_dataset_shard, get_preemption_info, report
+    from trainers.validation import (
+        CheckpointConsistencyMode,
+        ReportedCheckpoint,
+        ReportedCheckpointStatus,
+        ValidationConfig,
+        ValidationFn,
+        ValidationTaskConfig,
+    )

@@ -43,6 +43,21 @@ def _frame(obj: Any) -> bytes:
     return _HEADER.pack(len(payload)) + payload
 
 
+def _allow_open_files(wanted: int) -> None:
+    """Raise this process's soft limit on open files toward ``wanted`` (within the hard limit):
+    one connection per worker passes the common default of 1,024 near a thousand workers."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+            if ceiling > soft:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
+    except (ImportError, ValueError, OSError):
+        pass  # not allowed here: workers that cannot connect fall back to the Ray long poll
+
+
 class ChannelAddress:
     """Where the controller listens and the token a worker proves itself with (sent over Ray)."""
 
@@ -99,7 +114,8 @@ class EventListener:
     watcher uses it when the long poll delivers something).
     """
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, connections: int = 0) -> None:
+        _allow_open_files(connections + 256)
         self.token = secrets.token_bytes(16)
         self._server = socket.create_server((host, 0), backlog=4096)
         self._server.setblocking(False)
