@@ -86,7 +86,7 @@ class Controller:
         relax_collectives_on_preemption: bool = False,
         on_resize: Callable[[int, int, int], None] = lambda *a: None,
         wall_clock: Callable[[], float] = time.time,
-    ) -> None:
+    ) -> None:  # every argument is kept as it came
         self.workers = workers
         self.storage = storage
         self.max_failures = max_failures
