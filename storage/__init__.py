@@ -10,6 +10,7 @@ from storage.config import CheckpointConfig
 from storage.errors import RunInProgressError, SnapshotCorruptError, StorageError
 from storage.filesystem import download_directory, resolve_filesystem, upload_directory
 from storage.layout import RunLayout
+from storage.protocol import RunRecord
 from storage.run_storage import RunStorage, load_run
 from storage.snapshot import RunSnapshot
 
@@ -18,6 +19,7 @@ __all__ = [
     "CheckpointConfig",
     "RunInProgressError",
     "RunLayout",
+    "RunRecord",
     "RunSnapshot",
     "RunStorage",
     "SnapshotCorruptError",

@@ -116,3 +116,13 @@ def delete_dir(fs: pafs.FileSystem, path: str) -> None:
     """Delete the folder at ``path`` with everything in it; nothing happens when it is not there."""
     if exists(fs, path):
         fs.delete_dir(path)
+
+
+def same_filesystem(a: pafs.FileSystem, b: pafs.FileSystem) -> bool:
+    """True when ``a`` and ``b`` are one filesystem (so a path means the same file in both)."""
+    if a is b:
+        return True
+    try:
+        return a.equals(b)
+    except (TypeError, NotImplementedError):
+        return False

@@ -43,6 +43,7 @@ class RunLayout:
     def _join(self, *parts: str) -> str:
         return "/".join([self.run_path.rstrip("/"), *parts])
 
+    # One path per file of the run, named at the top of this module.
     @property
     def snapshot(self) -> str:
         return self._join(SNAPSHOT)

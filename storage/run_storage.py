@@ -1,4 +1,4 @@
-"""RunStorage: one run's folder -- commit checkpoints, keep the snapshot, apply retention, resume.
+"""RunStorage: one run's folder -- record reports and checkpoints, apply retention, resume.
 
 The order of every change is what makes a crash at any point safe:
 
@@ -10,6 +10,8 @@ The order of every change is what makes a crash at any point safe:
 4. only then are those folders deleted; a failed deletion is retried later.
 
 On ``open`` everything the snapshot does not name (staging, half-committed folders) is removed.
+Step 2 is ``storage.commit``; the snapshot's file, the retention rule and the lease have their
+own modules, and this one keeps them in that order.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import pyarrow.fs as pafs
 
 from storage.checkpoint import Checkpoint
 from storage.config import CheckpointConfig
+from storage.commit import adopt_folder, commit_folder, is_committed, try_delete
 from storage.errors import StorageError
-from storage.filesystem import delete_dir, display_path, exists, is_local, resolve_filesystem, write_bytes
-from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name
+from storage.filesystem import display_path, exists, is_local, resolve_filesystem
+from storage.layout import CHECKPOINT_PREFIX, RunLayout, check_dir_name
 from storage.lease import Lease
 from storage.retention import rank_best_first, score_of, select_kept
 from storage.snapshot import (
@@ -36,7 +39,6 @@ from storage.snapshot import (
     read_snapshot,
     write_snapshot,
 )
-from storage.upload import CheckpointUploadError, copy_tree, retry
 
 T = TypeVar("T")
 
@@ -92,7 +94,7 @@ class RunStorage:
                 self.snapshot.error = None
                 self._forget_missing_checkpoints()
             self._remove_untracked()
-            self._rewind()
+            self.snapshot.rewind()
             self._write()
         except BaseException:
             self.close()
@@ -104,7 +106,7 @@ class RunStorage:
         self.snapshot.finished = error is None
         self.snapshot.error = error
         self._write()
-        self._try(lambda: delete_dir(self.filesystem, self.layout.staging_root))
+        try_delete(self.filesystem, self.layout.staging_root)
         self.close()
 
     def close(self) -> None:
@@ -113,7 +115,7 @@ class RunStorage:
         Staged uploads of a failed report go too: they are never resumed from.
         """
         if self._lease is not None:
-            self._try(lambda: delete_dir(self.filesystem, self.layout.staging_root))
+            try_delete(self.filesystem, self.layout.staging_root)
             self._lease.release()
             self._lease = None
 
@@ -153,7 +155,7 @@ class RunStorage:
         info = self.filesystem.get_file_info(path)
         if info.type != pafs.FileType.Directory:
             raise StorageError(f"checkpoint {dir_name} is named in {self.run_uri}/run.json but missing at {display_path(self.filesystem, path)}.")
-        if not is_local(self.filesystem) and not exists(self.filesystem, f"{path}/{COMMIT_MARKER}"):
+        if not is_committed(self.filesystem, path):
             raise StorageError(f"checkpoint {display_path(self.filesystem, path)} has no commit marker: its upload never finished.")
 
     @classmethod
@@ -174,7 +176,7 @@ class RunStorage:
 
     def start_attempt(self) -> int:
         """Begin a new attempt and return its id; uploads of older attempts can no longer commit."""
-        self._try(lambda: delete_dir(self.filesystem, self.layout.staging_root))
+        try_delete(self.filesystem, self.layout.staging_root)
         self.snapshot.attempt += 1
         self._write()
         return self.snapshot.attempt
@@ -220,15 +222,16 @@ class RunStorage:
             try:
                 score_of(metrics, attribute)
             except KeyError as error:
-                self._try(lambda: delete_dir(self.filesystem, self.layout.staging_path(attempt, report_index)))
+                try_delete(self.filesystem, self.layout.staging_path(attempt, report_index))
                 raise ValueError(error.args[0]) from None
         staging = self.layout.staging_path(attempt, report_index)
         seq, name = self._name_checkpoint(dir_name, staging if staged else None)
         final = self.layout.path_of(name)
         if in_place:
-            self._adopt_folder(staging if staged else None, final)
+            adopt_folder(self.filesystem, staging if staged else None, final)
         else:
-            commit_retries = self._commit_folder(staging, final, announce=dir_name is not None)
+            announce = (lambda: self._announce(name)) if dir_name is not None else None
+            commit_retries = commit_folder(self.filesystem, staging, final, announce=announce)
             if upload is not None:
                 upload = {**upload, "retries": upload.get("retries", 0) + commit_retries}
         self.snapshot.checkpoints.append(
@@ -242,7 +245,7 @@ class RunStorage:
             )
         )
         self.snapshot.next_seq = seq + 1
-        if name in self.snapshot.to_delete:  # announced before its commit (see _commit_folder)
+        if name in self.snapshot.to_delete:  # announced before its commit (see _announce)
             self.snapshot.to_delete.remove(name)
         self._apply_retention()  # writes the commit point: from here the checkpoint exists
         return Checkpoint(final, self.filesystem)
@@ -263,7 +266,7 @@ class RunStorage:
         check_dir_name(requested)
         if requested in named:
             if staging is not None:
-                self._try(lambda: delete_dir(self.filesystem, staging))
+                try_delete(self.filesystem, staging)
             raise ValueError(
                 f"report(checkpoint_dir_name={requested!r}): the run already keeps a checkpoint of that name "
                 f"({display_path(self.filesystem, self.layout.path_of(requested))}). Give each checkpoint its own "
@@ -306,7 +309,7 @@ class RunStorage:
 
     def rewind_to_latest_checkpoint(self) -> Checkpoint | None:
         """Forget reports made after the latest checkpoint (a restart reports them again)."""
-        self._rewind()
+        self.snapshot.rewind()
         self._write()
         return self.latest_checkpoint
 
@@ -351,50 +354,13 @@ class RunStorage:
 
     # -- internals --------------------------------------------------------------------------------
 
-    def _commit_folder(self, staged: str, final: str, *, announce: bool = False) -> int:
-        """Move the staged files to ``final``, all or nothing; return the retries it took.
-
-        On object stores the files are copied and then marked committed; errors that pass are
-        retried (``storage.upload``), and the marker is written only once every file is in.
-
-        ``announce``: ``final`` has a name the user chose, which ``open`` cannot recognise as a
-        leftover the way it does ``checkpoint_*`` folders, so it is listed for deletion in the
-        snapshot before the move; a crash before the commit point then leaves nothing behind.
-        """
-        if not exists(self.filesystem, staged):
-            raise StorageError(f"cannot commit checkpoint: its staged files are missing at {display_path(self.filesystem, staged)}")
-        name = final.rpartition("/")[2]
-        if announce and name not in self.snapshot.to_delete:
+    def _announce(self, name: str) -> None:
+        """List a checkpoint folder of a name the user chose for deletion before it is committed:
+        ``open`` cannot recognise it as a leftover the way it does ``checkpoint_*`` folders, so a
+        crash before the commit point then leaves nothing behind."""
+        if name not in self.snapshot.to_delete:
             self.snapshot.to_delete.append(name)
             self._write()
-        if exists(self.filesystem, final):  # a half-done commit of a crashed attempt, or a dropped
-            delete_dir(self.filesystem, final)  # checkpoint whose deletion failed: never a kept one
-        if is_local(self.filesystem):
-            self.filesystem.move(staged, final)  # rename(2): all or nothing
-            return 0
-        where = display_path(self.filesystem, final)
-        try:
-            copied = copy_tree(self.filesystem, staged, self.filesystem, final, destination=where)
-            marked = retry(lambda: write_bytes(self.filesystem, f"{final}/{COMMIT_MARKER}", b""), destination=where)
-        except CheckpointUploadError:
-            self._try(lambda: delete_dir(self.filesystem, final))  # unmarked, so never read; tidied now
-            raise
-        self._try(lambda: delete_dir(self.filesystem, staged))
-        return copied.retries + marked
-
-    def _adopt_folder(self, staged: str | None, final: str) -> None:
-        """Record a checkpoint a worker wrote into the run folder itself, merging in the staged
-        files of ranks that uploaded theirs (``staged``), and marking it committed."""
-        if self.filesystem.get_file_info(final).type != pafs.FileType.Directory:
-            raise StorageError(
-                f"cannot record checkpoint {display_path(self.filesystem, final)} (CheckpointUploadMode.NO_UPLOAD): "
-                "it is not a folder of the run's storage."
-            )
-        if staged is not None and exists(self.filesystem, staged):
-            pafs.copy_files(staged, final, source_filesystem=self.filesystem, destination_filesystem=self.filesystem)
-            self._try(lambda: delete_dir(self.filesystem, staged))
-        if not is_local(self.filesystem):
-            write_bytes(self.filesystem, f"{final}/{COMMIT_MARKER}", b"")
 
     def _forget_missing_checkpoints(self) -> None:
         """Drop checkpoints named in run.json whose folder is gone, with a warning naming each.
@@ -408,7 +374,9 @@ class RunStorage:
         present = []
         for record in self.snapshot.checkpoints:
             path = f"{self.run_path}/{record.dir_name}"
-            if record.dir_name in folders and self._has_commit_marker(path):
+            if record.dir_name in folders and (  # local: committed by an atomic rename, the folder is the proof
+                is_local(self.filesystem) or self._checked("look for a commit marker", lambda: is_committed(self.filesystem, path))
+            ):
                 present.append(record)
                 continue
             warnings.warn(
@@ -419,18 +387,6 @@ class RunStorage:
             )
         self.snapshot.checkpoints = present
 
-    def _has_commit_marker(self, path: str) -> bool:
-        if is_local(self.filesystem):
-            return True  # committed by an atomic rename: the folder is the proof
-        return self._checked("look for a commit marker", lambda: exists(self.filesystem, f"{path}/{COMMIT_MARKER}"))
-
-    def _rewind(self) -> None:
-        if self.snapshot.checkpoints:
-            latest = max(self.snapshot.checkpoints, key=lambda c: c.seq)
-            del self.snapshot.reports[latest.report + 1 :]
-        else:
-            self.snapshot.reports.clear()
-
     def _remove_untracked(self) -> None:
         named = {c.dir_name for c in self.snapshot.checkpoints}
         entries = self.filesystem.get_file_info(pafs.FileSelector(self.run_path, allow_not_found=True))
@@ -438,15 +394,15 @@ class RunStorage:
             if entry.type != pafs.FileType.Directory:
                 continue
             if entry.base_name.startswith(CHECKPOINT_PREFIX) and entry.base_name not in named:
-                self._try(lambda path=entry.path: delete_dir(self.filesystem, path))
-        self._try(lambda: delete_dir(self.filesystem, self.layout.staging_root))
+                try_delete(self.filesystem, entry.path)
+        try_delete(self.filesystem, self.layout.staging_root)
         self.snapshot.to_delete = [d for d in self.snapshot.to_delete if d not in named]
         self._delete_dropped()
 
     def _delete_dropped(self) -> None:
         remaining = []
         for dir_name in self.snapshot.to_delete:
-            if not self._try(lambda d=dir_name: delete_dir(self.filesystem, f"{self.run_path}/{d}")):
+            if not try_delete(self.filesystem, f"{self.run_path}/{dir_name}"):
                 remaining.append(dir_name)
         self.snapshot.to_delete = remaining
 
@@ -456,15 +412,6 @@ class RunStorage:
         except OSError as error:
             raise StorageError(f"cannot write the run snapshot at {self.run_uri}/run.json: {error}") from error
         self._last_write = time.monotonic()
-
-    @staticmethod
-    def _try(action: Callable[[], Any]) -> bool:
-        """Best-effort cleanup: True when it worked; failures are retried at the next chance."""
-        try:
-            action()
-            return True
-        except OSError:
-            return False
 
     def _checked(self, operation: str, action: Callable[[], T]) -> T:
         """Run a storage call, failing within ``check_timeout_s`` with the path and the operation."""

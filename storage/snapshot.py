@@ -69,6 +69,11 @@ class RunSnapshot:
     error: str | None = None
     updated_at: float = 0.0
 
+    def rewind(self) -> None:
+        """Forget the reports made after the latest checkpoint (every report while there is none)."""
+        latest = max(self.checkpoints, key=lambda c: c.seq, default=None)
+        del self.reports[latest.report + 1 if latest is not None else 0 :]
+
     def to_json(self) -> bytes:
         body = dataclasses.asdict(self)
         body["format"] = FORMAT

@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterable
 import pyarrow.fs as pafs
 
 from storage.errors import StorageError
+from storage.filesystem import same_filesystem
 
 logger = logging.getLogger(__name__)
 
@@ -369,7 +370,7 @@ def _copy_files(
 ) -> None:
     """Copy ``files``, adding each to ``done`` once it is in; raise the worst error of the pass
     (one waiting cannot fix before one it can) after every file of the pass was tried."""
-    same = _same(source_fs, dest_fs)
+    same = same_filesystem(source_fs, dest_fs)
 
     def copy(relative: str) -> None:
         _copy_file(source_fs, f"{source.rstrip('/')}/{relative}", dest_fs, f"{dest.rstrip('/')}/{relative}", same)
@@ -406,12 +407,3 @@ def _copy_file(source_fs: pafs.FileSystem, source: str, dest_fs: pafs.FileSystem
     with source_fs.open_input_stream(source) as reader, dest_fs.open_output_stream(dest) as writer:
         while chunk := reader.read(CHUNK_BYTES):
             writer.write(chunk)
-
-
-def _same(a: pafs.FileSystem, b: pafs.FileSystem) -> bool:
-    if a is b:
-        return True
-    try:
-        return a.equals(b)
-    except (TypeError, NotImplementedError):
-        return False

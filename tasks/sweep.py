@@ -236,6 +236,7 @@ def _score(metrics: dict[str, Any] | None, metric: str) -> float | None:
     return float(value)
 
 
+# The sweep's settings as plan_sweep takes them: the flow passes both tasks the same ones.
 @task(name="trial", task_run_name="trial {trial.name}", persist_result=True)
 def train_trial(
     trial: Trial,

@@ -184,7 +184,7 @@ def test_relaxed_collectives_commit_the_survivors_checkpoint_without_the_preempt
     controller.step()  # rank 0 reports step 0 with a checkpoint
     assert [(index, staged) for _, index, _, staged in store.reports] == ([(0, True)] if relax else [])
     controller.step()  # rank 1's late report of the same step is not a second round
-    assert len(store.reports) == 1 and controller._pending == {}
+    assert len(store.reports) == 1 and controller.book.pending == {}
 
 
 def test_rank_0_being_preempted_relaxes_nothing():

@@ -142,9 +142,9 @@ def test_a_checkpoint_that_failed_mid_commit_is_never_named_or_restored(tmp_path
         or (op == "copy_file" and path.endswith("checkpoint_000001/optimizer.txt"))
     )
     if local:  # take the local-disk commit path (rename), still through the faulty handler
-        from storage import run_storage as run_storage_module
+        from storage import commit as commit_module
 
-        monkeypatch.setattr(run_storage_module, "is_local", lambda f: True)
+        monkeypatch.setattr(commit_module, "is_local", lambda f: True)
     storage = RunStorage(str(tmp_path), "run", filesystem=fs)
     storage.open("me")
     attempt = storage.start_attempt()

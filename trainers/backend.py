@@ -10,6 +10,7 @@ backends; you can write your own.
 from __future__ import annotations
 
 import contextlib
+import socket
 from typing import Any, Callable, ContextManager
 
 
@@ -64,3 +65,11 @@ class BackendConfig:
         """The library the workers' collectives run on (``"nccl"``, ``"gloo"``), or None when the
         backend sets up none. A hang found in an NCCL run is raised as ``NCCLHangError``."""
         return None
+
+
+def free_port() -> int:
+    """A TCP port free on this node right now (asked of the OS, not guessed): a backend runs it
+    on the worker that will listen on the port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]

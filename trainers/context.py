@@ -52,6 +52,7 @@ class TrainContext:
     accelerator_ids: tuple[int, ...] = ()
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    # Ray Train's TrainContext getters, one per field: its public API.
     def get_experiment_name(self) -> str:
         """The run's name (``RunConfig.name``)."""
         return self.experiment_name

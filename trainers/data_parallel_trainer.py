@@ -115,6 +115,7 @@ class DataParallelTrainer:
     #: (``TorchTrainer``: ``("torch_config", TorchConfig)``); ``__init__`` checks it for every trainer.
     _backend_config_arg: tuple[str, type[BackendConfig]] = ("backend_config", BackendConfig)
 
+    # Ray Train's signature, which must stay exact (tests/test_api_surface.py checks it).
     def __init__(
         self,
         train_loop_per_worker: Callable[..., Any],

@@ -21,7 +21,7 @@ from storage.layout import RunLayout
 from trainers._internal.data import install_data_context, split_datasets
 from trainers._internal.devices import assign_visible_devices
 from trainers._internal.elastic import ElasticSizer, NodeResources, wait_released
-from trainers._internal.events import Event
+from trainers._internal.events import Event, take_events
 from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
 from trainers._internal.resources import capturing_placement_group
 from trainers._internal.session import WorkerSession
@@ -274,13 +274,7 @@ class LocalWorkers:
         ).start()
 
     def poll(self, timeout_s: float) -> list[Event]:
-        try:
-            events = [self._events.get(timeout=timeout_s)]
-        except queue.Empty:
-            return []
-        while not self._events.empty():
-            events.append(self._events.get_nowait())
-        return events
+        return take_events(self._events, timeout_s)
 
     def release(self, index: int, data: Any) -> None:
         pass  # one rank: its barriers never wait for the controller

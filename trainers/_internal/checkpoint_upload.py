@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 import pyarrow.fs as pafs
 
 from storage import Checkpoint, upload_directory
-from storage.filesystem import delete_dir, display_path, is_local
+from storage.filesystem import delete_dir, display_path, is_local, same_filesystem
 from storage.layout import RunLayout, check_dir_name
 from storage.upload import CheckpointUploadError, UploadStats
 from trainers.errors import WorkerGroupError
@@ -80,7 +80,7 @@ def check_request(
                 "first, or report it with CheckpointUploadMode.SYNC to have it copied there."
             )
         return
-    if delete_local and _same_filesystem(checkpoint.filesystem, filesystem):
+    if delete_local and same_filesystem(checkpoint.filesystem, filesystem):
         run_folder = _normal(layout.run_path, filesystem)
         source = _normal(checkpoint.path, filesystem)
         if run_folder == source or run_folder.startswith(source.rstrip("/") + "/"):
@@ -114,7 +114,7 @@ def persist(
             f"report(checkpoint_upload_fn={getattr(upload_fn, '__name__', upload_fn)!r}) returned {persisted!r}; it "
             "must return the uploaded checkpoint as a trainers.Checkpoint."
         )
-    if _same_filesystem(persisted.filesystem, filesystem) and _normal(persisted.path, filesystem) == _normal(staging, filesystem):
+    if same_filesystem(persisted.filesystem, filesystem) and _normal(persisted.path, filesystem) == _normal(staging, filesystem):
         return Placement(dir_name, in_place=False, upload=stats)
     placed = in_place_name(persisted, layout, filesystem)
     if placed is None:
@@ -201,7 +201,7 @@ def delete_source(checkpoint: Checkpoint, keep: Checkpoint | None = None) -> Non
     ``keep``); a failure is logged, never raised: the upload itself succeeded."""
     if (
         keep is not None
-        and _same_filesystem(keep.filesystem, checkpoint.filesystem)
+        and same_filesystem(keep.filesystem, checkpoint.filesystem)
         and _normal(keep.path, keep.filesystem) == _normal(checkpoint.path, checkpoint.filesystem)
     ):
         return
@@ -215,7 +215,7 @@ def delete_source(checkpoint: Checkpoint, keep: Checkpoint | None = None) -> Non
 
 def in_place_name(checkpoint: Checkpoint, layout: RunLayout, filesystem: pafs.FileSystem) -> str | None:
     """The folder name of ``checkpoint`` when it is a folder directly inside the run folder."""
-    if not _same_filesystem(checkpoint.filesystem, filesystem):
+    if not same_filesystem(checkpoint.filesystem, filesystem):
         return None
     root = _normal(layout.run_path, filesystem).rstrip("/")
     inner = _normal(checkpoint.path, filesystem)
@@ -228,15 +228,6 @@ def in_place_name(checkpoint: Checkpoint, layout: RunLayout, filesystem: pafs.Fi
         return check_dir_name(relative)
     except ValueError:
         return None
-
-
-def _same_filesystem(a: pafs.FileSystem, b: pafs.FileSystem) -> bool:
-    if a is b:
-        return True
-    try:
-        return a.equals(b)
-    except (TypeError, NotImplementedError):
-        return False
 
 
 def _normal(path: str, filesystem: pafs.FileSystem) -> str:

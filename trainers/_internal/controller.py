@@ -2,7 +2,9 @@
 
 It is a plain object in the driver process with an explicit state and a ``step()`` that moves to
 the next one, so tests can drive it with a scripted worker group and no Ray. It talks to the
-workers through the small ``Workers`` protocol and to storage through ``RunStorage`` directly.
+workers through the small ``Workers`` protocol and to storage through ``storage.RunRecord``
+(what ``RunStorage`` offers it); what the workers of an attempt said is kept in an
+``AttemptBook`` (``trainers._internal.attempt_book``), the controller's loop decides.
 """
 
 from __future__ import annotations
@@ -12,17 +14,9 @@ import time
 import traceback
 from typing import Any, Callable, Protocol
 
-from storage import Checkpoint
-from trainers._internal.events import (
-    NOT_TRAINING,
-    CheckpointsQuery,
-    Event,
-    FailedEvent,
-    FinishedEvent,
-    ReportEvent,
-    SyncEvent,
-    checkpoint_placement,
-)
+from storage import Checkpoint, RunRecord
+from trainers._internal.attempt_book import LAUNCH, AttemptBook
+from trainers._internal.events import NOT_TRAINING, CheckpointsQuery, Event, FailedEvent, checkpoint_placement
 from trainers._internal.checkpoint_upload import run_error_type, upload_record
 from trainers._internal.reported_checkpoints import PendingQueries
 from trainers.tuning import DRAIN_POLL_S, ENDED_DRAIN_S, SETUP_CLASH_RESTARTS, VALIDATION_POLL_S
@@ -52,9 +46,6 @@ class Workers(Protocol):
 #: errors, so they are listed first.
 DEATHS = ("died", "preempted")
 
-#: The rank under which a failure to start the whole group is recorded.
-LAUNCH = -1
-
 
 class State(enum.Enum):
     LAUNCHING = "launching"
@@ -76,7 +67,7 @@ class Controller:
         self,
         *,
         workers: Workers,
-        storage: Any,
+        storage: RunRecord,
         max_failures: int,
         on_report: Callable[[int, list[dict[str, Any]], Checkpoint | None], None] = lambda *a: None,
         on_failure: Callable[[int, dict[int, FailedEvent]], None] = lambda *a: None,
@@ -95,7 +86,7 @@ class Controller:
         relax_collectives_on_preemption: bool = False,
         on_resize: Callable[[int, int, int], None] = lambda *a: None,
         wall_clock: Callable[[], float] = time.time,
-    ) -> None:
+    ) -> None:  # every argument is kept as it came
         self.workers = workers
         self.storage = storage
         self.max_failures = max_failures
@@ -121,8 +112,6 @@ class Controller:
         self.lost_a_node = lost_a_node
         #: During a preemption, commit reports without the ranks being taken away (not rank 0's).
         self.relax_collectives_on_preemption = relax_collectives_on_preemption
-        #: Ranks whose reports the current preemption lets the others commit without.
-        self._relaxed: set[int] = set()
         self.on_resize = on_resize
         #: UNIX time in seconds (preemption deadlines are wall-clock times).
         self.wall_clock = wall_clock
@@ -134,22 +123,13 @@ class Controller:
         self.validations = validations
         #: ``get_all_reported_checkpoints()`` calls waiting for rounds or validations.
         self._queries = PendingQueries()
-        #: Rounds of this attempt committed so far (reports are committed in order).
-        self._committed_rounds = 0
         self.setup_clash_restarts = 0
-        #: When the first rank reported each pending round (for the report timeout).
-        self._first_seen: dict[int, float] = {}
         self.state = State.LAUNCHING
         self.attempt = 0
         self.return_value: Any = None
         self.error: TrainingFailedError | None = None
-        self._pending: dict[int, dict[int, ReportEvent]] = {}
-        #: Ranks waiting at each barrier (``trainers.collective``) of this attempt, and when the
-        #: first of them arrived (for the report timeout).
-        self._syncs: dict[int, dict[int, SyncEvent]] = {}
-        self._sync_first_seen: dict[int, float] = {}
-        self._finished: dict[int, Any] = {}
-        self._failed: dict[int, FailedEvent] = {}
+        #: This attempt's rounds, barriers, finished and failed ranks.
+        self.book = AttemptBook(clock)
         self._last_failures: list[RankFailure] = []
         #: What the ranks that did not fail were doing when the others failed (hang diagnosis).
         self._activity: dict[int, str] = {}
@@ -184,61 +164,50 @@ class Controller:
 
     def _launch(self) -> None:
         self.attempt = self.storage.start_attempt()
-        self._pending.clear()
-        self._syncs.clear()
-        self._sync_first_seen.clear()
-        self._first_seen.clear()
-        self._finished.clear()
-        self._failed.clear()
+        self.book.reset()
         self._activity = {}
         self._preemption = None
-        self._relaxed = set()
         self._queries.clear()
-        self._committed_rounds = 0
         try:
             self.workers.launch(self.attempt, self.storage.latest_checkpoint)
         except (ValueError, TypeError):
             raise  # a configuration mistake: restarting cannot help
         except Exception as error:
-            self._failed[LAUNCH] = FailedEvent(LAUNCH, error, traceback.format_exc(), kind="failed to start")
+            self.book.failed[LAUNCH] = FailedEvent(LAUNCH, error, traceback.format_exc(), kind="failed to start")
             self._fail()
             return
         self.state = State.RUNNING
 
     def _handle(self, events: list[Event]) -> None:
+        book = self.book
         for event in events:
-            if isinstance(event, ReportEvent):
-                if event.index < self._committed_rounds:
-                    continue  # a relaxed rank's report of a round committed without it
-                self._pending.setdefault(event.index, {})[event.world_rank] = event
-                self._first_seen.setdefault(event.index, self.clock())
-            elif isinstance(event, FinishedEvent):
-                self._finished[event.world_rank] = event.return_value
-            elif isinstance(event, FailedEvent):
-                self._failed.setdefault(event.world_rank, event)
-            elif isinstance(event, SyncEvent):
-                self._syncs.setdefault(event.index, {})[event.world_rank] = event
-                self._sync_first_seen.setdefault(event.index, self.clock())
-            elif isinstance(event, CheckpointsQuery):
+            if isinstance(event, CheckpointsQuery):
                 self._queries.add(event)
             elif isinstance(event, PreemptionNotice):
                 if self._preemption is None:
                     self._preemption_noticed_at = self.wall_clock()
                 self._preemption = merge_preemptions(self._preemption, event.info)
                 self._relax_for(self._preemption)
+            else:
+                book.add(event)
         self._commit_complete_rounds()
         self._validate_and_answer()
-        self._release_complete_syncs()
-        self._check_returned_during_a_barrier()
-        self._check_laggards()
-        if self._failed:
+        if not book.failed:  # else the attempt ends; its workers are about to be stopped
+            while (sync := book.pop_complete_sync(self.workers.world_size)) is not None:
+                self.workers.release(*sync)  # a barrier every rank reached lets them all go
+        for event in book.returned_during_a_barrier():
+            book.failed[event.world_rank] = event
+        if self.report_timeout_s is not None and not book.failed:
+            for event in book.laggards(self.workers.world_size, self.report_timeout_s):
+                book.failed[event.world_rank] = event
+        if book.failed:
             self._drain_rounds_the_failed_ranks_finished()
-            alive = [r for r in range(self.workers.world_size) if r not in self._failed or self._failed[r].kind == "hung"]
+            alive = [r for r in range(self.workers.world_size) if r not in book.failed or book.failed[r].kind == "hung"]
             dead, self._activity = self.workers.probe(alive) if alive else ([], {})
             for event in dead:
-                self._failed[event.world_rank] = event
+                book.failed[event.world_rank] = event
             self._fail()
-        elif len(self._finished) == self.workers.world_size:
+        elif len(book.finished) == self.workers.world_size:
             self._finish()
 
     def _relax_for(self, info: PreemptionInfo) -> None:
@@ -247,21 +216,12 @@ class Controller:
         are the run's, so when rank 0 is preempted nothing is relaxed."""
         preempted = set(info.preempted_ranks)
         if self.relax_collectives_on_preemption and 0 not in preempted:
-            self._relaxed = preempted
+            self.book.relaxed = preempted
 
     def _commit_complete_rounds(self) -> None:
         size = self.workers.world_size
-        while self._pending:
-            index = min(self._pending)
-            round_ = self._pending[index]
-            # The length check first: a round is looked at after every event, and walking all
-            # ranks each time would make a round's cost grow with the square of the world size.
-            if len(round_) < size - len(self._relaxed) or any(
-                rank not in round_ for rank in range(size) if rank not in self._relaxed
-            ):
-                return
-            del self._pending[index]
-            self._first_seen.pop(index, None)
+        while (complete := self.book.pop_complete_round(size)) is not None:
+            index, round_ = complete
             metrics = [round_[rank].metrics if rank in round_ else {} for rank in range(size)]
             staged = any(event.staged for event in round_.values())
             # As in Ray Train, the validation asked by the first rank that passed a checkpoint.
@@ -272,7 +232,6 @@ class Controller:
             if upload is not None:  # kept beside the metrics in run.json, never inside them
                 extra["upload"] = upload
             checkpoint = self.storage.record_report(metrics[0], report_index=index, attempt=self.attempt, staged=staged, **extra)
-            self._committed_rounds = index + 1
             self.on_report(self.attempt, metrics, checkpoint)
 
     def _validate_and_answer(self) -> None:
@@ -282,69 +241,11 @@ class Controller:
             self.validations.poll()
         if self._queries:
             self._queries.answer(
-                committed_rounds=self._committed_rounds,
+                committed_rounds=self.book.committed_rounds,
                 validating=lambda: self.validations is not None and self.validations.busy,
                 storage=self.storage,
                 send=self.workers.answer_checkpoints,
             )
-
-    def _release_complete_syncs(self) -> None:
-        """A barrier every rank reached lets them all go, carrying rank 0's data."""
-        if self._failed:
-            return  # the attempt ends; its workers are about to be stopped
-        for index in sorted(self._syncs):
-            arrived = self._syncs[index]
-            if len(arrived) < self.workers.world_size:
-                return  # barriers are passed in order: a later one cannot be complete either
-            del self._syncs[index]
-            self._sync_first_seen.pop(index, None)
-            self.workers.release(index, arrived[0].data)
-
-    def _check_returned_during_a_barrier(self) -> None:
-        """A rank whose function returned can never reach a barrier the others wait at."""
-        if not self._syncs or not self._finished or self._failed:
-            return
-        index = min(self._syncs)
-        waiting = sorted(self._syncs[index])
-        for rank in sorted(self._finished):
-            if rank not in self._syncs[index]:
-                self._failed[rank] = FailedEvent(
-                    rank,
-                    RuntimeError(
-                        f"rank {rank}'s training function returned while rank(s) {', '.join(map(str, waiting))} "
-                        f"wait at barrier {index} of this attempt: every worker must make the same "
-                        "barrier()/broadcast_from_rank_zero() calls."
-                    ),
-                    "",
-                )
-
-    def _check_laggards(self) -> None:
-        """A rank that has not reported a step, or reached a barrier, ``report_timeout_s`` after
-        another rank did is hung."""
-        if self.report_timeout_s is None or self._failed:
-            return
-        for waiting, first_seen, what in (
-            (self._pending, self._first_seen, "reported step"),
-            (self._syncs, self._sync_first_seen, "reached barrier"),
-        ):
-            if not waiting:
-                continue
-            index = min(waiting)
-            waited = self.clock() - first_seen.get(index, self.clock())
-            if waited <= self.report_timeout_s:
-                continue
-            arrived = sorted(waiting[index])
-            for rank in range(self.workers.world_size):
-                if rank not in waiting[index] and rank not in self._finished:
-                    self._failed[rank] = FailedEvent(
-                        rank,
-                        TimeoutError(
-                            f"rank {rank} has not {what} {index} of this attempt {waited:.0f} s after rank(s) "
-                            f"{', '.join(map(str, arrived))} did (FailureConfig.report_timeout_s={self.report_timeout_s:g})"
-                        ),
-                        "",
-                        kind="hung",
-                    )
 
     def _drain_rounds_the_failed_ranks_finished(self) -> None:
         """Commit every round the failed ranks completed whose other reports are on their way.
@@ -357,12 +258,12 @@ class Controller:
         """
         start = time.monotonic()
         while True:
-            missing = self._missing_from_rounds_the_failed_ranks_finished()
+            missing = self.book.awaited_by_rounds_the_failed_ranks_finished(self.workers.world_size)
             if not missing:
                 return
             dead, activity = self.workers.probe(sorted(missing))
             for event in dead:
-                self._failed.setdefault(event.world_rank, event)
+                self.book.failed.setdefault(event.world_rank, event)
             ended = all(activity.get(rank) == NOT_TRAINING for rank in missing)
             limit = start + (ENDED_DRAIN_S if ended else self.drain_timeout_s)
             if dead or time.monotonic() >= limit:
@@ -370,55 +271,30 @@ class Controller:
                     return
                 continue  # a dead rank never reports: the rounds it missed are no longer awaited
             for event in self.workers.poll(min(DRAIN_POLL_S, max(0.0, limit - time.monotonic()))):
-                if isinstance(event, ReportEvent):
-                    self._pending.setdefault(event.index, {})[event.world_rank] = event
-                elif isinstance(event, FailedEvent):
-                    self._failed.setdefault(event.world_rank, event)
-                elif isinstance(event, FinishedEvent):
-                    self._finished[event.world_rank] = event.return_value
+                self.book.add(event)  # barriers and questions no longer matter: the attempt ends
             self._commit_complete_rounds()
 
-    def _missing_from_rounds_the_failed_ranks_finished(self) -> set[int]:
-        """Ranks still able to report whose report is all that a round every failed rank
-        reported lacks."""
-        failed = {rank for rank in self._failed if rank >= 0}
-        if LAUNCH in self._failed:
-            return set()
-        missing: set[int] = set()
-        for round_ in self._pending.values():
-            if failed <= set(round_):
-                missing.update(
-                    rank for rank in range(self.workers.world_size)
-                    if rank not in round_ and rank not in self._failed and rank not in self._finished
-                )
-        return missing
-
     def _finish(self) -> None:
-        if self._pending:
-            counts = {rank: 0 for rank in range(self.workers.world_size)}
-            for round_ in self._pending.values():
-                for rank in round_:
-                    counts[rank] += 1
-            uneven = ", ".join(f"rank {r}: {c} extra" for r, c in counts.items() if c)
-            self._failed[0] = FailedEvent(
+        if self.book.pending:
+            self.book.failed[0] = FailedEvent(
                 0,
                 RuntimeError(
                     "every worker must call report() the same number of times; the training function "
-                    f"returned with reports missing from some ranks ({uneven})."
+                    f"returned with reports missing from some ranks ({self.book.uneven_reports(self.workers.world_size)})."
                 ),
                 "",
             )
             self._fail()
             return
-        self.return_value = self._finished.get(0)
+        self.return_value = self.book.finished.get(0)
         self.workers.finish()
         self.state = State.FINISHED
 
     def _fail(self) -> None:
         self.workers.shutdown()
         # A dead process is the likely root cause of the others' errors: callbacks see it first too.
-        failures = sorted((self._describe(e) for e in self._failed.values()), key=lambda f: (f.kind not in DEATHS, f.world_rank))
-        self.on_failure(self.attempt, dict(self._failed))
+        failures = sorted((self._describe(e) for e in self.book.failed.values()), key=lambda f: (f.kind not in DEATHS, f.world_rank))
+        self.on_failure(self.attempt, dict(self.book.failed))
         # As in Ray Train: when a preempted node's death is among the failures, the others' errors
         # are its echo (broken collectives), and the preemption budget pays. A call in flight when
         # the node went may fail before Ray knows why, so a death on a node whose drain was seen
@@ -450,7 +326,7 @@ class Controller:
     def _only_setup_clashes(self) -> bool:
         if self.setup_clash_restarts >= SETUP_CLASH_RESTARTS:
             return False
-        errors = [event.error for event in self._failed.values()]
+        errors = [event.error for event in self.book.failed.values()]
         return bool(errors) and all(self.is_setup_clash(error) for error in errors)
 
     def _restart(self) -> None:
@@ -526,18 +402,18 @@ class Controller:
             doing = self._activity.get(failure.world_rank)
             lines.append(f"  - {failure.describe()}" + (f"; it is {doing}" if doing else ""))
         for rank, doing in sorted(self._activity.items()):
-            if rank not in self._failed:
+            if rank not in self.book.failed:
                 node_ip = self.workers.where(rank)[1]
                 lines.append(f"  - rank {rank} on node {node_ip or '?'} had not failed; it was {doing}")
         first = failures[0]
         if first.traceback:
             lines.append(f"Traceback of rank {first.world_rank}:\n{first.traceback.rstrip()}")
         error_type = run_error_type(
-            worker_group_error_type(failures, self.collective_backend), [e.error for e in self._failed.values()]
+            worker_group_error_type(failures, self.collective_backend), [e.error for e in self.book.failed.values()]
         )
         return error_type(
             "\n".join(lines),
-            {event.world_rank: event.error for event in self._failed.values()},
+            {event.world_rank: event.error for event in self.book.failed.values()},
             {f.world_rank: f for f in failures},
             attempt=self.attempt,
             budget_exhausted=budget_exhausted,

@@ -5,9 +5,11 @@ failures the controller finds itself (a hang, a group that did not start) in the
 from __future__ import annotations
 
 import dataclasses
+import queue
 from typing import Any
 
 
+# Plain records: what they share with other records (storage's, gbdt's) is the form of a field list.
 @dataclasses.dataclass(frozen=True)
 class ReportEvent:
     """Worker ``world_rank`` called ``report()`` for the ``index``-th time in this attempt."""
@@ -108,3 +110,17 @@ Event = ReportEvent | FinishedEvent | FailedEvent | SyncEvent | CheckpointsQuery
 #: What a worker's ``activity()`` answers once its training function has ended (raised or
 #: returned): every event it will send is then already queued, which the controller relies on.
 NOT_TRAINING = "not training"
+
+
+def take_events(events: queue.Queue, timeout_s: float) -> list[Event]:
+    """Wait up to ``timeout_s`` for the next event in ``events``, then return it with any queued
+    behind it ([] when none came)."""
+    try:
+        taken = [events.get(timeout=timeout_s)]
+    except queue.Empty:
+        return []
+    while True:
+        try:
+            taken.append(events.get_nowait())
+        except queue.Empty:
+            return taken

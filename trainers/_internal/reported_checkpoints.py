@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
-from storage import Checkpoint
+from storage import Checkpoint, RunRecord
 from trainers._internal.events import CheckpointsQuery
 from trainers.tuning import STOP_CHECK_S
 from trainers.validation import CheckpointConsistencyMode, ReportedCheckpoint, ReportedCheckpointStatus
@@ -37,7 +37,7 @@ class QueryingSession(Protocol):
 Answer = list[tuple[str, dict[str, Any], str]]
 
 
-def describe(storage: Any) -> Answer:
+def describe(storage: RunRecord) -> Answer:
     """The run's kept checkpoints, oldest first, as the controller sends them."""
     return [(storage.layout.path_of(c.dir_name), dict(c.metrics), c.status) for c in storage.snapshot.checkpoints]
 
@@ -62,7 +62,7 @@ class PendingQueries:
         *,
         committed_rounds: int,
         validating: Callable[[], bool],
-        storage: Any,
+        storage: RunRecord,
         send: Callable[[int, int, Answer], None],
     ) -> None:
         """Answer every query whose wait is over: ``committed_rounds`` rounds of this attempt are

@@ -105,13 +105,8 @@ class WorkerSession:
             delete_local, asynchronous=upload_mode is CheckpointUploadMode.ASYNC, no_upload=no_upload
         )
         checkpoint_upload.check_request(
-            checkpoint,
-            no_upload=no_upload,
-            dir_name=dir_name,
-            upload_fn=upload_fn,
-            delete_local=delete_local,
-            layout=self.layout,
-            filesystem=self.filesystem,
+            checkpoint, no_upload=no_upload, dir_name=dir_name, upload_fn=upload_fn, delete_local=delete_local,
+            layout=self.layout, filesystem=self.filesystem,
         )
         if checkpoint is not None and dir_name is not None and not no_upload:
             if dir_name in self._dir_names:

@@ -18,7 +18,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayError, TaskCancelledError
 
-from storage import Checkpoint
+from storage import Checkpoint, RunRecord
 from storage.snapshot import VALIDATED, VALIDATION_FAILED, VALIDATION_TIMEOUT, CheckpointRecord
 from trainers.validation import ValidationConfig, ValidationTaskConfig, request_from_json
 
@@ -73,7 +73,7 @@ def task_options(config: ValidationConfig, free_cpus: float) -> dict[str, Any]:
     return options
 
 
-def settle_without_config(storage: Any) -> None:
+def settle_without_config(storage: RunRecord) -> None:
     """A resumed run whose trainer has no ``validation_config`` cannot validate the checkpoints
     left pending: mark them VALIDATION_FAILED, with a warning, so nothing waits for them."""
     for record in storage.pending_validations:
@@ -88,7 +88,7 @@ def settle_without_config(storage: Any) -> None:
 
 
 def make_runner(
-    config: ValidationConfig | None, storage: Any, scaling: Any, runtime_env: dict | None = None
+    config: ValidationConfig | None, storage: RunRecord, scaling: Any, runtime_env: dict | None = None
 ) -> "ValidationRunner | None":
     """The run's validation runner, or None without a ``validation_config`` (then checkpoints a
     crashed earlier driver left pending are settled, see ``settle_without_config``).
@@ -133,7 +133,7 @@ class _Running:
 class ValidationRunner:
     """Runs the validations the run's record asks for and writes their outcome back into it."""
 
-    def __init__(self, config: ValidationConfig, storage: Any, options: dict[str, Any]) -> None:
+    def __init__(self, config: ValidationConfig, storage: RunRecord, options: dict[str, Any]) -> None:
         self.config = config
         self.storage = storage
         self.options = options

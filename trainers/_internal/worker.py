@@ -21,7 +21,7 @@ from typing import Any, Callable
 import ray
 
 from trainers._internal.event_channel import ChannelAddress, EventSender
-from trainers._internal.events import NOT_TRAINING, Event, FailedEvent, FinishedEvent
+from trainers._internal.events import NOT_TRAINING, Event, FailedEvent, FinishedEvent, take_events
 from trainers._internal.session import TrainingInterrupted, WorkerSession, set_session
 from trainers.worker_output import announce, worker_label
 from trainers.errors import WorkerError
@@ -185,15 +185,7 @@ class TrainWorker:
 
     def next_events(self, timeout_s: float) -> list[Event]:
         """Wait up to ``timeout_s`` for the next event, then return it with any queued behind it."""
-        try:
-            events = [self._events.get(timeout=timeout_s)]
-        except queue.Empty:
-            return []
-        while True:
-            try:
-                events.append(self._events.get_nowait())
-            except queue.Empty:
-                return events
+        return take_events(self._events, timeout_s)
 
     def activity(self) -> str:
         """Where the training function is right now (file:line and the code), for hang reports."""

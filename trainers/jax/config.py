@@ -11,11 +11,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import socket
 from typing import Any
 
 from trainers._internal.validation import check_bool, check_number
-from trainers.backend import Backend, BackendConfig
+from trainers.backend import Backend, BackendConfig, free_port
 from trainers.tuning import JAX_SHUTDOWN_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
@@ -49,6 +48,7 @@ class JaxConfig(BackendConfig):
             raise ValueError("JaxConfig: use_tpu=True and use_gpu=True together; a worker trains on one kind of accelerator.")
         check_number("JaxConfig.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0")
 
+    # BackendConfig's hooks, filled in as every framework's config fills them in.
     @property
     def backend_cls(self) -> type[Backend]:
         return JaxBackend
@@ -71,13 +71,6 @@ class JaxConfig(BackendConfig):
 
 
 # -- worker side --------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port free on this worker's node right now (asked of the OS, not guessed)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 def _initialize(coordinator: str, num_processes: int, process_id: int, platform: str, timeout_s: float) -> None:

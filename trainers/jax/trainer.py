@@ -30,6 +30,7 @@ class JaxTrainer(DataParallelTrainer):
 
     _backend_config_arg = ("jax_config", JaxConfig)
 
+    # Ray Train's signature, which must stay exact (tests/test_api_surface.py checks it).
     def __init__(
         self,
         train_loop_per_worker: Callable[..., Any],
@@ -47,17 +48,10 @@ class JaxTrainer(DataParallelTrainer):
         if jax_config is None:
             scaling = scaling_config if isinstance(scaling_config, ScalingConfig) else ScalingConfig()
             jax_config = JaxConfig(use_tpu=scaling.use_tpu, use_gpu=scaling.use_gpu)
-        super().__init__(
-            train_loop_per_worker,
-            train_loop_config=train_loop_config,
-            backend_config=jax_config,
-            scaling_config=scaling_config,
-            run_config=run_config,
-            datasets=datasets,
-            dataset_config=dataset_config,
-            validation_config=validation_config,
-            metadata=metadata,
-            resume_from_checkpoint=resume_from_checkpoint,
+        super().__init__(  # every argument as it came, as in every framework's trainer
+            train_loop_per_worker, train_loop_config=train_loop_config, backend_config=jax_config,
+            scaling_config=scaling_config, run_config=run_config, datasets=datasets, dataset_config=dataset_config,
+            validation_config=validation_config, metadata=metadata, resume_from_checkpoint=resume_from_checkpoint,
         )
         if self.backend_config.use_gpu and not self.scaling_config.use_gpu:
             raise ValueError("JaxConfig(use_gpu=True) needs GPUs reserved: set ScalingConfig(use_gpu=True), or use_gpu=False.")

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from trainers.lightning.strategies import (
-    RayDDPStrategy,
-    RayDeepSpeedStrategy,
-    RayFSDPStrategy,
-    RayLightningEnvironment,
-)
+from trainers.lightning.strategies import RayDDPStrategy, RayDeepSpeedStrategy, RayFSDPStrategy, RayLightningEnvironment
 
 _STRATEGIES = (RayDDPStrategy, RayFSDPStrategy, RayDeepSpeedStrategy)
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 from typing import Any
 
-from trainers.backend import Backend, BackendConfig
+from trainers.backend import Backend, BackendConfig, free_port
 from trainers.tuning import TENSORFLOW_SETUP_TIMEOUT_S
 
 #: What TensorFlow says when its gRPC server cannot bind the port reserved for it.
@@ -35,6 +34,7 @@ class TensorflowConfig(BackendConfig):
     Same name as ``ray.train.tensorflow.TensorflowConfig``.
     """
 
+    # BackendConfig's hooks, filled in as every framework's config fills them in.
     @property
     def backend_cls(self) -> type[Backend]:
         return TensorflowBackend
@@ -53,13 +53,6 @@ class TensorflowConfig(BackendConfig):
 
 
 # -- worker side --------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port free on this worker's node right now (asked of the OS, not guessed)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 def tf_config(addresses: list[str], index: int) -> str:

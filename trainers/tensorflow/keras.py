@@ -128,6 +128,7 @@ class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]
         self._epoch = epoch
         self._handle(logs, "epoch_end")
 
+    # Keras calls each hook by name; each hands its moment on to _handle.
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         self._handle(logs, "train_batch_begin")
 

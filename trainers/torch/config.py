@@ -6,11 +6,10 @@ import contextlib
 import dataclasses
 import datetime
 import os
-import socket
 from typing import Any, Callable, ContextManager, Iterator
 
 from trainers._internal.validation import check_choice, check_number
-from trainers.backend import Backend, BackendConfig
+from trainers.backend import Backend, BackendConfig, free_port
 
 BACKENDS = ("gloo", "nccl")
 INIT_METHODS = ("env", "tcp")
@@ -41,6 +40,7 @@ class TorchConfig(BackendConfig):
         check_choice("TorchConfig.init_method", self.init_method, INIT_METHODS)
         check_number("TorchConfig.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0")
 
+    # BackendConfig's hooks, filled in as every framework's config fills them in.
     @property
     def backend_cls(self) -> type[Backend]:
         return TorchBackend
@@ -65,13 +65,6 @@ class TorchConfig(BackendConfig):
 
     def collective_backend(self, use_gpu: bool) -> str:
         return self.resolved_backend(use_gpu)
-
-
-def free_port() -> int:
-    """A TCP port free on this node right now (asked of the OS, not guessed)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 def _import_torch_and_free_port() -> int:
@@ -138,12 +131,17 @@ def _init_process_group(
     env_by_rank: dict[int, dict[str, str]] | None = None,
     init_method: str = "env",
 ) -> None:
-    import torch.distributed as dist
-
     os.environ.update(env)
     os.environ.update((env_by_rank or {}).get(int(os.environ["RANK"]), {}))
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    join_process_group(backend, env, timeout_s, init_method)
+
+
+def join_process_group(backend: str, env: dict[str, str], timeout_s: float, init_method: str) -> None:
+    """Join the workers' ``backend`` process group (leaving one this process is in), its rank
+    and size from the environment, its master from ``env``."""
+    import torch.distributed as dist
+
+    leave_process_group()
     dist.init_process_group(
         backend=backend,
         init_method=init_method_url(init_method, env["MASTER_ADDR"], env["MASTER_PORT"]),
@@ -153,7 +151,8 @@ def _init_process_group(
     )
 
 
-def _destroy_process_group() -> None:
+def leave_process_group() -> None:
+    """Destroy this process's ``torch.distributed`` process group, if it has one."""
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -172,18 +171,13 @@ class TorchBackend(Backend):
         ports = worker_group.execute(_import_torch_and_free_port, timeout_s=backend_config.timeout_s + 30)
         env = {"MASTER_ADDR": master.metadata.node_ip, "MASTER_PORT": str(ports[0])}
         worker_group.execute(
-            _init_process_group,
-            env,
-            backend,
-            backend_config.timeout_s,
-            _per_rank_env(worker_group.workers, use_gpu),
-            backend_config.init_method,
-            timeout_s=backend_config.timeout_s + 30,
+            _init_process_group, env, backend, backend_config.timeout_s, _per_rank_env(worker_group.workers, use_gpu),
+            backend_config.init_method, timeout_s=backend_config.timeout_s + 30,
         )
 
     def on_shutdown(self, worker_group: Any, backend_config: TorchConfig) -> None:
         # The actors are killed right after; destroying first lets nccl release its communicators cleanly.
         try:
-            worker_group.execute(_destroy_process_group, timeout_s=5)
+            worker_group.execute(leave_process_group, timeout_s=5)
         except Exception:
             pass

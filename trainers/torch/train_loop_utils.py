@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 from trainers import context as _context
-from trainers.torch.amp import accelerate, autocast_model, backward, current_amp, prepare_optimizer
-from trainers.torch.devices import get_device, get_devices
+from trainers.torch.amp import autocast_model, current_amp
+from trainers.torch.devices import get_device
 from trainers.torch.fsdp_options import apply_fsdp, plan_fsdp
 
 PARALLEL_STRATEGIES = ("ddp", "fsdp", None)
@@ -156,20 +156,11 @@ def _with_distributed_sampler(loader: DataLoader, world_size: int, rank: int) ->
     if shuffle and getattr(sampler, "generator", None) is not None:
         seed = int(sampler.generator.initial_seed())
     distributed = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
+    kept = ("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn",
+            "multiprocessing_context", "generator", "persistent_workers")  # the loader's settings, all but its sampler
     return DataLoader(
-        loader.dataset,
-        batch_size=loader.batch_size,
-        sampler=distributed,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        generator=loader.generator,
-        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
-        persistent_workers=loader.persistent_workers,
+        loader.dataset, sampler=distributed, prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
+        **{name: getattr(loader, name) for name in kept},
     )
 
 
@@ -189,14 +180,3 @@ def enable_reproducibility(seed: int = 0) -> None:
     # cuBLAS needs a fixed workspace to be deterministic on CUDA >= 10.2.
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
 
-
-__all__ = [
-    "accelerate",
-    "backward",
-    "enable_reproducibility",
-    "get_device",
-    "get_devices",
-    "prepare_data_loader",
-    "prepare_model",
-    "prepare_optimizer",
-]

@@ -20,6 +20,7 @@ class TorchTrainer(DataParallelTrainer):
 
     _backend_config_arg = ("torch_config", TorchConfig)
 
+    # Ray Train's signature, which must stay exact (tests/test_api_surface.py checks it).
     def __init__(
         self,
         train_loop_per_worker: Callable[..., Any],
@@ -34,15 +35,8 @@ class TorchTrainer(DataParallelTrainer):
         metadata: dict[str, Any] | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
     ) -> None:
-        super().__init__(
-            train_loop_per_worker,
-            train_loop_config=train_loop_config,
-            backend_config=torch_config,
-            scaling_config=scaling_config,
-            run_config=run_config,
-            datasets=datasets,
-            dataset_config=dataset_config,
-            validation_config=validation_config,
-            metadata=metadata,
-            resume_from_checkpoint=resume_from_checkpoint,
+        super().__init__(  # every argument as it came, as in every framework's trainer
+            train_loop_per_worker, train_loop_config=train_loop_config, backend_config=torch_config,
+            scaling_config=scaling_config, run_config=run_config, datasets=datasets, dataset_config=dataset_config,
+            validation_config=validation_config, metadata=metadata, resume_from_checkpoint=resume_from_checkpoint,
         )

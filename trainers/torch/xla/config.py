@@ -16,7 +16,7 @@ from typing import Any
 from trainers._extras import MissingExtraError
 from trainers.backend import Backend
 from trainers._internal.validation import check_choice, check_number
-from trainers.torch.config import INIT_METHODS, TorchConfig, free_port
+from trainers.torch.config import INIT_METHODS, TorchConfig, free_port, join_process_group, leave_process_group
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +99,7 @@ class TorchXLAConfig(TorchConfig):
         if not _has_torch_xla():
             raise TorchXLAMissingError()
 
+    # BackendConfig's hooks, filled in as every framework's config fills them in.
     @property
     def backend_cls(self) -> type[Backend]:
         return TorchXLABackend
@@ -129,10 +130,6 @@ def _xla_env(
 
 
 def _init_xla_process_group(env: dict[str, str], timeout_s: float, init_method: str = "env") -> None:
-    import datetime
-
-    from trainers.torch.config import init_method_url
-
     # A PJRT device the user chose (runtime_env, image) wins over the default.
     pjrt = os.environ.get("PJRT_DEVICE")
     os.environ.update(env)
@@ -144,24 +141,7 @@ def _init_xla_process_group(env: dict[str, str], timeout_s: float, init_method: 
         import torch_xla.distributed.xla_backend  # noqa: F401  (registers the "xla" backend)
     except ImportError as error:
         raise TorchXLAMissingError() from error
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group(
-        "xla",
-        init_method=init_method_url(init_method, env["MASTER_ADDR"], env["MASTER_PORT"]),
-        rank=int(os.environ["RANK"]),
-        world_size=int(os.environ["WORLD_SIZE"]),
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
-
-
-def _destroy_process_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    join_process_group("xla", env, timeout_s, init_method)
 
 
 def _compile_extracted_graphs() -> None:
@@ -207,16 +187,13 @@ class TorchXLABackend(Backend):
         if backend_config.neuron_parallel_compile:
             logger.info("TorchXLAConfig(neuron_parallel_compile=True): this run extracts graphs for Neuron")
         worker_group.execute(
-            _init_xla_process_group,
-            env,
-            backend_config.timeout_s,
-            backend_config.init_method,
+            _init_xla_process_group, env, backend_config.timeout_s, backend_config.init_method,
             timeout_s=backend_config.timeout_s + 30,
         )
 
     def on_shutdown(self, worker_group: Any, backend_config: TorchXLAConfig) -> None:
         try:
-            worker_group.execute(_destroy_process_group, timeout_s=5)
+            worker_group.execute(leave_process_group, timeout_s=5)
         except Exception:
             pass  # the actors are killed right after anyway
         if backend_config.neuron_parallel_compile:
