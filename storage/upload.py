@@ -43,60 +43,31 @@ from typing import Any, Callable, Iterable
 import pyarrow.fs as pafs
 
 from storage.errors import StorageError
-from storage.filesystem import same_filesystem
+from storage.filesystem import display_path, same_filesystem
 
 logger = logging.getLogger(__name__)
 
-#: Retries after the first try of an upload (``FLOWTRAIN_UPLOAD_RETRIES``): 5 tries in all.
-UPLOAD_RETRIES = 4
-#: Seconds to wait before the first retry (``FLOWTRAIN_UPLOAD_BACKOFF_S``); each further retry
-#: waits twice as long as the one before, up to ``UPLOAD_BACKOFF_MAX_S``.
-UPLOAD_BACKOFF_S = 0.5
-#: The longest wait between two tries, in seconds (``FLOWTRAIN_UPLOAD_BACKOFF_MAX_S``). With the
-#: defaults an upload that never succeeds gives up after waiting at most 0.5+1+2+4 = 7.5 s.
-UPLOAD_BACKOFF_MAX_S = 8.0
-#: Files copied at once into remote storage (``FLOWTRAIN_UPLOAD_THREADS``); local disk copies
-#: one file at a time.
-UPLOAD_THREADS = 8
 #: Bytes read and written per call when streaming a file to remote storage.
 CHUNK_BYTES = 4 * 1024 * 1024
 
 #: Python error types waiting cannot fix.
-PERMANENT_TYPES: tuple[type[OSError], ...] = (
-    FileNotFoundError,
-    PermissionError,
-    FileExistsError,
-    IsADirectoryError,
-    NotADirectoryError,
-)
-#: Local-disk ``errno`` values waiting cannot fix (within the seconds an upload waits).
+PERMANENT_TYPES = (FileNotFoundError, PermissionError, FileExistsError, IsADirectoryError, NotADirectoryError)
+#: Local-disk ``errno`` values waiting cannot fix (within the seconds an upload waits); not every
+#: platform has them all.
 PERMANENT_ERRNOS = frozenset(
-    code
-    for code in (
-        getattr(errno, name, None)
-        for name in ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "ENOENT", "ENAMETOOLONG", "EFBIG", "EISDIR", "ENOTDIR")
-    )
-    if code is not None
+    getattr(errno, name)
+    for name in ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "ENOENT", "ENAMETOOLONG", "EFBIG", "EISDIR", "ENOTDIR")
+    if hasattr(errno, name)
 )
 #: Error codes of S3 (as pyarrow names them: "AWS Error ACCESS_DENIED during ..."), Google Cloud
 #: Storage and Azure that mean the bucket is missing or the credentials may not write there.
-PERMANENT_CODES = (
-    "ACCESS_DENIED",
-    "NO_SUCH_BUCKET",
-    "INVALID_ACCESS_KEY_ID",
-    "SIGNATURE_DOES_NOT_MATCH",
-    "INVALID_CLIENT_TOKEN_ID",
-    "UNRECOGNIZED_CLIENT",
-    "MISSING_AUTHENTICATION_TOKEN",
-    "AccessDenied",
-    "NoSuchBucket",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "PERMISSION_DENIED",
-    "UNAUTHENTICATED",
-    "AuthorizationFailure",
-    "AuthorizationPermissionMismatch",
-    "ContainerNotFound",
+PERMANENT_CODES = tuple(
+    """
+    ACCESS_DENIED NO_SUCH_BUCKET INVALID_ACCESS_KEY_ID SIGNATURE_DOES_NOT_MATCH INVALID_CLIENT_TOKEN_ID
+    UNRECOGNIZED_CLIENT MISSING_AUTHENTICATION_TOKEN AccessDenied NoSuchBucket InvalidAccessKeyId
+    SignatureDoesNotMatch PERMISSION_DENIED UNAUTHENTICATED
+    AuthorizationFailure AuthorizationPermissionMismatch ContainerNotFound
+    """.split()
 )
 _PERMANENT_CODE = re.compile(r"\b(" + "|".join(PERMANENT_CODES) + r")\b")
 #: pyarrow's S3 filesystem says this (no error code) when a bucket is missing.
@@ -124,6 +95,7 @@ class CheckpointUploadError(StorageError):
     is what ``Result.checkpoint`` and a resumed run use.
     """
 
+    # Pickled by the exception's own rule: its one positional argument, then these fields.
     def __init__(self, message: str, *, path: str | None = None, attempts: int = 0, last_error: str | None = None) -> None:
         super().__init__(message)
         self._path = path
@@ -145,38 +117,33 @@ class CheckpointUploadError(StorageError):
         """The last underlying error, as ``"Type: message"``."""
         return self._last_error
 
-    def __reduce__(self):
-        # OSError's own pickling would pass the keyword-only fields as positional arguments.
-        return (_rebuild, (type(self), str(self), self._path, self._attempts, self._last_error))
-
-
-def _rebuild(cls, message, path, attempts, last_error):
-    return cls(message, path=path, attempts=attempts, last_error=last_error)
-
 
 @dataclasses.dataclass(frozen=True)
 class RetryPolicy:
     """How often and how patiently an upload is tried again (see the module's docstring)."""
 
-    #: Retries after the first try.
-    retries: int = UPLOAD_RETRIES
-    #: Seconds before the first retry; doubled for each further one.
-    backoff_s: float = UPLOAD_BACKOFF_S
-    #: The longest wait between two tries.
-    backoff_max_s: float = UPLOAD_BACKOFF_MAX_S
-    #: Files copied at once into remote storage.
-    threads: int = UPLOAD_THREADS
+    #: Retries after the first try (``FLOWTRAIN_UPLOAD_RETRIES``): 5 tries in all.
+    retries: int = 4
+    #: Seconds before the first retry (``FLOWTRAIN_UPLOAD_BACKOFF_S``); doubled for each further one.
+    backoff_s: float = 0.5
+    #: The longest wait between two tries (``FLOWTRAIN_UPLOAD_BACKOFF_MAX_S``). With the defaults an
+    #: upload that never succeeds gives up after waiting at most 0.5+1+2+4 = 7.5 s.
+    backoff_max_s: float = 8.0
+    #: Files copied at once into remote storage (``FLOWTRAIN_UPLOAD_THREADS``); local disk copies
+    #: one file at a time.
+    threads: int = 8
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "RetryPolicy":
         """The policy the ``FLOWTRAIN_UPLOAD_*`` variables set (defaults for those unset); a value
         that is not a number, or is negative, is a ``ValueError`` naming the variable."""
         env = os.environ if environ is None else environ
+        default = cls()
         return cls(
-            retries=_read(env, "FLOWTRAIN_UPLOAD_RETRIES", UPLOAD_RETRIES, int, minimum=0),
-            backoff_s=_read(env, "FLOWTRAIN_UPLOAD_BACKOFF_S", UPLOAD_BACKOFF_S, float, minimum=0),
-            backoff_max_s=_read(env, "FLOWTRAIN_UPLOAD_BACKOFF_MAX_S", UPLOAD_BACKOFF_MAX_S, float, minimum=0),
-            threads=_read(env, "FLOWTRAIN_UPLOAD_THREADS", UPLOAD_THREADS, int, minimum=1),
+            retries=_read(env, "FLOWTRAIN_UPLOAD_RETRIES", default.retries, minimum=0),
+            backoff_s=_read(env, "FLOWTRAIN_UPLOAD_BACKOFF_S", default.backoff_s, minimum=0),
+            backoff_max_s=_read(env, "FLOWTRAIN_UPLOAD_BACKOFF_MAX_S", default.backoff_max_s, minimum=0),
+            threads=_read(env, "FLOWTRAIN_UPLOAD_THREADS", default.threads, minimum=1),
         )
 
     @property
@@ -192,17 +159,18 @@ class RetryPolicy:
         return step * (0.5 + 0.5 * draw())
 
 
-def _read(env: Any, name: str, default: Any, kind: type, *, minimum: float) -> Any:
+def _read(env: Any, name: str, default: int | float, *, minimum: int) -> Any:
+    """``name``'s value, of the type of ``default``, which is also the value when it is unset."""
     text = env.get(name)
     if text is None or text.strip() == "":
         return default
     try:
-        value = kind(text)
+        value = type(default)(text)
     except ValueError:
         value = None
     if value is None or value < minimum:
-        kind_name = "a whole number" if kind is int else "a number"
-        raise ValueError(f"{name}={text!r}: must be {kind_name} of at least {minimum:g} (unset: {default}).")
+        kind = "a whole number" if isinstance(default, int) else "a number"
+        raise ValueError(f"{name}={text!r}: must be {kind} of at least {minimum} (unset: {default}).")
     return value
 
 
@@ -257,10 +225,9 @@ def retry(
         except CheckpointUploadError:
             raise
         except OSError as error:
-            if not is_transient(error):
-                raise _failure(destination, source, error, attempt + 1, start, transient=False) from error
-            if attempt + 1 == policy.attempts:
-                raise _failure(destination, source, error, attempt + 1, start, transient=True) from error
+            transient = is_transient(error)
+            if not transient or attempt + 1 == policy.attempts:
+                raise _failure(destination, source, error, attempt + 1, start, transient=transient) from error
             wait = policy.delay(attempt)
             logger.warning(
                 "copying checkpoint files to %s failed (%s: %s); retry %d of %d in %.2f s",
@@ -323,14 +290,8 @@ def copy_tree(
         remaining = [(path, size) for path, size in plan["files"] if path not in done]
         _copy_files(source_fs, source, dest_fs, dest, remaining, done, policy.threads)
 
-    retries = retry(one_pass, destination=destination, source=_shown(source_fs, source), policy=policy, sleep=sleep)
+    retries = retry(one_pass, destination=destination, source=display_path(source_fs, source), policy=policy, sleep=sleep)
     return UploadStats(bytes=sum(size for _, size in plan["files"]), seconds=time.monotonic() - start, retries=retries)
-
-
-def _shown(fs: pafs.FileSystem, path: str) -> str:
-    from storage.filesystem import display_path  # storage.filesystem's upload_directory uses this module
-
-    return display_path(fs, path)
 
 
 def _plan(fs: pafs.FileSystem, root: str) -> dict[str, Any]:
