@@ -135,10 +135,7 @@ class RunStorage:
             self.snapshot = self._checked("read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri))
             for record in self.snapshot.checkpoints:
                 self._check_committed(record.dir_name)
-            kept = self._kept()
-            self.snapshot.to_delete.extend(c.dir_name for c in self.snapshot.checkpoints if c.seq not in kept)
-            self.snapshot.checkpoints = [c for c in self.snapshot.checkpoints if c.seq in kept]
-            self._write()  # what is kept is on record before anything goes
+            self._apply_retention()
             self._remove_untracked()
             self._write()
         finally:
@@ -157,20 +154,6 @@ class RunStorage:
             raise StorageError(f"checkpoint {dir_name} is named in {self.run_uri}/run.json but missing at {display_path(self.filesystem, path)}.")
         if not is_committed(self.filesystem, path):
             raise StorageError(f"checkpoint {display_path(self.filesystem, path)} has no commit marker: its upload never finished.")
-
-    @classmethod
-    def read(cls, path: str, filesystem: pafs.FileSystem | None = None) -> "RunStorage":
-        """A read-only view of the run at ``path`` (its folder), e.g. for ``Result.from_path``."""
-        fs, inner = resolve_filesystem(path, filesystem)
-        parent, _, name = inner.rstrip("/").rpartition("/")
-        view = cls(parent or "/", name, filesystem=fs)
-        if not exists(fs, view.run_path):
-            raise StorageError(f"no run at {view.run_uri}: the folder doesn't exist (is this the run folder, Result.path?)")
-        found = read_snapshot(fs, view.layout, view.run_uri)
-        if found is None:
-            raise StorageError(f"no run at {view.run_uri}: it has no run.json (is this the run folder, Result.path?)")
-        view.snapshot = found
-        return view
 
     # -- what the controller calls --------------------------------------------------------------
 
@@ -389,22 +372,15 @@ class RunStorage:
 
     def _remove_untracked(self) -> None:
         named = {c.dir_name for c in self.snapshot.checkpoints}
-        entries = self.filesystem.get_file_info(pafs.FileSelector(self.run_path, allow_not_found=True))
-        for entry in entries:
-            if entry.type != pafs.FileType.Directory:
-                continue
-            if entry.base_name.startswith(CHECKPOINT_PREFIX) and entry.base_name not in named:
+        for entry in self.filesystem.get_file_info(pafs.FileSelector(self.run_path, allow_not_found=True)):
+            if entry.type == pafs.FileType.Directory and entry.base_name.startswith(CHECKPOINT_PREFIX) and entry.base_name not in named:
                 try_delete(self.filesystem, entry.path)
         try_delete(self.filesystem, self.layout.staging_root)
         self.snapshot.to_delete = [d for d in self.snapshot.to_delete if d not in named]
         self._delete_dropped()
 
     def _delete_dropped(self) -> None:
-        remaining = []
-        for dir_name in self.snapshot.to_delete:
-            if not try_delete(self.filesystem, f"{self.run_path}/{dir_name}"):
-                remaining.append(dir_name)
-        self.snapshot.to_delete = remaining
+        self.snapshot.to_delete = [d for d in self.snapshot.to_delete if not try_delete(self.filesystem, f"{self.run_path}/{d}")]
 
     def _write(self) -> None:
         try:
@@ -439,5 +415,15 @@ class RunStorage:
 
 
 def load_run(path: str, filesystem: pafs.FileSystem | None = None) -> RunStorage:
-    """Read the run at ``path`` (its folder, local or URI) without taking it over."""
-    return RunStorage.read(path, filesystem)
+    """Read the run at ``path`` (its folder, local or URI) without taking it over, e.g. for
+    ``Result.from_path``."""
+    fs, inner = resolve_filesystem(path, filesystem)
+    parent, _, name = inner.rstrip("/").rpartition("/")
+    view = RunStorage(parent or "/", name, filesystem=fs)
+    if not exists(fs, view.run_path):
+        raise StorageError(f"no run at {view.run_uri}: the folder doesn't exist (is this the run folder, Result.path?)")
+    found = read_snapshot(fs, view.layout, view.run_uri)
+    if found is None:
+        raise StorageError(f"no run at {view.run_uri}: it has no run.json (is this the run folder, Result.path?)")
+    view.snapshot = found
+    return view
