@@ -23,13 +23,11 @@ import os
 
 #: Variable that overrides ``DEFAULT_WORKER_START_TIMEOUT_S`` (read at each ``fit()``).
 WORKER_START_TIMEOUT_ENV = "FLOWTRAIN_WORKER_START_TIMEOUT_S"
-#: Seconds to wait for the placement group, the actors and the backend before the start counts
-#: as a failure. Long enough for a cold node to import torch and for a busy cluster to free a
-#: bundle; short enough that a group that cannot be placed is reported within minutes.
+#: Seconds for the placement group, actors and backend to start before it counts as a failure:
+#: time for a cold node to import torch or a busy cluster to free a bundle, yet within minutes.
 DEFAULT_WORKER_START_TIMEOUT_S = 120.0
-#: Seconds the default grows by per worker: a node starts its worker processes a few at a time
-#: (Ray starts at most as many at once as the node has CPUs), so a big group takes longer to
-#: start. On 2 cores 64 workers take ~20 s (benchmarks/scale), well inside 120 + 64 x 0.5 s.
+#: Seconds added per worker: Ray starts at most one process per CPU at once, so big groups start
+#: slower (64 workers on 2 cores: ~20 s in benchmarks/scale, well inside 120 + 64 x 0.5 s).
 WORKER_START_TIMEOUT_PER_WORKER_S = 0.5
 
 
@@ -42,58 +40,46 @@ def worker_start_timeout_s(num_workers: int = 1) -> float:
     return DEFAULT_WORKER_START_TIMEOUT_S + WORKER_START_TIMEOUT_PER_WORKER_S * max(1, num_workers)
 
 
-#: Seconds each TensorFlow set-up call to the workers may take: they only pick a port and set
-#: ``TF_CONFIG``, so a minute means a worker is stuck, not slow.
+#: Seconds per TensorFlow set-up call (pick a port, set ``TF_CONFIG``): a minute means stuck.
 TENSORFLOW_SETUP_TIMEOUT_S = 60.0
-#: Seconds each worker may spend leaving ``jax.distributed`` when its group stops; the actors
-#: are killed right after, so waiting longer only delays a restart.
+#: Seconds a worker may spend leaving ``jax.distributed``; its actor is killed right after anyway.
 JAX_SHUTDOWN_TIMEOUT_S = 10.0
 
 # -- the controller ------------------------------------------------------------------------------
 
-#: After a failure, how long the controller waits for the queued reports of ranks whose
-#: training function already ended. They arrive within milliseconds; this bounds a sick cluster.
+#: After a failure, the wait for queued reports of ranks already done (ms; bounds a sick cluster).
 ENDED_DRAIN_S = 10.0
-#: How often that wait re-checks whether the ranks it waits for are still training: four times
-#: a second keeps the wait short without busy polling.
+#: How often that wait re-checks the ranks: short waits without busy polling.
 DRAIN_POLL_S = 0.25
-#: How often the controller checks on running checkpoint validations (only while there are
-#: any): a validation's metrics join its checkpoint within a quarter second of it ending.
+#: How often the controller checks running validations (only while any run): metrics join fast.
 VALIDATION_POLL_S = 0.25
-#: Restarts after setup clashes (``BackendConfig.is_setup_clash``: a port taken between its
-#: reservation and its use) one run may take without spending ``max_failures``. A clash is rare;
-#: three in a row means something holds the ports for good.
+#: Free restarts after setup clashes (``BackendConfig.is_setup_clash``: a reserved port taken
+#: before use); clashes are rare, so three in a row means something holds the ports for good.
 SETUP_CLASH_RESTARTS = 3
 
 # -- workers waiting on the controller -----------------------------------------------------------
 
-#: How often a rank waiting at a barrier checks whether the controller stopped the attempt:
-#: a stopped attempt's ranks leave within half a second, at no cost while they wait.
+#: How often a rank at a barrier checks whether the attempt was stopped (cheap while waiting).
 SYNC_WAKE_S = 0.5
 #: How often a rank waiting in ``get_all_reported_checkpoints()`` checks the same.
 STOP_CHECK_S = 0.5
-#: Above this many pickled bytes a broadcast warns: it travels through the driver, made for small
-#: values (a run id, a path), not for tensors (use the framework's collectives for those).
+#: Pickled bytes above which a broadcast warns: it goes through the driver, made for small values.
 BROADCAST_WARN_BYTES = 1000
 
 # -- nodes coming and going ----------------------------------------------------------------------
 
 #: How often a launch waiting for ``min_workers`` to fit counts the free resources again.
 WAIT_POLL_S = 0.5
-#: How long a stopped group's resources may take to show as free again in Ray's resource view
-#: (Ray reports them asynchronously; about 0.1 s on an idle machine).
+#: How long a stopped group's resources may take to show as free (Ray: ~0.1 s, asynchronously).
 RELEASE_WAIT_S = 2.0
-#: After workers died in an elastic run: how long to wait for Ray to mark their node dead (it
-#: does so a moment after the node's processes go) before taking it for a worker failure.
+#: Elastic runs: the wait for Ray to mark a dead worker's node dead before it counts as a failure.
 NODE_DEATH_WAIT_S = 5.0
-#: How often the driver asks Ray which nodes are draining: cloud preemption notices give
-#: tens of seconds, so once a second leaves almost all of it to the workers.
+#: How often the driver asks which nodes drain: notices give tens of seconds, so most go to workers.
 PREEMPTION_POLL_S = 1.0
 #: How long the controller waits for a preempted node that was drained without a deadline.
 PREEMPTION_DEFAULT_DEADLINE_S = 120.0
 
 # -- output ------------------------------------------------------------------------------------
 
-#: How long after a capture of worker output ends the lines Ray delivers late still go to its
-#: sink (Ray forwards worker output in batches, a few seconds behind).
+#: How long after a capture ends late lines still reach its sink (Ray forwards output seconds late).
 LATE_LINES_S = 10.0
