@@ -323,19 +323,8 @@ class FailureConfig:
                 "It only mattered for many Ray Tune trials at once; pass it to ray.tune.FailureConfig "
                 "for a tune.Tuner instead.",
             )
-        check_int("FailureConfig.max_failures", self.max_failures, minimum=-1, allowed="an integer >= -1 (-1 means unlimited)")
-        check_int(
-            "FailureConfig.controller_failure_limit",
-            self.controller_failure_limit,
-            minimum=-1,
-            allowed="an integer >= -1 (-1 means unlimited)",
-        )
-        check_int(
-            "FailureConfig.max_preemption_failures",
-            self.max_preemption_failures,
-            minimum=-1,
-            allowed="an integer >= -1 (-1 means unlimited)",
-        )
+        for field in ("max_failures", "controller_failure_limit", "max_preemption_failures"):
+            check_int(f"FailureConfig.{field}", getattr(self, field), minimum=-1, allowed="an integer >= -1 (-1 means unlimited)")
         check_bool("FailureConfig.relax_collectives_on_preemption", self.relax_collectives_on_preemption)
         check_number("FailureConfig.preemption_grace_s", self.preemption_grace_s, minimum=0, allowed="seconds >= 0")
         if self.report_timeout_s is not None:
