@@ -159,29 +159,25 @@ class CheckpointUploadFailedError(WorkerGroupError, CheckpointUploadError):
     holds each rank's own error.
     """
 
-    def _first_upload_error(self) -> CheckpointUploadError | None:
-        for _, error in sorted(self.worker_failures.items()):
-            if isinstance(error, CheckpointUploadError):
-                return error
-        return None
+    def _first_upload_error(self) -> CheckpointUploadError:
+        """The lowest rank's upload error (an empty one, with no path and 0 attempts, when none)."""
+        errors = (e for _, e in sorted(self.worker_failures.items()) if isinstance(e, CheckpointUploadError))
+        return next(errors, CheckpointUploadError(""))
 
     @property
     def path(self) -> str | None:
         """Where the first failed upload was copying the checkpoint to."""
-        error = self._first_upload_error()
-        return error.path if error else None
+        return self._first_upload_error().path
 
     @property
     def attempts(self) -> int:
         """How many times the first failed upload was tried."""
-        error = self._first_upload_error()
-        return error.attempts if error else 0
+        return self._first_upload_error().attempts
 
     @property
     def last_error(self) -> str | None:
         """The last underlying error of the first failed upload."""
-        error = self._first_upload_error()
-        return error.last_error if error else None
+        return self._first_upload_error().last_error
 
     def __reduce__(self):
         return WorkerGroupError.__reduce__(self)  # the worker failures carry the upload's details
