@@ -45,14 +45,20 @@ class WorkerSession:
         checkpoint: Checkpoint | None,
         dataset_shards: dict[str, Any],
         emit: Callable[[Event], None],
-        # ``CheckpointConfig.checkpoint_score_attribute``: checked in every report with a checkpoint.
         score_attribute: str | None = None,
-        # The trainer's ``ValidationConfig`` (None: ``report(validation=...)`` is refused).
         validation_config: Any = None,
     ) -> None:
-        arguments = dict(locals())
-        del arguments["self"]
-        vars(self).update(arguments)  # every argument is kept as it came, under its own name
+        self.context = context
+        self.attempt = attempt
+        self.layout = layout
+        self.filesystem = filesystem
+        self.checkpoint = checkpoint
+        self.dataset_shards = dataset_shards
+        self.emit = emit
+        #: ``CheckpointConfig.checkpoint_score_attribute``: checked in every report with a checkpoint.
+        self.score_attribute = score_attribute
+        #: The trainer's ``ValidationConfig`` (None: ``report(validation=...)`` is refused).
+        self.validation_config = validation_config
         #: The controller's answers to ``get_all_reported_checkpoints()``.
         self.answers = Answers()
         self.num_reports = 0
