@@ -77,33 +77,50 @@ class Controller:
         report_timeout_s: float | None = None,
         is_setup_clash: Callable[[BaseException], bool] = lambda error: False,
         clock: Callable[[], float] = time.monotonic,
-        # "nccl", "gloo" or None: a hang in an NCCL run is raised as NCCLHangError.
         collective_backend: str | None = None,
-        # Runs checkpoint validations (``ValidationRunner``), or None without a ValidationConfig.
         validations: Any = None,
-        # Restarts allowed after preemptions (-1: always), counted apart from ``max_failures``.
         max_preemption_failures: int = -1,
-        # Seconds past a preemption's deadline the workers may keep running (to finish a checkpoint).
         preemption_grace_s: float = 0.0,
-        # Asked while an elastic run trains: the larger size to restart at, or None.
         resize: Callable[[], int | None] | None = None,
-        # Elastic runs: whether these nodes left the cluster. A lost node shrinks the run at no
-        # cost to ``max_failures`` (the relaunch takes as many workers as now fit, at least min).
         lost_a_node: Callable[[list[str]], bool] | None = None,
-        # During a preemption, commit reports without the ranks being taken away (not rank 0's).
         relax_collectives_on_preemption: bool = False,
         on_resize: Callable[[int, int, int], None] = lambda *a: None,
-        # UNIX time in seconds (preemption deadlines are wall-clock times).
         wall_clock: Callable[[], float] = time.time,
-    ) -> None:
-        arguments = dict(locals())
-        del arguments["self"]
-        vars(self).update(arguments)  # every argument is kept as it came, under its own name
+    ) -> None:  # every argument is kept as it came
+        self.workers = workers
+        self.storage = storage
+        self.max_failures = max_failures
+        self.on_report = on_report
+        self.on_failure = on_failure
+        self.on_restart = on_restart
+        self.poll_timeout_s = poll_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self.report_timeout_s = report_timeout_s
+        self.clock = clock
+        self.is_setup_clash = is_setup_clash
+        #: "nccl", "gloo" or None: a hang in an NCCL run is raised as NCCLHangError.
+        self.collective_backend = collective_backend
+        #: Restarts allowed after preemptions (-1: always), counted apart from ``max_failures``.
+        self.max_preemption_failures = max_preemption_failures
+        #: Seconds past a preemption's deadline the workers may keep running (to finish a checkpoint).
+        self.preemption_grace_s = preemption_grace_s
         self.num_preemptions = 0
+        #: Asked while an elastic run trains: the larger size to restart at, or None.
+        self.resize = resize
+        #: Elastic runs: whether these nodes left the cluster. A lost node shrinks the run at no
+        #: cost to ``max_failures`` (the relaunch takes as many workers as now fit, at least min).
+        self.lost_a_node = lost_a_node
+        #: During a preemption, commit reports without the ranks being taken away (not rank 0's).
+        self.relax_collectives_on_preemption = relax_collectives_on_preemption
+        self.on_resize = on_resize
+        #: UNIX time in seconds (preemption deadlines are wall-clock times).
+        self.wall_clock = wall_clock
         #: The preemption under way in this attempt and when it was noticed, or None.
         self._preemption: PreemptionInfo | None = None
         self._preemption_noticed_at = 0.0
         self._resizing = False
+        #: Runs checkpoint validations (``ValidationRunner``), or None without a ValidationConfig.
+        self.validations = validations
         #: ``get_all_reported_checkpoints()`` calls waiting for rounds or validations.
         self._queries = PendingQueries()
         self.setup_clash_restarts = 0
