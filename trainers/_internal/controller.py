@@ -15,9 +15,10 @@ import traceback
 from typing import Any, Callable, Protocol
 
 from storage import Checkpoint, RunRecord
+from storage.upload import UploadStats
 from trainers._internal.attempt_book import LAUNCH, AttemptBook
 from trainers._internal.events import NOT_TRAINING, CheckpointsQuery, Event, FailedEvent, checkpoint_placement
-from trainers._internal.checkpoint_upload import run_error_type, upload_record
+from trainers._internal.checkpoint_upload import run_error_type
 from trainers._internal.reported_checkpoints import PendingQueries
 from trainers.tuning import DRAIN_POLL_S, ENDED_DRAIN_S, SETUP_CLASH_RESTARTS, VALIDATION_POLL_S
 from trainers.validation import request_to_json
@@ -228,9 +229,10 @@ class Controller:
             validation = next((round_[r].validation for r in sorted(round_) if round_[r].staged), False) if staged else False
             extra = {"validation": request_to_json(validation)} if validation else {}
             extra.update(checkpoint_placement(list(round_.values())) if staged else {})
-            upload = upload_record(round_.values()) if staged else None
-            if upload is not None:  # kept beside the metrics in run.json, never inside them
-                extra["upload"] = upload
+            # Bytes summed over the ranks, the slowest rank's seconds; beside the metrics in run.json.
+            upload = UploadStats.combine(event.upload for event in round_.values()) if staged else None
+            if upload is not None:
+                extra["upload"] = upload.to_record()
             checkpoint = self.storage.record_report(metrics[0], report_index=index, attempt=self.attempt, staged=staged, **extra)
             self.on_report(self.attempt, metrics, checkpoint)
 
