@@ -80,27 +80,18 @@ class ScalingConfig:
             workers = tuple(workers)
             object.__setattr__(self, "num_workers", workers)
         if isinstance(workers, tuple):
-            if len(workers) != 2 or not all(is_count(n) for n in workers):
+            if len(workers) != 2 or not all(is_count(n) for n in workers) or not 1 <= workers[0] <= workers[1]:
                 raise ValueError(
                     f"ScalingConfig.num_workers={workers!r}: an elastic size must be a (min_workers, max_workers) "
-                    "pair of integers, e.g. (2, 8)."
-                )
-            low, high = workers
-            if low < 1 or high < low:
-                raise ValueError(
-                    f"ScalingConfig.num_workers={workers!r}: must satisfy 1 <= min_workers <= max_workers, e.g. (2, 8)."
+                    "pair of integers with 1 <= min_workers <= max_workers, e.g. (2, 8)."
                 )
         else:
             check_int(
                 "ScalingConfig.num_workers", workers, minimum=0,
                 allowed="an integer >= 0, or a (min_workers, max_workers) pair for elastic training",
             )
-        check_number(
-            "ScalingConfig.elastic_resize_monitor_interval_s",
-            self.elastic_resize_monitor_interval_s,
-            minimum=0,
-            allowed="seconds >= 0",
-        )
+        interval = self.elastic_resize_monitor_interval_s
+        check_number("ScalingConfig.elastic_resize_monitor_interval_s", interval, minimum=0, allowed="seconds >= 0")
         if self.accelerator_type is not None and (not isinstance(self.accelerator_type, str) or not self.accelerator_type):
             raise ValueError(
                 f"ScalingConfig.accelerator_type={self.accelerator_type!r}: must be a name such as 'A100', or None."
@@ -118,45 +109,31 @@ class ScalingConfig:
                 if not isinstance(name, str) or not name:
                     raise ValueError(f"ScalingConfig.resources_per_worker: resource name {name!r} must be a non-empty string.")
                 _check_builtin_spelling(name)
-                check_number(
-                    f"ScalingConfig.resources_per_worker[{name!r}]",
-                    amount,
-                    minimum=0,
-                    allowed="a number >= 0",
-                )
-            gpus = self.resources_per_worker.get("GPU", None)
-            if self.use_gpu and gpus is not None and gpus == 0:
-                raise ValueError(
-                    "ScalingConfig: use_gpu=True with resources_per_worker['GPU']=0 reserves no GPU; "
-                    "set resources_per_worker['GPU'] > 0 or use_gpu=False."
-                )
-            if not self.use_gpu and gpus:
-                raise ValueError(
-                    f"ScalingConfig: resources_per_worker['GPU']={gpus!r} with use_gpu=False; "
-                    "set use_gpu=True to train on the GPUs you reserve."
-                )
-        self._check_tpu()
+                check_number(f"ScalingConfig.resources_per_worker[{name!r}]", amount, minimum=0, allowed="a number >= 0")
+        self._check_accelerators()
         self._check_label_selector()
 
-    def _check_tpu(self) -> None:
-        tpus = (self.resources_per_worker or {}).get("TPU", None)
+    def _check_accelerators(self) -> None:
         if self.use_gpu and self.use_tpu:
             raise ValueError("ScalingConfig: use_gpu=True and use_tpu=True together; a worker trains on one kind of accelerator.")
-        if not self.use_tpu:
-            if tpus:
+        for flag, kind in (("use_gpu", "GPU"), ("use_tpu", "TPU")):
+            amount = (self.resources_per_worker or {}).get(kind)
+            if getattr(self, flag) and amount == 0:
                 raise ValueError(
-                    f"ScalingConfig: resources_per_worker['TPU']={tpus!r} with use_tpu=False; set use_tpu=True "
-                    "to train on the TPUs you reserve."
+                    f"ScalingConfig: {flag}=True with resources_per_worker[{kind!r}]=0 reserves no {kind}; "
+                    f"set resources_per_worker[{kind!r}] > 0 or {flag}=False."
                 )
-            return
-        if tpus is not None and tpus == 0:
-            raise ValueError("ScalingConfig: use_tpu=True with resources_per_worker['TPU']=0 reserves no TPU.")
-        if self.max_workers > 1 and not (self.topology and self.accelerator_type):
+            if not getattr(self, flag) and amount:
+                raise ValueError(
+                    f"ScalingConfig: resources_per_worker[{kind!r}]={amount!r} with {flag}=False; "
+                    f"set {flag}=True to train on the {kind}s you reserve."
+                )
+        if self.use_tpu and self.max_workers > 1 and not (self.topology and self.accelerator_type):
             raise ValueError(
                 "ScalingConfig: use_tpu=True with more than one worker needs topology= (e.g. '2x2x2') and "
                 "accelerator_type= (e.g. 'TPU-V4') so the workers land on one TPU slice."
             )
-        if self.max_workers > 1 and self.label_selector:
+        if self.use_tpu and self.max_workers > 1 and self.label_selector:
             raise ValueError(
                 "ScalingConfig: label_selector cannot be combined with use_tpu=True: the workers are placed on "
                 "their TPU slice by its own labels."
