@@ -427,8 +427,6 @@ class RunConfig:
                     "It was a Ray Tune setting; to keep using it, run the trainer as one trial of a "
                     "ray.tune.Tuner and set it there.",
                 )
-        if self.logging_config is not None and not isinstance(self.logging_config, LoggingConfig):
-            raise TypeError(f"RunConfig.logging_config={self.logging_config!r}: must be a trainers.LoggingConfig.")
         if self.name is not None:
             if not isinstance(self.name, str) or not self.name.strip():
                 raise ValueError(f"RunConfig.name={self.name!r}: must be a non-empty string.")
@@ -444,10 +442,11 @@ class RunConfig:
                 f"RunConfig.storage_filesystem={self.storage_filesystem!r}: must be a pyarrow.fs.FileSystem "
                 "(wrap an fsspec filesystem with pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)))."
             )
-        if self.checkpoint_config is not None and not isinstance(self.checkpoint_config, CheckpointConfig):
-            raise TypeError(f"RunConfig.checkpoint_config={self.checkpoint_config!r}: must be a CheckpointConfig.")
-        if self.failure_config is not None and not isinstance(self.failure_config, FailureConfig):
-            raise TypeError(f"RunConfig.failure_config={self.failure_config!r}: must be a FailureConfig.")
+        configs = (("failure_config", FailureConfig), ("checkpoint_config", CheckpointConfig), ("logging_config", LoggingConfig))
+        for field, kind in configs:
+            value = getattr(self, field)
+            if value is not None and not isinstance(value, kind):
+                raise TypeError(f"RunConfig.{field}={value!r}: must be a {kind.__name__}.")
         if self.callbacks is not None:
             from trainers.callback import UserCallback
 
