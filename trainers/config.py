@@ -304,10 +304,9 @@ class FailureConfig:
             check_int(f"FailureConfig.{field}", getattr(self, field), minimum=-1, allowed="an integer >= -1 (-1 means unlimited)")
         check_bool("FailureConfig.relax_collectives_on_preemption", self.relax_collectives_on_preemption)
         check_number("FailureConfig.preemption_grace_s", self.preemption_grace_s, minimum=0, allowed="seconds >= 0")
-        if self.report_timeout_s is not None:
-            check_number(
-                "FailureConfig.report_timeout_s", self.report_timeout_s, minimum=0, strict=True, allowed="None or seconds > 0"
-            )
+        timeout = self.report_timeout_s
+        if timeout is not None:
+            check_number("FailureConfig.report_timeout_s", timeout, minimum=0, strict=True, allowed="None or seconds > 0")
 
 
 #: The dataset name Ray Train's trainers treat as the training set (``datasets={"train": ds}``).
@@ -460,9 +459,7 @@ class RunConfig:
                 f"RunConfig.storage_path={path!r}: must be a non-empty absolute path or a URI such as 's3://bucket/prefix'."
             )
         text = str(path)
-        if "://" in text:
-            return
-        if self.storage_filesystem is None and not os.path.isabs(os.path.expanduser(text)):
+        if "://" not in text and self.storage_filesystem is None and not os.path.isabs(os.path.expanduser(text)):
             raise ValueError(
                 f"RunConfig.storage_path={text!r}: a relative path means different folders on different "
                 f"nodes; give an absolute path (e.g. {os.path.abspath(text)!r}) or a URI."
