@@ -200,14 +200,14 @@ class RunStorage:
             if time.monotonic() - self._last_write > METRICS_FLUSH_INTERVAL_S:
                 self._write()
             return None
+        staging = self.layout.staging_path(attempt, report_index)
         attribute = self.checkpoint_config.checkpoint_score_attribute
         if attribute is not None and not validation:  # a validation may report the score later
             try:
                 score_of(metrics, attribute)
             except KeyError as error:
-                try_delete(self.filesystem, self.layout.staging_path(attempt, report_index))
+                try_delete(self.filesystem, staging)
                 raise ValueError(error.args[0]) from None
-        staging = self.layout.staging_path(attempt, report_index)
         seq, name = self._name_checkpoint(dir_name, staging if staged else None)
         final = self.layout.path_of(name)
         if in_place:
@@ -273,17 +273,13 @@ class RunStorage:
         """Kept checkpoints whose validation has not ended, oldest first."""
         return [c for c in self.snapshot.checkpoints if c.status == PENDING_VALIDATION]
 
-    def _kept(self) -> set[int]:
-        """Retention's choice; checkpoints awaiting validation are kept whatever their score."""
-        kept = select_kept(self._rankable(), self.checkpoint_config)
-        return kept | {c.seq for c in self.pending_validations}
-
     def _rankable(self) -> list[tuple[int, dict[str, Any]]]:
         """(seq, metrics) of the kept checkpoints, for ranking."""
         return [(c.seq, c.metrics) for c in self.snapshot.checkpoints]
 
     def _apply_retention(self) -> None:
-        kept = self._kept()
+        # Checkpoints awaiting validation are kept whatever their score.
+        kept = select_kept(self._rankable(), self.checkpoint_config) | {c.seq for c in self.pending_validations}
         dropped = [c.dir_name for c in self.snapshot.checkpoints if c.seq not in kept]
         self.snapshot.checkpoints = [c for c in self.snapshot.checkpoints if c.seq in kept]
         self.snapshot.to_delete.extend(dropped)

@@ -17,14 +17,12 @@ raised after the first try:
 Any other exception (a ``TypeError``, pyarrow's ``ArrowInvalid``) is a mistake, not weather: it
 is raised at once, as it is.
 
-The policy (``RetryPolicy``) is read from the environment at every upload, so a run can change it
-without a restart of Python: ``FLOWTRAIN_UPLOAD_RETRIES`` (retries after the first try, default
-4, so 5 tries), ``FLOWTRAIN_UPLOAD_BACKOFF_S`` (the wait before the first retry, default 0.5 s;
-it doubles for each further retry), ``FLOWTRAIN_UPLOAD_BACKOFF_MAX_S`` (the longest wait, default
-8 s), ``FLOWTRAIN_UPLOAD_THREADS`` (files copied at once to remote storage, default 8). Workers
-read their own environment: set these in ``RunConfig(worker_runtime_env={"env_vars": {...}})``
-(or in the environment Ray's workers start with) for the workers' uploads, and in the driver's
-for the commit, which copies the staged files into the checkpoint's folder on object stores.
+The policy (``RetryPolicy``, whose fields name their ``FLOWTRAIN_UPLOAD_*`` variables and
+defaults) is read from the environment at every upload, so a run can change it without a restart
+of Python. Workers read their own environment: set the variables in
+``RunConfig(worker_runtime_env={"env_vars": {...}})`` (or in the environment Ray's workers start
+with) for the workers' uploads, and in the driver's for the commit, which copies the staged files
+into the checkpoint's folder on object stores.
 """
 
 from __future__ import annotations

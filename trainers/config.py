@@ -80,27 +80,18 @@ class ScalingConfig:
             workers = tuple(workers)
             object.__setattr__(self, "num_workers", workers)
         if isinstance(workers, tuple):
-            if len(workers) != 2 or not all(is_count(n) for n in workers):
+            if len(workers) != 2 or not all(is_count(n) for n in workers) or not 1 <= workers[0] <= workers[1]:
                 raise ValueError(
                     f"ScalingConfig.num_workers={workers!r}: an elastic size must be a (min_workers, max_workers) "
-                    "pair of integers, e.g. (2, 8)."
-                )
-            low, high = workers
-            if low < 1 or high < low:
-                raise ValueError(
-                    f"ScalingConfig.num_workers={workers!r}: must satisfy 1 <= min_workers <= max_workers, e.g. (2, 8)."
+                    "pair of integers with 1 <= min_workers <= max_workers, e.g. (2, 8)."
                 )
         else:
             check_int(
                 "ScalingConfig.num_workers", workers, minimum=0,
                 allowed="an integer >= 0, or a (min_workers, max_workers) pair for elastic training",
             )
-        check_number(
-            "ScalingConfig.elastic_resize_monitor_interval_s",
-            self.elastic_resize_monitor_interval_s,
-            minimum=0,
-            allowed="seconds >= 0",
-        )
+        interval = self.elastic_resize_monitor_interval_s
+        check_number("ScalingConfig.elastic_resize_monitor_interval_s", interval, minimum=0, allowed="seconds >= 0")
         if self.accelerator_type is not None and (not isinstance(self.accelerator_type, str) or not self.accelerator_type):
             raise ValueError(
                 f"ScalingConfig.accelerator_type={self.accelerator_type!r}: must be a name such as 'A100', or None."
@@ -118,45 +109,31 @@ class ScalingConfig:
                 if not isinstance(name, str) or not name:
                     raise ValueError(f"ScalingConfig.resources_per_worker: resource name {name!r} must be a non-empty string.")
                 _check_builtin_spelling(name)
-                check_number(
-                    f"ScalingConfig.resources_per_worker[{name!r}]",
-                    amount,
-                    minimum=0,
-                    allowed="a number >= 0",
-                )
-            gpus = self.resources_per_worker.get("GPU", None)
-            if self.use_gpu and gpus is not None and gpus == 0:
-                raise ValueError(
-                    "ScalingConfig: use_gpu=True with resources_per_worker['GPU']=0 reserves no GPU; "
-                    "set resources_per_worker['GPU'] > 0 or use_gpu=False."
-                )
-            if not self.use_gpu and gpus:
-                raise ValueError(
-                    f"ScalingConfig: resources_per_worker['GPU']={gpus!r} with use_gpu=False; "
-                    "set use_gpu=True to train on the GPUs you reserve."
-                )
-        self._check_tpu()
+                check_number(f"ScalingConfig.resources_per_worker[{name!r}]", amount, minimum=0, allowed="a number >= 0")
+        self._check_accelerators()
         self._check_label_selector()
 
-    def _check_tpu(self) -> None:
-        tpus = (self.resources_per_worker or {}).get("TPU", None)
+    def _check_accelerators(self) -> None:
         if self.use_gpu and self.use_tpu:
             raise ValueError("ScalingConfig: use_gpu=True and use_tpu=True together; a worker trains on one kind of accelerator.")
-        if not self.use_tpu:
-            if tpus:
+        for flag, kind in (("use_gpu", "GPU"), ("use_tpu", "TPU")):
+            amount = (self.resources_per_worker or {}).get(kind)
+            if getattr(self, flag) and amount == 0:
                 raise ValueError(
-                    f"ScalingConfig: resources_per_worker['TPU']={tpus!r} with use_tpu=False; set use_tpu=True "
-                    "to train on the TPUs you reserve."
+                    f"ScalingConfig: {flag}=True with resources_per_worker[{kind!r}]=0 reserves no {kind}; "
+                    f"set resources_per_worker[{kind!r}] > 0 or {flag}=False."
                 )
-            return
-        if tpus is not None and tpus == 0:
-            raise ValueError("ScalingConfig: use_tpu=True with resources_per_worker['TPU']=0 reserves no TPU.")
-        if self.max_workers > 1 and not (self.topology and self.accelerator_type):
+            if not getattr(self, flag) and amount:
+                raise ValueError(
+                    f"ScalingConfig: resources_per_worker[{kind!r}]={amount!r} with {flag}=False; "
+                    f"set {flag}=True to train on the {kind}s you reserve."
+                )
+        if self.use_tpu and self.max_workers > 1 and not (self.topology and self.accelerator_type):
             raise ValueError(
                 "ScalingConfig: use_tpu=True with more than one worker needs topology= (e.g. '2x2x2') and "
                 "accelerator_type= (e.g. 'TPU-V4') so the workers land on one TPU slice."
             )
-        if self.max_workers > 1 and self.label_selector:
+        if self.use_tpu and self.max_workers > 1 and self.label_selector:
             raise ValueError(
                 "ScalingConfig: label_selector cannot be combined with use_tpu=True: the workers are placed on "
                 "their TPU slice by its own labels."
@@ -327,10 +304,9 @@ class FailureConfig:
             check_int(f"FailureConfig.{field}", getattr(self, field), minimum=-1, allowed="an integer >= -1 (-1 means unlimited)")
         check_bool("FailureConfig.relax_collectives_on_preemption", self.relax_collectives_on_preemption)
         check_number("FailureConfig.preemption_grace_s", self.preemption_grace_s, minimum=0, allowed="seconds >= 0")
-        if self.report_timeout_s is not None:
-            check_number(
-                "FailureConfig.report_timeout_s", self.report_timeout_s, minimum=0, strict=True, allowed="None or seconds > 0"
-            )
+        timeout = self.report_timeout_s
+        if timeout is not None:
+            check_number("FailureConfig.report_timeout_s", timeout, minimum=0, strict=True, allowed="None or seconds > 0")
 
 
 #: The dataset name Ray Train's trainers treat as the training set (``datasets={"train": ds}``).
@@ -450,8 +426,6 @@ class RunConfig:
                     "It was a Ray Tune setting; to keep using it, run the trainer as one trial of a "
                     "ray.tune.Tuner and set it there.",
                 )
-        if self.logging_config is not None and not isinstance(self.logging_config, LoggingConfig):
-            raise TypeError(f"RunConfig.logging_config={self.logging_config!r}: must be a trainers.LoggingConfig.")
         if self.name is not None:
             if not isinstance(self.name, str) or not self.name.strip():
                 raise ValueError(f"RunConfig.name={self.name!r}: must be a non-empty string.")
@@ -467,10 +441,11 @@ class RunConfig:
                 f"RunConfig.storage_filesystem={self.storage_filesystem!r}: must be a pyarrow.fs.FileSystem "
                 "(wrap an fsspec filesystem with pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)))."
             )
-        if self.checkpoint_config is not None and not isinstance(self.checkpoint_config, CheckpointConfig):
-            raise TypeError(f"RunConfig.checkpoint_config={self.checkpoint_config!r}: must be a CheckpointConfig.")
-        if self.failure_config is not None and not isinstance(self.failure_config, FailureConfig):
-            raise TypeError(f"RunConfig.failure_config={self.failure_config!r}: must be a FailureConfig.")
+        configs = (("failure_config", FailureConfig), ("checkpoint_config", CheckpointConfig), ("logging_config", LoggingConfig))
+        for field, kind in configs:
+            value = getattr(self, field)
+            if value is not None and not isinstance(value, kind):
+                raise TypeError(f"RunConfig.{field}={value!r}: must be a {kind.__name__}.")
         if self.callbacks is not None:
             from trainers.callback import UserCallback
 
@@ -484,9 +459,7 @@ class RunConfig:
                 f"RunConfig.storage_path={path!r}: must be a non-empty absolute path or a URI such as 's3://bucket/prefix'."
             )
         text = str(path)
-        if "://" in text:
-            return
-        if self.storage_filesystem is None and not os.path.isabs(os.path.expanduser(text)):
+        if "://" not in text and self.storage_filesystem is None and not os.path.isabs(os.path.expanduser(text)):
             raise ValueError(
                 f"RunConfig.storage_path={text!r}: a relative path means different folders on different "
                 f"nodes; give an absolute path (e.g. {os.path.abspath(text)!r}) or a URI."

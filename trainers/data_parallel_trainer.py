@@ -224,16 +224,12 @@ class DataParallelTrainer:
         logging_config = self.run_config.logging_config
         return logging_config.log_level if logging_config is not None else None
 
-    def _default_name(self) -> str:
-        stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        return f"{type(self).__name__}_{stamp}"
-
     def fit(self) -> Result:
         """Train; return the Result, or raise TrainingFailedError when training cannot finish."""
         scaling, run_config = self.scaling_config, self.run_config
         _warn_controller_failure_limit(run_config.failure_config)
         datasets: dict[str, Any] = {}
-        name = run_config.name or self._default_name()
+        name = run_config.name or f"{type(self).__name__}_{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
         storage = RunStorage(  # resolves the URI only: a bad storage_path fails before Ray starts
             run_config.resolved_storage_path,
             name,

@@ -98,11 +98,8 @@ class Result:
         scored = []
         for checkpoint, metrics in self.best_checkpoints:
             value = _lookup(metrics, metric)
-            if value is None:
-                continue
-            if isinstance(value, float) and math.isnan(value):
-                continue
-            scored.append((value, checkpoint))
+            if value is not None and not (isinstance(value, float) and math.isnan(value)):
+                scored.append((value, checkpoint))
         if not scored:
             keys = sorted({k for _, m in self.best_checkpoints for k in metrics_frame([m]).columns})
             raise ResultError(f"get_best_checkpoint({metric!r}): no kept checkpoint reported it; reported keys: {keys}.")

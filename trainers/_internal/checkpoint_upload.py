@@ -11,8 +11,7 @@ or ``experiment_fs_path + "/" + name`` turn it into the place to write).
 flowtrain's own copy retries errors that pass, with backoff (``storage.upload``); a user's
 ``checkpoint_upload_fn`` is called once and never retried, because only its author knows whether
 calling it again is safe: retry inside it where it is. Each rank measures its upload (bytes,
-seconds, retries) and the controller records the checkpoint's totals in run.json
-(``upload_record``).
+seconds, retries) and the controller records the checkpoint's totals in run.json.
 """
 
 from __future__ import annotations
@@ -140,14 +139,6 @@ def _local_bytes(checkpoint: Checkpoint) -> int:
             except OSError:
                 pass  # removed while we counted: it was not part of the upload either
     return total
-
-
-def upload_record(reports: Iterable[Any]) -> dict[str, Any] | None:
-    """The upload figures of one checkpoint for its record in run.json, from every rank's
-    report of that step (``ReportEvent.upload``): ``{"bytes": summed over the ranks, "seconds":
-    the slowest rank's upload, "retries": retries of all ranks}``; None when no rank uploaded."""
-    combined = UploadStats.combine(getattr(report, "upload", None) for report in reports)
-    return combined.to_record() if combined is not None else None
 
 
 class CheckpointUploadFailedError(WorkerGroupError, CheckpointUploadError):

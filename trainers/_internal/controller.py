@@ -15,9 +15,10 @@ import traceback
 from typing import Any, Callable, Protocol
 
 from storage import Checkpoint, RunRecord
+from storage.upload import UploadStats
 from trainers._internal.attempt_book import LAUNCH, AttemptBook
 from trainers._internal.events import NOT_TRAINING, CheckpointsQuery, Event, FailedEvent, checkpoint_placement
-from trainers._internal.checkpoint_upload import run_error_type, upload_record
+from trainers._internal.checkpoint_upload import run_error_type
 from trainers._internal.reported_checkpoints import PendingQueries
 from trainers.tuning import DRAIN_POLL_S, ENDED_DRAIN_S, SETUP_CLASH_RESTARTS, VALIDATION_POLL_S
 from trainers.validation import request_to_json
@@ -187,7 +188,12 @@ class Controller:
                 if self._preemption is None:
                     self._preemption_noticed_at = self.wall_clock()
                 self._preemption = merge_preemptions(self._preemption, event.info)
-                self._relax_for(self._preemption)
+                # With relax_collectives_on_preemption the surviving ranks commit their reports (a
+                # just-in-time checkpoint) without the preempted ones, as Ray Train does; not when
+                # rank 0 is preempted, since its metrics are the run's.
+                preempted = set(self._preemption.preempted_ranks)
+                if self.relax_collectives_on_preemption and 0 not in preempted:
+                    book.relaxed = preempted
             else:
                 book.add(event)
         self._commit_complete_rounds()
@@ -210,14 +216,6 @@ class Controller:
         elif len(book.finished) == self.workers.world_size:
             self._finish()
 
-    def _relax_for(self, info: PreemptionInfo) -> None:
-        """With ``relax_collectives_on_preemption``, let the surviving ranks commit their reports
-        (a just-in-time checkpoint) without the preempted ones, as Ray Train does. Rank 0's metrics
-        are the run's, so when rank 0 is preempted nothing is relaxed."""
-        preempted = set(info.preempted_ranks)
-        if self.relax_collectives_on_preemption and 0 not in preempted:
-            self.book.relaxed = preempted
-
     def _commit_complete_rounds(self) -> None:
         size = self.workers.world_size
         while (complete := self.book.pop_complete_round(size)) is not None:
@@ -228,9 +226,10 @@ class Controller:
             validation = next((round_[r].validation for r in sorted(round_) if round_[r].staged), False) if staged else False
             extra = {"validation": request_to_json(validation)} if validation else {}
             extra.update(checkpoint_placement(list(round_.values())) if staged else {})
-            upload = upload_record(round_.values()) if staged else None
-            if upload is not None:  # kept beside the metrics in run.json, never inside them
-                extra["upload"] = upload
+            # Bytes summed over the ranks, the slowest rank's seconds; beside the metrics in run.json.
+            upload = UploadStats.combine(event.upload for event in round_.values()) if staged else None
+            if upload is not None:
+                extra["upload"] = upload.to_record()
             checkpoint = self.storage.record_report(metrics[0], report_index=index, attempt=self.attempt, staged=staged, **extra)
             self.on_report(self.attempt, metrics, checkpoint)
 
@@ -304,30 +303,20 @@ class Controller:
             self._preempted(drain_timed_out=False, failures=failures)
             return
         deaths = [f.node_id for f in failures if f.kind == "died"]
+        errors = [event.error for event in self.book.failed.values()]
         if self.lost_a_node is not None and deaths and self.lost_a_node(deaths):
-            self._last_failures = failures
-            self.state = State.RESTARTING
-            return
-        if self._only_setup_clashes():
+            pass  # an elastic run goes on with the nodes left, at no cost to max_failures
+        elif self.setup_clash_restarts < SETUP_CLASH_RESTARTS and errors and all(map(self.is_setup_clash, errors)):
             # Nothing the training function did failed, so this restart does not count as a failure.
             self.setup_clash_restarts += 1
-            self._last_failures = failures
-            self.state = State.RESTARTING
-            return
-        failures_so_far = self.storage.num_failures
-        if may_restart(self.max_failures, failures_so_far):
+        elif may_restart(self.max_failures, self.storage.num_failures):
             self.storage.record_failure()
-            self._last_failures = failures
-            self.state = State.RESTARTING
+        else:
+            self.error = self._error(failures, budget_exhausted=self.max_failures != 0)
+            self.state = State.FAILED
             return
-        self.error = self._error(failures, budget_exhausted=self.max_failures != 0)
-        self.state = State.FAILED
-
-    def _only_setup_clashes(self) -> bool:
-        if self.setup_clash_restarts >= SETUP_CLASH_RESTARTS:
-            return False
-        errors = [event.error for event in self.book.failed.values()]
-        return bool(errors) and all(self.is_setup_clash(error) for error in errors)
+        self._last_failures = failures
+        self.state = State.RESTARTING
 
     def _restart(self) -> None:
         checkpoint = self.storage.rewind_to_latest_checkpoint()

@@ -37,11 +37,6 @@ class QueryingSession(Protocol):
 Answer = list[tuple[str, dict[str, Any], str]]
 
 
-def describe(storage: RunRecord) -> Answer:
-    """The run's kept checkpoints, oldest first, as the controller sends them."""
-    return [(storage.layout.path_of(c.dir_name), dict(c.metrics), c.status) for c in storage.snapshot.checkpoints]
-
-
 class PendingQueries:
     """The controller's unanswered ``get_all_reported_checkpoints()`` calls of this attempt."""
 
@@ -73,8 +68,8 @@ class PendingQueries:
             if query.wait and not ready:
                 continue
             del self._waiting[key]
-            if answer is None:
-                answer = describe(storage)
+            if answer is None:  # the run's kept checkpoints, oldest first
+                answer = [(storage.layout.path_of(c.dir_name), dict(c.metrics), c.status) for c in storage.snapshot.checkpoints]
             send(query.world_rank, query.query_id, answer)
 
 

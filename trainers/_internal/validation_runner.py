@@ -10,6 +10,7 @@ whose validation had not ended: nothing is lost, at the cost of running those ag
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 import warnings
@@ -43,14 +44,9 @@ def _validate(fn: Any, checkpoint: Checkpoint, fn_kwargs: dict[str, Any]) -> dic
     return plain_metrics(metrics)
 
 
-_remote_validate = None
-
-
+@functools.cache
 def _remote() -> Any:
-    global _remote_validate
-    if _remote_validate is None:
-        _remote_validate = ray.remote(_validate)
-    return _remote_validate
+    return ray.remote(_validate)
 
 
 def task_options(config: ValidationConfig, free_cpus: float) -> dict[str, Any]:
@@ -188,11 +184,9 @@ class ValidationRunner:
     def _start(self, record: CheckpointRecord) -> None:
         request = request_from_json(record.validation)
         defaults = self.config.task_config
-        if isinstance(request, ValidationTaskConfig):
-            fn_kwargs = {**defaults.fn_kwargs, **request.fn_kwargs}
-            timeout_s = request.timeout_s
-        else:
-            fn_kwargs, timeout_s = dict(defaults.fn_kwargs), defaults.timeout_s
+        task = request if isinstance(request, ValidationTaskConfig) else defaults
+        fn_kwargs = {**defaults.fn_kwargs, **task.fn_kwargs}
+        timeout_s = task.timeout_s
         checkpoint = Checkpoint(self.storage.layout.path_of(record.dir_name), self.storage.filesystem)
         ref = _remote().options(**self.options).remote(self._fn, checkpoint, fn_kwargs)
         self._running[ref] = _Running(record.dir_name, time.monotonic(), timeout_s)
