@@ -93,7 +93,6 @@ class RayWorkers:
         self._released: NodeResources = {}
         self._drain: DrainWatch | None = None
         self._nodes: dict[int, tuple[str, str]] = {}
-        self._training = False
 
     def launch(self, attempt: int, checkpoint: Checkpoint | None) -> None:
         spec = self.spec
@@ -160,7 +159,6 @@ class RayWorkers:
         group.start_training(
             spec.train_fn, spec.train_loop_config, spec.takes_config, session_args, spec.backend_config.train_func_context
         )
-        self._training = True
 
     def poll(self, timeout_s: float) -> list[Event | PreemptionNotice]:
         events: list[Event | PreemptionNotice] = self.group.poll(timeout_s) if self.group is not None else []
