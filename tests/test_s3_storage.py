@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 
 import pyarrow.fs as pafs
 import pytest
 
 import loops
+from faulty_s3 import moto_s3
 from storage import RunStorage, load_run, upload_directory
 from trainers import CheckpointConfig, Result, RunConfig, ScalingConfig
 from trainers.torch import TorchTrainer
@@ -15,25 +15,8 @@ from trainers.torch import TorchTrainer
 
 @pytest.fixture(scope="module")
 def s3():
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    fs = pafs.S3FileSystem(
-        access_key="testing",
-        secret_key="testing",
-        region="us-east-1",
-        scheme="http",
-        endpoint_override=f"127.0.0.1:{port}",
-        allow_bucket_creation=True,
-        allow_bucket_deletion=True,
-    )
-    fs.create_dir("flowtrain-test")
-    yield fs
-    server.stop()
+    with moto_s3() as fs:  # the bucket is flowtrain-test
+        yield fs
 
 
 def listing(fs, path):
