@@ -7,7 +7,7 @@ import threading
 
 from trainers import DataParallelTrainer, RunConfig, ScalingConfig, UserCallback
 from trainers._internal.event_channel import ChannelAddress, EventListener, EventSender
-from trainers._internal.events import FinishedEvent, ReportEvent
+from trainers._internal.events import ReportEvent
 from trainers._internal.worker import TrainWorker
 
 
@@ -46,16 +46,34 @@ def test_each_ranks_events_arrive_in_order_whole_and_tagged_with_its_rank():
         listener.close()  # twice is fine
 
 
-def test_a_connection_without_the_runs_token_is_refused():
+class RunsCodeWhenUnpickled:
+    """Unpickling this creates ``path``: what a stranger could do if its bytes were ever unpickled."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (exec, (f"open({str(self.path)!r}, 'w').close()",))
+
+
+def test_a_stranger_is_refused_before_anything_it_sends_is_unpickled(tmp_path):
+    import pickle
+    import struct
+
     listener = EventListener("127.0.0.1")
+    marker = tmp_path / "unpickled"
     try:
-        stranger = EventSender.connect(ChannelAddress("127.0.0.1", listener.address.port, b"not-the-token-00"), 0)
-        stranger.send([FinishedEvent(0, "injected")])
-        found: list = []
-        for _ in range(10):
-            batches, _ = listener.poll(0.1)
-            found.extend(batches)
-        assert found == []
+        payload = pickle.dumps([RunsCodeWhenUnpickled(marker)])
+        frame = struct.pack("!I", len(payload)) + payload
+        with socket.create_connection(("127.0.0.1", listener.address.port)) as raw:  # no hello at all
+            raw.sendall(frame * 20)
+            wrong = EventSender.connect(ChannelAddress("127.0.0.1", listener.address.port, b"not-the-token-00"), 0)
+            wrong.send_raw(frame)
+            found: list = []
+            for _ in range(10):
+                batches, _ = listener.poll(0.1)
+                found.extend(batches)
+        assert found == [] and not marker.exists()
     finally:
         listener.close()
 

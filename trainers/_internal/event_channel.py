@@ -32,6 +32,9 @@ from ray import cloudpickle
 logger = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("!I")
+#: A connection's first bytes: the group's 16-byte token and the rank, checked before anything
+#: the peer sends is unpickled (unpickling runs code, so an unproven peer never gets that far).
+_HELLO = struct.Struct("!16sI")
 #: Bytes read from one connection per readiness: a report round is a few hundred bytes per rank.
 _READ_CHUNK = 1 << 20
 #: How long a worker tries to reach the controller before it falls back to the Ray long poll.
@@ -82,7 +85,7 @@ class EventSender:
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sender = cls(sock)
-        sender.send_raw(_frame((address.token, rank)))
+        sender.send_raw(_HELLO.pack(address.token, rank))
         return sender
 
     def send_raw(self, data: bytes) -> None:
@@ -172,22 +175,24 @@ class EventListener:
         if data:
             conn.buffer += data
         offset, size = 0, len(conn.buffer)
+        if conn.rank is None:
+            if size < _HELLO.size:
+                if not data:
+                    self._drop(conn)
+                return
+            token, rank = _HELLO.unpack_from(conn.buffer)
+            if not hmac.compare_digest(token, self.token):
+                logger.warning("refused a connection to the event channel without this run's token")
+                self._drop(conn)
+                return
+            conn.rank, offset = rank, _HELLO.size
         while size - offset >= _HEADER.size:
             (length,) = _HEADER.unpack_from(conn.buffer, offset)
             end = offset + _HEADER.size + length
             if end > size:
                 break
-            payload = cloudpickle.loads(memoryview(conn.buffer)[offset + _HEADER.size : end])
+            batches.append((conn.rank, cloudpickle.loads(memoryview(conn.buffer)[offset + _HEADER.size : end])))
             offset = end
-            if conn.rank is None:
-                token, rank = payload
-                if not hmac.compare_digest(token, self.token):
-                    logger.warning("refused a connection to the event channel without this run's token")
-                    self._drop(conn)
-                    return
-                conn.rank = rank
-            else:
-                batches.append((conn.rank, payload))
         del conn.buffer[:offset]
         if not data:
             if conn.rank is not None:
