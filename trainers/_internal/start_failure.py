@@ -8,10 +8,13 @@ moment, so the error says where to look instead of only "timed out".
 
 from __future__ import annotations
 
+from trainers._internal.resources import _fmt as format_resources
+
 
 def _fmt(resources: dict[str, float]) -> str:
-    shown = {k: v for k, v in resources.items() if not k.startswith(("node:", "bundle_group", "memory", "object_store_memory"))}
-    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(shown.items()) if "_group_" not in k) + "}"
+    # Ray's per-node and placement-group bookkeeping resources say nothing to the reader.
+    hidden = ("node:", "bundle_group", "memory", "object_store_memory")
+    return format_resources({k: v for k, v in resources.items() if not k.startswith(hidden) and "_group_" not in k})
 
 
 def _nodes() -> dict[str, dict]:
