@@ -256,3 +256,26 @@ def ray_data_regression_loop(config: dict) -> float:
 
 def ask_for_unknown_dataset(config: dict) -> None:
     trainers.get_dataset_shard("valid")
+
+
+def reused_folder_async_loop(config: dict) -> None:
+    """Every epoch's checkpoint written into one folder per rank and reported ASYNC with the
+    default deletion, the way a loop that keeps one ``ckpt/`` folder does. On odd epochs the loop
+    waits for the previous checkpoint's commit after writing its files and before reporting
+    them: the moment an upload that deleted the reported folder once it finished would delete
+    this epoch's files instead."""
+    rank = get_context().get_world_rank()
+    folder = os.path.join(config["scratch"], f"rank{rank}")
+    os.makedirs(folder, exist_ok=True)  # once, as such loops do
+    for epoch in range(config["epochs"]):
+        with open(os.path.join(folder, f"weights_rank{rank}.txt"), "w") as f:
+            f.write(str(epoch))
+        with open(os.path.join(folder, f"epoch_{epoch}_rank{rank}.txt"), "w") as f:
+            f.write(str(epoch))
+        if epoch % 2:
+            trainers.get_all_reported_checkpoints(trainers.CheckpointConsistencyMode.COMMITTED)
+        report(
+            {"epoch": epoch},
+            checkpoint=Checkpoint.from_directory(folder),
+            checkpoint_upload_mode=trainers.CheckpointUploadMode.ASYNC,
+        )

@@ -40,7 +40,9 @@ def report(
     default ``checkpoint_NNNNNN`` in commit order). Each checkpoint needs its own name: a name the
     run already keeps is refused. ``delete_local_checkpoint_after_upload`` deletes the reported
     folder once it is uploaded; None (the default) deletes it after an ASYNC upload and keeps it
-    after a SYNC one. ``checkpoint_upload_fn(checkpoint, checkpoint_dir_name)`` does the upload
+    after a SYNC one. An ASYNC report takes the folder's files when it is called (the upload
+    works from its own copy) and leaves the folder itself, empty: a loop may write its next
+    checkpoint into the same folder at once, and nothing it writes there is ever deleted. ``checkpoint_upload_fn(checkpoint, checkpoint_dir_name)`` does the upload
     instead of flowtrain: it writes the files to
     ``get_context().get_storage().build_checkpoint_path_from_name(checkpoint_dir_name)`` and
     returns a ``Checkpoint`` of that folder, which is then committed like any other (the name it

@@ -20,6 +20,8 @@ import dataclasses
 import logging
 import os
 import posixpath
+import shutil
+import tempfile
 import time
 from typing import Any, Callable, Iterable
 
@@ -104,6 +106,7 @@ def persist(
     if upload_fn is None:
         with checkpoint.as_directory() as folder:
             stats = upload_directory(folder, filesystem, staging)
+            _check_uploaded(folder, filesystem, staging)
         return Placement(dir_name, in_place=False, upload=stats)
     start = time.monotonic()
     persisted = upload_fn(checkpoint, layout.relative(staging))
@@ -124,6 +127,28 @@ def persist(
             "get_context().get_storage().build_checkpoint_path_from_name(checkpoint_dir_name)."
         )
     return Placement(placed, in_place=True, upload=stats)
+
+
+def _check_uploaded(folder: str, filesystem: pafs.FileSystem, staging: str) -> None:
+    """Raise ``CheckpointUploadError`` unless every file of local ``folder`` is now in ``staging``:
+    a checkpoint missing files (or empty when the folder was not) is never committed."""
+    expected = {
+        os.path.relpath(os.path.join(root, name), folder) for root, _, names in os.walk(folder) for name in names
+    }
+    if not expected:
+        return
+    prefix = staging.rstrip("/") + "/"
+    listed = filesystem.get_file_info(pafs.FileSelector(staging, recursive=True, allow_not_found=True))
+    present = {info.path[len(prefix):] for info in listed if info.type == pafs.FileType.File and info.path.startswith(prefix)}
+    missing = sorted(expected - present)
+    if missing:
+        where = display_path(filesystem, staging)
+        raise CheckpointUploadError(
+            f"the checkpoint's upload to {where} is missing {len(missing)} of its {len(expected)} files "
+            f"({', '.join(missing[:5])}); it was not committed, and the run's previous checkpoint is kept.",
+            path=where,
+            attempts=1,
+        )
 
 
 def _local_bytes(checkpoint: Checkpoint) -> int:
@@ -181,6 +206,67 @@ def run_error_type(error_type: type[WorkerGroupError], worker_errors: Iterable[B
     if error_type is WorkerGroupError and any(isinstance(e, CheckpointUploadError) for e in worker_errors):
         return CheckpointUploadFailedError
     return error_type
+
+
+def take_for_upload(checkpoint: Checkpoint, *, release: bool, layout: RunLayout, filesystem: pafs.FileSystem) -> str:
+    """A private local folder holding the files of ``checkpoint`` as they are now, for an ASYNC
+    upload to work from after ``report()`` returned (the caller removes it once uploaded).
+
+    With ``release`` (``delete_local_checkpoint_after_upload``) the files leave the reported folder
+    now, before ``report()`` returns: moved when they can be (no copy at all), else copied and then
+    deleted. The folder itself stays, empty, so a loop that writes every checkpoint into one
+    folder finds it there. Nothing is ever deleted later: a deletion after the upload would meet
+    the files the loop wrote since (the next epoch's checkpoint) and remove those instead.
+    A folder inside the run folder is the run's own: it is copied, never released.
+    """
+    private = tempfile.mkdtemp(prefix="flowtrain-upload-")
+    try:
+        if release and is_local(checkpoint.filesystem) and not _inside_run_folder(checkpoint, layout, filesystem):
+            _move_contents(checkpoint.path, private)
+            return private
+        with checkpoint.as_directory() as folder:
+            shutil.copytree(folder, private, dirs_exist_ok=True)
+        if release and not _inside_run_folder(checkpoint, layout, filesystem):
+            delete_source(checkpoint)  # a folder on remote storage: gone before report() returns
+    except BaseException:
+        shutil.rmtree(private, ignore_errors=True)
+        raise
+    return private
+
+
+def _move_contents(source: str, target: str) -> None:
+    """Move every entry of folder ``source`` into the empty folder ``target``; a rename where the
+    two share a disk, else a copy and a delete. On failure what was moved goes back, then the
+    error is raised: the reported folder is left as the loop wrote it."""
+    moved: list[str] = []
+    try:
+        for name in sorted(os.listdir(source)):
+            origin, destination = os.path.join(source, name), os.path.join(target, name)
+            try:
+                os.rename(origin, destination)
+            except OSError:  # another disk (EXDEV), or a rename the filesystem refuses
+                if os.path.isdir(origin) and not os.path.islink(origin):
+                    shutil.copytree(origin, destination)
+                    shutil.rmtree(origin)
+                else:
+                    shutil.copy2(origin, destination)
+                    os.unlink(origin)
+            moved.append(name)
+    except BaseException:
+        for name in moved:
+            try:
+                shutil.move(os.path.join(target, name), os.path.join(source, name))
+            except OSError as error:
+                logger.warning("could not move %s back into %s: %s", name, source, error)
+        raise
+
+
+def _inside_run_folder(checkpoint: Checkpoint, layout: RunLayout, filesystem: pafs.FileSystem) -> bool:
+    if not same_filesystem(checkpoint.filesystem, filesystem):
+        return False
+    root = _normal(layout.run_path, filesystem).rstrip("/")
+    inner = _normal(checkpoint.path, filesystem)
+    return inner == root or inner.startswith(root + "/")
 
 
 def delete_source(checkpoint: Checkpoint, keep: Checkpoint | None = None) -> None:

@@ -11,7 +11,6 @@ import dataclasses
 import logging
 import numbers
 import shutil
-import tempfile
 import threading
 from typing import Any, Callable
 
@@ -126,17 +125,17 @@ class WorkerSession:
         staging = self.layout.staging_path(self.attempt, index)
         persist = dict(staging=staging, layout=self.layout, filesystem=self.filesystem, dir_name=dir_name, upload_fn=upload_fn)
         if checkpoint is not None and upload_mode is CheckpointUploadMode.ASYNC:
-            local_copy = tempfile.mkdtemp(prefix="flowtrain-upload-")
-            with checkpoint.as_directory() as folder:
-                shutil.copytree(folder, local_copy, dirs_exist_ok=True)
+            # The upload works from a private copy taken now; the reported folder is never
+            # touched after report() returns (the loop may be writing its next checkpoint there).
+            local_copy = checkpoint_upload.take_for_upload(
+                checkpoint, release=delete_local, layout=self.layout, filesystem=self.filesystem
+            )
 
             def upload_then_report() -> None:
                 try:
                     placement = checkpoint_upload.persist(Checkpoint(local_copy, pyarrow.fs.LocalFileSystem()), **persist)
                 finally:
                     shutil.rmtree(local_copy, ignore_errors=True)
-                if delete_local:
-                    checkpoint_upload.delete_source(checkpoint)
                 self.emit(dataclasses.replace(event, dir_name=placement.dir_name, in_place=placement.in_place, upload=placement.upload))
 
             self.uploader.submit(upload_then_report)
