@@ -8,11 +8,12 @@ Prefect nor Ray.
 from storage.checkpoint import Checkpoint
 from storage.config import CheckpointConfig
 from storage.errors import RunInProgressError, SnapshotCorruptError, StorageError
-from storage.filesystem import download_directory, resolve_filesystem, upload_directory
+from storage.filesystem import download_directory, resolve_filesystem
 from storage.layout import RunLayout
 from storage.protocol import RunRecord
 from storage.run_storage import RunStorage, load_run
 from storage.snapshot import RunSnapshot
+from storage.upload import upload_directory
 
 __all__ = [
     "Checkpoint",

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import os
+import posixpath
 import shutil
-from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
-
-if TYPE_CHECKING:
-    from storage.upload import UploadStats
 
 
 def resolve_filesystem(storage_path: str, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
@@ -73,19 +70,6 @@ def display_path(fs: pafs.FileSystem, path: str) -> str:
     return f"{scheme}://{path.lstrip('/')}"
 
 
-def upload_directory(local_dir: str, fs: pafs.FileSystem, dest_path: str) -> "UploadStats":
-    """Copy the files of ``local_dir`` into ``dest_path`` on ``fs``, merging with what is there.
-
-    Errors that pass (an S3 503, a dropped connection) are retried with backoff, as
-    ``storage.upload`` describes; when that does not help, or the error is one waiting cannot
-    fix, ``storage.upload.CheckpointUploadError`` names ``dest_path`` and the last error. Returns
-    the bytes copied, the seconds it took and the retries.
-    """
-    from storage.upload import copy_tree  # storage.upload builds on this module's helpers
-
-    return copy_tree(pafs.LocalFileSystem(), local_dir, fs, dest_path, destination=display_path(fs, dest_path))
-
-
 def download_directory(fs: pafs.FileSystem, src_path: str, local_dir: str) -> None:
     """Copy the folder ``src_path`` on ``fs`` into ``local_dir``."""
     os.makedirs(local_dir, exist_ok=True)
@@ -126,3 +110,21 @@ def same_filesystem(a: pafs.FileSystem, b: pafs.FileSystem) -> bool:
         return a.equals(b)
     except (TypeError, NotImplementedError):
         return False
+
+
+def normal_path(fs: pafs.FileSystem, path: str) -> str:
+    """``path`` as ``fs`` means it: symlinks and ``..`` resolved on local disk (as Ray Train does
+    before it compares paths), only normalised elsewhere."""
+    return os.path.realpath(path) if is_local(fs) else posixpath.normpath(path)
+
+
+def relative_inside(path_fs: pafs.FileSystem, path: str, root_fs: pafs.FileSystem, root: str) -> str | None:
+    """Where ``path`` (on ``path_fs``) is inside the folder ``root`` (on ``root_fs``): its path
+    relative to ``root``, ``""`` when it is ``root`` itself, None when it is elsewhere (another
+    filesystem included)."""
+    if not same_filesystem(path_fs, root_fs):
+        return None
+    top, inner = normal_path(root_fs, root).rstrip("/"), normal_path(root_fs, path)
+    if inner == top:
+        return ""
+    return inner[len(top) + 1 :] if inner.startswith(top + "/") else None

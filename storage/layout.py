@@ -5,6 +5,10 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 
+import pyarrow.fs as pafs
+
+from storage.filesystem import relative_inside
+
 SNAPSHOT = "run.json"
 SNAPSHOT_PREVIOUS = "run.json.prev"
 SNAPSHOT_NEW = "run.json.new"
@@ -88,3 +92,14 @@ class RunLayout:
         if not inner.startswith(root.rstrip("/") + "/"):
             return None
         return inner[len(root.rstrip("/")) + 1 :]
+
+    def checkpoint_dir_name(self, fs: pafs.FileSystem, path_fs: pafs.FileSystem, path: str) -> str | None:
+        """The folder name of ``path`` (on ``path_fs``) when it is a folder directly inside this run
+        folder (on ``fs``) whose name can name a checkpoint; else None."""
+        relative = relative_inside(path_fs, path, fs, self.run_path)
+        if not relative or "/" in relative:
+            return None
+        try:
+            return check_dir_name(relative)
+        except ValueError:
+            return None

@@ -292,6 +292,17 @@ def copy_tree(
     return UploadStats(bytes=sum(size for _, size in plan["files"]), seconds=time.monotonic() - start, retries=retries)
 
 
+def upload_directory(local_dir: str, fs: pafs.FileSystem, dest_path: str) -> UploadStats:
+    """Copy the files of ``local_dir`` into ``dest_path`` on ``fs``, merging with what is there.
+
+    Errors that pass (an S3 503, a dropped connection) are retried with backoff, as this module
+    describes; when that does not help, or the error is one waiting cannot fix,
+    ``CheckpointUploadError`` names ``dest_path`` and the last error. Returns the bytes copied,
+    the seconds it took and the retries.
+    """
+    return copy_tree(pafs.LocalFileSystem(), local_dir, fs, dest_path, destination=display_path(fs, dest_path))
+
+
 def _plan(fs: pafs.FileSystem, root: str) -> dict[str, Any]:
     """The folders and (file, size) pairs under ``root``, as paths relative to it."""
     root = root.rstrip("/") or "/"

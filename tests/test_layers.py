@@ -146,3 +146,62 @@ def test_scan_catches_planted_wrong_way_imports(tmp_path):
         "trainers/_internal/late.py:2 imports trainers.torch.devices (trainers/_internal/ is below trainers.torch)",
         "trainers/_internal/relative.py:1 imports trainers.xgboost (trainers/_internal/ is below trainers.xgboost)",
     ]
+
+
+def import_circles(root: pathlib.Path) -> list[list[str]]:
+    """Every group of our modules that import each other, directly or round a longer loop
+    (imports inside functions count: a lazy import only hides a circle)."""
+    files = {module_name(p, root): p for package in PACKAGES for p in (root / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        edges = set()
+        for _, candidates in imports(path, root):
+            known = [c for c in candidates if c in files]
+            submodules = [c for c in known if c != candidates[0]]  # "from a import b" with b a module
+            edges.update(c for c in (submodules or known[:1]) if c != module)
+        graph[module] = edges
+    # Tarjan's strongly connected components: a component of two or more modules is a circle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while not component or component[-1] != module:
+                component.append(stack.pop())
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(circles)
+
+
+def test_no_import_circles():
+    circles = import_circles(ROOT)
+    assert not circles, "modules that import each other (move the shared part down a floor):\n" + "\n".join(map(str, circles))
+
+
+def test_circle_scan_finds_a_planted_circle(tmp_path):
+    files = {
+        "storage/__init__.py": "from storage.a import x\n",
+        "storage/a.py": "from storage.b import y\n",
+        "storage/b.py": "def f():\n    from storage.c import z\n",
+        "storage/c.py": "import storage.a\n",
+        "storage/d.py": "from storage import a\n",  # a submodule named in "from package import": one arrow, no circle
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert import_circles(tmp_path) == [["storage.a", "storage.b", "storage.c"]]

@@ -25,6 +25,7 @@ from storage import Checkpoint, load_run, upload_directory
 from storage.layout import RunLayout
 from storage.upload import CheckpointUploadError, RetryPolicy, is_transient
 from trainers import CheckpointConfig, CheckpointUploadMode, DataParallelTrainer, Result, RunConfig, ScalingConfig, UserCallback, WorkerGroupError
+from trainers import errors
 from trainers._internal import checkpoint_upload
 
 #: The workers' retry policy in these runs: quick, so a spent budget costs milliseconds.
@@ -295,12 +296,12 @@ def test_the_policy_is_read_from_the_environment_when_used(monkeypatch):
 
 def test_the_run_error_pickles_and_is_caught_as_either_type():
     upload = CheckpointUploadError("could not copy", path="s3://b/run/.staging/x", attempts=5, last_error="OSError: 503")
-    error_type = checkpoint_upload.run_error_type(WorkerGroupError, [upload])
+    error_type = errors.run_error_type(WorkerGroupError, [upload])
     error = error_type("Training failed", {1: upload}, attempt=1)
     again = pickle.loads(pickle.dumps(error))
     assert isinstance(again, CheckpointUploadError) and isinstance(again, WorkerGroupError)
     assert (again.path, again.attempts, again.last_error) == ("s3://b/run/.staging/x", 5, "OSError: 503")
-    assert checkpoint_upload.run_error_type(WorkerGroupError, [RuntimeError("x")]) is WorkerGroupError
+    assert errors.run_error_type(WorkerGroupError, [RuntimeError("x")]) is WorkerGroupError
 
 
 def test_a_users_upload_function_is_called_once_and_its_error_passes_through(tmp_path):

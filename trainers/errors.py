@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
+
+from storage.upload import CheckpointUploadError
 
 if TYPE_CHECKING:
     from trainers.preemption import PreemptionInfo
@@ -83,6 +85,48 @@ def worker_group_error_type(failures: "list[RankFailure]", collective_backend: s
     if collective_backend == "nccl" and any(f.kind == "hung" for f in failures):
         return NCCLHangError
     return WorkerGroupError
+
+
+class CheckpointUploadFailedError(WorkerGroupError, CheckpointUploadError):
+    """``fit()`` ended because a checkpoint could not be uploaded into the run's storage.
+
+    Both a ``WorkerGroupError`` (a worker's ``report()`` raised and the run's failure budget is
+    spent) and a ``storage.upload.CheckpointUploadError``: catch either. ``path``,
+    ``attempts`` and ``last_error`` are those of the first failed upload; ``worker_failures``
+    holds each rank's own error.
+    """
+
+    def _first_upload_error(self) -> CheckpointUploadError:
+        """The lowest rank's upload error (an empty one, with no path and 0 attempts, when none)."""
+        errors = (e for _, e in sorted(self.worker_failures.items()) if isinstance(e, CheckpointUploadError))
+        return next(errors, CheckpointUploadError(""))
+
+    @property
+    def path(self) -> str | None:
+        """Where the first failed upload was copying the checkpoint to."""
+        return self._first_upload_error().path
+
+    @property
+    def attempts(self) -> int:
+        """How many times the first failed upload was tried."""
+        return self._first_upload_error().attempts
+
+    @property
+    def last_error(self) -> str | None:
+        """The last underlying error of the first failed upload."""
+        return self._first_upload_error().last_error
+
+    def __reduce__(self):
+        return WorkerGroupError.__reduce__(self)  # the worker failures carry the upload's details
+
+
+def run_error_type(error_type: type[WorkerGroupError], worker_errors: Iterable[BaseException]) -> type[WorkerGroupError]:
+    """The type of the error that ends a run: ``CheckpointUploadFailedError`` when a rank failed
+    because its checkpoint could not be uploaded, so ``except CheckpointUploadError`` around
+    ``fit()`` catches it; otherwise ``error_type`` as it is (an ``NCCLHangError`` stays one)."""
+    if error_type is WorkerGroupError and any(isinstance(e, CheckpointUploadError) for e in worker_errors):
+        return CheckpointUploadFailedError
+    return error_type
 
 
 def _rebuild_worker_group_error(cls, message, worker_failures, failures, attempt, budget_exhausted):

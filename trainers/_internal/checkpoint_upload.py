@@ -19,19 +19,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import posixpath
 import shutil
 import tempfile
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import pyarrow.fs as pafs
 
 from storage import Checkpoint, upload_directory
-from storage.filesystem import delete_dir, display_path, is_local, same_filesystem
+from storage.filesystem import delete_dir, display_path, is_local, relative_inside
 from storage.layout import RunLayout, check_dir_name
 from storage.upload import CheckpointUploadError, UploadStats
-from trainers.errors import WorkerGroupError
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +71,7 @@ def check_request(
     if checkpoint is None:
         return
     if no_upload:
-        if in_place_name(checkpoint, layout, filesystem) is None:
+        if layout.checkpoint_dir_name(filesystem, checkpoint.filesystem, checkpoint.path) is None:
             raise ValueError(
                 f"report(checkpoint_upload_mode=NO_UPLOAD): the checkpoint at {display_path(checkpoint.filesystem, checkpoint.path)} "
                 f"is not a folder directly inside the run folder {display_path(filesystem, layout.run_path)}, so "
@@ -81,15 +79,12 @@ def check_request(
                 "first, or report it with CheckpointUploadMode.SYNC to have it copied there."
             )
         return
-    if delete_local and same_filesystem(checkpoint.filesystem, filesystem):
-        run_folder = _normal(layout.run_path, filesystem)
-        source = _normal(checkpoint.path, filesystem)
-        if run_folder == source or run_folder.startswith(source.rstrip("/") + "/"):
-            raise ValueError(
-                f"report(delete_local_checkpoint_after_upload=True): the run folder {layout.run_path} is inside the "
-                f"checkpoint folder {checkpoint.path}, which would be deleted after the upload. Save the checkpoint "
-                "to a folder of its own (a temporary folder), or pass delete_local_checkpoint_after_upload=False."
-            )
+    if delete_local and relative_inside(filesystem, layout.run_path, checkpoint.filesystem, checkpoint.path) is not None:
+        raise ValueError(
+            f"report(delete_local_checkpoint_after_upload=True): the run folder {layout.run_path} is inside the "
+            f"checkpoint folder {checkpoint.path}, which would be deleted after the upload. Save the checkpoint "
+            "to a folder of its own (a temporary folder), or pass delete_local_checkpoint_after_upload=False."
+        )
 
 
 def persist(
@@ -116,9 +111,9 @@ def persist(
             f"report(checkpoint_upload_fn={getattr(upload_fn, '__name__', upload_fn)!r}) returned {persisted!r}; it "
             "must return the uploaded checkpoint as a trainers.Checkpoint."
         )
-    if same_filesystem(persisted.filesystem, filesystem) and _normal(persisted.path, filesystem) == _normal(staging, filesystem):
+    if relative_inside(persisted.filesystem, persisted.path, filesystem, staging) == "":
         return Placement(dir_name, in_place=False, upload=stats)
-    placed = in_place_name(persisted, layout, filesystem)
+    placed = layout.checkpoint_dir_name(filesystem, persisted.filesystem, persisted.path)
     if placed is None:
         raise ValueError(
             f"report(checkpoint_upload_fn=...): the function returned a checkpoint at "
@@ -164,48 +159,6 @@ def _local_bytes(checkpoint: Checkpoint) -> int:
             except OSError:
                 pass  # removed while we counted: it was not part of the upload either
     return total
-
-
-class CheckpointUploadFailedError(WorkerGroupError, CheckpointUploadError):
-    """``fit()`` ended because a checkpoint could not be uploaded into the run's storage.
-
-    Both a ``WorkerGroupError`` (a worker's ``report()`` raised and the run's failure budget is
-    spent) and a ``storage.upload.CheckpointUploadError``: catch either. ``path``,
-    ``attempts`` and ``last_error`` are those of the first failed upload; ``worker_failures``
-    holds each rank's own error.
-    """
-
-    def _first_upload_error(self) -> CheckpointUploadError:
-        """The lowest rank's upload error (an empty one, with no path and 0 attempts, when none)."""
-        errors = (e for _, e in sorted(self.worker_failures.items()) if isinstance(e, CheckpointUploadError))
-        return next(errors, CheckpointUploadError(""))
-
-    @property
-    def path(self) -> str | None:
-        """Where the first failed upload was copying the checkpoint to."""
-        return self._first_upload_error().path
-
-    @property
-    def attempts(self) -> int:
-        """How many times the first failed upload was tried."""
-        return self._first_upload_error().attempts
-
-    @property
-    def last_error(self) -> str | None:
-        """The last underlying error of the first failed upload."""
-        return self._first_upload_error().last_error
-
-    def __reduce__(self):
-        return WorkerGroupError.__reduce__(self)  # the worker failures carry the upload's details
-
-
-def run_error_type(error_type: type[WorkerGroupError], worker_errors: Iterable[BaseException]) -> type[WorkerGroupError]:
-    """The type of the error that ends a run: ``CheckpointUploadFailedError`` when a rank failed
-    because its checkpoint could not be uploaded, so ``except CheckpointUploadError`` around
-    ``fit()`` catches it; otherwise ``error_type`` as it is (an ``NCCLHangError`` stays one)."""
-    if error_type is WorkerGroupError and any(isinstance(e, CheckpointUploadError) for e in worker_errors):
-        return CheckpointUploadFailedError
-    return error_type
 
 
 def take_for_upload(checkpoint: Checkpoint, *, release: bool, layout: RunLayout, filesystem: pafs.FileSystem) -> str:
@@ -262,21 +215,13 @@ def _move_contents(source: str, target: str) -> None:
 
 
 def _inside_run_folder(checkpoint: Checkpoint, layout: RunLayout, filesystem: pafs.FileSystem) -> bool:
-    if not same_filesystem(checkpoint.filesystem, filesystem):
-        return False
-    root = _normal(layout.run_path, filesystem).rstrip("/")
-    inner = _normal(checkpoint.path, filesystem)
-    return inner == root or inner.startswith(root + "/")
+    return relative_inside(checkpoint.filesystem, checkpoint.path, filesystem, layout.run_path) is not None
 
 
 def delete_source(checkpoint: Checkpoint, keep: Checkpoint | None = None) -> None:
     """Delete the reported checkpoint's folder after its upload (never the uploaded copy
     ``keep``); a failure is logged, never raised: the upload itself succeeded."""
-    if (
-        keep is not None
-        and same_filesystem(keep.filesystem, checkpoint.filesystem)
-        and _normal(keep.path, keep.filesystem) == _normal(checkpoint.path, checkpoint.filesystem)
-    ):
+    if keep is not None and relative_inside(keep.filesystem, keep.path, checkpoint.filesystem, checkpoint.path) == "":
         return
     try:
         delete_dir(checkpoint.filesystem, checkpoint.path)
@@ -284,30 +229,6 @@ def delete_source(checkpoint: Checkpoint, keep: Checkpoint | None = None) -> Non
         pass  # already gone: the loop's own temporary folder was cleaned up first
     except OSError as error:  # e.g. another worker on this node shares the folder and deleted it first
         logger.warning("could not delete the local checkpoint %s after its upload: %s", checkpoint.path, error)
-
-
-def in_place_name(checkpoint: Checkpoint, layout: RunLayout, filesystem: pafs.FileSystem) -> str | None:
-    """The folder name of ``checkpoint`` when it is a folder directly inside the run folder."""
-    if not same_filesystem(checkpoint.filesystem, filesystem):
-        return None
-    root = _normal(layout.run_path, filesystem).rstrip("/")
-    inner = _normal(checkpoint.path, filesystem)
-    if not inner.startswith(root + "/"):
-        return None
-    relative = inner[len(root) + 1 :]
-    if "/" in relative:
-        return None
-    try:
-        return check_dir_name(relative)
-    except ValueError:
-        return None
-
-
-def _normal(path: str, filesystem: pafs.FileSystem) -> str:
-    # Symlinks and ".." resolved on local disk, as Ray Train does before comparing paths.
-    if is_local(filesystem):
-        return os.path.realpath(path)
-    return posixpath.normpath(path)
 
 
 def resolve_delete(delete_local: Any, *, asynchronous: bool, no_upload: bool) -> Any:

@@ -142,7 +142,7 @@ class WorkerSession:
             return
         self.uploader.flush()  # earlier background uploads (if any) come first; re-raises their errors
         if checkpoint is not None and no_upload:
-            name = checkpoint_upload.in_place_name(checkpoint, self.layout, self.filesystem)
+            name = self.layout.checkpoint_dir_name(self.filesystem, checkpoint.filesystem, checkpoint.path)
             event = dataclasses.replace(event, dir_name=name, in_place=True)
             self.checkpoint, self._unseen_commit = checkpoint, None  # already where it stays, as in Ray Train
         elif checkpoint is not None:
