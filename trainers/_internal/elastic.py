@@ -63,7 +63,9 @@ def count_workers(scaling: ScalingConfig, nodes: NodeResources, labels: dict[str
         fits = sum(1 for k in per_node if k >= 1)
     else:
         fits = sum(per_node)
-    return min(fits, scaling.max_workers)
+    fits = min(fits, scaling.max_workers)
+    per_slice = scaling.tpu_workers_per_slice
+    return fits - fits % per_slice if per_slice else fits  # TPU workers come in whole slices
 
 
 def add(nodes: NodeResources, held: NodeResources) -> NodeResources:
