@@ -71,6 +71,10 @@ class ScalingConfig:
     #: Elastic runs: how often (seconds) a healthy run checks whether more workers would now fit.
     elastic_resize_monitor_interval_s: float = 60.0
 
+    # Not a field (no annotation): set by __post_init__ to (workers per slice, one worker's
+    # resources) when the workers fill TPU slices, else None.
+    _tpu_shape = None
+
     def __post_init__(self) -> None:
         if self.trainer_resources is not None:
             raise _deprecated(
