@@ -115,3 +115,20 @@ def keras3_data_parallel_loop(config: dict[str, Any]) -> dict[str, Any]:
     model.fit(x, y[:, None], batch_size=32, initial_epoch=start, epochs=config["epochs"], verbose=0,
               callbacks=[ReportCheckpointCallback()])
     return {"backend": keras.backend.backend(), "start_epoch": start, "keras": type(model).__module__.split(".")[0]}
+
+
+def tpu_placement_loop() -> None:
+    """Report where this worker runs on a (fake) TPU cluster: its slice, its node, and the
+    ``MEGASCALE_*`` variables the backend set."""
+    import ray
+
+    keys = ("MEGASCALE_COORDINATOR_ADDRESS", "MEGASCALE_NUM_SLICES", "MEGASCALE_SLICE_ID")
+    trainers.report(
+        {
+            "rank": trainers.get_context().get_world_rank(),
+            "slice": ray.get_runtime_context().get_node_labels().get("ray.io/tpu-slice-name"),
+            "node": ray.get_runtime_context().get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            **{key: os.environ.get(key) for key in keys},
+        }
+    )

@@ -12,20 +12,21 @@ from trainers import UserCallback
 
 
 @contextlib.contextmanager
-def two_node_cluster(monkeypatch: Any, *, start_timeout_s: float) -> Iterator[tuple[Any, Any]]:
-    """Head and one more node, 1 CPU each; yields ``(cluster, spare_node)``. Worker groups that
-    cannot be placed fail after ``start_timeout_s`` instead of the default 120 s."""
+def two_node_cluster(monkeypatch: Any, *, start_timeout_s: float, spare: bool = True) -> Iterator[tuple[Any, Any]]:
+    """Head and one more node, 1 CPU each; yields ``(cluster, spare_node)`` (``spare=False``: the
+    head alone, and None). Worker groups that cannot be placed fail after ``start_timeout_s``
+    instead of the default 120 s."""
     import ray
     from ray.cluster_utils import Cluster
 
     if ray.is_initialized():
         ray.shutdown()  # the suite's shared single-node Ray; ray_local restarts it when needed
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    spare = cluster.add_node(num_cpus=1)
+    spare_node = cluster.add_node(num_cpus=1) if spare else None
     ray.init(address=cluster.address)
     monkeypatch.setenv("FLOWTRAIN_WORKER_START_TIMEOUT_S", str(start_timeout_s))  # read by each fit()
     try:
-        yield cluster, spare
+        yield cluster, spare_node
         assert_no_leaks()
     finally:
         ray.shutdown()

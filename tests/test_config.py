@@ -155,6 +155,23 @@ def test_accelerator_type_asks_each_worker_for_a_sliver_of_rays_accelerator_reso
         ScalingConfig(accelerator_type="")
 
 
+def test_a_tpu_topology_gives_each_worker_a_whole_host_and_wants_whole_slices():
+    tpu = {"use_tpu": True, "accelerator_type": "TPU-V4"}
+    # Ray's 2x2x2 v4 slice: 8 chips on 2 hosts of 4, so 4 workers span two slices.
+    scaling = ScalingConfig(num_workers=4, topology="2x2x2", **tpu)
+    assert scaling.worker_resources == {"CPU": 1, "TPU": 4, "accelerator_type:TPU-V4": 0.001}
+    assert scaling.tpu_workers_per_slice == 2
+    # Ray's own test_tpu_multi_slice_uneven_workers: its error type and first words.
+    with pytest.raises(ValueError, match=r"^The configured `num_workers` \(3\) must be a multiple of 2 for the specified topology \(2x2x2\)"):
+        ScalingConfig(num_workers=3, topology="2x2x2", **tpu)
+    with pytest.raises(ValueError, match=r"^The configured `num_workers` \(6\) must be a multiple of 4 .*holds 4 workers"):
+        ScalingConfig(num_workers=6, topology="2x2x1", resources_per_worker={"TPU": 1}, **tpu)
+    with pytest.raises(ValueError, match=r"^The configured `min_workers` \(1\) must be a multiple of 2"):
+        ScalingConfig(num_workers=(1, 4), topology="2x2x2", **tpu)
+    with pytest.raises(ValueError, match=r"^Cannot set `label_selector` when `use_tpu=True` because Ray Train .*ScalingConfig: drop label_selector"):
+        ScalingConfig(num_workers=2, topology="2x2x2", label_selector={"zone": "a"}, **tpu)
+
+
 def test_the_default_start_timeout_grows_with_the_group_and_the_variable_overrides_it(monkeypatch):
     from trainers.tuning import worker_start_timeout_s
 

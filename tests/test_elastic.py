@@ -1,12 +1,15 @@
 """Elastic training: ``ScalingConfig(num_workers=(min, max))``.
 
-The sizing rules and the controller's resize are checked without Ray; then a real three-node
-Ray on this machine loses a node (the run shrinks and resumes from its checkpoint) and gains one
-(the run grows, without spending the failure budget).
+The sizing rules and the controller's resize are checked without Ray; then a real multi-node
+Ray on this machine starts with room for fewer than min_workers (the run waits for a node to
+join), loses a node (the run shrinks and resumes from its checkpoint) and gains one (the run
+grows, without spending the failure budget).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 
 import pytest
 
@@ -50,11 +53,32 @@ def test_a_running_elastic_group_grows_only_when_more_fit_and_at_most_once_an_in
     assert sizer.resize_to(1, held, started_at=95.0) == 3
 
 
-def test_elastic_feasibility_asks_only_that_min_workers_can_ever_fit():
+def test_too_few_to_start_waits_saying_so_once_until_the_deadline_then_returns_what_fits(caplog):
+    now = [0.0]
+
+    def free():
+        now[0] += 1.0  # each count finds the clock a second on
+        return {"a": {"CPU": 1.0}}
+
+    sizer = ElasticSizer(ScalingConfig(num_workers=(2, 4)), free=free, labels=None, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="trainers._internal.elastic"):
+        assert sizer.size_to_start(deadline=2.5) == 1  # RayWorkers.launch then fails: WorkerStartError
+    assert caplog.text.count("for the cluster to hold min_workers=2 worker(s) x {CPU: 1}") == 1
+
+
+def test_elastic_feasibility_fails_only_when_no_node_shape_could_ever_hold_min_workers():
     nodes = [{"CPU": 2.0}, {"CPU": 2.0}]
-    check_feasible(ScalingConfig(num_workers=(4, 16)), nodes)
-    with pytest.raises(InsufficientResourcesError, match=r"5 workers \(min_workers of num_workers=\(5, 16\)\)"):
-        check_feasible(ScalingConfig(num_workers=(5, 16)), nodes)
+    # As in Ray, an elastic run waits for nodes to join: 5 do not fit now, but 2-CPU nodes may join.
+    check_feasible(ScalingConfig(num_workers=(5, 16)), nodes)
+    with pytest.raises(InsufficientResourcesError, match=r"5 workers \(min_workers of num_workers=\(5, 16\)\).*no node holds one worker"):
+        check_feasible(ScalingConfig(num_workers=(5, 16), resources_per_worker={"CPU": 3}), nodes)
+    with pytest.raises(InsufficientResourcesError, match="STRICT_PACK needs every worker on one node"):
+        check_feasible(ScalingConfig(num_workers=(3, 4), placement_strategy="STRICT_PACK"), nodes)
+    with pytest.raises(InsufficientResourcesError, match="no node has 'GPU'"):
+        check_feasible(ScalingConfig(num_workers=(1, 2), use_gpu=True), nodes)
+    check_feasible(ScalingConfig(num_workers=5), nodes[:1] * 5)  # a fixed size still counts the nodes there are
+    with pytest.raises(InsufficientResourcesError, match="cannot be packed"):
+        check_feasible(ScalingConfig(num_workers=5), nodes)
 
 
 def test_a_resize_restarts_from_the_latest_checkpoint_without_a_failure_or_on_restart():
@@ -79,14 +103,14 @@ def test_a_resize_restarts_from_the_latest_checkpoint_without_a_failure_or_on_re
     assert store.num_failures == 0 and restarts == []
 
 
-def test_an_elastic_range_no_cluster_can_hold_fails_before_any_worker_starts(ray_local, tmp_path):
+def test_an_elastic_worker_no_node_shape_can_hold_fails_before_any_worker_starts(ray_local, tmp_path):
     trainer = DataParallelTrainer(
         elastic_loops.elastic_loop,
         train_loop_config={"stop_file": str(tmp_path / "stop"), "sleep_s": 0},
-        scaling_config=ScalingConfig(num_workers=(64, 128)),
+        scaling_config=ScalingConfig(num_workers=(2, 4), resources_per_worker={"CPU": 64}),
         run_config=RunConfig(name="too-big", storage_path=str(tmp_path)),
     )
-    with pytest.raises(InsufficientResourcesError, match="min_workers of num_workers=\\(64, 128\\)"):
+    with pytest.raises(InsufficientResourcesError, match="min_workers of num_workers=\\(2, 4\\).*no node holds one worker"):
         trainer.fit()
     assert_no_leaks()
 
@@ -99,6 +123,57 @@ def two_nodes(monkeypatch):
     """Head and one more node, 1 CPU each."""
     with two_node_cluster(monkeypatch, start_timeout_s=30.0) as nodes:
         yield nodes
+
+
+@pytest.fixture
+def one_node(monkeypatch):
+    """The head alone, 1 CPU: room for 1 worker until the test adds a node."""
+    with two_node_cluster(monkeypatch, start_timeout_s=60.0, spare=False) as nodes:
+        yield nodes
+
+
+class LogLine(logging.Handler):
+    """Set when ``logger`` logs a line containing ``text``."""
+
+    def __init__(self, logger: str, text: str) -> None:
+        super().__init__()
+        self.text, self.seen = text, threading.Event()
+        self.logger = logging.getLogger(logger)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+    def __enter__(self) -> "LogLine":
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.logger.removeHandler(self)
+
+
+def test_an_elastic_run_waits_for_nodes_to_join_until_min_workers_fit(one_node, tmp_path):
+    cluster, _ = one_node
+    sizes = RecordedReports()
+    stop = tmp_path / "stop"
+    trainer = DataParallelTrainer(
+        elastic_loops.elastic_loop,
+        train_loop_config={"stop_file": str(stop), "sleep_s": 0.1},
+        scaling_config=ScalingConfig(num_workers=(2, 4)),
+        run_config=RunConfig(name="waits", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=0), callbacks=[sizes]),
+    )
+    with LogLine("trainers._internal.elastic", "for the cluster to hold min_workers=2 worker(s)") as waiting:
+        thread, outcome = fit_in_background(trainer)
+        try:
+            assert waiting.seen.wait(120), outcome  # not InsufficientResourcesError: it waits, saying for what
+            cluster.add_node(num_cpus=1)
+            sizes.wait_for(lambda r: r["world_size"] == 2)
+        finally:
+            stop.touch()
+            thread.join(120)
+    assert not thread.is_alive()
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["result"].metrics["world_size"] == 2
 
 
 def test_elastic_run_shrinks_on_a_lost_node_and_grows_when_a_node_joins(two_nodes, tmp_path):

@@ -63,10 +63,17 @@ class ScalingConfig:
     label_selector: dict[str, str] | list[dict[str, str]] | None = None
     #: Train on TPUs (one TPU VM per worker); needs ``topology`` and ``accelerator_type`` beyond 1 worker.
     use_tpu: bool = False
-    #: The TPU slice topology, e.g. "2x2x2" (with ``use_tpu``).
+    #: The TPU slice topology, e.g. "2x2x2" (with ``use_tpu``). Each worker then takes a whole host of
+    #: a slice unless ``resources_per_worker`` says otherwise, and the workers fill whole slices:
+    #: ``num_workers`` must be a multiple of the workers one slice holds (4 workers on "2x2x2"
+    #: TPU-V4, 2 hosts per slice, span two slices).
     topology: str | None = None
     #: Elastic runs: how often (seconds) a healthy run checks whether more workers would now fit.
     elastic_resize_monitor_interval_s: float = 60.0
+
+    # Not a field (no annotation): set by __post_init__ to (workers per slice, one worker's
+    # resources) when the workers fill TPU slices, else None.
+    _tpu_shape = None
 
     def __post_init__(self) -> None:
         if self.trainer_resources is not None:
@@ -135,9 +142,32 @@ class ScalingConfig:
             )
         if self.use_tpu and self.max_workers > 1 and self.label_selector:
             raise ValueError(
-                "ScalingConfig: label_selector cannot be combined with use_tpu=True: the workers are placed on "
-                "their TPU slice by its own labels."
+                # Ray's words first: users and Ray's own tests match on them.
+                "Cannot set `label_selector` when `use_tpu=True` because Ray Train automatically reserves a TPU "
+                f"slice with a predefined label. ScalingConfig: drop label_selector={self.label_selector!r}; the "
+                "workers are placed on their TPU slice by its own labels (ray.io/tpu-slice-name)."
             )
+        self._check_tpu_slices()
+
+    def _check_tpu_slices(self) -> None:
+        """With a TPU topology, each worker takes a whole host by default, and the workers must fill
+        whole slices."""
+        shape = None
+        if self.use_tpu and self.topology and self.accelerator_type:
+            from trainers._internal.tpu import slice_shape
+
+            shape = slice_shape(self.topology, self.accelerator_type, self.resources_per_worker)
+            per_slice, resources = shape
+            for field, count in (("num_workers", self.max_workers), ("min_workers", self.min_workers)):
+                if count % per_slice:
+                    shown = self.num_workers if field == "num_workers" else count
+                    raise ValueError(
+                        f"The configured `{field}` ({shown}) must be a multiple of {per_slice} for the specified "
+                        f"topology ({self.topology}). ScalingConfig: one {self.accelerator_type} slice of topology "
+                        f"{self.topology} holds {per_slice} workers of {resources}; ask for {per_slice}, "
+                        f"{2 * per_slice}, ... workers, or change resources_per_worker['TPU']."
+                    )
+        object.__setattr__(self, "_tpu_shape", shape)  # derived once: worker_resources is read often
 
     def _check_label_selector(self) -> None:
         selector = self.label_selector
@@ -182,7 +212,9 @@ class ScalingConfig:
     @property
     def worker_resources(self) -> dict[str, float]:
         """The resources one worker reserves, with defaults filled in and zero amounts dropped."""
-        if self.resources_per_worker is None:
+        if self._tpu_shape is not None:
+            resources = dict(self._tpu_shape[1])  # a whole TPU host and 1 CPU, or resources_per_worker and 1 CPU
+        elif self.resources_per_worker is None:
             if self.use_gpu:
                 resources: dict[str, float] = {"GPU": 1}  # no CPU, as Ray: GPU nodes often have few CPUs
             elif self.use_tpu:
@@ -197,6 +229,12 @@ class ScalingConfig:
             # A sliver of the resource: enough to land on such a node, not to count as using it.
             resources.setdefault(f"{ACCELERATOR_RESOURCE_PREFIX}{self.accelerator_type}", 0.001)
         return {name: amount for name, amount in resources.items() if amount}
+
+    @property
+    def tpu_workers_per_slice(self) -> int | None:
+        """How many workers one TPU slice of ``topology`` holds (with ``use_tpu``, ``topology`` and
+        ``accelerator_type``), or None: then the workers are placed as any others."""
+        return None if self._tpu_shape is None else self._tpu_shape[0]
 
     @property
     def total_resources(self) -> dict[str, float]:

@@ -26,7 +26,8 @@ from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
 from trainers._internal.resources import capturing_placement_group
 from trainers._internal.session import WorkerSession
 from trainers._internal.worker import run_training_function
-from trainers._internal.worker_group import RayWorkerGroup
+from trainers._internal.start_failure import describe_nodes
+from trainers._internal.worker_group import RayWorkerGroup, WorkerStartError
 from trainers.backend import BackendConfig
 from trainers.config import DataConfig, ScalingConfig
 from trainers.context import StorageInfo, TrainContext
@@ -109,7 +110,15 @@ class RayWorkers:
         if scaling.elasticity_enabled:
             if self.sizer is not None:
                 wait_released(self._released)
-                self.world_size = self.sizer.size_to_start(time.monotonic() + spec.start_timeout_s)
+                size = self.sizer.size_to_start(time.monotonic() + spec.start_timeout_s)
+                if size < scaling.min_workers:
+                    raise WorkerStartError(
+                        f"the cluster did not come to hold min_workers={scaling.min_workers} worker(s) x "
+                        f"{scaling.worker_resources} within {spec.start_timeout_s:g} s (room for {size}). Nodes now: "
+                        f"{describe_nodes()}. Add nodes, lower the minimum of ScalingConfig.num_workers, or raise "
+                        "FLOWTRAIN_WORKER_START_TIMEOUT_S."
+                    )
+                self.world_size = size
             scaling = scaling.with_num_workers(self.world_size)
         self.group = group = RayWorkerGroup(
             scaling=scaling, start_timeout_s=spec.start_timeout_s, runtime_env=spec.runtime_env

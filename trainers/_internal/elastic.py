@@ -1,7 +1,8 @@
 """How many workers an elastic run (``ScalingConfig(num_workers=(min, max))``) trains with.
 
 An attempt starts with as many workers as the cluster's free resources hold now, up to
-``max_workers``, once at least ``min_workers`` fit. While it trains, every
+``max_workers``, once at least ``min_workers`` fit: it waits for nodes to join (an autoscaling
+cluster) up to the worker start timeout (``FLOWTRAIN_WORKER_START_TIMEOUT_S``). While it trains, every
 ``elastic_resize_monitor_interval_s`` the free resources plus the attempt's own are counted
 again; when more workers would fit, the controller restarts the group at the larger size from
 the latest checkpoint. A lost node shrinks the run through the ordinary restart, which sizes the
@@ -10,13 +11,15 @@ next attempt by what is left.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
-from trainers._internal.resources import bundles_that_fit, label_matches
+from trainers._internal.resources import _fmt as format_resources, bundles_that_fit, label_matches
 from trainers.config import ScalingConfig
 from trainers.tuning import RELEASE_WAIT_S, WAIT_POLL_S
 
+logger = logging.getLogger(__name__)
 
 #: Node id -> resource name -> amount.
 NodeResources = dict[str, dict[str, float]]
@@ -63,7 +66,9 @@ def count_workers(scaling: ScalingConfig, nodes: NodeResources, labels: dict[str
         fits = sum(1 for k in per_node if k >= 1)
     else:
         fits = sum(per_node)
-    return min(fits, scaling.max_workers)
+    fits = min(fits, scaling.max_workers)
+    per_slice = scaling.tpu_workers_per_slice
+    return fits - fits % per_slice if per_slice else fits  # TPU workers come in whole slices
 
 
 def add(nodes: NodeResources, held: NodeResources) -> NodeResources:
@@ -109,15 +114,26 @@ class ElasticSizer:
     def size_to_start(self, deadline: float) -> int:
         """The size of the next attempt: as many workers as fit now, at most ``max_workers``.
 
-        Waits while fewer than ``min_workers`` fit, and returns ``min_workers`` at ``deadline``
-        (the placement then waits its start timeout, as for a fixed-size run, and fails).
+        While fewer than ``min_workers`` fit, waits for nodes to join (or other work to end), saying
+        so in a log line, until ``deadline``; then returns the fewer that fit (the caller fails).
         """
+        waiting = False
         while True:
             size = self._count()
             if size >= self.scaling.min_workers:
                 return size
-            if self.clock() >= deadline:
-                return self.scaling.min_workers
+            now = self.clock()
+            if now >= deadline:
+                return size
+            if not waiting:
+                waiting = True
+                logger.warning(
+                    "Waiting up to %g s for the cluster to hold min_workers=%d worker(s) x %s of "
+                    "ScalingConfig(num_workers=%r): it has room for %d now. The run starts once they "
+                    "fit (nodes joining, other work ending).",
+                    deadline - now, self.scaling.min_workers, format_resources(self.scaling.worker_resources),
+                    self.scaling.num_workers, size,
+                )
             time.sleep(WAIT_POLL_S)
 
     def resize_to(self, current: int, held: NodeResources, started_at: float) -> int | None:

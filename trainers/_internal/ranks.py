@@ -15,15 +15,16 @@ class Ranks:
     local_world_size: int
 
 
-def assign_ranks(node_ids: list[str], first_node: str | None = None) -> list[Ranks]:
+def assign_ranks(node_ids: list[str], first_node: str | None = None, node_order: list[str] | None = None) -> list[Ranks]:
     """Ranks for workers placed on ``node_ids`` (one entry per worker, in start order).
 
-    Nodes are ordered by ``first_node`` (usually the driver's) first, then by where their first
-    worker stands; workers keep their start order within a node. So local ranks on every node are
-    0..k-1 and world ranks of one node are consecutive, which is what torch's launchers promise.
+    Nodes in ``node_order`` come first, in that order (TPU hosts, slice by slice), then
+    ``first_node`` (usually the driver's), then the others by where their first worker stands; workers
+    keep their start order within a node. So local ranks on every node are 0..k-1 and world ranks
+    of one node are consecutive, which is what torch's launchers promise.
     """
-    order: list[str] = []
-    if first_node is not None and first_node in node_ids:
+    order: list[str] = [node for node in node_order or [] if node in node_ids]
+    if first_node is not None and first_node in node_ids and first_node not in order:
         order.append(first_node)
     for node in node_ids:
         if node not in order:

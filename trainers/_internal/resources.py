@@ -24,12 +24,15 @@ def check_feasible(scaling: ScalingConfig, nodes: list[dict[str, float]], *, hel
     """Raise ``InsufficientResourcesError`` when ``nodes`` (each node's total resources) can never
     hold ``scaling.num_workers`` workers placed by ``scaling.placement_strategy``.
 
-    Only total capacity counts here: resources busy now are free later. The message lists what was
-    requested and what the cluster has, and what to change. ``held`` describes what ``nodes``
-    already leave out (e.g. the Tune trial this runs in), for the message.
+    Only total capacity counts here: resources busy now are free later. An elastic run
+    (``num_workers=(min, max)``) waits for nodes to join, as on an autoscaling cluster, so it fails
+    here only when no node of a shape the cluster has could hold its workers, however many joined.
+    The message lists what was requested and what the cluster has, and what to change. ``held``
+    describes what ``nodes`` already leave out (e.g. the Tune trial this runs in), for the message.
     """
-    elastic = f" (min_workers of num_workers={scaling.num_workers!r})" if scaling.elasticity_enabled else ""
-    if scaling.elasticity_enabled:
+    may_grow = scaling.elasticity_enabled
+    elastic = f" (min_workers of num_workers={scaling.num_workers!r})" if may_grow else ""
+    if may_grow:
         # An elastic run can start once min_workers fit; that is what must be possible.
         scaling = scaling.with_num_workers(scaling.min_workers)
     bundle = scaling.worker_resources
@@ -54,6 +57,9 @@ def check_feasible(scaling: ScalingConfig, nodes: list[dict[str, float]], *, hel
     if strategy == "STRICT_PACK":
         fits = any(bundles_that_fit(node, scaling.total_resources) >= 1 for node in nodes) if n else True
         why = "STRICT_PACK needs every worker on one node"
+    elif may_grow:
+        fits = any(k >= 1 for k in per_node)
+        why = "no node holds one worker, so no node that joins with the same resources would either"
     elif strategy == "STRICT_SPREAD":
         fits = sum(1 for k in per_node if k >= 1) >= n
         why = "STRICT_SPREAD needs one node per worker"
@@ -278,8 +284,10 @@ def check_label_selector(scaling: ScalingConfig, nodes: list[dict] | None = None
                 f"live node(s): {described}. Start nodes with those labels (ray start --labels=...), or change "
                 "label_selector."
             )
+        # An elastic run keeps its range: matching nodes may still join.
+        count = (len(workers), scaling.max_workers) if scaling.elasticity_enabled else len(workers)
         check_feasible(
-            dataclasses.replace(scaling, num_workers=len(workers), label_selector=None),
+            dataclasses.replace(scaling, num_workers=count, label_selector=None),
             [dict(node["Resources"]) for node in matching],
             held=f" matching label_selector {selector!r}",
         )

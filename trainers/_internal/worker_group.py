@@ -31,6 +31,7 @@ from trainers._internal.resources import (
     stuck_beside_other_groups,
 )
 from trainers._internal.start_failure import describe_nodes, describe_unstarted
+from trainers._internal.tpu import host_order, reserve_slices
 from trainers._internal.worker import TrainWorker, WorkerMetadata
 from trainers._internal.worker_inbox import WorkerInbox
 from trainers.config import ScalingConfig
@@ -92,6 +93,8 @@ class RayWorkerGroup:
         self._owns_pg = False
         self._inbox: WorkerInbox | None = None
         self._placed: dict[int, str] = {}
+        #: The TPU slices reserved for the workers (a ``ray.util.tpu.SlicePlacementGroup``), or None.
+        self._slices: Any = None
 
     @property
     def world_size(self) -> int:
@@ -126,12 +129,16 @@ class RayWorkerGroup:
             beside = nodes_beside(trial_group) if trial_group is not None else None
             if beside is not None:  # fail now if the cluster could never hold us beside the trial
                 check_feasible(self.scaling, beside[0], held=beside[1])
-            self._pg = placement_group(
-                [dict(bundle) for _ in range(self.world_size)],
-                strategy=self.scaling.placement_strategy,
-                name=f"{WORKER_GROUP_PREFIX}{uuid.uuid4().hex[:12]}",
-                bundle_label_selector=self.scaling.label_selector_per_worker(self.world_size),
-            )
+            name = f"{WORKER_GROUP_PREFIX}{uuid.uuid4().hex[:12]}"
+            if self.scaling.tpu_workers_per_slice:
+                self._pg = self._reserve_slices(name, deadline)
+            else:
+                self._pg = placement_group(
+                    [dict(bundle) for _ in range(self.world_size)],
+                    strategy=self.scaling.placement_strategy,
+                    name=name,
+                    bundle_label_selector=self.scaling.label_selector_per_worker(self.world_size),
+                )
             first_bundle, self._owns_pg = 0, True
             if trial_group is None:
                 self._wait_for_group(deadline)
@@ -154,8 +161,7 @@ class RayWorkerGroup:
             for i in range(self.world_size)
         ]
         metadata = self._wait_for_actors(actors, first_bundle, deadline)
-        driver_node = ray.get_runtime_context().get_node_id()
-        ranks = assign_ranks([m.node_id for m in metadata], first_node=driver_node)
+        ranks = self._ranks([m.node_id for m in metadata])
         workers = [Worker(a, m, r) for a, m, r in zip(actors, metadata, ranks)]
         self.workers = sorted(workers, key=lambda w: w.ranks.world_rank)
         ray.get(
@@ -204,11 +210,35 @@ class RayWorkerGroup:
         """The node of each worker's bundle, in the rank order ``start`` gives the workers (worker
         i starts in bundle ``first_bundle + i``, so its node is known before it starts)."""
         nodes = [self._placed[first_bundle + i] for i in range(self.world_size)]
-        ranks = assign_ranks(nodes, first_node=ray.get_runtime_context().get_node_id())
+        ranks = self._ranks(nodes)
         by_rank = [""] * len(nodes)
         for node, rank in zip(nodes, ranks):
             by_rank[rank.world_rank] = node
         return by_rank
+
+    def _ranks(self, node_ids: list[str]) -> list[Ranks]:
+        """Ranks of workers on ``node_ids``: the driver's node first, or TPU hosts slice by slice."""
+        if self._slices is None:
+            return assign_ranks(node_ids, first_node=ray.get_runtime_context().get_node_id())
+        labels = {node["NodeID"]: node.get("Labels") or {} for node in ray.nodes()}
+        return assign_ranks(node_ids, node_order=host_order(node_ids, labels))
+
+    def _reserve_slices(self, name: str, deadline: float) -> Any:
+        """The placement group of whole TPU slices for the workers (Ray's ``SlicePlacementGroup``)."""
+        scaling = self.scaling
+        try:
+            self._slices = reserve_slices(
+                scaling.topology, scaling.accelerator_type, num_workers=self.world_size,
+                workers_per_slice=scaling.tpu_workers_per_slice, resources=scaling.worker_resources,
+                strategy=scaling.placement_strategy, name=name, timeout_s=max(0.0, deadline - time.monotonic()),
+            )
+        except Exception as error:  # TimeoutError: no free slice head in time; RuntimeError: none of that type
+            raise WorkerStartError(
+                f"could not reserve the TPU slice(s) for {self.world_size} worker(s) x {scaling.worker_resources} "
+                f"(topology {scaling.topology!r}, {scaling.accelerator_type}) within {self.start_timeout_s:g} s: "
+                f"{error}. Nodes now: {describe_nodes()}."
+            ) from error
+        return self._slices.placement_group
 
     def _wait_for_group(self, deadline: float) -> None:
         if not self._pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):
@@ -336,9 +366,12 @@ class RayWorkerGroup:
             except Exception:
                 pass
         self.workers = []
-        if self._pg is not None and self._owns_pg:
+        if self._slices is not None:
+            self._slices.shutdown()  # the workers' group and the slices' head reservations
+        elif self._pg is not None and self._owns_pg:
             try:
                 remove_placement_group(self._pg)
             except Exception:
                 pass
         self._pg = None
+        self._slices = None

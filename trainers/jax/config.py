@@ -13,6 +13,7 @@ import logging
 import os
 from typing import Any
 
+from trainers._internal.tpu import multislice_env
 from trainers._internal.validation import check_bool, check_number
 from trainers.backend import Backend, BackendConfig, free_port
 from trainers.tuning import JAX_SHUTDOWN_TIMEOUT_S
@@ -107,6 +108,13 @@ class JaxBackend(Backend):
         host = workers[0].metadata.node_ip
         port = ray.get(workers[0].actor.execute.remote(free_port), timeout=60)
         coordinator = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        per_slice = worker_group.scaling.tpu_workers_per_slice
+        if backend_config.use_tpu and per_slice:
+            # Across several slices libtpu learns the layout from these, as Ray Train sets them; they
+            # replace what the TPU hosts' environment holds (it may describe an older set of slices).
+            envs = [multislice_env(host, w.ranks.world_rank, len(workers), per_slice) for w in workers]
+            if any(envs):
+                ray.get([w.actor.set_env.remote(env) for w, env in zip(workers, envs)], timeout=60)
         # Every worker at once: initialize() returns only when all of them have joined.
         ray.get(
             [

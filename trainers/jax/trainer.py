@@ -25,7 +25,9 @@ class JaxTrainer(DataParallelTrainer):
 
     Same arguments as Ray Train's ``JaxTrainer``. Without ``jax_config`` the trainer takes
     ``use_gpu`` and ``use_tpu`` from ``scaling_config``; on TPUs also give ``ScalingConfig``'s
-    ``topology`` and ``accelerator_type``.
+    ``topology`` and ``accelerator_type``: each worker then takes a whole TPU host, the workers
+    fill whole slices, and across several slices each gets the ``MEGASCALE_*`` variables
+    (coordinator address, number of slices, its slice) as Ray Train sets them.
     """
 
     _backend_config_arg = ("jax_config", JaxConfig)
