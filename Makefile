@@ -8,7 +8,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo bench clean docs
 
 install: $(STAMP)
 
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned, so no resolver step can reach for a multi-GB CUDA build.
 	$(PY) -m pip install --quiet -c constraints.txt torch
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,docs]'
 	# DeepSpeed (the deepspeed extra) is a source distribution that imports torch to build: build it
 	# against the torch above (--no-build-isolation), with no CUDA ops (DS_BUILD_OPS=0) but the CPU
 	# shared-memory comm op compiled now, or DeepSpeed compiles it on first use in every fresh
@@ -29,7 +29,11 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info
+
+# The documentation site (mkdocs.yml) into site/; --strict fails on a broken link or a missing reference.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 demo: $(STAMP)
 	$(PY) examples/pipeline_demo.py $(CURDIR)/demo_results
