@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed
 export RAY_USAGE_STATS_ENABLED := 0
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
+# Material for MkDocs prints a banner about its successor on every build.
+export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: install test demo bench clean docs
 
