@@ -66,6 +66,10 @@ class RunSnapshot:
     finished: bool = False
     error: str | None = None
     updated_at: float = 0.0
+    #: The run's ``CheckpointConfig`` ranking rule, so a reader (``Result.from_path``) lists the
+    #: checkpoints as the run ranked them: the score attribute (None: recency) and "max"/"min".
+    score_attribute: str | None = None
+    score_order: str = "max"
 
     def rewind(self) -> None:
         """Forget the reports made after the latest checkpoint (every report while there is none)."""

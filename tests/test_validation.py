@@ -117,7 +117,7 @@ def test_validation_metrics_drive_best_checkpoints_and_retention_while_training_
         ray.kill(gate)
     # Every validation ended before fit() returned; retention kept the best by validation score
     # (step 1) and the latest (step 3), and dropped the others once they were validated.
-    assert [(m["step"], m["val_score"]) for _, m in result.best_checkpoints] == [(1, 5.0), (3, 0.0)]
+    assert [(m["step"], m["val_score"]) for _, m in result.best_checkpoints] == [(3, 0.0), (1, 5.0)]  # the best last
     assert _step_of(result.get_best_checkpoint("val_score", "max")) == 1
     assert sorted(p.name for p in (tmp_path / "validated").iterdir() if p.name.startswith("checkpoint_")) == [
         "checkpoint_000001", "checkpoint_000003",
