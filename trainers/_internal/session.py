@@ -115,7 +115,7 @@ class WorkerSession:
                     "each checkpoint needs a folder name of its own, e.g. with the epoch or step in it."
                 )
             self._dir_names.add(dir_name)
-        validation = resolve_request(validation, checkpoint, self.validation_config)
+        validation = resolve_request(validation, self.validation_config)
         plain = plain_metrics(metrics)
         if checkpoint is not None and self.score_attribute is not None:
             # With a validation the score may come from it, so it need not be reported here.
