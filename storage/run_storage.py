@@ -93,6 +93,8 @@ class RunStorage:
                 self.snapshot.finished = False
                 self.snapshot.error = None
                 self._forget_missing_checkpoints()
+            self.snapshot.score_attribute = self.checkpoint_config.checkpoint_score_attribute
+            self.snapshot.score_order = self.checkpoint_config.checkpoint_score_order
             self._remove_untracked()
             self.snapshot.rewind()
             self._write()
@@ -412,14 +414,20 @@ class RunStorage:
 
 def load_run(path: str, filesystem: pafs.FileSystem | None = None) -> RunStorage:
     """Read the run at ``path`` (its folder, local or URI) without taking it over, e.g. for
-    ``Result.from_path``."""
+    ``Result.from_path``; its checkpoints are ranked by the rule the run recorded."""
     fs, inner = resolve_filesystem(path, filesystem)
     parent, _, name = inner.rstrip("/").rpartition("/")
     view = RunStorage(parent or "/", name, filesystem=fs)
     if not exists(fs, view.run_path):
-        raise StorageError(f"no run at {view.run_uri}: the folder doesn't exist (is this the run folder, Result.path?)")
+        raise StorageError(
+            f"Experiment folder {view.run_uri} doesn't exist: there is no run at that path (is this the run "
+            "folder, Result.path?)"
+        )
     found = read_snapshot(fs, view.layout, view.run_uri)
     if found is None:
         raise StorageError(f"no run at {view.run_uri}: it has no run.json (is this the run folder, Result.path?)")
     view.snapshot = found
+    view.checkpoint_config = CheckpointConfig(
+        checkpoint_score_attribute=found.score_attribute, checkpoint_score_order=found.score_order
+    )
     return view

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import time
 from typing import Any
 
@@ -18,6 +17,7 @@ import pyarrow.fs as pafs
 from storage.errors import SnapshotCorruptError
 from storage.filesystem import exists, read_bytes, write_bytes
 from storage.layout import RunLayout
+from storage.metric_values import decode, encode
 
 FORMAT = 1
 
@@ -27,8 +27,6 @@ PENDING_VALIDATION = "PENDING_VALIDATION"
 VALIDATED = "VALIDATED"
 VALIDATION_TIMEOUT = "VALIDATION_TIMEOUT"
 VALIDATION_FAILED = "VALIDATION_FAILED"
-
-logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -68,6 +66,10 @@ class RunSnapshot:
     finished: bool = False
     error: str | None = None
     updated_at: float = 0.0
+    #: The run's ``CheckpointConfig`` ranking rule, so a reader (``Result.from_path``) lists the
+    #: checkpoints as the run ranked them: the score attribute (None: recency) and "max"/"min".
+    score_attribute: str | None = None
+    score_order: str = "max"
 
     def rewind(self) -> None:
         """Forget the reports made after the latest checkpoint (every report while there is none)."""
@@ -75,13 +77,13 @@ class RunSnapshot:
         del self.reports[latest.report + 1 if latest is not None else 0 :]
 
     def to_json(self) -> bytes:
-        body = dataclasses.asdict(self)
-        body["format"] = FORMAT
-        return json.dumps(body, default=_jsonable, allow_nan=True).encode()
+        """The snapshot as run.json; metric values JSON cannot hold are tagged (``storage.metric_values``)."""
+        body = {**vars(self), "checkpoints": [vars(c) for c in self.checkpoints], "format": FORMAT}
+        return json.dumps(encode(body), allow_nan=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> "RunSnapshot":
-        body = json.loads(data)
+        body = decode(json.loads(data))
         if not isinstance(body, dict) or body.get("format") != FORMAT:
             raise ValueError(f"unknown snapshot format {body.get('format') if isinstance(body, dict) else body!r}")
         body.pop("format")
@@ -90,27 +92,6 @@ class RunSnapshot:
         fields = {f.name for f in dataclasses.fields(CheckpointRecord)}
         body["checkpoints"] = [CheckpointRecord(**{k: v for k, v in c.items() if k in fields}) for c in body.get("checkpoints", [])]
         return cls(**body)
-
-
-def _jsonable(value: Any) -> Any:
-    """What JSON cannot hold: a one-element array or tensor as its number, anything else as its
-    repr with a warning, so one odd value never costs the run its history or a committed checkpoint."""
-    item = getattr(value, "item", None)
-    if callable(item):
-        try:
-            return item()
-        except (ValueError, RuntimeError, TypeError):
-            pass  # more than one element: fall through to the repr
-    if isinstance(value, (set, frozenset)):
-        try:
-            return sorted(value)
-        except TypeError:
-            pass
-    logger.warning(
-        "run.json: a %s value cannot be stored as JSON; its repr is stored instead: %.200r",
-        type(value).__name__, value,
-    )
-    return repr(value)
 
 
 def write_snapshot(fs: pafs.FileSystem, layout: RunLayout, snapshot: RunSnapshot) -> None:

@@ -43,13 +43,16 @@ MAX_DOTS = 200  # more points than this: the line alone, as dots would hide it
 
 
 def round_sig(value: Any, digits: int = 4) -> Any:
-    """``value`` rounded to ``digits`` significant digits when it is a float; ints, bools and text
-    stay as they are; NaN and infinity become None (a JSON table cannot hold them)."""
+    """``value`` rounded to ``digits`` significant digits when it is a float; ints, bools, text,
+    lists and dicts stay as they are; NaN and infinity become None and other values (a datetime, a
+    Decimal, an object) their text, as a JSON table cannot hold them."""
     if isinstance(value, float):
         if not math.isfinite(value):
             return None
         return float(f"{value:.{digits}g}")
-    return value
+    if value is None or isinstance(value, (int, str, list, tuple, dict)):
+        return value
+    return str(value)
 
 
 def as_number(value: Any) -> float | None:

@@ -41,10 +41,13 @@ def run_resource(run_name: str, run_path: str) -> dict[str, str]:
 
 
 def json_safe(value: Any) -> Any:
-    """A value a JSON table or log line can hold (NaN and inf become None)."""
+    """A value a JSON table or log line can hold (NaN and inf become None, a value JSON has no
+    form for, such as a datetime or a Decimal, its text)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
-    return value
+    if value is None or isinstance(value, (int, float, str, list, tuple, dict)):
+        return value
+    return str(value)
 
 
 def _brief(metrics: dict[str, Any]) -> str:

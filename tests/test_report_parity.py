@@ -316,5 +316,6 @@ def test_two_ranks_see_each_committed_checkpoint_and_merge_upload_modes(tmp_path
     assert json.loads((scratch / "seen_0.json").read_text()) == ["checkpoint_000000", "named_1"]
     assert json.loads((scratch / "seen_1.json").read_text()) == ["checkpoint_000000", "named_1", "mixed_2"]
     assert result.checkpoint.path == str(tmp_path / "run" / "mixed_2")
+    assert [os.path.basename(c.path) for c, _ in result.best_checkpoints] == ["checkpoint_000000", "named_1", "mixed_2"]
     assert sorted(os.listdir(result.checkpoint.path)) == ["shard_0.txt", "shard_1.txt"]
     assert sorted(os.listdir(tmp_path / "run" / "named_1")) == ["shard_0.txt", "shard_1.txt"]

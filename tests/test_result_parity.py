@@ -12,7 +12,7 @@ import pytest
 import trainers as train
 from faulty_fs import RecordingHandler
 from storage import Checkpoint, StorageError
-from trainers import DataParallelTrainer, Result, RunConfig, ScalingConfig
+from trainers import CheckpointConfig, DataParallelTrainer, Result, RunConfig, ScalingConfig
 
 
 def test_result_takes_rays_constructor_parameters_and_repr():
@@ -82,3 +82,51 @@ def test_path_is_inside_the_filesystem_for_custom_storage_and_absolute_locally(t
     local = fit("local", storage_path=str(tmp_path / "disk"))
     assert local.path == str(tmp_path / "disk" / "local") and local.uri == local.path
     assert Result.from_path(local.path + "/").checkpoint == local.checkpoint
+
+
+def checkpoints_with_losses(config):
+    for loss in config["losses"]:
+        train.report({"loss": loss}, checkpoint=Checkpoint.from_directory(config["scratch"]))
+
+
+@pytest.mark.parametrize(
+    "score, losses_in_order",
+    [
+        pytest.param(None, [0.5, 0.2, 0.9, 0.2], id="no-score: report order"),
+        # By score, worst first and ties in report order, as Ray inserts them: the best is last.
+        pytest.param("loss", [0.9, 0.5, 0.2, 0.2], id="score: the best last"),
+    ],
+)
+def test_best_checkpoints_are_listed_as_ray_lists_them_the_best_last(tmp_path, score, losses_in_order):
+    (tmp_path / "scratch").mkdir()
+    result = DataParallelTrainer(
+        checkpoints_with_losses,
+        train_loop_config={"losses": [0.5, 0.2, 0.9, 0.2], "scratch": str(tmp_path / "scratch")},
+        scaling_config=ScalingConfig(num_workers=0),
+        run_config=RunConfig(
+            name="order",
+            storage_path=str(tmp_path),
+            checkpoint_config=CheckpointConfig(checkpoint_score_attribute=score, checkpoint_score_order="min"),
+        ),
+    ).fit()
+    for listed in (result.best_checkpoints, Result.from_path(result.path).best_checkpoints):
+        assert [m["loss"] for _, m in listed] == losses_in_order
+    if score is None:
+        assert [os.path.basename(c.path) for c, _ in result.best_checkpoints] == [f"checkpoint_00000{i}" for i in range(4)]
+    else:  # of the two 0.2 losses the later report is listed last
+        assert os.path.basename(result.best_checkpoints[-1][0].path) == "checkpoint_000003"
+
+
+def test_errors_ray_users_match_on_start_with_rays_words(tmp_path):
+    result = Result(
+        metrics={}, checkpoint=None, error=None, path="/p", best_checkpoints=[(Checkpoint("/p/c"), {"metric": 1.0})]
+    )
+    with pytest.raises(RuntimeError) as caught:
+        result.get_best_checkpoint(metric="invalid_metric", mode="max")
+    assert str(caught.value).startswith("Invalid metric name invalid_metric! ")
+    with pytest.raises(TypeError) as caught:
+        train.DataConfig(datasets_to_split="hello")
+    assert str(caught.value).startswith("`datasets_to_split` should be ") and "'hello'" in str(caught.value)
+    with pytest.raises(RuntimeError) as caught:
+        Result.from_path(str(tmp_path / "nonexistent_experiment"))
+    assert str(caught.value).startswith(f"Experiment folder {tmp_path / 'nonexistent_experiment'} doesn't exist")

@@ -84,7 +84,7 @@ def test_the_best_checkpoint_loads_with_keras_and_predicts(ray_local, keras_run)
     from trainers.tensorflow.keras import ReportCheckpointCallback
 
     result, _, _ = keras_run
-    best, metrics = result.best_checkpoints[0]
+    best, metrics = result.best_checkpoints[-1]
     assert metrics["loss"] == min(result.metrics_dataframe["loss"])
     assert best.get_metadata()["epoch"] == metrics["epoch"]
     model = ReportCheckpointCallback.get_model(best)

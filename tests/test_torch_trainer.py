@@ -131,7 +131,7 @@ def test_every_report_is_a_row_and_checkpoints_are_committed(tmp_path, upload_mo
     with result.checkpoint.as_directory() as folder:
         assert open(os.path.join(folder, "step.txt")).read() == "6"
     assert os.path.isdir(result.checkpoint.path)
-    assert [m["step"] for _, m in result.best_checkpoints] == [6, 3]
+    assert [m["step"] for _, m in result.best_checkpoints] == [3, 6]
     for checkpoint, _ in result.best_checkpoints:
         assert os.path.isdir(checkpoint.path)
 

@@ -211,7 +211,7 @@ def test_upload_seconds_and_bytes_are_in_the_checkpoint_records_and_the_checkpoi
         assert upload["bytes"] == checkpoint_bytes(step) and upload["retries"] == 0
         assert upload["seconds"] > 0
         assert record["metrics"] == {"step": step}
-    assert result.metrics == {"step": 1} and [m for _, m in result.best_checkpoints] == [{"step": 1}, {"step": 0}]
+    assert result.metrics == {"step": 1} and [m for _, m in result.best_checkpoints] == [{"step": 0}, {"step": 1}]
 
     rows = checkpoint_rows(load_run(result.path).snapshot, CheckpointConfig())
     seconds, megabytes = UPLOAD_COLUMNS

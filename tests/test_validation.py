@@ -21,6 +21,7 @@ from trainers import (
     TrainingFailedError,
     ValidationConfig,
     ValidationTaskConfig,
+    WorkerGroupError,
 )
 from trainers.data_parallel_trainer import DataParallelTrainer
 
@@ -117,7 +118,7 @@ def test_validation_metrics_drive_best_checkpoints_and_retention_while_training_
         ray.kill(gate)
     # Every validation ended before fit() returned; retention kept the best by validation score
     # (step 1) and the latest (step 3), and dropped the others once they were validated.
-    assert [(m["step"], m["val_score"]) for _, m in result.best_checkpoints] == [(1, 5.0), (3, 0.0)]
+    assert [(m["step"], m["val_score"]) for _, m in result.best_checkpoints] == [(3, 0.0), (1, 5.0)]  # the best last
     assert _step_of(result.get_best_checkpoint("val_score", "max")) == 1
     assert sorted(p.name for p in (tmp_path / "validated").iterdir() if p.name.startswith("checkpoint_")) == [
         "checkpoint_000001", "checkpoint_000003",
@@ -177,6 +178,31 @@ def test_validation_without_a_validation_config_names_the_trainer_parameter(tmp_
     with pytest.raises(TrainingFailedError, match="validation_config=trainers.ValidationConfig"):
         trainer.fit()
     assert not list((tmp_path / "no-config").glob("checkpoint_*"))
+
+
+def validation_with_and_without_checkpoints(config):
+    rank = trainers.get_context().get_world_rank()
+    # One rank's checkpoint is enough: every rank may ask for its validation.
+    trainers.report({"step": 0}, checkpoint=_save_step(0) if rank == 0 else None, validation=True)
+    trainers.report({"step": 1}, validation=True)  # no rank has a checkpoint: nothing to validate
+    trainers.report({"step": 2}, checkpoint=_save_step(2))  # after the refused report: never committed
+
+
+def test_validation_with_no_checkpoint_on_any_rank_fails_as_ray_fails_it(ray_local, tmp_path):
+    trainer = DataParallelTrainer(
+        validation_with_and_without_checkpoints,
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="nothing-to-validate", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=0)),
+        validation_config=ValidationConfig(judge, ray_remote_kwargs={"num_cpus": 0}),
+    )
+    with pytest.raises(WorkerGroupError, match="Validation requires a checkpoint to be provided.") as caught:
+        trainer.fit()
+    failures = caught.value.worker_failures
+    assert sorted(failures) == [0, 1] and all(type(error) is ValueError for error in failures.values())
+    assert str(failures[0]).startswith("Validation requires a checkpoint to be provided. Report 1 ")
+    result = trainers.Result.from_path(str(tmp_path / "nothing-to-validate"))
+    assert list(result.metrics_dataframe["step"]) == [0]
+    assert [m["step"] for _, m in result.best_checkpoints] == [0]
 
 
 def score(checkpoint, threshold: float = 0.5) -> dict:

@@ -370,7 +370,10 @@ class DataConfig:
     def __post_init__(self) -> None:
         value = self.datasets_to_split
         if value != "all" and not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
-            raise TypeError(f"DataConfig.datasets_to_split={value!r}: must be 'all' or a list of dataset names.")
+            raise TypeError(
+                f"`datasets_to_split` should be 'all' or a list of dataset names: DataConfig.datasets_to_split={value!r} "
+                f"({type(value).__name__}) is neither; e.g. DataConfig(datasets_to_split=['train'])."
+            )
         options = self.execution_options
         if isinstance(options, dict) and not all(isinstance(name, str) for name in options):
             raise TypeError(

@@ -38,8 +38,17 @@ class Result:
 
     ``metrics`` are rank 0's last reported metrics, ``metrics_dataframe`` holds every report (with
     or without a checkpoint), ``checkpoint`` is the latest committed checkpoint and
-    ``best_checkpoints`` the kept ones, best first, with the metrics they were reported with.
+    ``best_checkpoints`` the kept ones with the metrics they were reported with, ordered as Ray
+    Train orders them, the best last: without ``CheckpointConfig.checkpoint_score_attribute`` in
+    report order (oldest first); with it by score, worst first (checkpoints without a numeric
+    score first of all, equal scores in report order), so ``best_checkpoints[-1]`` is the best.
     ``return_value`` is what rank 0's training function returned.
+
+    Metric values keep their types (a tuple stays a tuple, a datetime a datetime); in
+    ``metrics_dataframe`` a column of datetimes holds pandas Timestamps (datetime subclasses).
+    ``from_path`` reads them back from run.json, as faithfully as ``storage.metric_values``
+    describes: numbers, text, lists, dicts, tuples, datetimes and Decimals exactly, other values
+    by unpickling them (their repr where their class cannot be imported).
 
     ``path`` is the run folder inside ``filesystem``, as in Ray Train: an absolute path on local
     disk, ``"bucket/prefix/name"`` (no ``s3://``) on object storage. ``uri`` gives the same folder
@@ -102,7 +111,10 @@ class Result:
                 scored.append((value, checkpoint))
         if not scored:
             keys = sorted({k for _, m in self.best_checkpoints for k in metrics_frame([m]).columns})
-            raise ResultError(f"get_best_checkpoint({metric!r}): no kept checkpoint reported it; reported keys: {keys}.")
+            raise ResultError(
+                f"Invalid metric name {metric}! get_best_checkpoint({metric!r}): no kept checkpoint reported it; "
+                f"reported keys: {keys}."
+            )
         pick = max if mode == "max" else min
         return pick(scored, key=lambda pair: pair[0])[1]
 
@@ -111,7 +123,8 @@ class Result:
         """Rebuild the Result of a run from its folder, e.g. after the driver died: ``Result.path``
         with ``storage_filesystem=Result.filesystem``, or a URI (``s3://...``) or absolute local path.
 
-        Raises ``StorageError`` (an ``OSError`` and a ``RuntimeError``) when the folder holds no run.
+        Raises ``StorageError`` (an ``OSError`` and a ``RuntimeError``) when the folder holds no run
+        (``"Experiment folder ... doesn't exist"`` when there is no such folder, as in Ray Train).
         """
         from storage import load_run
 
@@ -127,7 +140,7 @@ class Result:
             error=error,
             path=run.run_path,
             metrics_dataframe=metrics_frame(history),
-            best_checkpoints=list(run.best_checkpoints),
+            best_checkpoints=run.best_checkpoints[::-1],  # storage ranks best first; Ray lists the best last
             _storage_filesystem=run.filesystem,
             return_value=return_value,
         )

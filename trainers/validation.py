@@ -160,9 +160,13 @@ def check_fn_kwargs(fn: Any, fn_kwargs: dict[str, Any], where: str, *, partial: 
         ) from None
 
 
-def resolve_request(validation: Any, checkpoint: Any, config: ValidationConfig | None) -> bool | ValidationTaskConfig:
+def resolve_request(validation: Any, config: ValidationConfig | None) -> bool | ValidationTaskConfig:
     """Check ``report(validation=...)`` against the trainer's ``validation_config``; return the
-    request as it is recorded (False when none)."""
+    request as it is recorded (False when none).
+
+    A request without a checkpoint is kept: the controller, which sees every rank's report of
+    the round, refuses it when no rank passed a checkpoint to validate.
+    """
     if validation is False or validation is None:
         return False
     if validation is not True and not isinstance(validation, ValidationTaskConfig):
@@ -173,10 +177,6 @@ def resolve_request(validation: Any, checkpoint: Any, config: ValidationConfig |
             "validation_config=trainers.ValidationConfig(fn) to the trainer (e.g. TorchTrainer(..., "
             "validation_config=...)), or drop validation= from report()."
         )
-    if checkpoint is None:
-        # As in Ray: every rank usually makes the same call and only rank 0 saves a checkpoint; the
-        # ranks without one have nothing to validate.
-        return False
     overrides = validation.fn_kwargs if isinstance(validation, ValidationTaskConfig) else {}
     where = "report(validation=ValidationTaskConfig(fn_kwargs=...))" if overrides else f"report(validation={validation!r})"
     check_fn_kwargs(config.fn, {**config.task_config.fn_kwargs, **overrides}, where)

@@ -221,6 +221,9 @@ class Controller:
             index, round_ = complete
             metrics = [round_[rank].metrics if rank in round_ else {} for rank in range(size)]
             staged = any(event.staged for event in round_.values())
+            if not staged and any(event.validation for event in round_.values()):
+                self._refuse_validation_without_checkpoint(index, round_)
+                return
             # As in Ray Train, the validation asked by the first rank that passed a checkpoint.
             validation = next((round_[r].validation for r in sorted(round_) if round_[r].staged), False) if staged else False
             extra = {"validation": request_to_json(validation)} if validation else {}
@@ -231,6 +234,23 @@ class Controller:
                 extra["upload"] = upload.to_record()
             checkpoint = self.storage.record_report(metrics[0], report_index=index, attempt=self.attempt, staged=staged, **extra)
             self.on_report(self.attempt, metrics, checkpoint)
+
+    def _refuse_validation_without_checkpoint(self, index: int, round_: dict[int, Any]) -> None:
+        """``report(validation=...)`` on some rank, and no rank of the round passed a checkpoint.
+
+        Ray Train raises in ``report()``; a rank alone cannot tell here (one rank's checkpoint is
+        enough), so the ranks that asked fail now, and nothing they reported later is committed.
+        """
+        asked = sorted(rank for rank, event in round_.items() if event.validation)
+        for rank in asked:
+            error = ValueError(
+                f"Validation requires a checkpoint to be provided. Report {index} of attempt {self.attempt} asked "
+                f"for a validation (on rank(s) {asked}) but no rank passed a checkpoint, so there is nothing to "
+                "validate. Pass checkpoint= on at least one rank of that report (e.g. rank 0), or drop validation=."
+            )
+            self.book.failed.setdefault(rank, FailedEvent(rank, error, ""))
+        self.book.pending.clear()  # the attempt ends at this round
+        self.book.first_seen.clear()
 
     def _validate_and_answer(self) -> None:
         """Start and collect checkpoint validations, then answer the ``get_all_reported_checkpoints()``

@@ -114,7 +114,7 @@ class WorkerSession:
                     "each checkpoint needs a folder name of its own, e.g. with the epoch or step in it."
                 )
             self._dir_names.add(dir_name)
-        validation = resolve_request(validation, checkpoint, self.validation_config)
+        validation = resolve_request(validation, self.validation_config)
         plain = plain_metrics(metrics)
         if checkpoint is not None and self.score_attribute is not None:
             # With a validation the score may come from it, so it need not be reported here.
@@ -232,11 +232,16 @@ class _SyncPoint:
 
 
 def plain_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Turn tensors and numpy scalars into Python numbers so metrics pickle small and store as JSON.
+    """Check and tidy the metrics of one ``report()`` before they leave the worker.
 
-    Raises ``TypeError`` naming the metric (``"val/loss"`` for nested ones) when a value is not a
-    number, string, bool, None, a list of those or a nested dict: a 2-element tensor, an array,
-    a set or an arbitrary object would otherwise fail only when the run's record is written.
+    As in Ray Train, any picklable value is a metric: a number, a string, a datetime, a
+    Decimal, a tuple (it stays a tuple), an array, a small object. Tensors and numpy scalars of
+    one element become Python numbers; other tensors are detached and copied to the CPU (the
+    driver may have no GPU). Nested dicts are kept (``"val/loss"`` names ``{"val": {"loss": ...}}``).
+    ``storage.metric_values`` says how run.json keeps each kind.
+
+    Raises ``TypeError`` naming the metric only when a value cannot be pickled (a lock, an open
+    file, a generator): it could reach neither the driver nor the run's record.
     """
     plain = {}
     for key, value in metrics.items():
@@ -249,19 +254,33 @@ def _plain(value: Any, name: str) -> Any:
         return plain_metrics(value, f"{name}/")
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
-    if isinstance(value, numbers.Number):
-        return value.item() if hasattr(value, "item") else float(value)
     item = getattr(value, "item", None)
+    if isinstance(value, numbers.Number) and callable(item):  # a numpy scalar
+        return item()
     numel = getattr(value, "numel", None) or getattr(value, "size", None)
     if callable(item) and (numel() if callable(numel) else numel) == 1:
         return _plain(item(), name)
-    if isinstance(value, (list, tuple)):
+    if type(value) is list:
         return [_plain(v, f"{name}[{i}]") for i, v in enumerate(value)]
-    raise TypeError(
-        f"report(metrics): metric {name!r} is {_describe(value)}; a metric must be a number, string, "
-        "bool, None, a list of those or a nested dict. Report one number (e.g. value.mean().item()) "
-        "or a list (value.tolist())."
-    )
+    if type(value) is tuple:
+        return tuple(_plain(v, f"{name}[{i}]") for i, v in enumerate(value))
+    if callable(getattr(value, "detach", None)) and callable(getattr(value, "cpu", None)):
+        value = value.detach().cpu()  # a torch tensor: one on a GPU would not unpickle on a driver without one
+    _check_picklable(value, name)
+    return value
+
+
+def _check_picklable(value: Any, name: str) -> None:
+    from ray import cloudpickle  # what carries the report to the driver
+
+    try:
+        cloudpickle.dumps(value)
+    except Exception as error:  # pickling raises TypeError, PicklingError, AttributeError, ...
+        raise TypeError(
+            f"report(metrics): metric {name!r} is {_describe(value)}, which cannot be pickled ({error}); a metric "
+            "must reach the driver and the run's record, so report a value that pickles (a number, a string, "
+            "a list, an array, a small object), e.g. str(value) or the number it holds."
+        ) from error
 
 
 def _describe(value: Any) -> str:

@@ -1,0 +1,91 @@
+"""Metric values in run.json: JSON where they are JSON, a tagged form where they are not.
+
+``report()`` takes any picklable value, as Ray Train does. Numbers, strings, bools, None, lists
+and dicts with string keys are written as they are. Other values are written as a one-key
+object, ``{"__flowtrain_value__": TYPE, "value": ...}``, so reading run.json gives them back:
+
+- ``tuple`` -> its items (a tuple again when read);
+- ``datetime``/``date`` -> ISO 8601 text (a datetime in a named time zone is pickled instead);
+  ``Decimal`` -> its exact text;
+- anything else picklable (a numpy array, a set, a small object) -> ``pickle`` as base64, with
+  its ``repr`` beside it. Reading unpickles it; where that fails (its class cannot be imported
+  in the reading process) the repr is given, with a warning.
+
+A value ``pickle`` cannot take is written as its repr, with a warning: one odd value never costs
+a run its history. Subclasses of int, float and str (a numpy float64, an IntEnum) are written
+as plain numbers and text, and read back as such.
+
+Reading unpickles what the run wrote: read run.json only from storage you trust, as with the
+checkpoints next to it.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import logging
+import pickle
+from typing import Any
+
+#: The key that marks an encoded value; a user's dict holding it is itself encoded.
+TAG = "__flowtrain_value__"
+
+logger = logging.getLogger(__name__)
+
+
+def encode(value: Any) -> Any:
+    """``value`` as something ``json.dumps`` writes and ``decode`` reads back."""
+    if value is None or isinstance(value, (str, int, float)):  # bool is an int
+        return value
+    if isinstance(value, list):
+        return [encode(item) for item in value]
+    if type(value) is dict and all(isinstance(key, str) for key in value):
+        encoded = {key: encode(item) for key, item in value.items()}
+        return {TAG: "dict", "value": encoded} if TAG in value else encoded
+    if type(value) is tuple:
+        return {TAG: "tuple", "value": [encode(item) for item in value]}
+    # A fixed offset survives ISO text; a named zone (zoneinfo) is pickled to keep its rules.
+    fixed_offset = isinstance(getattr(value, "tzinfo", None), (type(None), datetime.timezone))
+    if type(value) in (datetime.datetime, datetime.date) and fixed_offset:
+        return {TAG: type(value).__name__, "value": value.isoformat()}
+    if type(value) is decimal.Decimal:
+        return {TAG: "decimal", "value": str(value)}
+    try:
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:  # pickling raises TypeError, PicklingError, AttributeError, ...
+        logger.warning(
+            "run.json: a %s value cannot be pickled (%s); its repr is stored instead: %.200r",
+            type(value).__name__, error, value,
+        )
+        return repr(value)
+    return {TAG: "pickle", "value": base64.b64encode(data).decode("ascii"), "repr": repr(value)[:200]}
+
+
+def decode(value: Any) -> Any:
+    """What ``encode`` wrote, as the value it was (as near as the notes above allow)."""
+    if isinstance(value, list):
+        return [decode(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    kind = value.get(TAG)
+    if kind is None:
+        return {key: decode(item) for key, item in value.items()}
+    inner = value.get("value")
+    if kind == "dict":
+        return {key: decode(item) for key, item in inner.items()}
+    if kind == "tuple":
+        return tuple(decode(item) for item in inner)
+    if kind == "datetime":
+        return datetime.datetime.fromisoformat(inner)
+    if kind == "date":
+        return datetime.date.fromisoformat(inner)
+    if kind == "decimal":
+        return decimal.Decimal(inner)
+    if kind == "pickle":
+        try:
+            return pickle.loads(base64.b64decode(inner))
+        except Exception as error:  # e.g. its class is not importable here
+            logger.warning("run.json: a stored metric value cannot be unpickled here (%s); its repr is given: %s", error, value.get("repr"))
+            return value.get("repr")
+    return value  # written by a newer flowtrain: left as it is
