@@ -52,7 +52,7 @@ def sweep(
     """
     name = run.name or DEFAULT_SWEEP_NAME
     settings = run.completed(default_name=name)
-    trial_storage = f"{settings.storage_root.rstrip('/')}/{name}"
+    trial_storage = settings.run_path
     config = dict(train_loop_config or {})
     specs = [ingest(dataset, source) for dataset, source in (datasets or {}).items()]
     plan = plan_sweep(name, search, train_loop, config, scaling, specs)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import posixpath
 
 import pyarrow.fs as pafs
 
 from storage.filesystem import relative_inside
+
+#: Where runs go when no storage path is given (Ray Train's is ``~/ray_results``).
+DEFAULT_STORAGE_PATH = "~/flowtrain_results"
 
 SNAPSHOT = "run.json"
 SNAPSHOT_PREVIOUS = "run.json.prev"
@@ -36,6 +40,18 @@ def check_dir_name(name: object, field: str = "report(checkpoint_dir_name)") -> 
             "flowtrain's own files in the run folder; choose another name."
         )
     return name
+
+
+def resolve_storage_path(storage_path: str | None) -> str:
+    """``storage_path`` with the default filled in and ``~`` expanded (a URI stays as it is)."""
+    path = str(storage_path) if storage_path is not None else DEFAULT_STORAGE_PATH
+    return path if "://" in path else os.path.expanduser(path)
+
+
+def run_folder(storage_path: str | None, name: str) -> str:
+    """The folder of run ``name`` under ``storage_path`` (None: the default): the one place a
+    run's folder is named from its storage path."""
+    return f"{resolve_storage_path(storage_path).rstrip('/')}/{name}"
 
 
 @dataclasses.dataclass(frozen=True)

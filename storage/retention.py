@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 from storage.config import CheckpointConfig
 
@@ -55,15 +56,51 @@ def rank_best_first(
     return [seq for _, _, seq in sorted(keyed)]
 
 
-def select_kept(checkpoints: Sequence[tuple[int, dict[str, Any]]], config: CheckpointConfig) -> set[int]:
-    """The checkpoints to keep: the ``num_to_keep`` best, plus the latest when it is not among them.
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What retention decided for one checkpoint, and why, in a few words a table can show."""
 
-    So never more than ``num_to_keep + 1``, the best and the latest always survive, and with
-    ``num_to_keep=None`` everything is kept.
+    kept: bool
+    why: str
+
+
+def decide(
+    checkpoints: Sequence[tuple[int, dict[str, Any]]], config: CheckpointConfig, *, exempt: Collection[int] = ()
+) -> dict[int, Decision]:
+    """Keep or drop each checkpoint, with the reason: the ``num_to_keep`` best, plus the latest when
+    it is not among them, plus the ``exempt`` ones (waiting for their validation).
+
+    So never more than ``num_to_keep + 1`` besides the exempt, the best and the latest always
+    survive, and with ``num_to_keep=None`` everything is kept.
     """
-    seqs = [seq for seq, _ in checkpoints]
-    if config.num_to_keep is None or not seqs:
-        return set(seqs)
-    kept = set(rank_best_first(checkpoints, config)[: config.num_to_keep])
-    kept.add(max(seqs))
-    return kept
+    n, scored = config.num_to_keep, config.checkpoint_score_attribute is not None
+    if n is None:
+        return {seq: Decision(True, "kept: num_to_keep is not set, so all are kept") for seq, _ in checkpoints}
+    latest = max((seq for seq, _ in checkpoints), default=None)
+    decided = {}
+    for place, seq in enumerate(rank_best_first(checkpoints, config), start=1):
+        if place <= n:
+            among = f"best {place} of {n}" if scored else f"most recent {place} of {n}"
+            decided[seq] = Decision(True, among + (", and the latest" if seq == latest and scored else ""))
+        elif seq == latest:
+            decided[seq] = Decision(True, "latest: resume needs it")
+        elif seq in exempt:
+            decided[seq] = Decision(True, "kept: its validation has not ended")
+        else:
+            decided[seq] = Decision(False, f"dropped: not among the best {n}" if scored else f"dropped: older than the {n} most recent")
+    return decided
+
+
+def select_kept(checkpoints: Sequence[tuple[int, dict[str, Any]]], config: CheckpointConfig) -> set[int]:
+    """The sequence numbers ``decide`` keeps."""
+    return {seq for seq, decision in decide(checkpoints, config).items() if decision.kept}
+
+
+def describe_rule(config: CheckpointConfig) -> str:
+    """What retention keeps, in words: "the best 2 by valid_loss (min), plus the latest"."""
+    if config.num_to_keep is None:
+        return "every checkpoint (num_to_keep is not set)"
+    if config.checkpoint_score_attribute is None:
+        return f"the {config.num_to_keep} most recent (no score_attribute)"
+    by = f"{config.checkpoint_score_attribute} ({config.checkpoint_score_order})"
+    return f"the best {config.num_to_keep} by {by}, plus the latest (resume needs it)"

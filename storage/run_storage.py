@@ -30,7 +30,7 @@ from storage.errors import StorageError
 from storage.filesystem import display_path, exists, is_local, resolve_filesystem
 from storage.layout import CHECKPOINT_PREFIX, RunLayout, check_dir_name
 from storage.lease import Lease
-from storage.retention import rank_best_first, score_of, select_kept
+from storage.retention import decide, flatten, rank_best_first, score_of
 from storage.snapshot import (
     PENDING_VALIDATION,
     VALIDATED,
@@ -281,12 +281,21 @@ class RunStorage:
 
     def _apply_retention(self) -> None:
         # Checkpoints awaiting validation are kept whatever their score.
-        kept = select_kept(self._rankable(), self.checkpoint_config) | {c.seq for c in self.pending_validations}
-        dropped = [c.dir_name for c in self.snapshot.checkpoints if c.seq not in kept]
-        self.snapshot.checkpoints = [c for c in self.snapshot.checkpoints if c.seq in kept]
-        self.snapshot.to_delete.extend(dropped)
+        decided = decide(self._rankable(), self.checkpoint_config, exempt={c.seq for c in self.pending_validations})
+        dropped = [c for c in self.snapshot.checkpoints if not decided[c.seq].kept]
+        self.snapshot.checkpoints = [c for c in self.snapshot.checkpoints if decided[c.seq].kept]
+        self.snapshot.dropped.extend(self._dropped_record(c, decided[c.seq].why) for c in dropped)
+        self.snapshot.to_delete.extend(c.dir_name for c in dropped)
         self._write()  # what is kept is on record before anything is deleted
         self._delete_dropped()
+
+    def _dropped_record(self, checkpoint: CheckpointRecord, why: str) -> dict[str, Any]:
+        attribute = self.checkpoint_config.checkpoint_score_attribute
+        score = flatten(checkpoint.metrics).get(attribute) if attribute is not None else None
+        return {
+            "seq": checkpoint.seq, "dir_name": checkpoint.dir_name, "report": checkpoint.report,
+            "score": score, "why": why, "upload": checkpoint.upload,
+        }
 
     def rewind_to_latest_checkpoint(self) -> Checkpoint | None:
         """Forget reports made after the latest checkpoint (a restart reports them again)."""

@@ -63,6 +63,9 @@ class RunSnapshot:
     next_seq: int = 0
     #: Checkpoint folders retention dropped whose deletion has not succeeded yet.
     to_delete: list[str] = dataclasses.field(default_factory=list)
+    #: What is left of each checkpoint retention dropped, oldest first: {"seq", "dir_name",
+    #: "report", "score" (its score attribute's value, None without one), "why", "upload"}.
+    dropped: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     finished: bool = False
     error: str | None = None
     updated_at: float = 0.0

@@ -14,6 +14,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from storage.layout import resolve_storage_path, run_folder
 from trainers import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
 ColumnKind = Literal["float", "int", "number", "string", "bool"]
@@ -173,7 +174,12 @@ class RunSettings(ParamsModel):
     @property
     def storage_root(self) -> str:
         """The storage path with the default filled in and ``~`` expanded."""
-        return RunConfig(storage_path=self.storage_path).resolved_storage_path
+        return resolve_storage_path(self.storage_path)
+
+    @property
+    def run_path(self) -> str:
+        """The run's folder: ``{storage_root}/{name}`` (``name`` must be set)."""
+        return run_folder(self.storage_path, self.name)
 
 
 class Validation(ParamsModel):

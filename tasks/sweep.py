@@ -219,9 +219,8 @@ def _finished_run(run: RunSettings) -> Any:
     from storage import StorageError, load_run
     from trainers import Result
 
-    path = f"{run.storage_root.rstrip('/')}/{run.name}"
     try:
-        stored = load_run(path)
+        stored = load_run(run.run_path)
     except StorageError:
         return None
     return Result._from_run(stored, return_value=None, error=None) if stored.snapshot.finished else None

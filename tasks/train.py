@@ -33,9 +33,8 @@ def reports_already_kept(run: RunSettings) -> int:
     """How many reports a rerun of ``run`` starts after: those up to its latest checkpoint (0 if new)."""
     from storage import StorageError, load_run
 
-    path = f"{run.storage_root.rstrip('/')}/{run.name}"
     try:
-        snapshot = load_run(path).snapshot
+        snapshot = load_run(run.run_path).snapshot
     except StorageError:
         return 0
     if not snapshot.checkpoints:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 import re
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from storage import CheckpointConfig, RunSnapshot
-from storage.snapshot import CheckpointRecord
+from storage import CheckpointConfig, RunStorage, load_run
 from tasks.charts import (
     Chart,
     Series,
@@ -25,7 +25,7 @@ from tasks.charts import (
     svg_image_markdown,
     table_rows,
 )
-from tasks.checkpoints import checkpoint_rows, committed_reports
+from tasks.checkpoints import checkpoint_rows
 
 #: valid_loss per epoch of the scripted run: with num_to_keep=2 by min, epochs 1 and 2 are the
 #: best two, epoch 3 is kept only as the latest, and epoch 0 is dropped.
@@ -260,23 +260,15 @@ def test_a_chart_survives_odd_names_a_single_report_and_a_flat_line():
     assert drawn[("a<b & \"c\"", "all")]["dots"][0][:2] == (1, 2.0)
 
 
-def test_checkpoint_reports_are_known_for_dropped_checkpoints_only_where_they_can_be_told():
-    every_report = [CheckpointRecord(seq=1, dir_name="checkpoint_000001", metrics={}, report=1), CheckpointRecord(seq=3, dir_name="checkpoint_000003", metrics={}, report=3)]
-    assert committed_reports(every_report, num_reports=4, num_committed=4) == {0: 0, 1: 1, 2: 2, 3: 3}
-    # Checkpoints 0 and 1 came from two of reports 0-4: which two, the snapshot cannot tell.
-    sparse = [CheckpointRecord(seq=2, dir_name="checkpoint_000002", metrics={}, report=5)]
-    assert committed_reports(sparse, num_reports=7, num_committed=3) == {0: None, 1: None, 2: 5}
-
-
-def test_checkpoint_rows_without_a_score_keep_the_most_recent():
-    config = CheckpointConfig(num_to_keep=1)
-    snapshot = RunSnapshot(
-        name="r",
-        reports=[{"metrics": {"step": i}} for i in range(3)],
-        checkpoints=[CheckpointRecord(seq=2, dir_name="checkpoint_000002", metrics={"step": 2}, report=2)],
-        next_seq=3,
-    )
-    rows = checkpoint_rows(snapshot, config)
+def test_checkpoint_rows_without_a_score_keep_the_most_recent(tmp_path):
+    storage = RunStorage(str(tmp_path), "r", checkpoint_config=CheckpointConfig(num_to_keep=1))
+    storage.open("test")
+    attempt = storage.start_attempt()
+    for step in range(3):
+        os.makedirs(storage.layout.staging_path(attempt, step))
+        storage.record_report({"step": step}, report_index=step, attempt=attempt, staged=True)
+    storage.finish()
+    rows = checkpoint_rows(load_run(storage.run_uri).snapshot, CheckpointConfig(num_to_keep=1))
     assert [(row["step"], row["status"], row["why"]) for row in rows] == [
         (0, "dropped", "dropped: older than the 1 most recent"),
         (1, "dropped", "dropped: older than the 1 most recent"),
@@ -284,16 +276,21 @@ def test_checkpoint_rows_without_a_score_keep_the_most_recent():
     ]
 
 
-def test_checkpoint_rows_with_a_score_say_best_latest_or_dropped_even_when_reports_are_sparse():
+def test_checkpoint_rows_show_the_report_and_score_of_dropped_checkpoints_even_when_reports_are_sparse(tmp_path):
     config = CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="loss", checkpoint_score_order="min")
-    reports = [{"metrics": {"loss": loss}} for loss in (0.9, 0.4, 0.6, 0.5, 0.3)]
-    snapshot = RunSnapshot(  # checkpoints at reports 0, 1 and 4; only the last was kept
-        name="r", reports=reports, checkpoints=[CheckpointRecord(seq=2, dir_name="checkpoint_000002", metrics={"loss": 0.3}, report=4)], next_seq=3
-    )
-    rows = checkpoint_rows(snapshot, config)
+    storage = RunStorage(str(tmp_path), "r", checkpoint_config=config)
+    storage.open("test")
+    attempt = storage.start_attempt()
+    for index, loss in enumerate((0.9, 0.4, 0.6, 0.5, 0.3)):
+        saves = index in (0, 1, 4)  # checkpoints at reports 0, 1 and 4
+        if saves:
+            os.makedirs(storage.layout.staging_path(attempt, index))
+        storage.record_report({"loss": loss}, report_index=index, attempt=attempt, staged=saves)
+    storage.finish()
+    rows = checkpoint_rows(load_run(storage.run_uri).snapshot, config)
     assert [(row["report"], row["loss"], row["status"], row["why"]) for row in rows] == [
-        (None, None, "dropped", "dropped: not among the best 1"),  # which of reports 1-4 saved it, run.json cannot say
-        (None, None, "dropped", "dropped: not among the best 1"),
+        (1, 0.9, "dropped", "dropped: not among the best 1"),
+        (2, 0.4, "dropped", "dropped: not among the best 1"),
         (5, 0.3, "kept", "best 1 of 1, and the latest"),
     ]
 

@@ -16,6 +16,7 @@ import pyarrow.fs
 
 from storage import CheckpointConfig
 from storage.config import DEPRECATED, deprecated as _deprecated
+from storage.layout import resolve_storage_path
 from trainers._internal.validation import (
     check_bool,
     is_count,
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 #: Ray's resource for "this node has accelerator X" (``accelerator_type:A100``).
 ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"
-DEFAULT_STORAGE_PATH = "~/flowtrain_results"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -509,8 +509,7 @@ class RunConfig:
     @property
     def resolved_storage_path(self) -> str:
         """``storage_path`` with the default filled in and ``~`` expanded."""
-        path = str(self.storage_path) if self.storage_path is not None else DEFAULT_STORAGE_PATH
-        return path if "://" in path else os.path.expanduser(path)
+        return resolve_storage_path(self.storage_path)
 
 
 __all__ = [
