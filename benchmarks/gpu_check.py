@@ -1,6 +1,6 @@
 """``make gpu-check``: run flowtrain's GPU paths on the CUDA GPUs of this machine.
 
-    python -m benchmarks.gpu_check --out DIR              # every check (about 5 minutes on one GPU)
+    python -m benchmarks.gpu_check --out DIR              # every check, in under 8 minutes
     python -m benchmarks.gpu_check --out DIR --only nccl fsdp
 
 Checks, each a PASS, FAIL or SKIP line: TorchTrainer with ``use_gpu=True`` over nccl (one worker
