@@ -16,7 +16,11 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 DO_NOT_TRACK=1
 if [ -f "$carry" ]; then
     started=$SECONDS
-    mkdir -p "$site" && tar -C "$site" -xJf "$carry" || { echo "gpu_check.sh: could not unpack $carry" >&2; exit 2; }
+    mkdir -p "$site"
+    # Python's own tarfile where tar cannot run xz.
+    tar -C "$site" -xJf "$carry" 2>/dev/null ||
+        ${PYTHON:-python3} -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="tar")' "$carry" "$site" ||
+        { echo "gpu_check.sh: could not unpack $carry" >&2; exit 2; }
     echo "gpu_check.sh: unpacked $carry into $site in $((SECONDS - started)) s"
     export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi

@@ -245,7 +245,8 @@ def _run_placement(setup: Setup, name: str, world: int, backend: str, **scaling:
 def _physical_gpu(info: dict) -> str:
     """The GPU a rank trains on, as the machine numbers it (its CUDA_VISIBLE_DEVICES entry)."""
     index = int(info["device"].split(":")[1])
-    return info["visible_devices"].split(",")[index]
+    visible = info["visible_devices"]
+    return visible.split(",")[index] if visible else str(index)  # unset: every GPU is visible
 
 
 def check_nccl(setup: Setup) -> dict:
