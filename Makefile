@@ -48,3 +48,17 @@ bench: $(STAMP)
 .PHONY: bench-scale
 bench-scale: $(STAMP)
 	$(PY) -m benchmarks.scale $(BENCH_ARGS)
+
+# flowtrain's GPU paths on this machine's CUDA GPUs (benchmarks/gpu_check.py): use_gpu with nccl,
+# placement, a checkpoint resumed after a SIGKILL, FSDP, AMP, DeepSpeed ZeRO-2, and throughput
+# against raw torch and ray.train. Without a GPU it says so and exits 0. Not part of `make test`.
+# e.g. make gpu-check GPU_CHECK_ARGS="--only nccl fsdp"
+.PHONY: gpu-check gpu-carry
+GPU_CHECK_OUT ?= $(CURDIR)/gpu_check_results
+gpu-check: $(STAMP)
+	$(PY) -m benchmarks.gpu_check --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+
+# For a GPU machine with no package registry: pack Ray, DeepSpeed and their missing dependencies
+# into .gpu_carry/site.tar.xz; there, `bash benchmarks/gpu_check.sh` unpacks it and runs the checks.
+gpu-carry: $(STAMP)
+	PY=$(PY) bash benchmarks/gpu_carry.sh .gpu_carry
