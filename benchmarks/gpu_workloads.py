@@ -281,18 +281,18 @@ def check_shared_gpu_gloo(setup: Setup) -> dict:
 def check_placement(setup: Setup) -> dict:
     """get_device(), prepare_model and prepare_data_loader put everything on the worker's own GPU."""
     infos = _run_placement(setup, "placement", setup.num_workers, setup.backend)
-    notes = []
     for info in infos:
         device_index = int(info["device"].split(":")[1]) if ":" in info["device"] else None
-        if info["current_device"] is not None and info["current_device"] != device_index:
-            # Ray Train's prepare_model calls torch.cuda.set_device; a mismatch here is worth reading.
-            notes.append(f"rank {info['rank']}: torch.cuda.current_device() is {info['current_device']}, get_device() is {info['device']}")
+        # TorchConfig's train_func_context makes the worker's GPU its current device, as Ray Train does.
+        expect(
+            info["current_device"] is None or info["current_device"] == device_index,
+            f"rank {info['rank']}: torch.cuda.current_device() is {info['current_device']}, get_device() is {info['device']}",
+        )
     return {
         "devices": [info["device"] for info in infos],
         "param_devices": [info["param_devices"] for info in infos],
         "visible_devices": [info["visible_devices"] for info in infos],
         "accelerator_ids": [info["accelerator_ids"] for info in infos],
-        "notes": notes,
     }
 
 

@@ -139,3 +139,27 @@ def test_visible_devices_are_shared_per_node():
     result = assign_visible_devices([["3"], ["1"], ["0", "2"]], ["a", "a", "b"])
     assert result == [("1,3", (1,)), ("1,3", (0,)), ("0,2", (0, 1))]
     assert assign_visible_devices([[], []], ["a", "a"]) == [("", ()), ("", ())]
+
+
+def test_a_gpu_worker_trains_with_its_own_gpu_as_the_current_device(monkeypatch):
+    """Only a GPU machine can run this for real (``make gpu-check``'s placement check does); here the
+    CUDA calls are stood in for, to show which device the training thread is given."""
+    from trainers.torch import TorchConfig
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.delenv("ACCELERATE_TORCH_DEVICE", raising=False)
+    _set_context(context(1, 2, accelerators=(1,)))
+    try:
+        with TorchConfig().train_func_context():
+            assert chosen == [1] and os.environ["ACCELERATE_TORCH_DEVICE"] == "cuda:1"
+    finally:
+        _set_context(None)
+        os.environ.pop("ACCELERATE_TORCH_DEVICE", None)
+    _set_context(context(0, 1))  # a CPU worker: nothing set
+    try:
+        with TorchConfig().train_func_context():
+            assert chosen == [1] and "ACCELERATE_TORCH_DEVICE" not in os.environ
+    finally:
+        _set_context(None)

@@ -51,9 +51,9 @@ class TorchConfig(BackendConfig):
 
     @property
     def train_func_context(self) -> Callable[[], ContextManager[None]]:
-        """Each worker's training function runs inside ``_accelerate_device``: Hugging Face
-        Accelerate is told which GPU is the worker's own."""
-        return _accelerate_device
+        """Each worker's training function runs inside ``_worker_device``: the worker's own GPU is
+        torch's current CUDA device, and Hugging Face Accelerate is told which it is."""
+        return _worker_device
 
     def resolved_backend(self, use_gpu: bool) -> str:
         """The process-group backend that will be used; ``ValueError`` when it is nccl without GPUs."""
@@ -83,7 +83,7 @@ def _accelerate_env(workers: list[Any], use_gpu: bool) -> dict[int, dict[str, st
 
     Accelerate (and ``transformers.Trainer``, built on it) treats CPU processes as one distributed
     job only when ``ACCELERATE_USE_CPU`` is set. GPU workers are told their device by
-    ``_accelerate_device`` instead, once they know which GPU is theirs.
+    ``_worker_device`` instead, once they know which GPU is theirs.
     """
     if use_gpu:
         return {}
@@ -91,18 +91,26 @@ def _accelerate_env(workers: list[Any], use_gpu: bool) -> dict[int, dict[str, st
 
 
 @contextlib.contextmanager
-def _accelerate_device() -> Iterator[None]:
-    """Around the training function: name this worker's own GPU to Accelerate.
+def _worker_device() -> Iterator[None]:
+    """Around the training function: make this worker's own GPU its current CUDA device, and name
+    it to Accelerate.
 
-    Accelerate would take ``cuda:LOCAL_RANK``, which need not be the GPU the trainer gave this
-    worker; ``ACCELERATE_TORCH_DEVICE`` names the first of its ``TrainContext.accelerator_ids``
-    (indices into its ``CUDA_VISIBLE_DEVICES``). Nothing is set on a CPU worker.
+    As in Ray Train, ``torch.cuda.set_device`` runs in the thread that trains (the current device
+    is per thread), so tensors made with ``device="cuda"`` and NCCL's collectives use the
+    worker's GPU, not ``cuda:0``. Accelerate would take ``cuda:LOCAL_RANK``, which need not be the
+    GPU the trainer gave this worker; ``ACCELERATE_TORCH_DEVICE`` names the first of its
+    ``TrainContext.accelerator_ids`` (indices into its ``CUDA_VISIBLE_DEVICES``). Nothing is set
+    on a CPU worker.
     """
     from trainers.context import get_context
 
     ids = get_context().accelerator_ids
     if ids:
+        import torch
+
         os.environ["ACCELERATE_TORCH_DEVICE"] = f"cuda:{ids[0]}"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(ids[0])
     yield
 
 
