@@ -16,7 +16,7 @@ DEFAULT_STORAGE_PATH = "~/flowtrain_results"
 SNAPSHOT = "run.json"
 SNAPSHOT_PREVIOUS = "run.json.prev"
 SNAPSHOT_NEW = "run.json.new"
-LEASE = "lease.json"
+LEASE = "lease"
 STAGING = ".staging"
 COMMIT_MARKER = ".committed"
 CHECKPOINT_PREFIX = "checkpoint_"
@@ -78,6 +78,7 @@ class RunLayout:
 
     @property
     def lease(self) -> str:
+        """The folder of the claims on the run's lease (``storage.lease``)."""
         return self._join(LEASE)
 
     @property

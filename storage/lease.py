@@ -1,7 +1,32 @@
-"""One live owner per run: lease.json holds the owner and a heartbeat the owner keeps fresh."""
+"""One live owner per run, on stores that cannot create a file only if it is absent.
+
+Object stores reached through ``pyarrow.fs`` have no conditional write, so two drivers can never
+both "check that the lease is free, then take it" safely: each could check before the other
+writes. Instead each driver that wants the run writes a claim of its own, ``lease/<id>.json``
+(owner, host, pid, heartbeat), and only then lists ``lease/``. When another live claim is there
+it deletes its own and raises ``RunInProgressError``; otherwise the run is its own.
+
+What this guarantees:
+
+* Two drivers never both take the run, however their steps interleave: of two claimants, the one
+  that lists second lists after the other's claim was written, and so sees it and gives up. This
+  needs only that a listing shows every file whose write has returned: true on the local disk
+  of one host and on S3 (strongly consistent since December 2020), GCS and MinIO; a network
+  filesystem shared by several hosts may cache listings, and then only drivers on one host are
+  kept apart. Two drivers starting at the same moment may both be refused; the next try wins.
+* A dead owner never blocks a rerun for long: its claim is dead, ignored and removed, once its
+  heartbeat is ``stale_after_s`` old, or at once when it was a process on this host that no
+  longer exists (a driver killed a moment ago).
+* An owner that could not renew its heartbeat for ``stale_after_s / 2`` (storage unreachable,
+  process paused) stops writing the run (``check()`` raises ``RunInProgressError``), since another
+  driver may take the run over once the heartbeat is ``stale_after_s`` old. This last part rests
+  on time, as a lease without conditional writes must: it holds while the hosts' clocks differ by
+  less than ``stale_after_s / 2`` and a write the owner has checked for lands within that time.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -11,53 +36,107 @@ import time
 import pyarrow.fs as pafs
 
 from storage.errors import RunInProgressError
-from storage.filesystem import exists, read_bytes, write_bytes
+from storage.filesystem import read_bytes, write_bytes
 
 
 class Lease:
-    """Take, keep and give back the run's lease.
+    """Take, keep and give back the run's lease (see the module's docstring for what it promises).
 
-    ``acquire`` fails with ``RunInProgressError`` while another owner's heartbeat is younger than
-    ``stale_after_s``; an older one is taken over (its owner died), and so is one whose holder was
-    a process on this host that no longer exists.
+    ``acquire`` fails with ``RunInProgressError`` while another owner's claim is live: its
+    heartbeat younger than ``stale_after_s`` and its process, when on this host, alive.
     """
 
-    def __init__(self, fs: pafs.FileSystem, path: str, owner: str, *, stale_after_s: float, display: str) -> None:
+    def __init__(self, fs: pafs.FileSystem, folder: str, owner: str, *, stale_after_s: float, display: str) -> None:
         self.fs = fs
-        self.path = path
+        self.folder = folder
         self.owner = owner
+        self.path = f"{folder}/{hashlib.sha1(owner.encode()).hexdigest()[:16]}.json"
         self.stale_after_s = stale_after_s
         self.display = display
+        #: time.monotonic() when the newest heartbeat that reached the store was taken.
+        self._renewed = float("-inf")
+        self._lost = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _read(self) -> dict | None:
-        if not exists(self.fs, self.path):
-            return None
-        try:
-            return json.loads(read_bytes(self.fs, self.path))
-        except (ValueError, OSError):
-            return None  # a torn write by a dying owner: treat as free
-
-    def _write(self) -> None:
-        body = {"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()}
-        write_bytes(self.fs, self.path, json.dumps(body).encode())
-
     def acquire(self) -> None:
         """Take the lease, or raise ``RunInProgressError`` naming its live holder and when to retry."""
-        current = self._read()
-        if current and current.get("owner") != self.owner and not _holder_is_dead(current):
-            age = time.time() - float(current.get("heartbeat", 0))
-            if age < self.stale_after_s:
-                raise self._in_progress(current, age)
-        self._write()
-        # Two starters at once: whoever wrote last owns it; the other sees that here.
-        time.sleep(0.05)
-        confirmed = self._read()
-        if not confirmed or confirmed.get("owner") != self.owner:
-            raise RunInProgressError(f"run in progress: {self.display} was taken by {confirmed and confirmed.get('owner')}.")
+        self.fs.create_dir(self.folder, recursive=True)
+        try:
+            claimed = self._claim()
+            holder = self._other_live_claim()
+        except BaseException:
+            self._delete_own()
+            raise
+        if holder is not None:
+            self._delete_own()
+            raise self._in_progress(*holder)
+        self._renewed = claimed
         self._thread = threading.Thread(target=self._beat, name="flowtrain-lease", daemon=True)
         self._thread.start()
+
+    def check(self) -> None:
+        """Raise ``RunInProgressError`` when another driver may own the run by now: this lease was
+        taken over, or its heartbeat could not be renewed for ``stale_after_s / 2``."""
+        silent_s = time.monotonic() - self._renewed
+        if self._lost or silent_s >= self.stale_after_s / 2:
+            raise RunInProgressError(
+                f"run {self.display}: this driver lost the run's lease (its heartbeat could not be renewed "
+                f"for {silent_s:.0f} s, so another driver may have taken the run over); it writes nothing "
+                "more. Check the storage is reachable, then rerun: the run resumes from its last committed checkpoint."
+            )
+
+    def release(self) -> None:
+        """Stop the heartbeat and delete this owner's claim. Safe to call twice."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._delete_own()
+
+    def _claim(self) -> float:
+        """Write this owner's claim with a fresh heartbeat; return the monotonic time it was taken."""
+        started = time.monotonic()
+        body = {"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()}
+        write_bytes(self.fs, self.path, json.dumps(body).encode())
+        return started
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.stale_after_s / 6):
+            overdue = time.monotonic() - self._renewed >= self.stale_after_s / 2
+            try:
+                claimed = self._claim()
+                # Quiet long enough to be taken over: go on only if nobody did (claim, then list).
+                if overdue and self._other_live_claim() is not None:
+                    self._lost = True
+                    self._delete_own()
+                    return
+                self._renewed = claimed
+            except OSError:
+                pass  # a missed beat is retried; check() stops the run's writes if it lasts
+
+    def _other_live_claim(self) -> tuple[dict, float] | None:
+        """The freshest live claim other than ours and its age; dead claims are removed on the way."""
+        live = []
+        for entry in self.fs.get_file_info(pafs.FileSelector(self.folder, allow_not_found=True)):
+            if entry.path.rstrip("/") == self.path or not entry.base_name.endswith(".json"):
+                continue
+            try:
+                claim = json.loads(read_bytes(self.fs, entry.path))
+                age = time.time() - float(claim["heartbeat"])
+            except FileNotFoundError:
+                continue  # given up or released since the listing
+            except (ValueError, KeyError, TypeError):
+                # Read mid-write (only the local disk shows a file half written): live until the file is old.
+                claim, age = {"owner": "unknown", "host": None, "pid": None}, time.time() - entry.mtime.timestamp()
+            if age >= self.stale_after_s or _holder_is_dead(claim):
+                _delete(self.fs, entry.path)  # its owner is gone and will never remove it
+                continue
+            live.append((claim, age))
+        return min(live, key=lambda found: found[1], default=None)
+
+    def _delete_own(self) -> None:
+        _delete(self.fs, self.path)
 
     def _in_progress(self, holder: dict, age: float) -> RunInProgressError:
         wait_s = max(0.0, self.stale_after_s - age)
@@ -70,36 +149,19 @@ class Lease:
         error.holder_host, error.holder_pid, error.retry_after_s = holder.get("host"), holder.get("pid"), wait_s
         return error
 
-    def _beat(self) -> None:
-        interval = max(0.5, self.stale_after_s / 4)
-        while not self._stop.wait(interval):
-            try:
-                current = self._read()
-                if current and current.get("owner") != self.owner:
-                    return  # someone took over a lease we let go stale; never fight for it
-                self._write()
-            except OSError:
-                pass  # a missed beat is retried; staleness needs several
 
-    def release(self) -> None:
-        """Stop the heartbeat and delete the lease if it is still ours. Safe to call twice."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-        try:
-            current = self._read()
-            if current and current.get("owner") == self.owner:
-                self.fs.delete_file(self.path)
-        except OSError:
-            pass
+def _delete(fs: pafs.FileSystem, path: str) -> None:
+    try:
+        fs.delete_file(path)
+    except OSError:
+        pass  # already gone, or the storage failed: a dead claim is removed by the next reader
 
 
 def _holder_is_dead(holder: dict) -> bool:
-    """True when the lease's holder was a process on this host that no longer exists.
+    """True when the claim's owner was a process on this host that no longer exists.
 
-    Such a lease is taken over at once instead of after ``stale_after_s``: a driver killed a
-    moment ago must not block its own rerun. A holder on another host is never judged here.
+    Such a claim is dead at once instead of after ``stale_after_s``: a driver killed a moment
+    ago must not block its own rerun. A holder on another host is never judged here.
     """
     pid = holder.get("pid")
     if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:

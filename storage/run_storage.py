@@ -16,6 +16,7 @@ own modules, and this one keeps them in that order.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -26,7 +27,7 @@ import pyarrow.fs as pafs
 from storage.checkpoint import Checkpoint
 from storage.config import CheckpointConfig
 from storage.commit import adopt_folder, commit_folder, is_committed, try_delete
-from storage.errors import StorageError
+from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, exists, is_local, resolve_filesystem
 from storage.layout import CHECKPOINT_PREFIX, RunLayout, check_dir_name
 from storage.lease import Lease
@@ -117,7 +118,9 @@ class RunStorage:
         Staged uploads of a failed report go too: they are never resumed from.
         """
         if self._lease is not None:
-            try_delete(self.filesystem, self.layout.staging_root)
+            with contextlib.suppress(RunInProgressError):  # staging may be another driver's by now
+                self._lease.check()
+                try_delete(self.filesystem, self.layout.staging_root)
             self._lease.release()
             self._lease = None
 
@@ -161,9 +164,9 @@ class RunStorage:
 
     def start_attempt(self) -> int:
         """Begin a new attempt and return its id; uploads of older attempts can no longer commit."""
-        try_delete(self.filesystem, self.layout.staging_root)
         self.snapshot.attempt += 1
         self._write()
+        try_delete(self.filesystem, self.layout.staging_root)
         return self.snapshot.attempt
 
     def record_report(
@@ -203,6 +206,7 @@ class RunStorage:
                 self._write()
             return None
         staging = self.layout.staging_path(attempt, report_index)
+        self._check_lease()  # before its commit: the folder it goes to may be another driver's by now
         attribute = self.checkpoint_config.checkpoint_score_attribute
         if attribute is not None and not validation:  # a validation may report the score later
             try:
@@ -389,7 +393,13 @@ class RunStorage:
     def _delete_dropped(self) -> None:
         self.snapshot.to_delete = [d for d in self.snapshot.to_delete if not try_delete(self.filesystem, f"{self.run_path}/{d}")]
 
+    def _check_lease(self) -> None:
+        """Raise ``RunInProgressError`` when this driver may no longer own the run (``Lease.check``)."""
+        if self._lease is not None:
+            self._lease.check()
+
     def _write(self) -> None:
+        self._check_lease()
         try:
             write_snapshot(self.filesystem, self.layout, self.snapshot)
         except OSError as error:

@@ -97,7 +97,7 @@ def test_rerun_right_after_the_driver_is_killed_resumes_at_once(tmp_path):
         driver.wait()
 
     # The dead driver's lease is still fresh: going by staleness alone the rerun would be refused.
-    lease = json.loads((run_dir / "lease.json").read_text())
+    [lease] = [json.loads(claim.read_text()) for claim in (run_dir / "lease").glob("*.json")]
     assert (lease["host"], lease["pid"]) == (socket.gethostname(), driver.pid)
     assert time.time() - lease["heartbeat"] < LEASE_STALE_AFTER_S - 10
 
@@ -107,7 +107,7 @@ def test_rerun_right_after_the_driver_is_killed_resumes_at_once(tmp_path):
     assert reports.epochs == list(range(HOLD_AFTER + 1, EPOCHS))  # from the checkpoint's next epoch
     assert list(result.metrics_dataframe["epoch"]) == list(range(EPOCHS))  # no epoch lost or repeated
     assert list(result.metrics_dataframe["start"]) == [0] * (HOLD_AFTER + 1) + [HOLD_AFTER + 1] * (EPOCHS - HOLD_AFTER - 1)
-    assert not (run_dir / "lease.json").exists()
+    assert not list((run_dir / "lease").glob("*.json"))
 
 
 if __name__ == "__main__":

@@ -53,11 +53,11 @@ def local_fit(storage_path, name, epochs, **kwargs):
 
 
 def stored(run_dir) -> dict[str, str]:
-    """Every file of a run folder and its content (the lease aside), to compare before and after."""
+    """Every file of a run folder and its content (the lease's claims aside), to compare before and after."""
     found = {}
     for folder, _, files in os.walk(run_dir):
         for name in files:
-            if name != "lease.json":
+            if os.path.basename(folder) != "lease":
                 path = os.path.join(folder, name)
                 found[os.path.relpath(path, run_dir)] = open(path).read()
     return found

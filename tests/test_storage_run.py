@@ -62,7 +62,7 @@ def test_commit_retention_and_result_paths(tmp_path):
         assert os.path.isdir(checkpoint.path)
     assert not os.path.exists(storage.layout.staging_path(attempt, 0))
     storage.finish()
-    assert not (tmp_path / "run" / "lease.json").exists()
+    assert claims(tmp_path / "run") == []
 
     view = load_run(str(tmp_path / "run"))
     assert [m["step"] for m in view.metrics_history] == [0, 1, 2, 3, 4]
@@ -222,7 +222,7 @@ def test_stale_lease_is_taken_over(tmp_path):
     time.sleep(1.2)
     alive = RunStorage(str(tmp_path), "run", lease_stale_after_s=0.5)
     alive.open("new-owner")
-    assert json.loads((tmp_path / "run" / "lease.json").read_text())["owner"] == "new-owner"
+    assert [claim["owner"] for claim in claims(tmp_path / "run")] == ["new-owner"]
     alive.close()
 
 
@@ -275,10 +275,15 @@ def test_non_local_filesystem_commits_with_a_marker(tmp_path):
     assert marker < snapshot  # the marker is in place before the snapshot names the folder
 
 
+def claims(run_dir) -> list[dict]:
+    """The claims on the run's lease (its holder's, once it is held)."""
+    return [json.loads(path.read_text()) for path in sorted((run_dir / "lease").glob("*.json"))]
+
+
 def write_lease(run_dir, *, host: str, pid: int, age_s: float = 0.0) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "lease").mkdir(parents=True, exist_ok=True)
     body = {"owner": f"{host}:{pid}:old", "host": host, "pid": pid, "heartbeat": time.time() - age_s}
-    (run_dir / "lease.json").write_text(json.dumps(body))
+    (run_dir / "lease" / "old.json").write_text(json.dumps(body))
 
 
 def test_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path):
@@ -291,7 +296,7 @@ def test_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path):
     write_lease(tmp_path / "run", host=socket.gethostname(), pid=gone.pid)
     storage = RunStorage(str(tmp_path), "run", lease_stale_after_s=3600)  # staleness alone would refuse
     storage.open("new-owner")
-    assert json.loads((tmp_path / "run" / "lease.json").read_text())["owner"] == "new-owner"
+    assert [claim["owner"] for claim in claims(tmp_path / "run")] == ["new-owner"]  # the dead one's removed
     storage.close()
 
 
@@ -306,4 +311,4 @@ def test_lease_of_a_live_holder_names_it_and_when_it_goes_stale(tmp_path, where)
         RunStorage(str(tmp_path), "run", lease_stale_after_s=30).open("new-owner")
     assert (caught.value.holder_host, caught.value.holder_pid) == (host, pid)
     assert 0 < caught.value.retry_after_s <= 20
-    assert json.loads((tmp_path / "run" / "lease.json").read_text())["pid"] == pid  # not taken
+    assert [claim["pid"] for claim in claims(tmp_path / "run")] == [pid]  # not taken, nothing left behind
