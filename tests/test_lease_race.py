@@ -258,7 +258,7 @@ class HeldLeaseWrites(FaultyS3):
         self._go.set()
 
     def open_output_stream(self, path, metadata):
-        if "/lease/" in path and not self._go.is_set():
+        if "/lease" in path and not self._go.is_set():
             self.waiting.set()
             self._go.wait(REPLY_TIMEOUT_S)
         return super().open_output_stream(path, metadata)
