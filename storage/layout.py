@@ -16,12 +16,13 @@ DEFAULT_STORAGE_PATH = "~/flowtrain_results"
 SNAPSHOT = "run.json"
 SNAPSHOT_PREVIOUS = "run.json.prev"
 SNAPSHOT_NEW = "run.json.new"
-LEASE = "lease"
+#: Claims on the run's lease are files ``lease.<id>.json``, one per driver that wants the run.
+LEASE_PREFIX = "lease."
 STAGING = ".staging"
 COMMIT_MARKER = ".committed"
 CHECKPOINT_PREFIX = "checkpoint_"
 #: Names in the run folder that belong to flowtrain, never to a checkpoint.
-RESERVED_NAMES = frozenset({SNAPSHOT, SNAPSHOT_PREVIOUS, SNAPSHOT_NEW, LEASE, STAGING})
+RESERVED_NAMES = frozenset({SNAPSHOT, SNAPSHOT_PREVIOUS, SNAPSHOT_NEW, STAGING})
 
 
 def check_dir_name(name: object, field: str = "report(checkpoint_dir_name)") -> str:
@@ -75,11 +76,6 @@ class RunLayout:
     @property
     def snapshot_new(self) -> str:
         return self._join(SNAPSHOT_NEW)
-
-    @property
-    def lease(self) -> str:
-        """The folder of the claims on the run's lease (``storage.lease``)."""
-        return self._join(LEASE)
 
     @property
     def staging_root(self) -> str:

@@ -1,27 +1,29 @@
 """One live owner per run, on stores that cannot create a file only if it is absent.
 
-Object stores reached through ``pyarrow.fs`` have no conditional write, so two drivers can never
-both "check that the lease is free, then take it" safely: each could check before the other
-writes. Instead each driver that wants the run writes a claim of its own, ``lease/<id>.json``
-(owner, host, pid, heartbeat), and only then lists ``lease/``. When another live claim is there
-it deletes its own and raises ``RunInProgressError``; otherwise the run is its own.
+Object stores reached through ``pyarrow.fs`` have no conditional write (create if absent, replace
+if unchanged), so "read the lease, find it free, write it" lets two drivers both find it free
+before either writes; waiting a moment and reading again only narrows that window. Instead each
+driver that wants the run writes a claim of its own, ``lease.<id>.json`` in the run folder (owner,
+host, pid, heartbeat), and only then lists the folder: when another live claim is there it deletes
+its own and raises ``RunInProgressError``; otherwise the run is its own, and it rewrites its claim
+every ``stale_after_s / 6`` as its heartbeat.
 
-What this guarantees:
+What is promised (hosts' clocks agreeing to within ``stale_after_s / 2``):
 
-* Two drivers never both take the run, however their steps interleave: of two claimants, the one
-  that lists second lists after the other's claim was written, and so sees it and gives up. This
-  needs only that a listing shows every file whose write has returned: true on the local disk
-  of one host and on S3 (strongly consistent since December 2020), GCS and MinIO; a network
-  filesystem shared by several hosts may cache listings, and then only drivers on one host are
-  kept apart. Two drivers starting at the same moment may both be refused; the next try wins.
-* A dead owner never blocks a rerun for long: its claim is dead, ignored and removed, once its
-  heartbeat is ``stale_after_s`` old, or at once when it was a process on this host that no
-  longer exists (a driver killed a moment ago).
-* An owner that could not renew its heartbeat for ``stale_after_s / 2`` (storage unreachable,
-  process paused) stops writing the run (``check()`` raises ``RunInProgressError``), since another
-  driver may take the run over once the heartbeat is ``stale_after_s`` old. This last part rests
-  on time, as a lease without conditional writes must: it holds while the hosts' clocks differ by
-  less than ``stale_after_s / 2`` and a write the owner has checked for lands within that time.
+* Two drivers never both take the run, whatever the timing of their steps: of two claimants, the
+  one that lists second lists after the other's claim was written, sees it and gives up. This
+  needs no waiting, only a listing that shows every file whose write has returned: the local
+  disk of one host, S3 (strongly consistent since December 2020), GCS, MinIO. A network
+  filesystem that caches listings (NFS) keeps apart only the drivers of one host. Two drivers
+  starting at the same moment may both be refused; the next try wins.
+* A dead owner does not block a rerun: its claim is ignored and removed once its heartbeat is
+  ``stale_after_s`` old, and at once when it was a process on this host that no longer exists
+  (a driver killed a moment ago), on local disk and object stores alike.
+* Taking over a stale claim is where time comes in, as it must without conditional writes: an
+  owner that could not renew its heartbeat for ``stale_after_s / 2`` (storage unreachable, process
+  paused) stops writing the run: ``check()`` raises, and ``RunStorage`` calls it before every
+  write. A write that passed ``check()`` but lands more than ``stale_after_s / 2`` later (stuck
+  in the network that long) can still land after a takeover.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ import time
 import pyarrow.fs as pafs
 
 from storage.errors import RunInProgressError
-from storage.filesystem import read_bytes, write_bytes
+from storage.filesystem import is_local, read_bytes, write_bytes
+from storage.layout import LEASE_PREFIX
 
 
 class Lease:
@@ -50,7 +53,8 @@ class Lease:
         self.fs = fs
         self.folder = folder
         self.owner = owner
-        self.path = f"{folder}/{hashlib.sha1(owner.encode()).hexdigest()[:16]}.json"
+        self.name = f"{LEASE_PREFIX}{hashlib.sha1(owner.encode()).hexdigest()[:16]}.json"
+        self.path = f"{folder}/{self.name}"
         self.stale_after_s = stale_after_s
         self.display = display
         #: time.monotonic() when the newest heartbeat that reached the store was taken.
@@ -61,7 +65,6 @@ class Lease:
 
     def acquire(self) -> None:
         """Take the lease, or raise ``RunInProgressError`` naming its live holder and when to retry."""
-        self.fs.create_dir(self.folder, recursive=True)
         try:
             claimed = self._claim()
             holder = self._other_live_claim()
@@ -98,7 +101,11 @@ class Lease:
         """Write this owner's claim with a fresh heartbeat; return the monotonic time it was taken."""
         started = time.monotonic()
         body = {"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()}
-        write_bytes(self.fs, self.path, json.dumps(body).encode())
+        if is_local(self.fs):  # a file rewritten in place can be read half written: rename a whole one in
+            write_bytes(self.fs, f"{self.path}.new", json.dumps(body).encode())
+            self.fs.move(f"{self.path}.new", self.path)
+        else:  # an object store's write is whole or absent
+            write_bytes(self.fs, self.path, json.dumps(body).encode())
         return started
 
     def _beat(self) -> None:
@@ -119,15 +126,14 @@ class Lease:
         """The freshest live claim other than ours and its age; dead claims are removed on the way."""
         live = []
         for entry in self.fs.get_file_info(pafs.FileSelector(self.folder, allow_not_found=True)):
-            if entry.path.rstrip("/") == self.path or not entry.base_name.endswith(".json"):
+            if entry.base_name == self.name or entry.type != pafs.FileType.File or not _is_claim(entry.base_name):
                 continue
             try:
                 claim = json.loads(read_bytes(self.fs, entry.path))
                 age = time.time() - float(claim["heartbeat"])
             except FileNotFoundError:
                 continue  # given up or released since the listing
-            except (ValueError, KeyError, TypeError):
-                # Read mid-write (only the local disk shows a file half written): live until the file is old.
+            except (ValueError, KeyError, TypeError):  # not whole: live until the file is old
                 claim, age = {"owner": "unknown", "host": None, "pid": None}, time.time() - entry.mtime.timestamp()
             if age >= self.stale_after_s or _holder_is_dead(claim):
                 _delete(self.fs, entry.path)  # its owner is gone and will never remove it
@@ -148,6 +154,10 @@ class Lease:
         )
         error.holder_host, error.holder_pid, error.retry_after_s = holder.get("host"), holder.get("pid"), wait_s
         return error
+
+
+def _is_claim(name: str) -> bool:
+    return name.startswith(LEASE_PREFIX) and name.endswith(".json")
 
 
 def _delete(fs: pafs.FileSystem, path: str) -> None:

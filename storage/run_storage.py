@@ -148,7 +148,7 @@ class RunStorage:
         return [checkpoint for checkpoint, _ in self.best_checkpoints]
 
     def _take_lease(self, owner: str) -> None:
-        lease = Lease(self.filesystem, self.layout.lease, owner, stale_after_s=self.lease_stale_after_s, display=self.run_uri)
+        lease = Lease(self.filesystem, self.run_path, owner, stale_after_s=self.lease_stale_after_s, display=self.run_uri)
         self._checked("write the run's lease", lease.acquire)
         self._lease = lease
 

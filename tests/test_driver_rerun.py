@@ -97,7 +97,7 @@ def test_rerun_right_after_the_driver_is_killed_resumes_at_once(tmp_path):
         driver.wait()
 
     # The dead driver's lease is still fresh: going by staleness alone the rerun would be refused.
-    [lease] = [json.loads(claim.read_text()) for claim in (run_dir / "lease").glob("*.json")]
+    [lease] = [json.loads(claim.read_text()) for claim in run_dir.glob("lease.*.json")]
     assert (lease["host"], lease["pid"]) == (socket.gethostname(), driver.pid)
     assert time.time() - lease["heartbeat"] < LEASE_STALE_AFTER_S - 10
 
@@ -107,7 +107,7 @@ def test_rerun_right_after_the_driver_is_killed_resumes_at_once(tmp_path):
     assert reports.epochs == list(range(HOLD_AFTER + 1, EPOCHS))  # from the checkpoint's next epoch
     assert list(result.metrics_dataframe["epoch"]) == list(range(EPOCHS))  # no epoch lost or repeated
     assert list(result.metrics_dataframe["start"]) == [0] * (HOLD_AFTER + 1) + [HOLD_AFTER + 1] * (EPOCHS - HOLD_AFTER - 1)
-    assert not list((run_dir / "lease").glob("*.json"))
+    assert not list(run_dir.glob("lease.*.json"))
 
 
 if __name__ == "__main__":

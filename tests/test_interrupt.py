@@ -53,7 +53,7 @@ def test_ctrl_c_tears_everything_down(tmp_path):
             assert driver.poll() is None, driver.stdout.read()
             assert time.monotonic() < deadline, f"workers never reported: {sorted(p.name for p in pid_dir.iterdir())}"
             time.sleep(0.2)
-        assert list((tmp_path / "interrupted" / "lease").glob("*.json"))  # the driver holds the run
+        assert list((tmp_path / "interrupted").glob("lease.*.json"))  # the driver holds the run
         worker_pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
         driver.send_signal(signal.SIGINT)
         try:
@@ -66,7 +66,7 @@ def test_ctrl_c_tears_everything_down(tmp_path):
         if driver.poll() is None:
             driver.kill()
     assert driver.returncode != 0 and "KeyboardInterrupt" in output
-    assert not list((tmp_path / "interrupted" / "lease").glob("*.json"))  # the run was let go cleanly
+    assert not list((tmp_path / "interrupted").glob("lease.*.json"))  # the run was let go cleanly
     assert_no_leaks(timeout_s=30)
     deadline = time.monotonic() + 30
     while any(process_alive(pid) for pid in worker_pids) and time.monotonic() < deadline:

@@ -19,6 +19,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import tempfile
 import threading
 import time
@@ -43,8 +44,9 @@ EPOCHS_PER_RACE = 2
 #: same moment (both taking the lease) or about one driver's training apart.
 START_SPREADS_S = (0.03, 0.5)
 REPLY_TIMEOUT_S = 120
-#: lease_stale_after_s of the storage-level races below: short, since they wait for staleness.
-STALE_AFTER_S = 0.6
+#: lease_stale_after_s of the storage-level races below: short, since they wait for it to pass, yet
+#: long enough for a loaded machine to renew a heartbeat within half of it (or the owner stops).
+STALE_AFTER_S = 3.0
 
 
 def race_loop(config: dict) -> None:
@@ -157,8 +159,8 @@ def read(where: dict, name: str) -> bytes:
 
 def claims(where: dict) -> list[dict]:
     """The claims on the raced run's lease: its holder's while it is held, else none."""
-    listed = where["fs"].get_file_info(pafs.FileSelector(f"{where['root']}/{RUN}/lease", allow_not_found=True))
-    return [json.loads(read_bytes(where["fs"], entry.path)) for entry in listed if entry.base_name.endswith(".json")]
+    listed = where["fs"].get_file_info(pafs.FileSelector(f"{where['root']}/{RUN}", allow_not_found=True))
+    return [json.loads(read_bytes(where["fs"], e.path)) for e in listed if re.fullmatch(r"lease\..*\.json", e.base_name)]
 
 
 def check_no_overlap(events: list[str]) -> int:
@@ -258,7 +260,7 @@ class HeldLeaseWrites(FaultyS3):
         self._go.set()
 
     def open_output_stream(self, path, metadata):
-        if "/lease" in path and not self._go.is_set():
+        if "/lease." in path and not self._go.is_set():
             self.waiting.set()
             self._go.wait(REPLY_TIMEOUT_S)
         return super().open_output_stream(path, metadata)

@@ -57,7 +57,7 @@ def stored(run_dir) -> dict[str, str]:
     found = {}
     for folder, _, files in os.walk(run_dir):
         for name in files:
-            if os.path.basename(folder) != "lease":
+            if not name.startswith("lease."):
                 path = os.path.join(folder, name)
                 found[os.path.relpath(path, run_dir)] = open(path).read()
     return found

@@ -216,11 +216,12 @@ def test_second_live_run_fails_fast_and_deletes_nothing(tmp_path):
 
 
 def test_stale_lease_is_taken_over(tmp_path):
-    dead = RunStorage(str(tmp_path), "run", lease_stale_after_s=0.5)
+    # Not much shorter: an owner that cannot renew its heartbeat within half of it stops writing.
+    dead = RunStorage(str(tmp_path), "run", lease_stale_after_s=1.0)
     dead.open("dead-owner")
     dead._lease._stop.set()  # the owner's heartbeat stops as if its process died
     time.sleep(1.2)
-    alive = RunStorage(str(tmp_path), "run", lease_stale_after_s=0.5)
+    alive = RunStorage(str(tmp_path), "run", lease_stale_after_s=1.0)
     alive.open("new-owner")
     assert [claim["owner"] for claim in claims(tmp_path / "run")] == ["new-owner"]
     alive.close()
@@ -277,13 +278,13 @@ def test_non_local_filesystem_commits_with_a_marker(tmp_path):
 
 def claims(run_dir) -> list[dict]:
     """The claims on the run's lease (its holder's, once it is held)."""
-    return [json.loads(path.read_text()) for path in sorted((run_dir / "lease").glob("*.json"))]
+    return [json.loads(path.read_text()) for path in sorted(run_dir.glob("lease.*.json"))]
 
 
 def write_lease(run_dir, *, host: str, pid: int, age_s: float = 0.0) -> None:
-    (run_dir / "lease").mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     body = {"owner": f"{host}:{pid}:old", "host": host, "pid": pid, "heartbeat": time.time() - age_s}
-    (run_dir / "lease" / "old.json").write_text(json.dumps(body))
+    (run_dir / "lease.old.json").write_text(json.dumps(body))
 
 
 def test_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path):

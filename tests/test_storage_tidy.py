@@ -35,7 +35,7 @@ def test_final_retention_keeps_the_best_and_latest_and_history_stays_whole(tmp_p
     assert [os.path.basename(c.path) for c in kept] == ["checkpoint_000001", "checkpoint_000004"]
     assert folders(tmp_path / "run") == ["checkpoint_000001", "checkpoint_000004"]
     assert not (tmp_path / "run" / ".staging").exists()
-    assert not list((tmp_path / "run" / "lease").glob("*"))
+    assert not list((tmp_path / "run").glob("lease.*"))
     view = load_run(str(tmp_path / "run"))
     assert [m["step"] for m in view.metrics_history] == [0, 1, 2, 3, 4, 5, 6]  # nothing forgotten
     assert view.snapshot.finished
@@ -47,7 +47,7 @@ def test_a_named_checkpoint_that_is_missing_is_an_error_naming_it(tmp_path):
     with pytest.raises(StorageError, match=r"checkpoint_000001 is named in .*run.json but missing"):
         RunStorage(str(tmp_path), "run").verify_and_tidy("checker")
     assert folders(tmp_path / "run") == ["checkpoint_000000"]  # nothing else was touched
-    assert not list((tmp_path / "run" / "lease").glob("*"))
+    assert not list((tmp_path / "run").glob("lease.*"))
 
 
 def test_a_live_run_is_left_alone(tmp_path):
