@@ -142,14 +142,14 @@ def s3():
 
 @pytest.fixture(params=["local", "s3"])
 def where(request, tmp_path):
-    """Where runs are stored: ``fs`` and ``root`` (a folder in it) for RunStorage, ``path`` and
-    ``filesystem`` for RunConfig."""
+    """Where runs are stored: ``kind`` (local, s3), ``fs`` and ``root`` (a folder in it) for
+    RunStorage, ``path`` and ``filesystem`` for RunConfig."""
     if request.param == "local":
         root = str(tmp_path / "store")
-        return {"fs": pafs.LocalFileSystem(), "root": root, "path": root, "filesystem": None}
+        return {"kind": "local", "fs": pafs.LocalFileSystem(), "root": root, "path": root, "filesystem": None}
     s3 = request.getfixturevalue("s3")
     root = f"{BUCKET}/{tmp_path.name}"
-    return {"fs": s3, "root": root, "path": f"s3://{root}", "filesystem": s3}
+    return {"kind": "s3", "fs": s3, "root": root, "path": f"s3://{root}", "filesystem": s3}
 
 
 def read(where: dict, name: str) -> bytes:
@@ -163,10 +163,9 @@ def claims(where: dict) -> list[dict]:
     return [json.loads(read_bytes(where["fs"], e.path)) for e in listed if re.fullmatch(r"lease\..*\.json", e.base_name)]
 
 
-def check_no_overlap(events: list[str]) -> int:
-    """No driver starts training while another one is training; returns how many trainings ended."""
+def check_no_overlap(events: list[str]) -> None:
+    """No driver starts training while another one is training."""
     training: set[str] = set()
-    ended = 0
     for line in events:
         kind, who = line.split(" ", 1)
         if who.endswith("warmup"):
@@ -174,15 +173,13 @@ def check_no_overlap(events: list[str]) -> int:
         if kind == "start":
             assert not training, f"{who} started training while {training} was training:\n" + "\n".join(events)
             training.add(who)
-        elif kind in ("end", "killed"):
-            ended += kind == "end"
+        else:  # end, or killed
             training.discard(who)
-    return ended
 
 
-def check_run_json(where: dict, epochs: int | None) -> int:
-    """run.json parses; it records epochs 0..n-1 once each, in order (n = ``epochs`` when known)
-    and its latest checkpoint holds the last of them. Returns n."""
+def check_run_json(where: dict, epochs: int | None) -> None:
+    """run.json parses; it records epochs 0..n-1 once each, in order (n = ``epochs`` when known,
+    and then the run is finished), and its latest checkpoint holds the last of them."""
     from storage.snapshot import RunSnapshot
 
     snapshot = RunSnapshot.from_json(read(where, "run.json"))
@@ -194,21 +191,19 @@ def check_run_json(where: dict, epochs: int | None) -> int:
     if recorded:
         assert latest is not None and latest.metrics["epoch"] == recorded[-1]
         assert read(where, f"{latest.dir_name}/epoch.txt") == str(recorded[-1]).encode()
-    return len(recorded)
 
 
-def test_two_drivers_racing_for_one_run_never_train_together(request, where, tmp_path):
-    storage_kind = request.node.callspec.params["where"]
+def test_two_drivers_racing_for_one_run_never_train_together(where, tmp_path):
     rng = random.Random(SEED)
     log = str(tmp_path / "events.log")
-    kills = set(rng.sample(range(NUM_RACES[storage_kind]), NUM_KILLS[storage_kind]))
+    kills = set(rng.sample(range(NUM_RACES[where["kind"]]), NUM_KILLS[where["kind"]]))
     drivers = [Driver(where, log, name) for name in ("a", "b")]
     trained_races = 0
     try:
         for driver in drivers:
             driver.ready()
         epochs = 0
-        for race in range(NUM_RACES[storage_kind]):
+        for race in range(NUM_RACES[where["kind"]]):
             epochs += EPOCHS_PER_RACE
             spread, now = rng.choice(START_SPREADS_S), time.time() + 0.05
             for driver in drivers:
@@ -240,13 +235,13 @@ def test_two_drivers_racing_for_one_run_never_train_together(request, where, tmp
     finally:
         for driver in drivers:
             driver.stop()
-    assert trained_races > NUM_RACES[storage_kind] // 2  # mostly one winner, not two refused
+    assert trained_races > NUM_RACES[where["kind"]] // 2  # mostly one winner, not two refused
 
 
 class HeldLeaseWrites(FaultyS3):
-    """Forwards to a filesystem; between ``stall()`` and ``resume()`` this process's writes into
-    a run's lease folder wait (setting ``waiting`` first): a driver stalled between looking at the
-    lease and writing it, or an owner whose heartbeat cannot reach the storage."""
+    """Forwards to a filesystem; between ``stall()`` and ``resume()`` this process's writes to a
+    run's lease wait (setting ``waiting`` first): a driver stalled between looking at the lease and
+    writing it, or an owner whose heartbeat cannot reach the storage."""
 
     def __init__(self, fs: pafs.FileSystem, log_path: str) -> None:
         super().__init__(fs, log_path)
@@ -267,9 +262,9 @@ class HeldLeaseWrites(FaultyS3):
 
 
 def test_a_driver_stalled_between_looking_and_claiming_never_takes_a_run_another_holds(where, tmp_path):
-    """Regression: B looked at the lease and found it free, then stalled before writing it (a slow
-    network, a paused process) while A took the run; when B's write lands, B must give up. The
-    lease read, then wrote, and trusted a 50 ms wait: B overwrote A's lease and both owned the run."""
+    """Regression: B starts first, but its write to the lease stalls (a slow network, a paused
+    process) while A takes the run; when B's write lands, B must give up. The lease was read, then
+    written, trusting a 50 ms wait: B, which had found it free, overwrote A's and both owned the run."""
     stalled = HeldLeaseWrites(where["fs"], str(tmp_path / "fs.log"))
     stalled.stall()
     outcome: dict[str, object] = {}
@@ -310,6 +305,8 @@ def test_an_owner_whose_heartbeat_stalls_writes_nothing_once_the_run_may_be_take
             break
         except RunInProgressError as refused:
             time.sleep(refused.retry_after_s + 0.05)  # as the error says: retry once A's lease is stale
+    else:
+        pytest.fail("B never took over A's stale lease")
     b_attempt = b.start_attempt()
 
     with pytest.raises(RunInProgressError, match="lost the run's lease"):
