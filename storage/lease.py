@@ -57,7 +57,8 @@ class Lease:
         self.path = f"{folder}/{self.name}"
         self.stale_after_s = stale_after_s
         self.display = display
-        #: time.monotonic() when the newest heartbeat that reached the store was taken.
+        #: The heartbeat (wall clock, as others judge it; a suspended machine's too) of the newest
+        #: claim known to have reached the store with no other owner's beside it.
         self._renewed = float("-inf")
         self._lost = False
         self._stop = threading.Event()
@@ -81,12 +82,14 @@ class Lease:
     def check(self) -> None:
         """Raise ``RunInProgressError`` when another driver may own the run by now: this lease was
         taken over, or its heartbeat could not be renewed for ``stale_after_s / 2``."""
-        silent_s = time.monotonic() - self._renewed
+        silent_s = time.time() - self._renewed
         if self._lost or silent_s >= self.stale_after_s / 2:
+            why = "another driver took the run over" if self._lost else (
+                f"its heartbeat could not be renewed for {silent_s:.0f} s, so another driver may have taken the run over"
+            )
             raise RunInProgressError(
-                f"run {self.display}: this driver lost the run's lease (its heartbeat could not be renewed "
-                f"for {silent_s:.0f} s, so another driver may have taken the run over); it writes nothing "
-                "more. Check the storage is reachable, then rerun: the run resumes from its last committed checkpoint."
+                f"run {self.display}: this driver lost the run's lease ({why}); it writes nothing more. "
+                "Check the storage is reachable, then rerun: the run resumes from its last committed checkpoint."
             )
 
     def release(self) -> None:
@@ -98,19 +101,19 @@ class Lease:
         self._delete_own()
 
     def _claim(self) -> float:
-        """Write this owner's claim with a fresh heartbeat; return the monotonic time it was taken."""
-        started = time.monotonic()
-        body = {"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()}
+        """Write this owner's claim with a fresh heartbeat and return the heartbeat."""
+        heartbeat = time.time()
+        body = {"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat": heartbeat}
         if is_local(self.fs):  # a file rewritten in place can be read half written: rename a whole one in
             write_bytes(self.fs, f"{self.path}.new", json.dumps(body).encode())
             self.fs.move(f"{self.path}.new", self.path)
         else:  # an object store's write is whole or absent
             write_bytes(self.fs, self.path, json.dumps(body).encode())
-        return started
+        return heartbeat
 
     def _beat(self) -> None:
         while not self._stop.wait(self.stale_after_s / 6):
-            overdue = time.monotonic() - self._renewed >= self.stale_after_s / 2
+            overdue = time.time() - self._renewed >= self.stale_after_s / 2
             try:
                 claimed = self._claim()
                 # Quiet long enough to be taken over: go on only if nobody did (claim, then list).
