@@ -116,6 +116,9 @@ class Lease:
             overdue = time.time() - self._renewed >= self.stale_after_s / 2
             try:
                 claimed = self._claim()
+                if self._stop.is_set():  # released while this write hung: take back what it wrote
+                    self._delete_own()
+                    return
                 # Quiet long enough to be taken over: go on only if nobody did (claim, then list).
                 if overdue and self._other_live_claim() is not None:
                     self._lost = True
