@@ -41,6 +41,9 @@ from storage.errors import RunInProgressError
 from storage.filesystem import is_local, read_bytes, write_bytes
 from storage.layout import LEASE_PREFIX
 
+#: Tries to read another driver's claim that its owner may be rewriting at that moment.
+CLAIM_READS = 3
+
 
 class Lease:
     """Take, keep and give back the run's lease (see the module's docstring for what it promises).
@@ -134,18 +137,37 @@ class Lease:
         for entry in self.fs.get_file_info(pafs.FileSelector(self.folder, allow_not_found=True)):
             if entry.base_name == self.name or entry.type != pafs.FileType.File or not _is_claim(entry.base_name):
                 continue
-            try:
-                claim = json.loads(read_bytes(self.fs, entry.path))
-                age = time.time() - float(claim["heartbeat"])
-            except FileNotFoundError:
+            found = self._read_claim(entry)
+            if found is None:
                 continue  # given up or released since the listing
-            except (ValueError, KeyError, TypeError):  # not whole: live until the file is old
-                claim, age = {"owner": "unknown", "host": None, "pid": None}, time.time() - entry.mtime.timestamp()
+            claim, age = found
             if age >= self.stale_after_s or _holder_is_dead(claim):
                 _delete(self.fs, entry.path)  # its owner is gone and will never remove it
                 continue
             live.append((claim, age))
         return min(live, key=lambda found: found[1], default=None)
+
+    def _read_claim(self, entry: pafs.FileInfo) -> tuple[dict, float] | None:
+        """The claim listed as ``entry`` and its age, or None when it is gone.
+
+        A claim read while its owner rewrites it can come back cut short, or fail on an object
+        store (its size changed between the two requests a read takes): it is read again. One that
+        stays unparseable counts as live until its file is ``stale_after_s`` old.
+        """
+        for attempt in range(1, CLAIM_READS + 1):
+            try:
+                claim = json.loads(read_bytes(self.fs, entry.path))
+                return claim, time.time() - float(claim["heartbeat"])
+            except FileNotFoundError:
+                return None
+            except OSError:
+                if attempt == CLAIM_READS:
+                    raise
+            except (ValueError, KeyError, TypeError):
+                pass
+            if attempt < CLAIM_READS:
+                time.sleep(0.1 * attempt)
+        return {"owner": "unknown", "host": None, "pid": None}, time.time() - entry.mtime.timestamp()
 
     def _delete_own(self) -> None:
         _delete(self.fs, self.path)

@@ -20,6 +20,9 @@ import multiprocessing
 import os
 import random
 import re
+import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -31,7 +34,7 @@ import pytest
 from faulty_s3 import BUCKET, FaultyS3, log_event, moto_s3, read_events
 from loops import resume_after_checkpoint
 from storage import RunInProgressError, RunStorage
-from storage.filesystem import read_bytes
+from storage.filesystem import read_bytes, write_bytes
 
 RUN = "raced"
 SEED = 35
@@ -319,3 +322,35 @@ def test_an_owner_whose_heartbeat_stalls_writes_nothing_once_the_run_may_be_take
     assert [claim["owner"] for claim in claims(where)] == ["b"]
     assert json.loads(read(where, "run.json"))["attempt"] == b_attempt == 2
     b.finish()
+
+
+class RereadLeaseClaims(FaultyS3):
+    """Forwards to a filesystem; the first read of each lease claim fails the way S3 does when the
+    claim is rewritten between the two requests of a read (its size changed)."""
+
+    def __init__(self, fs: pafs.FileSystem, log_path: str) -> None:
+        super().__init__(fs, log_path)
+        self.failed: set[str] = set()
+
+    def open_input_stream(self, path):
+        if "/lease." in path and path not in self.failed:
+            self.failed.add(path)
+            raise OSError("AWS Error INTERNAL_FAILURE during GetObject operation: Failed to flush response stream")
+        return super().open_input_stream(path)
+
+
+def test_a_claim_read_while_it_changes_is_read_again(where, tmp_path):
+    """Regression, found by the race above on S3: right after a kill, reading the killed driver's
+    claim failed ("Failed to flush response stream": most likely its last write, which the server
+    finished after the kill, changed the object between the two requests of the read), and the
+    rerun failed with a StorageError instead of taking the run over. A failed read is tried again."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    where["fs"].create_dir(f"{where['root']}/{RUN}", recursive=True)
+    dead = {"owner": "killed", "host": socket.gethostname(), "pid": gone.pid, "heartbeat": time.time()}
+    write_bytes(where["fs"], f"{where['root']}/{RUN}/lease.killed.json", json.dumps(dead).encode())
+    rerun = RereadLeaseClaims(where["fs"], str(tmp_path / "fs.log"))
+    storage = RunStorage(where["root"], RUN, filesystem=pafs.PyFileSystem(rerun))
+    storage.open("rerun")
+    assert rerun.failed and [claim["owner"] for claim in claims(where)] == ["rerun"]
+    storage.finish()
