@@ -40,7 +40,7 @@ RUN = "raced"
 SEED = 35
 #: Races per storage, and after how many of them the driver holding the run is killed and the
 #: other one starts at once (S3 on moto is slower: fewer races).
-NUM_RACES = {"local": 20, "s3": 12}
+NUM_RACES = {"local": 20, "s3": 10}
 NUM_KILLS = {"local": 5, "s3": 3}
 EPOCHS_PER_RACE = 2
 #: The two drivers start within this many seconds of each other, chosen per race: at almost the
