@@ -211,11 +211,11 @@ class Outbox:
                 return
             try:
                 sock.sendall(_HEADER.pack(len(payload), number) + payload)
-            except OSError as error:
+            except OSError:
                 if not self._acks:  # the road before acknowledgements: later events go by Ray
                     with self._changed:
                         self._kept.append((number, 0.0, event))
-                self._give_up(sock, f"failed ({error})")
+                self._give_up(sock)
 
     def take(self, timeout_s: float, acked: int) -> list[tuple[int, Any]]:
         """The Ray long poll: forget events up to number ``acked``, then wait up to ``timeout_s``
@@ -234,8 +234,9 @@ class Outbox:
         while kept and kept[0][0] <= acked:
             kept.popleft()
 
-    def _give_up(self, sock: socket.socket, why: str) -> None:
-        """Leave the connection for the Ray road (the caller holds ``_send_lock``)."""
+    def _give_up(self, sock: socket.socket, stalled: bool = False) -> None:
+        """Leave the connection for the Ray road (the caller holds ``_send_lock``). Said only when
+        it stalled: a connection closes or resets quietly every time an attempt ends."""
         if self._sock is not sock:
             return
         self._sock = None
@@ -243,7 +244,12 @@ class Outbox:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        print(f"flowtrain: the connection to the controller {why}; events go through Ray instead", file=sys.stderr)
+        if stalled:
+            print(
+                f"flowtrain: the controller acknowledged nothing on this worker's connection for {self._ack_timeout_s:g} s "
+                "(a half-open connection, or a controller busy that long); events go through Ray instead",
+                file=sys.stderr,
+            )
         with self._changed:
             self._changed.notify_all()
 
@@ -252,17 +258,17 @@ class Outbox:
         ask_after = self._ack_timeout_s / 5
         asked_at = 0.0
         answer = bytearray()
-        why = None
+        lost = stalled = False
         with selectors.DefaultSelector() as selector:
             selector.register(sock, selectors.EVENT_READ)
-            while self._sock is sock and why is None:
+            while self._sock is sock and not lost:
                 if selector.select(ask_after / 2):
                     try:
                         data = sock.recv(4096)
-                    except OSError as error:
-                        data, why = b"", f"failed ({error})"
-                    if not data:
-                        why = why or "was closed"
+                    except OSError:
+                        data = b""
+                    if not data:  # closed or reset
+                        lost = True
                         break
                     answer += data
                     whole = len(answer) - len(answer) % _ACK.size
@@ -278,23 +284,23 @@ class Outbox:
                 if oldest is None or now - oldest < ask_after:
                     continue
                 if now - oldest > self._ack_timeout_s:
-                    why = f"acknowledged nothing for {self._ack_timeout_s:g} s"
+                    lost = stalled = True
                 elif now - asked_at > ask_after and self._send_lock.acquire(blocking=False):
                     try:  # skipped while a report is being written: it may be stuck, the clock is not
                         if self._sock is sock:
                             sock.sendall(_ASK)
                             asked_at = now
-                    except OSError as error:
-                        why = f"failed ({error})"
+                    except OSError:
+                        lost = True
                     finally:
                         self._send_lock.release()
-        if why is not None:
+        if lost:
             try:
                 sock.shutdown(socket.SHUT_RDWR)  # first: it wakes a put stuck in sendall
             except OSError:
                 pass
             with self._send_lock:
-                self._give_up(sock, why)
+                self._give_up(sock, stalled)
         sock.close()
 
 
