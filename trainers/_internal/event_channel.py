@@ -13,12 +13,12 @@ length-prefixed pickled events to it; the controller waits on all connections at
 was in flight. So every event is numbered (per worker and attempt, from 1), and an ``Outbox``
 keeps each one until the controller acknowledges it:
 
-- Acknowledgements are asked for, not pushed: a worker whose oldest unacknowledged event is
-  ``ack_timeout_s / 5`` old writes a 12-byte ask, and the controller answers with the highest
-  number it has applied from that worker (8 bytes). A worker reporting in a tight loop asks about
-  once a second, so the driver's cost per round stays one read per rank (an ack per event would
-  have doubled it); an ask and its answer are ordinary bytes on the same socket, in order, so
-  the answer covers everything sent before the ask.
+- The controller acknowledges on the same socket, 8 bytes: the highest number it has read on
+  that connection (a connection carries a worker's events in order, so every lower one arrived
+  too). It does so while reading, at most once per ``ACK_EVERY_S`` per connection: a rank
+  reporting in a tight loop costs the driver one small write a second, not one per report, and
+  a rank reporting more slowly one per report, sent in the wakeup that read it. A worker whose oldest unacknowledged event is ``ack_timeout_s / 2``
+  old (the last reports of a burst) asks with an empty frame, answered at once.
 - A connection is given up when it closes, errs (TCP keepalive finds a peer gone while idle), or
   leaves an event unacknowledged for ``ack_timeout_s``; a half-open connection, whose writes
   all "succeed", is found by that last check. The worker then replays every unacknowledged
@@ -33,9 +33,9 @@ keeps each one until the controller acknowledges it:
 
 Why no reconnect: the Ray road is already open, reliable once acknowledged, and costs only
 speed (0.1 ms of driver CPU per event of that rank); a second connection would need ordering
-between the old and the new socket for a case (a broken connection) that is rare. An event
-counts as applied once the controller's process holds it: its loop applies what a poll returns
-before it polls again, and if that process dies the attempt ends with it.
+between the old and the new socket for a case (a broken connection) that is rare. An
+acknowledgement means the controller's process holds the event: its loop applies what a poll
+returns before it polls again, and if that process dies the attempt ends with it.
 
 A connection starts with a hello carrying a per-group random token handed to the workers over
 Ray, so a stray process cannot inject events into a run.
@@ -57,7 +57,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any
 
 from ray import cloudpickle
 
@@ -67,7 +67,7 @@ logger = logging.getLogger(__name__)
 #: event's number; then the pickled event.
 _HEADER = struct.Struct("!IQ")
 _ASK = _HEADER.pack(0, 0)
-#: What the controller writes back: the highest event number it has applied from that worker.
+#: What the controller writes back: the highest event number it has read on that connection.
 _ACK = struct.Struct("!Q")
 #: A connection's first bytes: the group's 16-byte token and the rank, checked before anything
 #: the peer sends is unpickled (unpickling runs code, so an unproven peer never gets that far).
@@ -78,8 +78,11 @@ _READ_CHUNK = 1 << 20
 CONNECT_TIMEOUT_S = 5.0
 #: How long an event may stay unacknowledged before its worker gives the connection up and
 #: replays over Ray. A controller busy longer than this (a slow commit) moves that worker to
-#: the Ray road for the rest of the attempt, which costs speed only; the workers ask at a fifth.
+#: the Ray road for the rest of the attempt, which costs speed only; the workers ask at half.
 ACK_TIMEOUT_S = 5.0
+#: The controller acknowledges a connection at most this often unless asked: a second keeps a
+#: worker's unacknowledged events to about a second's worth, far inside ``ACK_TIMEOUT_S``.
+ACK_EVERY_S = 1.0
 #: TCP keepalive on the worker's connection: an idle connection to a vanished peer errs within
 #: about 10 s instead of at the next event.
 _KEEPALIVE = {"TCP_KEEPIDLE": 4, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3}
@@ -255,14 +258,14 @@ class Outbox:
 
     def _watch(self, sock: socket.socket) -> None:
         """Read acknowledgements, ask for them, and give the connection up when it fails."""
-        ask_after = self._ack_timeout_s / 5
+        ask_after = self._ack_timeout_s / 2
         asked_at = 0.0
         answer = bytearray()
         lost = stalled = False
         with selectors.DefaultSelector() as selector:
             selector.register(sock, selectors.EVENT_READ)
             while self._sock is sock and not lost:
-                if selector.select(ask_after / 2):
+                if selector.select(ask_after / 4):
                     try:
                         data = sock.recv(4096)
                     except OSError:
@@ -309,11 +312,15 @@ class _Connection:
         self.sock = sock
         self.buffer = bytearray()
         self.rank: int | None = None
+        #: The highest event number read on this connection, and the last one acknowledged (when).
+        self.read = 0
+        self.acked = 0
+        self.acked_at = 0.0
 
 
 class EventListener:
-    """The controller's end: accepts the workers' connections, reads their events and answers
-    their asks for acknowledgements.
+    """The controller's end: accepts the workers' connections, reads their events and
+    acknowledges them.
 
     ``wake()`` may be called from another thread to end a ``poll`` early (the worker group's Ray
     watcher uses it when the long poll delivers something).
@@ -332,8 +339,6 @@ class EventListener:
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         #: Ranks whose connection ended (EOF or error) since the last ``poll``.
         self.closed: list[int] = []
-        #: Connections that asked for an acknowledgement since the last ``acknowledge``.
-        self._asked: list[_Connection] = []
         #: Test-only: half-open connections (``FAULTS``), kept open until ``close``.
         self._stalled: list[socket.socket] = []
 
@@ -361,18 +366,6 @@ class EventListener:
             else:
                 self._read(key.data, events)
         return events, woken
-
-    def acknowledge(self, applied: Sequence[int]) -> None:
-        """Answer the workers that asked: ``applied[rank]`` is the highest number applied from each."""
-        if not self._asked:
-            return
-        for conn in self._asked:
-            try:
-                if conn.sock.send(_ACK.pack(applied[conn.rank])) != _ACK.size:
-                    raise OSError("a partial acknowledgement")
-            except OSError:  # the worker is not reading: it gives the connection up by itself
-                self._drop(conn)
-        self._asked.clear()
 
     def _accept(self) -> None:
         while True:
@@ -404,16 +397,17 @@ class EventListener:
                 self._drop(conn)
                 return
             conn.rank, offset = rank, _HELLO.size
+        asked = False
         while size - offset >= _HEADER.size:
             length, number = _HEADER.unpack_from(conn.buffer, offset)
             end = offset + _HEADER.size + length
             if end > size:
                 break
             if not length:
-                if self.address.acks:
-                    self._asked.append(conn)
+                asked = True
             else:
                 events.append((conn.rank, number, cloudpickle.loads(memoryview(conn.buffer)[offset + _HEADER.size : end])))
+                conn.read = number
                 if FAULTS.armed and (fault := FAULTS._fire(conn.rank)) is not None:
                     self._fault(conn, fault)
                     return
@@ -422,6 +416,15 @@ class EventListener:
         if not data:
             self.closed.append(conn.rank)
             self._drop(conn)
+        elif self.address.acks and (asked or conn.read > conn.acked):
+            now = time.monotonic()
+            if asked or now - conn.acked_at >= ACK_EVERY_S:
+                conn.acked, conn.acked_at = conn.read, now
+                try:
+                    if conn.sock.send(_ACK.pack(conn.read)) != _ACK.size:
+                        raise OSError("a partial acknowledgement")
+                except OSError:  # the worker does not read: it gives the connection up by itself
+                    self._drop(conn)
 
     def _fault(self, conn: _Connection, fault: str) -> None:
         """Test-only (``FAULTS``): what follows this frame is never read, nor answered."""
@@ -430,7 +433,6 @@ class EventListener:
             return
         self._selector.unregister(conn.sock)
         self._stalled.append(conn.sock)
-        self._asked = [asker for asker in self._asked if asker is not conn]
 
     def _drop(self, conn: _Connection) -> None:
         try:

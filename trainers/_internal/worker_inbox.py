@@ -8,8 +8,9 @@ node closes no socket. Whatever the thread receives it queues and wakes the cont
 
 A worker numbers its events and replays the unacknowledged ones when it leaves the socket for
 the Ray road (``event_channel``), so the same event may come twice: the inbox applies an event
-only when its number is above the highest it applied from that worker, and that number is what
-it acknowledges, on the socket when a worker asks and with each new long poll.
+only when its number is above the highest it applied from that worker. Each new long poll
+acknowledges what the inbox holds from that worker (the socket's own acknowledgements are the
+listener's).
 """
 
 from __future__ import annotations
@@ -85,7 +86,6 @@ class WorkerInbox:
                 elif number > applied[rank]:  # else a replay of an event already applied
                     applied[rank] = number
                     events.append(event)
-            self._listener.acknowledge(applied)
             for event in events:
                 if isinstance(event, (FinishedEvent, FailedEvent)):
                     self._ended.add(event.world_rank)
