@@ -17,8 +17,9 @@ keeps each one until the controller acknowledges it:
   that connection (a connection carries a worker's events in order, so every lower one arrived
   too). It does so while reading, at most once per ``ACK_EVERY_S`` per connection: a rank
   reporting in a tight loop costs the driver one small write a second, not one per report, and
-  a rank reporting more slowly one per report, sent in the wakeup that read it. A worker whose oldest unacknowledged event is ``ack_timeout_s / 2``
-  old (the last reports of a burst) asks with an empty frame, answered at once.
+  a rank reporting more slowly one per report, sent in the wakeup that read it. A worker whose
+  oldest unacknowledged event is ``ack_timeout_s / 2`` old (the last reports of a burst) asks
+  with an empty frame, answered at once.
 - A connection is given up when it closes, errs (TCP keepalive finds a peer gone while idle), or
   leaves an event unacknowledged for ``ack_timeout_s``; a half-open connection, whose writes
   all "succeed", is found by that last check. The worker then replays every unacknowledged
@@ -112,7 +113,7 @@ class ChannelFaults:
     KINDS = ("drop", "half-open")
 
     def __init__(self) -> None:
-        #: False: workers keep nothing and replay nothing, the controller answers no asks (the
+        #: False: workers keep nothing and replay nothing, the controller acknowledges nothing (the
         #: road before acknowledgements); read when a listener starts, and handed to its workers.
         self.acks = True
         #: rank -> [fault, frames to let through first].
