@@ -20,9 +20,12 @@ keeps each one until the controller acknowledges it:
   a rank reporting more slowly one per report, sent in the wakeup that read it. A worker whose
   oldest unacknowledged event is ``ack_timeout_s / 2`` old (the last reports of a burst) asks
   with an empty frame, answered at once.
-- A connection is given up when it closes, errs (TCP keepalive finds a peer gone while idle), or
-  leaves an event unacknowledged for ``ack_timeout_s``; a half-open connection, whose writes
-  all "succeed", is found by that last check. The worker then replays every unacknowledged
+- A connection is given up when it closes or errs, or leaves an event unacknowledged for
+  ``ack_timeout_s``. A half-open connection, whose writes all "succeed", is found by the kernel
+  within about 10 s (TCP keepalive while idle, ``TCP_USER_TIMEOUT`` while bytes wait for the
+  peer's TCP acknowledgement), which never mistakes a busy controller for a dead one: its kernel
+  keeps acknowledging. The application's timeout is the backstop for a connection whose peer's
+  kernel answers but whose controller never reads it. The worker then replays every unacknowledged
   event over the Ray long poll (``TrainWorker.next_events``), which the worker group keeps open
   anyway (it is how a dead worker or a lost node, which closes no socket, is noticed), and sends
   later events that way too, for the rest of the attempt. The long poll acknowledges too: each
@@ -78,15 +81,18 @@ _READ_CHUNK = 1 << 20
 #: How long a worker tries to reach the controller before it falls back to the Ray long poll.
 CONNECT_TIMEOUT_S = 5.0
 #: How long an event may stay unacknowledged before its worker gives the connection up and
-#: replays over Ray. A controller busy longer than this (a slow commit) moves that worker to
-#: the Ray road for the rest of the attempt, which costs speed only; the workers ask at half.
-ACK_TIMEOUT_S = 5.0
+#: replays over Ray (the workers ask at half of it). Long, because the kernel finds a dead
+#: network path sooner (``_TCP_OPTIONS``): this catches a connection the controller never reads,
+#: and a controller busy longer than this (a very slow commit) only moves that worker to the
+#: slower Ray road for the rest of the attempt.
+ACK_TIMEOUT_S = 15.0
 #: The controller acknowledges a connection at most this often unless asked: a second keeps a
-#: worker's unacknowledged events to about a second's worth, far inside ``ACK_TIMEOUT_S``.
+#: worker's unacknowledged events to about a second's worth while it reports.
 ACK_EVERY_S = 1.0
-#: TCP keepalive on the worker's connection: an idle connection to a vanished peer errs within
-#: about 10 s instead of at the next event.
-_KEEPALIVE = {"TCP_KEEPIDLE": 4, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3}
+#: The worker's connection errs within about 10 s when the peer's kernel stops answering: while
+#: idle by keepalive probes (4 s, then 3 probes 2 s apart), with bytes in flight by
+#: ``TCP_USER_TIMEOUT`` (ms). Linux names; elsewhere the system's own timers apply.
+_TCP_OPTIONS = {"TCP_KEEPIDLE": 4, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3, "TCP_USER_TIMEOUT": 10_000}
 
 
 def _allow_open_files(wanted: int) -> None:
@@ -192,8 +198,8 @@ class Outbox:
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in _KEEPALIVE.items():
-            if hasattr(socket, name):  # Linux; elsewhere the system's keepalive times apply
+        for name, value in _TCP_OPTIONS.items():
+            if hasattr(socket, name):
                 sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
         sock.sendall(_HELLO.pack(address.token, rank))
         self._sock = sock
