@@ -14,7 +14,8 @@ import pytest
 from trainers import Checkpoint, DataParallelTrainer, FailureConfig, Result, RunConfig, ScalingConfig, UserCallback
 from trainers._internal import event_channel
 from trainers._internal.event_channel import FAULTS, ChannelAddress, EventListener, Outbox
-from trainers._internal.events import ReportEvent
+from trainers._internal.attempt_book import AttemptBook
+from trainers._internal.events import ReportEvent, SyncEvent
 from trainers._internal.worker_inbox import WorkerInbox
 
 
@@ -280,12 +281,21 @@ def checkpointing_loop(config):
 def test_a_rank_whose_connection_breaks_in_a_checkpoint_round_loses_no_report(fault, ray_local, tmp_path, monkeypatch):
     # Rank 1's connection is dropped (or left half-open) right after its first event, barrier 0,
     # arrives: its report of round 0, whose checkpoint is in storage already, is lost on the
-    # socket, and the barrier, not acknowledged, comes again over Ray. Without acknowledgements and
-    # replay round 0 never completes: the run fails (a misleading "uneven reports", or a hang until
-    # report_timeout_s). The fault fires on the first event, before any acknowledgement is due, so
-    # a busy machine cannot make the worker leave the socket before it.
+    # socket, and the barrier, not acknowledged, may come again over Ray. Without acknowledgements
+    # and replay round 0 never completes: the run fails (a misleading "uneven reports", or a hang
+    # until report_timeout_s). The fault fires on the first event, before any acknowledgement is
+    # due, so a busy machine cannot make the worker leave the socket before it.
     if fault == "half-open":
         monkeypatch.setattr(event_channel, "ACK_TIMEOUT_S", 2.0)  # found by the worker this soon
+    applied: list[tuple[str, int, int]] = []
+    add = AttemptBook.add
+
+    def recording(book, event):
+        if isinstance(event, (ReportEvent, SyncEvent)):
+            applied.append((type(event).__name__, event.world_rank, event.index))
+        add(book, event)
+
+    monkeypatch.setattr(AttemptBook, "add", recording)
     FAULTS.arm(1, fault)
     steps = Steps()
     result = DataParallelTrainer(
@@ -301,6 +311,9 @@ def test_a_rank_whose_connection_breaks_in_a_checkpoint_round_loses_no_report(fa
     ).fit()
     assert FAULTS.fired == [(1, fault)]
     assert steps.steps == [[step, step] for step in range(4)]  # every round committed once, in order
+    # Every report and barrier of every rank reached the attempt's book once: replays were dropped.
+    kinds = ("ReportEvent", "SyncEvent")
+    assert sorted(applied) == sorted((kind, rank, step) for kind in kinds for rank in (0, 1) for step in range(4))
     restored = Result.from_path(result.path)
     assert list(restored.metrics_dataframe["step"]) == [0, 1, 2, 3]
     assert len(restored.best_checkpoints) == 4
