@@ -15,11 +15,11 @@ keeps each one until the controller acknowledges it:
 
 - The controller acknowledges on the same socket, 8 bytes: the highest number it has read on
   that connection (a connection carries a worker's events in order, so every lower one arrived
-  too). It does so while reading, at most once per ``ACK_EVERY_S`` per connection: a rank
-  reporting in a tight loop costs the driver one small write a second, not one per report, and
-  a rank reporting more slowly one per report, sent in the wakeup that read it. A worker whose
-  oldest unacknowledged event is ``ack_timeout_s / 2`` old (the last reports of a burst) asks
-  with an empty frame, answered at once.
+  too). It does so while reading, at most once per ``ACK_EVERY_S`` (5 s) per connection, in the
+  wakeup that read the event: a rank reporting faster costs the driver one small write per 5 s,
+  not one per report (on loopback a write costs about what reading a report does). A worker
+  whose oldest unacknowledged event is ``ack_timeout_s / 2`` old (the last reports of a burst)
+  asks with an empty frame, answered at once.
 - A connection is given up when it closes or errs, or leaves an event unacknowledged for
   ``ack_timeout_s``. A half-open connection, whose writes all "succeed", is found by the kernel
   within about 10 s (TCP keepalive while idle, ``TCP_USER_TIMEOUT`` while bytes wait for the
@@ -86,9 +86,10 @@ CONNECT_TIMEOUT_S = 5.0
 #: and a controller busy longer than this (a very slow commit) only moves that worker to the
 #: slower Ray road for the rest of the attempt.
 ACK_TIMEOUT_S = 15.0
-#: The controller acknowledges a connection at most this often unless asked: a second keeps a
-#: worker's unacknowledged events to about a second's worth while it reports.
-ACK_EVERY_S = 1.0
+#: The controller acknowledges a connection at most this often unless asked. A third of
+#: ``ACK_TIMEOUT_S``: a worker reporting steadily is acknowledged before it would ask, and rounds
+#: up to 5 s apart share one acknowledgement per rank instead of paying one each.
+ACK_EVERY_S = 5.0
 #: The worker's connection errs within about 10 s when the peer's kernel stops answering: while
 #: idle by keepalive probes (4 s, then 3 probes 2 s apart), with bytes in flight by
 #: ``TCP_USER_TIMEOUT`` (ms). Linux names; elsewhere the system's own timers apply.
