@@ -16,19 +16,20 @@ keeps each one until the controller acknowledges it:
 - The controller acknowledges on the same socket, 8 bytes: the highest number it has read on
   that connection (a connection carries a worker's events in order, so every lower one arrived
   too). It does so while reading, at most once per ``ACK_EVERY_S`` (5 s) per connection, in the
-  wakeup that read the event: a rank reporting faster costs the driver one small write per 5 s,
-  not one per report (on loopback a write costs about what reading a report does). A worker
-  whose oldest unacknowledged event is ``ack_timeout_s / 2`` old (the last reports of a burst)
-  asks with an empty frame, answered at once.
+  wakeup that read the event: a rank reporting more often than that costs the driver one small
+  write per 5 s, not one per report (on loopback a write costs about what reading a report
+  does). A worker whose oldest unacknowledged event is ``ack_timeout_s / 2`` old (the last
+  reports of a burst) asks with an empty frame, answered at once.
 - A connection is given up when it closes or errs, or leaves an event unacknowledged for
   ``ack_timeout_s``. A half-open connection, whose writes all "succeed", is found by the kernel
-  within about 10 s (TCP keepalive while idle, ``TCP_USER_TIMEOUT`` while bytes wait for the
+  within about 15 s (TCP keepalive while idle, ``TCP_USER_TIMEOUT`` while bytes wait for the
   peer's TCP acknowledgement), which never mistakes a busy controller for a dead one: its kernel
   keeps acknowledging. The application's timeout is the backstop for a connection whose peer's
-  kernel answers but whose controller never reads it. The worker then replays every unacknowledged
-  event over the Ray long poll (``TrainWorker.next_events``), which the worker group keeps open
-  anyway (it is how a dead worker or a lost node, which closes no socket, is noticed), and sends
-  later events that way too, for the rest of the attempt. The long poll acknowledges too: each
+  kernel answers but whose controller never reads it (what ``FAULTS``' "half-open" plants). The
+  worker then replays every unacknowledged event over the Ray long poll
+  (``TrainWorker.next_events``), which the worker group keeps open anyway (it is how a dead
+  worker or a lost node, which closes no socket, is noticed), and sends later events that way
+  too, for the rest of the attempt. The long poll acknowledges too: each
   new call carries the highest number the controller holds, and the worker forgets up to it.
 - The controller (``WorkerInbox``) applies a worker's event only when its number is above the
   highest applied from that worker: each road carries a worker's events in order, starting at or
@@ -90,9 +91,9 @@ ACK_TIMEOUT_S = 15.0
 #: ``ACK_TIMEOUT_S``: a worker reporting steadily is acknowledged before it would ask, and rounds
 #: up to 5 s apart share one acknowledgement per rank instead of paying one each.
 ACK_EVERY_S = 5.0
-#: The worker's connection errs within about 10 s when the peer's kernel stops answering: while
-#: idle by keepalive probes (4 s, then 3 probes 2 s apart), with bytes in flight by
-#: ``TCP_USER_TIMEOUT`` (ms). Linux names; elsewhere the system's own timers apply.
+#: The worker's connection errs within about 15 s when the peer's kernel stops answering: while
+#: idle by keepalive probes (from 4 s, 2 s apart), with bytes in flight by ``TCP_USER_TIMEOUT``
+#: (ms; it also bounds the keepalive). Linux names; elsewhere the system's own timers apply.
 _TCP_OPTIONS = {"TCP_KEEPIDLE": 4, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3, "TCP_USER_TIMEOUT": 10_000}
 
 
