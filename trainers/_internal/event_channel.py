@@ -1,37 +1,79 @@
-"""A direct line from every worker to the controller for reports and other worker events.
+"""A direct line from every worker to the controller for reports and other worker events, that
+loses none of them.
 
 Sending each event as the answer to a Ray actor call costs the driver one ``ray.get`` and one
 new ``.remote()`` per rank per report: about 0.1 ms each, so a 64-rank report round cost the
 controller ~10 ms of CPU and grew with the square of the world size in latency. Here each worker
 opens one TCP connection to the controller when its training function starts and writes
-length-prefixed pickled event batches to it; the controller waits on all connections at once
-with ``selectors`` (epoll), so a round costs one small read per rank.
+length-prefixed pickled events to it; the controller waits on all connections at once with
+``selectors`` (epoll), so a round costs one small read per rank.
 
-The connection is a fast path only. A worker that cannot reach the controller, or whose
-connection breaks, falls back to the Ray actor long poll (``TrainWorker.next_events``), which
-the worker group keeps open anyway: it is also how a dead worker (or a lost node, which closes
-no socket) is noticed.
+``sendall`` returning proves only that the local kernel took the bytes: a connection that breaks
+(a reset, a NAT or firewall forgetting it, a half-open socket after a network blip) loses what
+was in flight. So every event is numbered (per worker and attempt, from 1), and an ``Outbox``
+keeps each one until the controller acknowledges it:
+
+- The controller acknowledges on the same socket, 8 bytes: the highest number it has read on
+  that connection (a connection carries a worker's events in order, so every lower one arrived
+  too). It does so while reading, at most once per ``ACK_EVERY_S`` (5 s) per connection, in the
+  wakeup that read the event: a rank reporting more often than that costs the driver one small
+  write per 5 s, not one per report (on loopback a write costs about what reading a report
+  does). A worker whose oldest unacknowledged event is ``ack_timeout_s / 2`` old (the last
+  reports of a burst) asks with an empty frame, answered at once.
+- A connection is given up when it closes or errs, or leaves an event unacknowledged for
+  ``ack_timeout_s``. A half-open connection, whose writes all "succeed", is found by the kernel
+  within about 15 s (TCP keepalive while idle, ``TCP_USER_TIMEOUT`` while bytes wait for the
+  peer's TCP acknowledgement), which never mistakes a busy controller for a dead one: its kernel
+  keeps acknowledging. The application's timeout is the backstop for a connection whose peer's
+  kernel answers but whose controller never reads it (what ``FAULTS``' "half-open" plants). The
+  worker then replays every unacknowledged event over the Ray long poll
+  (``TrainWorker.next_events``), which the worker group keeps open anyway (it is how a dead
+  worker or a lost node, which closes no socket, is noticed), and sends later events that way
+  too, for the rest of the attempt. The long poll acknowledges too: each
+  new call carries the highest number the controller holds, and the worker forgets up to it.
+- The controller (``WorkerInbox``) applies a worker's event only when its number is above the
+  highest applied from that worker: each road carries a worker's events in order, starting at or
+  before the first one the controller lacks, so anything lower is a replay. Inboxes live one
+  attempt, so the key is (attempt, rank, number).
+
+Why no reconnect: the Ray road is already open, reliable once acknowledged, and costs only
+speed (0.1 ms of driver CPU per event of that rank); a second connection would need ordering
+between the old and the new socket for a case (a broken connection) that is rare. An
+acknowledgement means the controller's process holds the event: its loop applies what a poll
+returns before it polls again, and if that process dies the attempt ends with it.
 
 A connection starts with a hello carrying a per-group random token handed to the workers over
 Ray, so a stray process cannot inject events into a run.
+
+Test-only: ``FAULTS`` plants connection faults in this process's listeners (drop a rank's
+connection, or leave it half-open, after a frame) and holds the switch that turns
+acknowledgements off, for the tests and the chaos soak. Nothing in production touches it.
 """
 
 from __future__ import annotations
 
+import collections
 import hmac
 import logging
 import secrets
 import selectors
 import socket
 import struct
+import sys
 import threading
+import time
 from typing import Any
 
 from ray import cloudpickle
 
 logger = logging.getLogger(__name__)
 
-_HEADER = struct.Struct("!I")
+#: Every frame a worker writes: the payload's length (0: an ask for an acknowledgement) and the
+#: event's number; then the pickled event.
+_HEADER = struct.Struct("!IQ")
+_ASK = _HEADER.pack(0, 0)
+#: What the controller writes back: the highest event number it has read on that connection.
+_ACK = struct.Struct("!Q")
 #: A connection's first bytes: the group's 16-byte token and the rank, checked before anything
 #: the peer sends is unpickled (unpickling runs code, so an unproven peer never gets that far).
 _HELLO = struct.Struct("!16sI")
@@ -39,11 +81,20 @@ _HELLO = struct.Struct("!16sI")
 _READ_CHUNK = 1 << 20
 #: How long a worker tries to reach the controller before it falls back to the Ray long poll.
 CONNECT_TIMEOUT_S = 5.0
-
-
-def _frame(obj: Any) -> bytes:
-    payload = cloudpickle.dumps(obj)
-    return _HEADER.pack(len(payload)) + payload
+#: How long an event may stay unacknowledged before its worker gives the connection up and
+#: replays over Ray (the workers ask at half of it). Long, because the kernel finds a dead
+#: network path sooner (``_TCP_OPTIONS``): this catches a connection the controller never reads,
+#: and a controller busy longer than this (a very slow commit) only moves that worker to the
+#: slower Ray road for the rest of the attempt.
+ACK_TIMEOUT_S = 15.0
+#: The controller acknowledges a connection at most this often unless asked. A third of
+#: ``ACK_TIMEOUT_S``: a worker reporting steadily is acknowledged before it would ask, and rounds
+#: up to 5 s apart share one acknowledgement per rank instead of paying one each.
+ACK_EVERY_S = 5.0
+#: The worker's connection errs within about 15 s when the peer's kernel stops answering: while
+#: idle by keepalive probes (from 4 s, 2 s apart), with bytes in flight by ``TCP_USER_TIMEOUT``
+#: (ms; it also bounds the keepalive). Linux names; elsewhere the system's own timers apply.
+_TCP_OPTIONS = {"TCP_KEEPIDLE": 4, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3, "TCP_USER_TIMEOUT": 10_000}
 
 
 def _allow_open_files(wanted: int) -> None:
@@ -61,46 +112,208 @@ def _allow_open_files(wanted: int) -> None:
         pass  # not allowed here: workers that cannot connect fall back to the Ray long poll
 
 
-class ChannelAddress:
-    """Where the controller listens and the token a worker proves itself with (sent over Ray)."""
+class ChannelFaults:
+    """Test-only: faults planted on the event road of this process's listeners, and the switch
+    that turns acknowledgements off. The tests and the chaos soak use the one instance ``FAULTS``."""
 
-    def __init__(self, host: str, port: int, token: bytes) -> None:
+    #: The faults ``arm`` takes: "drop" closes the connection, "half-open" stops reading from and
+    #: writing to it without closing it (what a network blip leaves behind).
+    KINDS = ("drop", "half-open")
+
+    def __init__(self) -> None:
+        #: False: workers keep nothing and replay nothing, the controller acknowledges nothing (the
+        #: road before acknowledgements); read when a listener starts, and handed to its workers.
+        self.acks = True
+        #: rank -> [fault, frames to let through first].
+        self.armed: dict[int, list[Any]] = {}
+        #: (rank, fault) of every fault that fired, in order.
+        self.fired: list[tuple[int, str]] = []
+
+    def arm(self, rank: int, fault: str, after_frames: int = 0) -> None:
+        """Plant ``fault`` on rank ``rank``'s connection: it fires once the controller has read
+        ``after_frames`` more of that rank's events, right after the next one (which arrives)."""
+        if fault not in self.KINDS:
+            raise ValueError(f"arm(fault={fault!r}): must be one of {self.KINDS}")
+        self.armed[rank] = [fault, after_frames]
+
+    def reset(self) -> None:
+        """Disarm everything, forget what fired, turn acknowledgements back on."""
+        self.acks = True
+        self.armed.clear()
+        self.fired.clear()
+
+    def _fire(self, rank: int) -> str | None:
+        armed = self.armed.get(rank)
+        if armed is None:
+            return None
+        if armed[1] > 0:
+            armed[1] -= 1
+            return None
+        del self.armed[rank]
+        self.fired.append((rank, armed[0]))
+        return armed[0]
+
+
+FAULTS = ChannelFaults()
+
+
+class ChannelAddress:
+    """Where the controller listens, the token a worker proves itself with, and how the worker
+    treats acknowledgements (sent over Ray)."""
+
+    def __init__(self, host: str, port: int, token: bytes, ack_timeout_s: float = ACK_TIMEOUT_S, acks: bool = True) -> None:
         self.host = host
         self.port = port
         self.token = token
+        self.ack_timeout_s = ack_timeout_s
+        self.acks = acks
 
 
-class EventSender:
-    """One worker's end: ``send`` writes a batch of events; safe from several threads (the
-    training loop and the background uploader both emit)."""
+class Outbox:
+    """One worker's events on their way to the controller, numbered and kept until acknowledged.
 
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self._lock = threading.Lock()
+    ``put`` sends an event over the connection (``connect``) while it works, else leaves it for
+    ``take``, the Ray long poll. Safe from several threads (the training loop and the background
+    uploader both emit); frames go out whole and in the order of their numbers.
+    """
 
-    @classmethod
-    def connect(cls, address: ChannelAddress, rank: int, timeout_s: float = CONNECT_TIMEOUT_S) -> "EventSender":
-        """Connect and say hello as ``rank``; raises ``OSError`` when the controller is unreachable."""
+    def __init__(self) -> None:
+        self._send_lock = threading.Lock()  # numbers and frames in one order
+        self._changed = threading.Condition(threading.Lock())  # guards _kept
+        #: (number, when sent, event) not acknowledged yet, oldest first.
+        self._kept: collections.deque[tuple[int, float, Any]] = collections.deque()
+        self._number = 0
+        self._sock: socket.socket | None = None
+        self._acks = True
+        self._ack_timeout_s = ACK_TIMEOUT_S
+
+    @property
+    def connected(self) -> bool:
+        """Whether events still go over the connection."""
+        return self._sock is not None
+
+    def connect(self, address: ChannelAddress, rank: int, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        """Connect and say hello as ``rank``; raises ``OSError`` when the controller is unreachable
+        (events then go through ``take``)."""
+        self._acks, self._ack_timeout_s = address.acks, address.ack_timeout_s
         sock = socket.create_connection((address.host, address.port), timeout=timeout_s)
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sender = cls(sock)
-        sender.send_raw(_HELLO.pack(address.token, rank))
-        return sender
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in _TCP_OPTIONS.items():
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+        sock.sendall(_HELLO.pack(address.token, rank))
+        self._sock = sock
+        if self._acks:
+            threading.Thread(target=self._watch, args=(sock,), name="flowtrain-event-acks", daemon=True).start()
 
-    def send_raw(self, data: bytes) -> None:
-        with self._lock:
-            self._sock.sendall(data)
+    def put(self, event: Any) -> None:
+        """Number ``event`` and send it (or leave it for the Ray long poll)."""
+        payload = cloudpickle.dumps(event)
+        with self._send_lock:
+            self._number += 1
+            number, sock = self._number, self._sock
+            if self._acks or sock is None:
+                with self._changed:
+                    self._kept.append((number, time.monotonic(), event))
+                    if sock is None:
+                        self._changed.notify_all()
+            if sock is None:
+                return
+            try:
+                sock.sendall(_HEADER.pack(len(payload), number) + payload)
+            except OSError:
+                if not self._acks:  # the road before acknowledgements: later events go by Ray
+                    with self._changed:
+                        self._kept.append((number, 0.0, event))
+                self._give_up(sock)
 
-    def send(self, events: list) -> None:
-        """Send ``events`` in one frame; raises ``OSError`` when the connection is gone."""
-        self.send_raw(_frame(events))
+    def take(self, timeout_s: float, acked: int) -> list[tuple[int, Any]]:
+        """The Ray long poll: forget events up to number ``acked``, then wait up to ``timeout_s``
+        until events are left for this road and return them all, numbered ([] when none came)."""
+        with self._changed:
+            self._forget(acked)
+            if not self._changed.wait_for(lambda: self._sock is None and self._kept, timeout_s):
+                return []
+            taken = [(number, event) for number, _, event in self._kept]
+            if not self._acks:
+                self._kept.clear()
+            return taken
 
-    def close(self) -> None:
+    def _forget(self, acked: int) -> None:
+        kept = self._kept
+        while kept and kept[0][0] <= acked:
+            kept.popleft()
+
+    def _give_up(self, sock: socket.socket, stalled: bool = False) -> None:
+        """Leave the connection for the Ray road (the caller holds ``_send_lock``). Said only when
+        it stalled: a connection closes or resets quietly every time an attempt ends."""
+        if self._sock is not sock:
+            return
+        self._sock = None
         try:
-            self._sock.close()
+            sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        if stalled:
+            print(
+                f"flowtrain: the controller acknowledged nothing on this worker's connection for {self._ack_timeout_s:g} s "
+                "(a half-open connection, or a controller busy that long); events go through Ray instead",
+                file=sys.stderr,
+            )
+        with self._changed:
+            self._changed.notify_all()
+
+    def _watch(self, sock: socket.socket) -> None:
+        """Read acknowledgements, ask for them, and give the connection up when it fails."""
+        ask_after = self._ack_timeout_s / 2
+        asked_at = 0.0
+        answer = bytearray()
+        lost = stalled = False
+        with selectors.DefaultSelector() as selector:
+            selector.register(sock, selectors.EVENT_READ)
+            while self._sock is sock and not lost:
+                if selector.select(ask_after / 4):
+                    try:
+                        data = sock.recv(4096)
+                    except OSError:
+                        data = b""
+                    if not data:  # closed or reset
+                        lost = True
+                        break
+                    answer += data
+                    whole = len(answer) - len(answer) % _ACK.size
+                    if whole:
+                        (acked,) = _ACK.unpack_from(answer, whole - _ACK.size)
+                        del answer[:whole]
+                        with self._changed:
+                            self._forget(acked)
+                        asked_at = 0.0
+                with self._changed:
+                    oldest = self._kept[0][1] if self._kept else None
+                now = time.monotonic()
+                if oldest is None or now - oldest < ask_after:
+                    continue
+                if now - oldest > self._ack_timeout_s:
+                    lost = stalled = True
+                elif now - asked_at > ask_after and self._send_lock.acquire(blocking=False):
+                    try:  # skipped while a report is being written: it may be stuck, the clock is not
+                        if self._sock is sock:
+                            sock.sendall(_ASK)
+                            asked_at = now
+                    except OSError:
+                        lost = True
+                    finally:
+                        self._send_lock.release()
+        if lost:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # first: it wakes a put stuck in sendall
+            except OSError:
+                pass
+            with self._send_lock:
+                self._give_up(sock, stalled)
+        sock.close()
 
 
 class _Connection:
@@ -108,10 +321,15 @@ class _Connection:
         self.sock = sock
         self.buffer = bytearray()
         self.rank: int | None = None
+        #: The highest event number read on this connection, and the last one acknowledged (when).
+        self.read = 0
+        self.acked = 0
+        self.acked_at = 0.0
 
 
 class EventListener:
-    """The controller's end: accepts the workers' connections and reads their event batches.
+    """The controller's end: accepts the workers' connections, reads their events and
+    acknowledges them.
 
     ``wake()`` may be called from another thread to end a ``poll`` early (the worker group's Ray
     watcher uses it when the long poll delivers something).
@@ -122,7 +340,7 @@ class EventListener:
         self.token = secrets.token_bytes(16)
         self._server = socket.create_server((host, 0), backlog=4096)
         self._server.setblocking(False)
-        self.address = ChannelAddress(host, self._server.getsockname()[1], self.token)
+        self.address = ChannelAddress(host, self._server.getsockname()[1], self.token, ACK_TIMEOUT_S, FAULTS.acks)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._server, selectors.EVENT_READ, None)
         self._wake_r, self._wake_w = socket.socketpair()
@@ -130,6 +348,8 @@ class EventListener:
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         #: Ranks whose connection ended (EOF or error) since the last ``poll``.
         self.closed: list[int] = []
+        #: Test-only: half-open connections (``FAULTS``), kept open until ``close``.
+        self._stalled: list[socket.socket] = []
 
     def wake(self) -> None:
         try:
@@ -137,10 +357,10 @@ class EventListener:
         except OSError:
             pass  # already closed, or the buffer is full of wake-ups: poll wakes either way
 
-    def poll(self, timeout_s: float) -> tuple[list[tuple[int, list]], bool]:
-        """Wait up to ``timeout_s``; return ``(rank, events)`` batches read, and whether ``wake``
-        was called."""
-        batches: list[tuple[int, list]] = []
+    def poll(self, timeout_s: float) -> tuple[list[tuple[int, int, Any]], bool]:
+        """Wait up to ``timeout_s``; return the ``(rank, number, event)`` read, and whether
+        ``wake`` was called."""
+        events: list[tuple[int, int, Any]] = []
         woken = False
         for key, _ in self._selector.select(timeout_s):
             if key.data is None:
@@ -153,8 +373,8 @@ class EventListener:
                 except (BlockingIOError, InterruptedError):
                     pass
             else:
-                self._read(key.data, batches)
-        return batches, woken
+                self._read(key.data, events)
+        return events, woken
 
     def _accept(self) -> None:
         while True:
@@ -165,7 +385,7 @@ class EventListener:
             sock.setblocking(False)
             self._selector.register(sock, selectors.EVENT_READ, _Connection(sock))
 
-    def _read(self, conn: _Connection, batches: list[tuple[int, list]]) -> None:
+    def _read(self, conn: _Connection, events: list[tuple[int, int, Any]]) -> None:
         try:
             data = conn.sock.recv(_READ_CHUNK)
         except (BlockingIOError, InterruptedError):
@@ -186,18 +406,42 @@ class EventListener:
                 self._drop(conn)
                 return
             conn.rank, offset = rank, _HELLO.size
+        asked = False
         while size - offset >= _HEADER.size:
-            (length,) = _HEADER.unpack_from(conn.buffer, offset)
+            length, number = _HEADER.unpack_from(conn.buffer, offset)
             end = offset + _HEADER.size + length
             if end > size:
                 break
-            batches.append((conn.rank, cloudpickle.loads(memoryview(conn.buffer)[offset + _HEADER.size : end])))
+            if not length:
+                asked = True
+            else:
+                events.append((conn.rank, number, cloudpickle.loads(memoryview(conn.buffer)[offset + _HEADER.size : end])))
+                conn.read = number
+                if FAULTS.armed and (fault := FAULTS._fire(conn.rank)) is not None:
+                    self._fault(conn, fault)
+                    return
             offset = end
         del conn.buffer[:offset]
         if not data:
-            if conn.rank is not None:
-                self.closed.append(conn.rank)
+            self.closed.append(conn.rank)
             self._drop(conn)
+        elif self.address.acks and (asked or conn.read > conn.acked):
+            now = time.monotonic()
+            if asked or now - conn.acked_at >= ACK_EVERY_S:
+                conn.acked, conn.acked_at = conn.read, now
+                try:
+                    if conn.sock.send(_ACK.pack(conn.read)) != _ACK.size:
+                        raise OSError("a partial acknowledgement")
+                except OSError:  # the worker does not read: it gives the connection up by itself
+                    self._drop(conn)
+
+    def _fault(self, conn: _Connection, fault: str) -> None:
+        """Test-only (``FAULTS``): what follows this frame is never read, nor answered."""
+        if fault == "drop":
+            self._drop(conn)
+            return
+        self._selector.unregister(conn.sock)
+        self._stalled.append(conn.sock)
 
     def _drop(self, conn: _Connection) -> None:
         try:
@@ -215,5 +459,7 @@ class EventListener:
                 key.fileobj.close()
             except OSError:
                 pass
+        for sock in self._stalled:
+            sock.close()
         self._selector.close()
         self._wake_w.close()

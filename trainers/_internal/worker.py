@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import os
 import pickle
-import queue
 import socket
 import sys
 import threading
@@ -20,8 +19,8 @@ from typing import Any, Callable
 
 import ray
 
-from trainers._internal.event_channel import ChannelAddress, EventSender
-from trainers._internal.events import NOT_TRAINING, Event, FailedEvent, FinishedEvent, take_events
+from trainers._internal.event_channel import ChannelAddress, Outbox
+from trainers._internal.events import NOT_TRAINING, Event, FailedEvent, FinishedEvent
 from trainers._internal.session import TrainingInterrupted, WorkerSession, set_session
 from trainers.worker_output import announce, worker_label
 from trainers.errors import WorkerError
@@ -115,12 +114,12 @@ class TrainWorker:
     """One training worker. Methods are called by the controller through Ray."""
 
     def __init__(self) -> None:
-        self._events: queue.Queue[Event] = queue.Queue()
+        #: This worker's events until the controller acknowledges them: sent over the event
+        #: channel, or (without a working connection) left for ``next_events``.
+        self._outbox = Outbox()
         self._session: WorkerSession | None = None
         self._thread: threading.Thread | None = None
         self._label = "TrainWorker"
-        #: The direct line to the controller (None: events wait in ``_events`` for ``next_events``).
-        self._sender: EventSender | None = None
 
     def __repr__(self) -> str:
         # Ray shows this actor's lines under this name; trainers.worker_output routes them by it.
@@ -157,35 +156,25 @@ class TrainWorker:
         announce(self._label)
         if channel is not None:
             try:
-                self._sender = EventSender.connect(channel, run_context.world_rank)
+                self._outbox.connect(channel, run_context.world_rank)
             except OSError as error:
                 print(f"flowtrain: cannot reach the controller at {channel.host}:{channel.port} ({error}); "
                       "reports go through Ray instead", file=sys.stderr)
-        self._session = WorkerSession(emit=self._emit, **session_args)
+        self._session = WorkerSession(emit=self._outbox.put, **session_args)
         self._thread = threading.Thread(
             target=run_training_function,
-            args=(train_fn, config, takes_config, self._session, self._emit, context),
+            args=(train_fn, config, takes_config, self._session, self._outbox.put, context),
             name="train_loop_per_worker",
             daemon=True,
         )
         self._thread.start()
-        return self._sender is not None
+        return self._outbox.connected
 
-    def _emit(self, event: Event) -> None:
-        sender = self._sender
-        if sender is not None:
-            try:
-                sender.send([event])
-                return
-            except OSError:
-                # The controller still listens through next_events: later events go that way.
-                self._sender = None
-                sender.close()
-        self._events.put(event)
-
-    def next_events(self, timeout_s: float) -> list[Event]:
-        """Wait up to ``timeout_s`` for the next event, then return it with any queued behind it."""
-        return take_events(self._events, timeout_s)
+    def next_events(self, timeout_s: float, acked: int = 0) -> list[tuple[int, Event]]:
+        """The controller's long poll: forget the events it holds (numbered up to ``acked``),
+        then wait up to ``timeout_s`` for events the connection cannot carry, and return them
+        all, numbered."""
+        return self._outbox.take(timeout_s, acked)
 
     def activity(self) -> str:
         """Where the training function is right now (file:line and the code), for hang reports."""

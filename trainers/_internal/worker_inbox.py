@@ -5,6 +5,12 @@ reads (``event_channel``). The Ray road is one outstanding ``next_events`` long 
 watched by a background thread: it carries the events of a worker that could not reach the
 socket, and it is how a worker's death (or its node's) becomes a ``FailedEvent``, since a dead
 node closes no socket. Whatever the thread receives it queues and wakes the controller's wait.
+
+A worker numbers its events and replays the unacknowledged ones when it leaves the socket for
+the Ray road (``event_channel``), so the same event may come twice: the inbox applies an event
+only when its number is above the highest it applied from that worker. Each new long poll
+acknowledges what the inbox holds from that worker (the socket's own acknowledgements are the
+listener's).
 """
 
 from __future__ import annotations
@@ -44,7 +50,10 @@ class WorkerInbox:
         self._actors = actors
         self._died = died
         self._listener = EventListener(host, connections=len(actors))
-        self._from_ray: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        #: (rank, number, event) from the long polls; number None for a failure found here.
+        self._from_ray: queue.SimpleQueue[tuple[int, int | None, Event]] = queue.SimpleQueue()
+        #: The highest event number applied from each rank.
+        self._applied = [0] * len(actors)
         self._ended: set[int] = set()
         self._stopped = False
         self._thread: threading.Thread | None = None
@@ -63,15 +72,20 @@ class WorkerInbox:
         """Events that arrived within ``timeout_s`` (returns as soon as there is one)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            batches, _ = self._listener.poll(max(0.0, deadline - time.monotonic()))
-            events: list[Event] = []
-            for _, batch in batches:
-                events.extend(batch)
+            received, _ = self._listener.poll(max(0.0, deadline - time.monotonic()))
             while True:
                 try:
-                    events.append(self._from_ray.get_nowait())
+                    received.append(self._from_ray.get_nowait())
                 except queue.Empty:
                     break
+            events: list[Event] = []
+            applied = self._applied
+            for rank, number, event in received:
+                if number is None:
+                    events.append(event)
+                elif number > applied[rank]:  # else a replay of an event already applied
+                    applied[rank] = number
+                    events.append(event)
             for event in events:
                 if isinstance(event, (FinishedEvent, FailedEvent)):
                     self._ended.add(event.world_rank)
@@ -89,8 +103,12 @@ class WorkerInbox:
         inflight: dict[Any, int] = {}
         unavailable_since: dict[int, float] = {}
 
+        #: The highest event number received from each rank by this road.
+        received = [0] * len(self._actors)
+
         def listen(rank: int) -> None:
-            inflight[self._actors[rank].next_events.remote(LONG_POLL_S)] = rank
+            acked = max(received[rank], self._applied[rank])
+            inflight[self._actors[rank].next_events.remote(LONG_POLL_S, acked)] = rank
 
         try:
             for rank in range(len(self._actors)):
@@ -109,7 +127,7 @@ class WorkerInbox:
                     except ActorUnavailableError as error:
                         since = unavailable_since.setdefault(rank, time.monotonic())
                         if time.monotonic() - since > UNAVAILABLE_GRACE_S:
-                            self._from_ray.put(self._died(rank, error))
+                            self._from_ray.put((rank, None, self._died(rank, error)))
                             delivered = True
                         else:
                             time.sleep(0.2)  # not dead: ask again shortly, no restart spent yet
@@ -117,14 +135,15 @@ class WorkerInbox:
                         continue
                     except (RayActorError, RayTaskError) as error:
                         if rank not in self._ended:
-                            self._from_ray.put(self._died(rank, error))
+                            self._from_ray.put((rank, None, self._died(rank, error)))
                             delivered = True
                         continue
                     unavailable_since.pop(rank, None)
-                    for event in batch:
-                        self._from_ray.put(event)
+                    for number, event in batch:
+                        self._from_ray.put((rank, number, event))
+                        received[rank] = max(received[rank], number)
                     delivered = delivered or bool(batch)
-                    if not _ends(batch) and rank not in self._ended:
+                    if not _ends([event for _, event in batch]) and rank not in self._ended:
                         listen(rank)
                 if delivered and not self._stopped:
                     self._listener.wake()
