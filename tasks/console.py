@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 from prefect import get_run_logger
 
-from trainers.worker_output import capture_worker_output, is_ray_data_notice
+from trainers.worker_output import capture_worker_output, is_ray_data_notice, ray_console_handlers
 
 #: Ray Data settings while a task run drives Ray Data (``ray.data.DataContext`` fields).
 QUIET_RAY_DATA = {"enable_progress_bars": False, "print_on_execution_start": False}
@@ -64,12 +64,9 @@ _RAY_RECORDS = _RayRecords()
 
 
 def _filter_ray_console() -> None:
-    from ray._private.log import PlainRayHandler  # Ray's console handler (its file handlers keep everything)
-
-    for name in ("ray", "ray.data"):
-        for handler in logging.getLogger(name).handlers:
-            if isinstance(handler, PlainRayHandler) and _RAY_RECORDS not in handler.filters:
-                handler.addFilter(_RAY_RECORDS)
+    for handler in ray_console_handlers():  # Ray's file handlers keep everything
+        if _RAY_RECORDS not in handler.filters:
+            handler.addFilter(_RAY_RECORDS)
 
 
 def _showwarning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -17,6 +17,7 @@ from trainers._internal.controller import Controller
 from trainers._internal.log_level import log_level
 from trainers._internal.data import capture_data_context, check_dataset_values, check_row_counts, resolve_datasets
 from trainers._internal.progress import ProgressLine
+from trainers._internal.ray_private import TuneTrainableAttributes
 from trainers.backend import BackendConfig
 from trainers.callback import TrainRunContext
 from trainers.config import DataConfig, FailureConfig, RunConfig, ScalingConfig
@@ -102,7 +103,7 @@ def _caller_stacklevel() -> int:
     return level - 1
 
 
-class DataParallelTrainer:
+class DataParallelTrainer(TuneTrainableAttributes):
     """Runs ``train_loop_per_worker`` on ``scaling_config.num_workers`` workers.
 
     Each worker calls ``trainers.report(...)`` to report metrics and checkpoints; ``fit()`` returns
@@ -200,24 +201,11 @@ class DataParallelTrainer:
 
         run_trainer_trial(self, config)
 
-    @property
-    def _resources(self) -> Any:
-        # Ray Tune reads this attribute of a callable trainable for each trial's resources, and
-        # tune.with_resources(trainer, ...) sets it.
-        if "_tune_resources" in self.__dict__:
-            return self.__dict__["_tune_resources"]
+    def _default_tune_resources(self) -> Any:
+        # What a trial reserves unless tune.with_resources(trainer, ...) says (TuneTrainableAttributes).
         from trainers.tune.trainable import trainer_trial_resources
 
         return trainer_trial_resources(self)
-
-    @_resources.setter
-    def _resources(self, resources: Any) -> None:
-        self.__dict__["_tune_resources"] = resources
-
-    @property
-    def _name(self) -> str:
-        # Ray Tune names the trainable (and its trials) after this.
-        return type(self).__name__
 
     @property
     def _log_level(self) -> str | None:

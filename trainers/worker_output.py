@@ -31,7 +31,19 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
+from trainers._internal.ray_private import actor_name_line, ray_console_handlers, wrap_worker_line_printer
 from trainers.tuning import LATE_LINES_S
+
+__all__ = [
+    "Sink",
+    "announce",
+    "capture_worker_output",
+    "install",
+    "is_captured",
+    "is_ray_data_notice",
+    "ray_console_handlers",
+    "worker_label",
+]
 
 #: Receives what one worker printed: its world rank, the lines (one batch of them, in order)
 #: and whether they came from its stderr (warnings, logging, tracebacks) or its stdout.
@@ -44,8 +56,6 @@ _RAY_DATA_NOTICE = re.compile(
 )
 #: Name of the actors Ray Data starts for ``streaming_split``.
 _SPLIT_COORDINATOR = "SplitCoordinator"
-#: Name under which ``ray.init(log_to_driver=True)`` registers the handler that prints worker lines.
-_RAY_PRINTER = "ray_print_logs"
 
 _lock = threading.Lock()
 #: The sinks of each captured run name, latest last (two runs of one name at once in one process,
@@ -67,10 +77,9 @@ def announce(label: str) -> None:
     line to its stdout and stderr that the log monitor reads; writing it again renames the lines
     that follow.
     """
-    from ray._private import ray_constants
-
+    line = actor_name_line(label)
     for stream in (sys.stdout, sys.stderr):
-        stream.write(f"{ray_constants.LOG_PREFIX_ACTOR_NAME}{label}\n")
+        stream.write(line)
         stream.flush()
 
 
@@ -128,13 +137,7 @@ def install() -> None:
     """Put the router in front of Ray's printer of worker lines (once per ``ray.init``; a no-op
     when Ray is not connected or does not forward worker lines). Until a run is captured, the
     router passes every line on unchanged."""
-    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
-
-    with dispatcher._lock:  # swapped in place, so no batch of lines passes between remove and add
-        dispatcher.handlers = [
-            (name, _Router(handler) if name == _RAY_PRINTER and not isinstance(handler, _Router) else handler)
-            for name, handler in dispatcher.handlers
-        ]
+    wrap_worker_line_printer(lambda printer: printer if isinstance(printer, _Router) else _Router(printer))
 
 
 @contextlib.contextmanager

@@ -47,8 +47,8 @@ def check_dataset_values(datasets: dict[str, Any]) -> None:
 def resolve_datasets(datasets: dict[str, Any] | None) -> dict[str, Any]:
     """Call the dataset factories (``datasets={"train": lambda: ray.data.read_parquet(...)}``), and
     let the datasets' Parquet listings start only the footer readers their files need (see
-    ``trainers._internal.parquet_listing``)."""
-    from trainers._internal.parquet_listing import right_size_footer_readers
+    ``trainers._internal.ray_private.right_size_footer_readers``)."""
+    from trainers._internal.ray_private import right_size_footer_readers
 
     resolved = {}
     for name, value in (datasets or {}).items():
@@ -119,9 +119,9 @@ def capture_data_context() -> Any | None:
 
 def install_data_context(context: Any) -> None:
     """Make ``context`` this process's current Ray Data ``DataContext`` (run in each worker)."""
-    from ray.data import DataContext
+    from trainers._internal.ray_private import set_current_data_context
 
-    DataContext._set_current(context)
+    set_current_data_context(context)
 
 
 # -- DataConfig's meaning, as Ray Train's ------------------------------------------------------
@@ -129,17 +129,14 @@ def install_data_context(context: Any) -> None:
 
 def default_ingest_options() -> Any:
     """The Ray Data ``ExecutionOptions`` a dataset gets when ``DataConfig.execution_options`` names
-    none for it: the resource limits, excluded resources, ordering and progress verbosity set in
-    the current ``DataContext`` (as Ray Train's ``DataConfig.default_ingest_options``)."""
-    from ray.data import DataContext, ExecutionOptions
+    none for it: a copy of those set in the current ``DataContext`` (resource limits, excluded
+    resources, label selector, ordering, progress verbosity), as Ray Train's
+    ``DataConfig.default_ingest_options``."""
+    from ray.data import DataContext
 
-    current = DataContext.get_current().execution_options
-    return ExecutionOptions(
-        resource_limits=current.resource_limits,
-        exclude_resources=current.exclude_resources,
-        preserve_order=current.preserve_order,
-        verbose_progress=current.verbose_progress,
-    )
+    # A copy, not ExecutionOptions(exclude_resources=...): Ray 2.60 warns on every
+    # exclude_resources it is given (deprecated for label_selector), the default zero included.
+    return copy.deepcopy(DataContext.get_current().execution_options)
 
 
 def execution_options_for(config: DataConfig, name: str) -> Any:

@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Callable
 
+from trainers._internal.ray_private import available_resources_per_node, draining_nodes
 from trainers._internal.resources import _fmt as format_resources, bundles_that_fit, label_matches
 from trainers.config import ScalingConfig
 from trainers.tuning import RELEASE_WAIT_S, WAIT_POLL_S
@@ -29,11 +30,10 @@ def free_per_node() -> NodeResources:
     """Free resources of every live node that is not being drained (a draining node takes no new
     workers), by node id."""
     import ray
-    from ray._private import state
 
-    draining = set(state.state.get_draining_nodes() or {})
+    draining = set(draining_nodes())
     alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
-    available = state.available_resources_per_node()
+    available = available_resources_per_node()
     return {node: dict(available.get(node, {})) for node in alive - draining}
 
 

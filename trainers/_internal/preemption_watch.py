@@ -12,6 +12,7 @@ import dataclasses
 import time
 from typing import Callable
 
+from trainers._internal.ray_private import draining_nodes
 from trainers.preemption import PreemptionInfo
 from trainers.tuning import PREEMPTION_DEFAULT_DEADLINE_S, PREEMPTION_POLL_S
 
@@ -21,13 +22,6 @@ class PreemptionNotice:
     """Nodes holding workers of this attempt are being drained (an event for the controller)."""
 
     info: PreemptionInfo
-
-
-def draining_nodes() -> dict[str, int]:
-    """Ray's draining nodes: node id -> deadline in UNIX milliseconds (0: no deadline)."""
-    from ray._private import state
-
-    return dict(state.state.get_draining_nodes() or {})
 
 
 def merge(old: PreemptionInfo | None, new: PreemptionInfo) -> PreemptionInfo:

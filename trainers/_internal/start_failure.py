@@ -8,6 +8,7 @@ moment, so the error says where to look instead of only "timed out".
 
 from __future__ import annotations
 
+from trainers._internal.ray_private import available_resources_per_node
 from trainers._internal.resources import _fmt as format_resources
 
 
@@ -34,11 +35,9 @@ def node_name(node_id: str, nodes: dict[str, dict] | None = None) -> str:
 
 def describe_nodes() -> str:
     """Every live node with what it has free and in all: ``node 1a2b3c4d (10.0.0.5): free {CPU: 0.5} of {CPU: 2}``."""
-    from ray._private import state
-
     try:
         nodes = _nodes()
-        available = state.available_resources_per_node()
+        available = available_resources_per_node()
     except Exception as error:  # noqa: BLE001 - a description must never hide the real failure
         return f"(the cluster's nodes could not be listed: {error})"
     lines = []

@@ -19,9 +19,9 @@ class NotInTuneTrialError(RuntimeError):
 
 def in_tune_trial() -> bool:
     """Whether this code runs inside a Ray Tune trial's function."""
-    from ray.tune.trainable.trainable_fn_utils import _in_tune_session
+    from trainers._internal.ray_private import in_tune_function_session
 
-    return bool(_in_tune_session())
+    return in_tune_function_session()
 
 
 def require_tune_trial(what: str) -> None:

@@ -1,0 +1,243 @@
+"""Every part of Ray that Ray does not promise to keep, used through this one module.
+
+Each name below says what flowtrain uses it for, what of Ray's it touches (checked against Ray
+``CHECKED_AGAINST``) and which public API would replace it: Ray 2.60 offers none for any of
+them, and where a public API comes close, its docstring says why it does not answer the same
+question. ``tests/test_ray_private.py`` exercises each against the installed Ray and names the
+one that broke: after upgrading Ray, run it, fix what it names, then move ``CHECKED_AGAINST``.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import math
+from typing import Any, Callable, Iterator
+
+#: The Ray version every use below was read and tested against.
+CHECKED_AGAINST = "2.60.0"
+
+#: The name ``ray.init(log_to_driver=True)`` gives its printer of worker lines (``ray._private.worker``).
+WORKER_LINE_PRINTER = "ray_print_logs"
+
+
+# -- worker output ---------------------------------------------------------------------------
+
+
+def actor_name_line(label: str) -> str:
+    """The line that, written to an actor's stdout or stderr, makes Ray show the lines after it
+    under ``label`` (``trainers.worker_output.announce``).
+
+    Uses ``ray._private.ray_constants.LOG_PREFIX_ACTOR_NAME``, the prefix Ray's log monitor looks
+    for. Public replacement: none. An actor's ``__repr__`` names its lines once, when it starts;
+    nothing public renames them later, when the worker learns its run and rank.
+    """
+    from ray._private import ray_constants
+
+    return f"{ray_constants.LOG_PREFIX_ACTOR_NAME}{label}\n"
+
+
+def wrap_worker_line_printer(wrap: Callable[[Callable[[dict], Any]], Callable[[dict], Any]]) -> None:
+    """Replace the handler that prints forwarded worker lines on the driver by ``wrap(handler)``
+    (``trainers.worker_output.install``); a no-op when this process does not forward them.
+
+    Uses ``ray._private.ray_logging.global_worker_stdstream_dispatcher``: its ``handlers`` list of
+    ``(name, handler)`` pairs, swapped under its ``_lock`` so no batch of lines passes between
+    removing the printer and adding its wrapper. Public replacement: none;
+    ``ray.init(log_to_driver=False)`` turns worker lines off for the whole process, it does not
+    route them.
+    """
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    with dispatcher._lock:
+        dispatcher.handlers = [
+            (name, wrap(handler) if name == WORKER_LINE_PRINTER else handler) for name, handler in dispatcher.handlers
+        ]
+
+
+def ray_console_handlers() -> list[logging.Handler]:
+    """The handlers that print Ray's (and Ray Data's) own log records on the terminal, and not
+    those that keep them in Ray's log files (``tasks.console`` filters them).
+
+    Uses ``ray._private.log.PlainRayHandler``, the class of those handlers. Public replacement:
+    none; picking ``logging.StreamHandler``s that are no ``FileHandler`` would also pick handlers
+    a user put on Ray's loggers.
+    """
+    from ray._private.log import PlainRayHandler
+
+    return [
+        handler
+        for name in ("ray", "ray.data")
+        for handler in logging.getLogger(name).handlers
+        if isinstance(handler, PlainRayHandler)
+    ]
+
+
+# -- the cluster -----------------------------------------------------------------------------
+
+
+def available_resources_per_node() -> dict[str, dict[str, float]]:
+    """What each live node has free now: node id (hex) -> resource name -> amount (elastic
+    sizing, and the "Nodes now" part of start errors).
+
+    Uses ``ray._private.state.available_resources_per_node``. Public replacement: none without
+    the dashboard; ``ray.available_resources()`` sums the whole cluster, ``ray.nodes()`` gives
+    each node's total only, and ``ray.util.state`` needs the dashboard (flowtrain's local Ray
+    starts none) and shows no free amounts.
+    """
+    from ray._private import state
+
+    return state.available_resources_per_node()
+
+
+def draining_nodes() -> dict[str, int]:
+    """The nodes Ray is draining: node id (hex) -> deadline in UNIX milliseconds, 0 for none
+    (preemption notices, and nodes an elastic run must not grow onto).
+
+    Uses ``ray._private.state.state.get_draining_nodes``, as Ray Train 2.60's own preemption
+    watch does. Public replacement: none; ``ray.nodes()`` has no drain state in 2.60.
+    """
+    from ray._private import state
+
+    return dict(state.state.get_draining_nodes() or {})
+
+
+# -- Ray Data --------------------------------------------------------------------------------
+
+
+def set_current_data_context(context: Any) -> None:
+    """Make ``context`` this process's current ``ray.data.DataContext`` (each worker gets the
+    driver's copy, so datasets it opens behave as on the driver).
+
+    Uses ``DataContext._set_current``, which Ray Train's workers use too. Public replacement:
+    none; ``DataContext.get_current()`` has no public setter in 2.60.
+    """
+    from ray.data import DataContext
+
+    DataContext._set_current(context)
+
+
+def right_size_footer_readers(dataset: Any) -> None:
+    """Let every Parquet listing in ``dataset``'s plan start one footer reader per batch of files
+    it reads, at most Ray Data's setting, instead of always Ray Data's 32.
+
+    Why: every execution of a ``read_parquet`` dataset (each epoch of a ``streaming_split``) lists
+    its files with a fresh pool of ``FooterReader`` actors, ``RAY_DATA_PARQUET_FOOTER_NUM_ACTORS``
+    (32) of them, handed 10 files at a time and killed when the listing ends; each is a new
+    process importing Ray Data and pyarrow. With 8 files one does all the work and 31 take CPU
+    from the training workers starting beside them (on 2 cores a 250k-row epoch waited 2.6-4.0 s
+    for its first batch, against 1.4 s with one). The read itself is unchanged.
+
+    Uses ``Dataset._logical_plan.dag`` (operators' ``input_dependencies`` and ``file_indexer``)
+    and ``ray.data._internal...FooterFileIndexer``: the indexer's class is swapped for a subclass
+    that overrides ``_iter_file_infos_for_list`` and sets ``_num_actors`` from
+    ``_footer_batch_size``. A dataset with no such listing, or indexers without these attributes,
+    is left as it is. Public replacement: none; the pool size is one environment variable for the
+    whole process, read when the dataset is created.
+    """
+    right_sized = _right_sized_footer_indexer()
+    if right_sized is None:
+        return
+    plan = getattr(dataset, "_logical_plan", None)
+    for op in _operators(getattr(plan, "dag", None)):
+        indexer = getattr(op, "file_indexer", None)
+        if type(indexer) is right_sized.__base__ and _has_pool_settings(indexer):
+            indexer.__class__ = right_sized
+
+
+def _operators(op: Any) -> Iterator[Any]:
+    seen: set[int] = set()
+    pending = [op] if op is not None else []
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        pending.extend(getattr(current, "input_dependencies", None) or [])
+
+
+def _has_pool_settings(indexer: Any) -> bool:
+    return all(hasattr(indexer, name) for name in ("_num_actors", "_footer_batch_size", "_iter_file_infos_for_list"))
+
+
+@functools.cache
+def _right_sized_footer_indexer() -> type | None:
+    """Ray Data's Parquet footer indexer with a pool no larger than its files need, or None for a
+    Ray Data without that indexer. Built on first use: importing this module (every worker does)
+    must not import Ray Data."""
+    try:
+        from ray.data._internal.datasource_v2.formats.parquet.footer_file_indexer import FooterFileIndexer
+    except ImportError:
+        return None
+
+    class RightSizedFooterIndexer(FooterFileIndexer):
+        def _iter_file_infos_for_list(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            # Ray Data asks for the files first and starts the pool right after, from
+            # ``self._num_actors``. Listing is lazy, so read ahead as far as a full pool could take
+            # (the rest of a bigger listing stays lazy) and size the pool to what was found. The
+            # configured size is kept apart: a later listing of a grown folder may need it all.
+            limit = self.__dict__.setdefault("_configured_num_actors", max(1, self._num_actors))
+            per_actor = max(1, self._footer_batch_size)
+            files = iter(super()._iter_file_infos_for_list(*args, **kwargs))
+            ahead = list(itertools.islice(files, limit * per_actor))
+            self._num_actors = max(1, min(limit, math.ceil(len(ahead) / per_actor)))
+            return itertools.chain(ahead, files)
+
+    RightSizedFooterIndexer.__qualname__ = RightSizedFooterIndexer.__name__  # found by __getattr__ below
+    return RightSizedFooterIndexer
+
+
+def __getattr__(name: str) -> Any:
+    # A pickled dataset names its indexer's class as this module's RightSizedFooterIndexer; the
+    # process that unpickles it builds the class here.
+    if name == "RightSizedFooterIndexer" and (right_sized := _right_sized_footer_indexer()) is not None:
+        return right_sized
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# -- Ray Tune --------------------------------------------------------------------------------
+
+
+def in_tune_function_session() -> bool:
+    """Whether this code runs inside a Ray Tune trial's function (Tune-only helpers refuse to
+    run elsewhere).
+
+    Uses ``ray.tune.trainable.trainable_fn_utils._in_tune_session``. Public replacement: none;
+    ``ray.tune.get_context()`` answers everywhere, and outside a trial its ``get_trial_id()``
+    returns None only after warning that it was called outside one, and inside a Ray Train V1
+    worker it returns the trial's id too.
+    """
+    from ray.tune.trainable.trainable_fn_utils import _in_tune_session
+
+    return bool(_in_tune_session())
+
+
+class TuneTrainableAttributes:
+    """The two attributes Ray Tune reads off a callable trainable, for a trainer object given to
+    ``tune.Tuner`` (``DataParallelTrainer`` inherits them).
+
+    ``_resources``: what each trial reserves (Tune's ``wrap_function`` reads it,
+    ``tune.with_resources`` sets it); until set, the subclass's ``_default_tune_resources()``.
+    ``_name``: what Tune names the trainable and its trials after (``Experiment.get_trainable_name``);
+    the class name. Public replacement: none for an object; ``tune.with_resources(fn, ...)`` on a
+    function sets the same private attribute.
+    """
+
+    def _default_tune_resources(self) -> Any:
+        raise NotImplementedError
+
+    @property
+    def _resources(self) -> Any:
+        if "_tune_resources" in self.__dict__:
+            return self.__dict__["_tune_resources"]
+        return self._default_tune_resources()
+
+    @_resources.setter
+    def _resources(self, resources: Any) -> None:
+        self.__dict__["_tune_resources"] = resources
+
+    @property
+    def _name(self) -> str:
+        return type(self).__name__
