@@ -51,11 +51,10 @@ def _check_picklable(field: str, value: Any) -> None:
     """Workers receive ``value`` pickled: fail before the run folder exists when it cannot be."""
     import reprlib
 
-    from ray import cloudpickle
+    from trainers._internal.validation import pickling_error
 
-    try:
-        cloudpickle.dumps(value)
-    except Exception as error:  # pickling raises TypeError, PicklingError, AttributeError, ...
+    error = pickling_error(value)
+    if error is not None:
         raise TypeError(
             f"{field}={reprlib.repr(value)} cannot be sent to the workers: it does not pickle ({type(error).__name__}: {error}). "
             "Pass plain values and build locks, clients or open files inside the training function."

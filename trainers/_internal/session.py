@@ -23,6 +23,7 @@ from trainers._internal import checkpoint_upload
 from trainers._internal.events import Event, ReportEvent, SyncEvent, TrainingInterrupted
 from trainers._internal.reported_checkpoints import Answer, Answers
 from trainers._internal.uploader import OrderedUploader
+from trainers._internal.validation import pickling_error
 from trainers.context import TrainContext, _set_context
 from trainers.report_config import CheckpointUploadMode
 from trainers.tuning import BROADCAST_WARN_BYTES, SYNC_WAKE_S
@@ -271,11 +272,8 @@ def _plain(value: Any, name: str) -> Any:
 
 
 def _check_picklable(value: Any, name: str) -> None:
-    from ray import cloudpickle  # what carries the report to the driver
-
-    try:
-        cloudpickle.dumps(value)
-    except Exception as error:  # pickling raises TypeError, PicklingError, AttributeError, ...
+    error = pickling_error(value)  # cloudpickle is what carries the report to the driver
+    if error is not None:
         raise TypeError(
             f"report(metrics): metric {name!r} is {_describe(value)}, which cannot be pickled ({error}); a metric "
             "must reach the driver and the run's record, so report a value that pickles (a number, a string, "

@@ -35,3 +35,14 @@ def check_bool(field: str, value: Any) -> None:
 def check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{field}={value!r}: must be one of {', '.join(repr(c) for c in choices)}.")
+
+
+def pickling_error(value: Any) -> Exception | None:
+    """Why ``value`` cannot be pickled the way Ray sends it (None: it can)."""
+    from ray import cloudpickle
+
+    try:
+        cloudpickle.dumps(value)
+    except Exception as error:  # pickling raises TypeError, PicklingError, AttributeError, ...
+        return error
+    return None
