@@ -1,0 +1,144 @@
+"""The chaos soak's fault kinds and its seeded schedule: which fault strikes which run, at which
+step, on which rank. Pure functions: the same seed gives the same schedule on any machine."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+from typing import Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """One kind of fault and how the soak injects it."""
+
+    name: str
+    #: Who injects it: "loop" (the training loop, in a worker), "storage" (the soak's storage
+    #: wrapper, in a worker or the driver), "road" (the event channel's fault hook, in the
+    #: driver), "soak" (the soak itself: it kills the driver or removes a node).
+    by: str
+    #: Whether it strikes a checkpoint report (its step must be one that checkpoints).
+    on_checkpoint: bool = False
+    #: Restarts of the worker group it may cost (its run must not restart more).
+    restarts: int = 0
+    #: Whether the run's fit() ends with it: "killed" (the driver), "failed" (a permanent
+    #: storage error fails the run), or "" (the run goes on).
+    ends: str = ""
+    #: What it is, for the table.
+    about: str = ""
+
+
+KINDS: dict[str, Kind] = {
+    kind.name: kind
+    for kind in (
+        Kind("kill-step", "loop", restarts=1, about="SIGKILL of a worker between its optimizer step and report()"),
+        Kind("kill-collective", "loop", restarts=1, about="SIGKILL of a worker waiting in DDP's all-reduce"),
+        Kind("kill-report", "storage", True, restarts=1, about="SIGKILL inside report(): files staged, event not sent"),
+        Kind("kill-write", "storage", True, restarts=1, about="SIGKILL half way through writing a checkpoint file"),
+        Kind("driver-kill", "soak", ends="killed", about="SIGKILL of the driver, then a rerun of the same name at once"),
+        Kind("node-loss", "soak", restarts=1, about="the node of one rank removed, a new node added"),
+        Kind("event-drop", "road", about="a rank's event connection closed by the controller"),
+        Kind("event-half-open", "road", about="a rank's event connection left open but never read again"),
+        Kind("storage-transient", "storage", True, about="two failed writes of a checkpoint file (upload or commit)"),
+        Kind("storage-slow", "storage", True, about="a checkpoint file's write (upload or commit) held 1-2 s"),
+        Kind("storage-permanent", "storage", True, ends="failed", about="writes denied from a checkpoint on, till fit() ends"),
+    )
+}
+
+#: Kinds that need the soak's storage wrapper; a run without them uses the storage as it is.
+WRAPPED = frozenset(name for name, kind in KINDS.items() if kind.by == "storage")
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """One planned fault."""
+
+    id: int
+    kind: str
+    #: The step whose report (or, for the soak's kinds, whose commit) it follows or strikes.
+    step: int
+    #: The rank it strikes (ignored by the soak's kinds: a driver has no rank, and the node
+    #: removed is the one not hosting the head).
+    rank: int
+    #: "worker" or "driver": whose storage write a storage fault strikes (upload or commit).
+    side: str = "worker"
+    #: Seconds the soak waits after the step before it strikes (driver-kill, node-loss), or a
+    #: slow write's hold; frames let through first (event faults).
+    detail: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """One training run (one name) and the faults planned for it, in step order."""
+
+    name: str
+    #: Whether its storage goes through the soak's wrapper (needed by the storage kinds; the
+    #: others run on the storage as it is: on local disk, its atomic-rename commit).
+    wrapped: bool
+    faults: tuple[Fault, ...]
+
+
+def checkpoint_steps(steps: int, every: int) -> list[int]:
+    """The steps whose report carries a checkpoint: every ``every``-th, and the last."""
+    return sorted({s for s in range(steps) if s % every == every - 1} | {steps - 1})
+
+
+def make_schedule(
+    num_faults: int,
+    seed: int,
+    kinds: Sequence[str],
+    *,
+    steps: int,
+    every: int,
+    per_run: int,
+    world_size: int = 2,
+) -> list[RunPlan]:
+    """``num_faults`` faults of ``kinds`` (each kind in turn, in a seeded order, so a short
+    schedule covers them all), at most ``per_run`` to a run, at seeded steps at least two apart.
+    Runs needing the storage wrapper and runs that do not alternate."""
+    rng = random.Random(seed)
+    order = list(kinds)
+    sequence: list[str] = []
+    while len(sequence) < num_faults:
+        rng.shuffle(order)
+        sequence.extend(order)
+    sequence = sequence[:num_faults]
+    groups = [[k for k in sequence if k in WRAPPED], [k for k in sequence if k not in WRAPPED]]
+    chunks = [[group[i : i + per_run] for i in range(0, len(group), per_run)] for group in groups]
+    interleaved = [chunk for pair in itertools.zip_longest(chunks[1], chunks[0]) for chunk in pair if chunk]
+    plans, next_id = [], 0
+    checkpoints = checkpoint_steps(steps, every)
+    for index, chunk in enumerate(interleaved):
+        faults = []
+        taken: list[int] = []
+        for name in chunk:
+            domain = checkpoints[:-1] if KINDS[name].on_checkpoint else list(range(1, steps - 1))
+            free = [s for s in domain if all(abs(s - t) >= 2 for t in taken)] or domain
+            step = rng.choice(free)
+            taken.append(step)
+            faults.append(
+                Fault(
+                    id=next_id,
+                    kind=name,
+                    step=step,
+                    rank=rng.randrange(world_size),
+                    side=rng.choice(("worker", "driver")) if name in ("storage-transient", "storage-slow", "storage-permanent") else "worker",
+                    detail=_detail(name, rng),
+                )
+            )
+            next_id += 1
+        faults.sort(key=lambda f: (f.step, f.id))
+        plans.append(RunPlan(name=f"run-{index:02d}", wrapped=any(f.kind in WRAPPED for f in faults), faults=tuple(faults)))
+    return plans
+
+
+def _detail(kind: str, rng: random.Random) -> float:
+    if kind in ("driver-kill", "node-loss"):
+        return round(rng.uniform(0.0, 0.3), 3)
+    if kind == "storage-slow":
+        return round(rng.uniform(1.0, 2.0), 3)
+    if kind.startswith("event-"):
+        return float(rng.randrange(2))
+    return 0.0
+
