@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         storage=args.storage, seed=args.seed, steps=args.steps, acks=args.acks == "on", plant=args.plant, ack_timeout_s=args.ack_timeout
     )
     schedule = make_schedule(args.faults, args.seed, kinds, steps=settings.steps, every=settings.every, per_run=PER_RUN)
-    started, load = time.monotonic(), os.getloadavg()[0]
+    started, load, date = time.monotonic(), os.getloadavg()[0], datetime.datetime.now().isoformat(timespec="seconds")
     work = tempfile.mkdtemp(prefix="flowtrain-chaos-")
     print(f"chaos soak: {args.faults} faults of {len(set(kinds))} kinds in {len(schedule)} runs, seed {args.seed}, "
           f"{args.storage} storage; work folder {work}", flush=True)
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    table = summarize(reports, schedule, args, wall_s=time.monotonic() - started, reference_s=reference_s, load=load)
+    table = summarize(reports, schedule, args, date=date, wall_s=time.monotonic() - started, reference_s=reference_s, load=load)
     print(markdown(table))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if table["invariants_broken"] else 0
 
 
-def summarize(reports: list[RunReport], schedule: list, args: argparse.Namespace, *, wall_s: float, reference_s: float, load: float) -> dict:
+def summarize(reports: list[RunReport], schedule: list, args: argparse.Namespace, *, date: str, wall_s: float, reference_s: float, load: float) -> dict:
     """The soak's table: per kind, faults planned, injected (fired) and survived (fired in a
     segment that broke no invariant); the broken invariants; the wall time; the machine."""
     kinds: dict[str, dict[str, int]] = {}
@@ -116,7 +116,7 @@ def summarize(reports: list[RunReport], schedule: list, args: argparse.Namespace
             broken += [{"run": segment.run, "segment": segment.index, "fired": fired, "invariant": line} for line in lines]
     segments = [segment for report in reports for segment, _ in report.segments]
     return {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "date": date,
         "machine": {
             "host": socket.gethostname(),
             "cores": os.cpu_count(),

@@ -47,12 +47,12 @@ class Segment:
     tail: str = ""
 
 
-def ending(segment: Segment, deadline_s: float) -> list[str]:
+def ending(segment: Segment, deadline_s: float, stall_s: float) -> list[str]:
     """Ended as its faults say: killed by a driver kill, failed with the injected denial after a
     permanent storage error, finished otherwise."""
     kinds = {f.kind for f in segment.fired}
     if segment.ended == "deadline":
-        return [f"did not end within its deadline ({deadline_s:.0f} s)"]
+        return [f"hung: did not end within its deadline ({deadline_s:.0f} s), or committed nothing for {stall_s:.0f} s"]
     if segment.ended == "crashed":
         return [f"the driver exited without fit() returning or raising: {segment.tail}"]
     if segment.ended == "killed":

@@ -37,9 +37,9 @@ class Settings:
     every: int = 4
     num_to_keep: int = 2
     world_size: int = 2
-    #: Seconds a segment may take, plus ``deadline_per_fault_s`` per fault planned in its run.
-    deadline_s: float = 90.0
-    deadline_per_fault_s: float = 20.0
+    #: A segment's deadline: this many seconds, plus the fault-free run's time (which says how
+    #: fast this machine is now) times two plus one per fault planned in its run.
+    deadline_s: float = 30.0
     #: False: the event road without acknowledgements (the event channel's test-only switch).
     acks: bool = True
     #: A defect of the soak's own to plant ("lose-file", see ``chaos_storage.ChaosFS``).
@@ -72,6 +72,8 @@ class Soak:
         self._stack: list[Any] = []
         self.endpoint: str | None = None
         self.inner: pafs.FileSystem = pafs.LocalFileSystem()
+        #: Seconds the fault-free run took (driver start to end); the unit of the deadlines.
+        self.unit_s = 300.0
 
     def __enter__(self) -> "Soak":
         import ray
@@ -118,7 +120,9 @@ class Soak:
         if report.broken:
             raise RuntimeError(f"the fault-free run failed: {report.broken}")
         history = Result.from_path(self.run_path("reference"), self.inner).metrics_dataframe.to_dict("records")
-        outcome = report.segments[-1][0].outcome
+        segment = report.segments[-1][0]
+        outcome = segment.outcome
+        self.unit_s = segment.seconds
         return Reference(
             weights={int(r["step"]): r["weights"] for r in history},
             loss={int(r["step"]): r["loss"] for r in history},
@@ -170,18 +174,20 @@ class Soak:
         already = {f.id for f in plan.faults if chaos_journal.fired(marks, f.id)}
         skip = len(chaos_journal.read(driver_log))
         ours = [f for f in plan.faults if KINDS[f.kind].by == "soak" and f.id not in already]
-        deadline_s = settings.deadline_s + settings.deadline_per_fault_s * len(plan.faults)
+        deadline_s = self.deadline_s(plan)
         output = open(folder / f"driver-{index}.log", "w")
         env = {**os.environ, "RAY_ADDRESS": self.cluster.address}
         start = time.monotonic()
         driver = subprocess.Popen([sys.executable, "-m", "benchmarks.chaos_driver", str(spec_path)], cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
-        ended = None
+        ended, progress, seen = None, start, 0
         try:
             while driver.poll() is None:
-                if time.monotonic() - start > deadline_s:
+                lines = chaos_journal.read(driver_log)[skip:]
+                if len(lines) > seen:
+                    progress, seen = time.monotonic(), len(lines)
+                if time.monotonic() - start > deadline_s or time.monotonic() - progress > self.stall_s:
                     ended = "deadline"
                     break
-                lines = chaos_journal.read(driver_log)[skip:]
                 top = max((line["step"] for line in lines if line["e"] == "commit"), default=-1)
                 if ours and top >= ours[0].step:
                     fault = ours.pop(0)
@@ -202,13 +208,23 @@ class Soak:
         outcome = json.loads(outcome_path.read_text()) if outcome_path.exists() else None
         if ended is None:
             ended = outcome["status"] if outcome is not None else "crashed"
-        if ended in ("killed", "deadline"):
+        if ended in ("killed", "deadline", "failed"):  # the driver died, or gave up the run, under its last attempt
             started = [l["attempt"] for r in range(settings.world_size) for l in chaos_journal.read(str(folder / "logs" / f"rank{r}.jsonl"))]
             exempt.add(max(started, default=0))
         fired = [f for f in plan.faults if f.id not in already and chaos_journal.fired(marks, f.id)]
         tail = (folder / f"driver-{index}.log").read_text()[-1500:] if ended == "crashed" else ""
         journal = chaos_journal.read(driver_log)[skip:]
         return Segment(plan.name, index, ended, outcome, fired, journal, set(exempt), seconds, tail)
+
+    def deadline_s(self, plan: RunPlan) -> float:
+        """How long one segment of ``plan``'s run may take before it counts as hung."""
+        return self.settings.deadline_s + self.unit_s * (2 + len(plan.faults))
+
+    @property
+    def stall_s(self) -> float:
+        """How long a segment may go without its driver committing anything (or restarting)
+        before it counts as hung: time for a new driver, or a restart, twice over."""
+        return self.settings.deadline_s + 2 * self.unit_s
 
     def _lose_node(self, driver: subprocess.Popen, driver_log: str, skip: int) -> None:
         """Remove the node of one rank; once the run restarted (or 30 s passed), add a new one."""
@@ -226,8 +242,7 @@ class Soak:
         from trainers import Result
 
         settings = self.settings
-        deadline_s = settings.deadline_s + settings.deadline_per_fault_s * len(plan.faults)
-        broken = chaos_check.ending(segment, deadline_s)
+        broken = chaos_check.ending(segment, self.deadline_s(plan), self.stall_s)
         ended = segment.ended in ("finished", "failed")
         rank_lines = [chaos_journal.read(str(folder / "logs" / f"rank{r}.jsonl")) for r in range(settings.world_size)]
         if ended or segment.ended == "deadline":
