@@ -43,6 +43,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kinds", default=None, help="comma-separated fault kinds (default: every kind this tree can inject)")
     parser.add_argument("--acks", choices=("on", "off"), default="on", help="off: the event road without acknowledgements (a planted defect)")
     parser.add_argument("--plant", choices=("lose-file",), default=None, help="a planted defect of the soak's own: a commit loses a file")
+    parser.add_argument(
+        "--overlap", action="store_true",
+        help="let kills strike while an event-road fault is being recovered from (a worker dying before it noticed "
+        "its connection broke takes its unacknowledged reports with it)",
+    )
     parser.add_argument("--fail-fast", action="store_true", help="stop after the first run that breaks an invariant")
     parser.add_argument("--steps", type=int, default=Settings.steps, help="steps per run (default %(default)s)")
     parser.add_argument("--ack-timeout", type=float, default=None, help="the event channel's ACK_TIMEOUT_S in the drivers")
@@ -66,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     if (args.acks == "off" or any(k.startswith("event-") for k in kinds)) and not chaos_road.available():
         raise SystemExit("the event-road faults and --acks off need the event channel's fault hook, which this tree lacks")
     settings = Settings(
-        storage=args.storage, seed=args.seed, steps=args.steps, acks=args.acks == "on", plant=args.plant, ack_timeout_s=args.ack_timeout
+        storage=args.storage, seed=args.seed, steps=args.steps, acks=args.acks == "on", plant=args.plant, ack_timeout_s=args.ack_timeout,
+        overlap=args.overlap,
     )
     schedule = make_schedule(args.faults, args.seed, kinds, steps=settings.steps, every=settings.every, per_run=PER_RUN)
     started, load, date = time.monotonic(), os.getloadavg()[0], datetime.datetime.now().isoformat(timespec="seconds")
@@ -129,6 +135,7 @@ def summarize(reports: list[RunReport], schedule: list, args: argparse.Namespace
         "storage": args.storage,
         "acks": args.acks,
         "plant": args.plant,
+        "overlap": args.overlap,
         "runs": len(reports),
         "segments": len(segments),
         "restarts": sum(1 for s in segments for line in s.journal if line["e"] == "restart"),
@@ -147,6 +154,7 @@ def markdown(table: dict) -> str:
     lines = [
         f"Chaos soak, {table['date']}, seed {table['seed']}, {table['storage']} storage, acks {table['acks']}"
         + (f", planted {table['plant']}" if table["plant"] else "")
+        + (", faults may overlap" if table["overlap"] else "")
         + f"; {table['machine']['cores']} cores, load {table['machine']['load_1m_at_start']} at start",
         "",
         "| fault kind | planned | injected | survived | what it is |",

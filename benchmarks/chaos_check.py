@@ -108,12 +108,20 @@ def lost_reports(rank_lines: list[list[dict[str, Any]]], journal: list[dict[str,
     """No round whose ``report()`` returned on every rank went uncommitted (except in attempts
     the driver died under)."""
     returned: dict[tuple[int, int], int] = {}
+    checkpointed = set()
     for lines in rank_lines:
+        for line in lines:
+            if line["e"] == "returned" and line["checkpoint"]:
+                checkpointed.add((line["attempt"], line["step"]))
         for key in {(l["attempt"], l["step"]) for l in lines if l["e"] == "returned"}:
             returned[key] = returned.get(key, 0) + 1
     done = {(l["attempt"], l["step"]) for l in journal if l["e"] == "commit"}
     lost = sorted(key for key, count in returned.items() if count == len(rank_lines) and key not in done and key[0] not in exempt)
-    return [f"report lost: step {step} returned on every rank in attempt {attempt} but was never committed" for attempt, step in lost]
+    return [
+        f"report lost: step {step}{' (with its checkpoint)' if (attempt, step) in checkpointed else ''} returned on every "
+        f"rank in attempt {attempt} but was never committed"
+        for attempt, step in lost
+    ]
 
 
 def checkpoints(result: Any, reference: Reference, world_size: int) -> list[str]:

@@ -80,10 +80,14 @@ class ChaosFS(pafs.FileSystemHandler):
     file, so a committed checkpoint lacks it.
     """
 
-    def __init__(self, inner: pafs.FileSystem, *, type_name: str, marks: str, faults: list[dict], plant: str | None = None) -> None:
+    def __init__(
+        self, inner: pafs.FileSystem, *, type_name: str, marks: str, faults: list[dict], plant: str | None = None, quiet: dict | None = None
+    ) -> None:
         self.inner = inner
         self.type_name = type_name
         self.marks = marks
+        #: Kills wait until no fault of ``quiet["ids"]`` fired within ``quiet["window_s"]`` (see chaos_loop).
+        self.quiet = quiet
         self.faults = [f for f in faults if f["kind"] in ("kill-report", "kill-write") or f["kind"].startswith("storage-")]
         self.plant = plant
 
@@ -115,8 +119,10 @@ class ChaosFS(pafs.FileSystemHandler):
                 open(os.path.join(self.marks, DENIED), "w").close()
                 raise PermissionError(13, f"{PERMANENT} ({op})", path)
             elif kind == "kill-write" and not chaos_journal.fired(self.marks, fault_id):
+                chaos_journal.wait_quiet(self.marks, self.quiet)
                 return f"kill-write:{fault_id}"
             elif kind == "kill-report" and not chaos_journal.fired(self.marks, fault_id):
+                chaos_journal.wait_quiet(self.marks, self.quiet)
                 global _kill_at_listing
                 _kill_at_listing = fault
         return None
@@ -220,10 +226,13 @@ class _DieMidWrite:
             self.closed = True
 
 
-def filesystem(kind: str, *, wrapped: bool, endpoint: str | None, marks: str, faults: list[dict], plant: str | None) -> pafs.FileSystem | None:
+def filesystem(
+    kind: str, *, wrapped: bool, endpoint: str | None, marks: str, faults: list[dict], plant: str | None, quiet: dict | None
+) -> pafs.FileSystem | None:
     """The run's ``storage_filesystem``: None (plain local disk), S3 on ``endpoint``, or either
     behind ``ChaosFS``."""
     inner = s3_filesystem(endpoint) if kind == "s3" else pafs.LocalFileSystem()
     if not wrapped:
         return inner if kind == "s3" else None
-    return pafs.PyFileSystem(ChaosFS(inner, type_name="s3" if kind == "s3" else "chaos", marks=marks, faults=faults, plant=plant))
+    handler = ChaosFS(inner, type_name="s3" if kind == "s3" else "chaos", marks=marks, faults=faults, plant=plant, quiet=quiet)
+    return pafs.PyFileSystem(handler)
