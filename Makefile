@@ -42,3 +42,10 @@ bench: $(STAMP)
 .PHONY: bench-scale
 bench-scale: $(STAMP)
 	$(PY) -m benchmarks.scale $(BENCH_ARGS)
+
+# Faults at seeded random points of real runs, invariants checked after each (benchmarks/chaos.py);
+# e.g. make chaos CHAOS_ARGS="--faults 300 --seed 7 --out benchmarks/results/chaos-$$(date +%F)"
+CHAOS_ARGS ?= --faults 30 --seed 1
+.PHONY: chaos
+chaos: $(STAMP)
+	$(PY) -m benchmarks.chaos $(CHAOS_ARGS)
