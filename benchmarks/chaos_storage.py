@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from benchmarks import chaos_journal
+from benchmarks.chaos_schedule import KINDS
 
 BUCKET = "flowtrain-chaos"
 #: What an injected error says, so the soak can tell it in a run's error.
@@ -37,6 +38,9 @@ DENIED = "storage.denied"
 #: A ``kill-report`` fault armed in this process: its worker dies at its next listing of
 #: ``.staging`` (``report()`` checking its upload, after every file is written).
 _kill_at_listing: dict | None = None
+#: A ``snapshot-transient`` fault armed in this driver by its checkpoint's commit: the next write
+#: of run.json (the commit point) fails once.
+_fail_snapshot: dict | None = None
 
 
 @contextlib.contextmanager
@@ -88,7 +92,7 @@ class ChaosFS(pafs.FileSystemHandler):
         self.marks = marks
         #: Kills wait until no fault of ``quiet["ids"]`` fired within ``quiet["window_s"]`` (see chaos_loop).
         self.quiet = quiet
-        self.faults = [f for f in faults if f["kind"] in ("kill-report", "kill-write") or f["kind"].startswith("storage-")]
+        self.faults = [f for f in faults if KINDS[f["kind"]].by == "storage"]
         self.plant = plant
 
     # -- the faults ------------------------------------------------------------------------------
@@ -96,8 +100,13 @@ class ChaosFS(pafs.FileSystemHandler):
     def _strike(self, op: str, path: str) -> str | None:
         """Run the faults planned for a write of ``path``; return "kill-write" when the write
         must die half way, "lose" when it must silently do nothing."""
+        global _fail_snapshot, _kill_at_listing
         if os.path.exists(os.path.join(self.marks, DENIED)):
             raise PermissionError(13, f"{PERMANENT} ({op})", path)
+        if _fail_snapshot is not None and path.endswith("/run.json.new"):
+            fault, _fail_snapshot = _fail_snapshot, None
+            if chaos_journal.fire(self.marks, fault["id"]):
+                raise OSError(f"{TRANSIENT} ({op} {path})")
         found = _FILE.search(path)
         if found is None:
             return None
@@ -123,8 +132,9 @@ class ChaosFS(pafs.FileSystemHandler):
                 return f"kill-write:{fault_id}"
             elif kind == "kill-report" and not chaos_journal.fired(self.marks, fault_id):
                 chaos_journal.wait_quiet(self.marks, self.quiet)
-                global _kill_at_listing
                 _kill_at_listing = fault
+            elif kind == "snapshot-transient" and not chaos_journal.fired(self.marks, fault_id):
+                _fail_snapshot = fault
         return None
 
     def _die_if_armed(self, path: str) -> None:
