@@ -45,8 +45,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--plant", choices=("lose-file",), default=None, help="a planted defect of the soak's own: a commit loses a file")
     parser.add_argument(
         "--overlap", action="store_true",
-        help="let kills strike while an event-road fault is being recovered from (a worker dying before it noticed "
-        "its connection broke takes its unacknowledged reports with it)",
+        help="let the event road's faults and the worker kills share runs (a worker dying before it noticed its "
+        "connection broke takes its unacknowledged reports with it)",
     )
     parser.add_argument("--fail-fast", action="store_true", help="stop after the first run that breaks an invariant")
     parser.add_argument("--steps", type=int, default=Settings.steps, help="steps per run (default %(default)s)")
@@ -72,10 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     if (args.acks == "off" or any(k.startswith("event-") for k in kinds)) and not chaos_road.available():
         raise SystemExit("the event-road faults and --acks off need the event channel's fault hook, which this tree lacks")
     settings = Settings(
-        storage=args.storage, seed=args.seed, steps=args.steps, acks=args.acks == "on", plant=args.plant, ack_timeout_s=args.ack_timeout,
-        overlap=args.overlap,
+        storage=args.storage, seed=args.seed, steps=args.steps, acks=args.acks == "on", plant=args.plant, ack_timeout_s=args.ack_timeout
     )
-    schedule = make_schedule(args.faults, args.seed, kinds, steps=settings.steps, every=settings.every, per_run=PER_RUN)
+    schedule = make_schedule(
+        args.faults, args.seed, kinds, steps=settings.steps, every=settings.every, per_run=PER_RUN, overlap=args.overlap
+    )
     started, load, date = time.monotonic(), os.getloadavg()[0], datetime.datetime.now().isoformat(timespec="seconds")
     work = tempfile.mkdtemp(prefix="flowtrain-chaos-")
     print(f"chaos soak: {args.faults} faults of {len(set(kinds))} kinds in {len(schedule)} runs, seed {args.seed}, "

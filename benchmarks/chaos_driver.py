@@ -65,7 +65,7 @@ def main(spec_path: str) -> None:
     storage = spec["storage"]
     fs = chaos_storage.filesystem(
         storage["kind"], wrapped=storage["wrapped"], endpoint=storage.get("endpoint"), marks=spec["marks"],
-        faults=spec["faults"], plant=spec.get("plant"), quiet=spec["loop"].get("quiet"),
+        faults=spec["faults"], plant=spec.get("plant"),
     )
     road = Road(spec["faults"], spec["marks"], acks=spec.get("acks", True), ack_timeout_s=spec.get("ack_timeout_s"))
     journal = Journal(spec["driver_log"], road)

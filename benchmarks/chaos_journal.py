@@ -49,18 +49,5 @@ def fired(marks: str, fault_id: int, what: str = "fired") -> bool:
     return os.path.exists(marker(marks, fault_id, what))
 
 
-def wait_quiet(marks: str, quiet: dict[str, Any] | None) -> None:
-    """Sleep until none of the faults ``quiet["ids"]`` fired within the last ``quiet["window_s"]``
-    seconds (by their markers' times); at once when ``quiet`` is None."""
-    if not quiet:
-        return
-    while True:
-        times = [os.path.getmtime(p) for p in (marker(marks, i, "fired") for i in quiet["ids"]) if os.path.exists(p)]
-        left = max(times, default=0.0) + quiet["window_s"] - time.time()
-        if left <= 0:
-            return
-        time.sleep(left)
-
-
 def marker(marks: str, fault_id: int, what: str) -> str:
     return os.path.join(marks, f"fault-{fault_id:03d}.{what}")

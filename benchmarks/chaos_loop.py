@@ -11,10 +11,6 @@ channel's hook, or the soak itself): ``kill-step`` (SIGKILL between the optimize
 ``report()``) and ``kill-collective`` (SIGKILL while waiting in DDP's all-reduce: the other ranks
 enter it late). Each fires once, whichever attempt reaches it first.
 
-A kill waits until no event-road fault fired within ``config["quiet"]["window_s"]``: a worker
-killed while its connection is broken, before it noticed, takes the events it had not had
-acknowledged with it (see the soak's ``--overlap``).
-
 Every rank appends a line to ``rank{rank}.jsonl`` when its attempt starts and whenever
 ``report()`` returned, which the soak holds against what the driver committed.
 """
@@ -93,8 +89,6 @@ def chaos_loop(config: dict) -> dict:
     marks = config["marks"]
     for step in range(start, config["steps"]):
         pending = [f for f in faults if f["step"] == step and not chaos_journal.fired(marks, f["id"])]
-        if pending:  # every rank waits alike, so a kill-collective victim still finds the others late
-            chaos_journal.wait_quiet(marks, config.get("quiet"))
         first = step * GLOBAL_BATCH % ROWS
         xb, yb = x[first : first + GLOBAL_BATCH][rank::size], y[first : first + GLOBAL_BATCH][rank::size]
         optimizer.zero_grad()

@@ -87,6 +87,22 @@ def checkpoint_steps(steps: int, every: int) -> list[int]:
     return sorted({s for s in range(steps) if s % every == every - 1} | {steps - 1})
 
 
+def group(kind: str, *, overlap: bool) -> str:
+    """Which runs a fault of ``kind`` goes to: "storage" (those needing the storage wrapper),
+    "road" (the event road's faults and the driver kill) or "kill" (the worker and node kills).
+
+    The road's faults and the worker kills never share a run unless ``overlap``: their steps
+    are milliseconds apart, and a worker killed while its connection is broken, before it
+    noticed, takes the reports it has not had acknowledged with it (an acknowledged road cannot
+    keep what a dead process held). With ``overlap`` they share runs ("plain").
+    """
+    if kind in WRAPPED:
+        return "storage"
+    if overlap:
+        return "plain"
+    return "road" if kind.startswith("event-") or kind == "driver-kill" else "kill"
+
+
 def make_schedule(
     num_faults: int,
     seed: int,
@@ -96,10 +112,11 @@ def make_schedule(
     every: int,
     per_run: int,
     world_size: int = 2,
+    overlap: bool = False,
 ) -> list[RunPlan]:
     """``num_faults`` faults of ``kinds`` (each kind in turn, in a seeded order, so a short
     schedule covers them all), at most ``per_run`` to a run, at seeded steps at least two apart.
-    Runs needing the storage wrapper and runs that do not alternate."""
+    Runs of each ``group`` take turns, the road's first."""
     rng = random.Random(seed)
     order = list(kinds)
     sequence: list[str] = []
@@ -107,9 +124,9 @@ def make_schedule(
         rng.shuffle(order)
         sequence.extend(order)
     sequence = sequence[:num_faults]
-    groups = [[k for k in sequence if k in WRAPPED], [k for k in sequence if k not in WRAPPED]]
-    chunks = [[group[i : i + per_run] for i in range(0, len(group), per_run)] for group in groups]
-    interleaved = [chunk for pair in itertools.zip_longest(chunks[1], chunks[0]) for chunk in pair if chunk]
+    groups = [[k for k in sequence if group(k, overlap=overlap) == name] for name in ("road", "plain", "kill", "storage")]
+    chunks = [[members[i : i + per_run] for i in range(0, len(members), per_run)] for members in groups]
+    interleaved = [chunk for turn in itertools.zip_longest(*chunks) for chunk in turn if chunk]
     plans, next_id = [], 0
     checkpoints = checkpoint_steps(steps, every)
     for index, chunk in enumerate(interleaved):

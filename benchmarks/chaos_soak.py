@@ -46,9 +46,6 @@ class Settings:
     plant: str | None = None
     #: The event channel's ``ACK_TIMEOUT_S`` in the drivers (None: as it is).
     ack_timeout_s: float | None = None
-    #: True: a kill (of a worker, the driver, or a node) may strike while an event-road fault
-    #: is still being recovered from; False: it waits ``ACK_TIMEOUT_S`` + 3 s after one.
-    overlap: bool = False
 
 
 @dataclasses.dataclass
@@ -172,8 +169,6 @@ class Soak:
             "num_to_keep": settings.num_to_keep,
             "loop": {"seed": settings.seed, "steps": settings.steps, "every": settings.every, "log_dir": str(folder / "logs"), "marks": marks, "faults": faults},
         }
-        quiet = self._quiet(plan)
-        spec["loop"]["quiet"] = quiet
         spec_path = folder / f"spec-{index}.json"
         spec_path.write_text(json.dumps(spec))
         already = {f.id for f in plan.faults if chaos_journal.fired(marks, f.id)}
@@ -196,7 +191,6 @@ class Soak:
                 top = max((line["step"] for line in lines if line["e"] == "commit"), default=-1)
                 if ours and top >= ours[0].step:
                     fault = ours.pop(0)
-                    chaos_journal.wait_quiet(marks, quiet)
                     time.sleep(fault.detail)
                     chaos_journal.fire(marks, fault.id)
                     if fault.kind == "driver-kill":
@@ -221,16 +215,6 @@ class Soak:
         tail = (folder / f"driver-{index}.log").read_text()[-1500:] if ended == "crashed" else ""
         journal = chaos_journal.read(driver_log)[skip:]
         return Segment(plan.name, index, ended, outcome, fired, journal, set(exempt), seconds, tail)
-
-    def _quiet(self, plan: RunPlan) -> dict | None:
-        """What kills wait for: the run's event-road faults to be ``ACK_TIMEOUT_S`` + 3 s old."""
-        ids = [f.id for f in plan.faults if f.kind.startswith("event-")]
-        if self.settings.overlap or not ids:
-            return None
-        from trainers._internal import event_channel
-
-        ack_timeout_s = self.settings.ack_timeout_s or getattr(event_channel, "ACK_TIMEOUT_S", 0.0)
-        return {"ids": ids, "window_s": ack_timeout_s + 3.0}
 
     def deadline_s(self, plan: RunPlan) -> float:
         """How long one segment of ``plan``'s run may take before it counts as hung."""

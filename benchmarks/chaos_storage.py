@@ -84,14 +84,10 @@ class ChaosFS(pafs.FileSystemHandler):
     file, so a committed checkpoint lacks it.
     """
 
-    def __init__(
-        self, inner: pafs.FileSystem, *, type_name: str, marks: str, faults: list[dict], plant: str | None = None, quiet: dict | None = None
-    ) -> None:
+    def __init__(self, inner: pafs.FileSystem, *, type_name: str, marks: str, faults: list[dict], plant: str | None = None) -> None:
         self.inner = inner
         self.type_name = type_name
         self.marks = marks
-        #: Kills wait until no fault of ``quiet["ids"]`` fired within ``quiet["window_s"]`` (see chaos_loop).
-        self.quiet = quiet
         self.faults = [f for f in faults if KINDS[f["kind"]].by == "storage"]
         self.plant = plant
 
@@ -128,10 +124,8 @@ class ChaosFS(pafs.FileSystemHandler):
                 open(os.path.join(self.marks, DENIED), "w").close()
                 raise PermissionError(13, f"{PERMANENT} ({op})", path)
             elif kind == "kill-write" and not chaos_journal.fired(self.marks, fault_id):
-                chaos_journal.wait_quiet(self.marks, self.quiet)
                 return f"kill-write:{fault_id}"
             elif kind == "kill-report" and not chaos_journal.fired(self.marks, fault_id):
-                chaos_journal.wait_quiet(self.marks, self.quiet)
                 _kill_at_listing = fault
             elif kind == "snapshot-transient" and not chaos_journal.fired(self.marks, fault_id):
                 _fail_snapshot = fault
@@ -236,13 +230,10 @@ class _DieMidWrite:
             self.closed = True
 
 
-def filesystem(
-    kind: str, *, wrapped: bool, endpoint: str | None, marks: str, faults: list[dict], plant: str | None, quiet: dict | None
-) -> pafs.FileSystem | None:
+def filesystem(kind: str, *, wrapped: bool, endpoint: str | None, marks: str, faults: list[dict], plant: str | None) -> pafs.FileSystem | None:
     """The run's ``storage_filesystem``: None (plain local disk), S3 on ``endpoint``, or either
     behind ``ChaosFS``."""
     inner = s3_filesystem(endpoint) if kind == "s3" else pafs.LocalFileSystem()
     if not wrapped:
         return inner if kind == "s3" else None
-    handler = ChaosFS(inner, type_name="s3" if kind == "s3" else "chaos", marks=marks, faults=faults, plant=plant, quiet=quiet)
-    return pafs.PyFileSystem(handler)
+    return pafs.PyFileSystem(ChaosFS(inner, type_name="s3" if kind == "s3" else "chaos", marks=marks, faults=faults, plant=plant))

@@ -49,9 +49,14 @@ def test_the_schedule_is_seeded_covers_every_kind_and_spaces_its_faults():
         assert steps == sorted(steps) and all(b - a >= 2 for a, b in zip(steps, steps[1:]))
         assert plan.wrapped == any(f.kind in WRAPPED for f in plan.faults)
         assert all(f.step % settings.every == settings.every - 1 for f in plan.faults if KINDS[f.kind].on_checkpoint)
-    # The first run takes a fault of each kind that needs no storage wrapper, so a defect on the
-    # event road shows in it (--fail-fast stops there).
-    assert {f.kind for f in plans[0].faults} == {k for k in kinds if k not in WRAPPED}
+    # The event road's faults share runs with driver kills only (a worker killed before it noticed
+    # its connection broke takes its unacknowledged reports with it), and come first, so a defect
+    # on the event road shows in the first run (--fail-fast stops there).
+    worker_kills = {"kill-step", "kill-collective", "node-loss"}
+    for plan in plans:
+        found = {f.kind for f in plan.faults}
+        assert not (found & {"event-drop", "event-half-open"} and found & worker_kills)
+    assert {f.kind for f in plans[0].faults} == {"event-drop", "event-half-open", "driver-kill"}
 
 
 @pytest.mark.timeout(SOAK_TIMEOUT_S)
