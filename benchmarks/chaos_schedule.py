@@ -125,7 +125,7 @@ def make_schedule(
         sequence.extend(order)
     sequence = sequence[:num_faults]
     groups = [[k for k in sequence if group(k, overlap=overlap) == name] for name in ("road", "plain", "kill", "storage")]
-    chunks = [[members[i : i + per_run] for i in range(0, len(members), per_run)] for members in groups]
+    chunks = [_chunk(members, per_run, world_size) for members in groups]
     interleaved = [chunk for turn in itertools.zip_longest(*chunks) for chunk in turn if chunk]
     plans, next_id = [], 0
     checkpoints = checkpoint_steps(steps, every)
@@ -148,9 +148,44 @@ def make_schedule(
                 )
             )
             next_id += 1
-        faults.sort(key=lambda f: (f.step, f.id))
+        faults = _place_road_faults(sorted(faults, key=lambda f: (f.step, f.id)), rng, world_size)
         plans.append(RunPlan(name=f"run-{index:02d}", wrapped=any(f.kind in WRAPPED for f in faults), faults=tuple(faults)))
     return plans
+
+
+def _chunk(kinds: list[str], per_run: int, world_size: int) -> list[list[str]]:
+    """A group's faults in runs of at most ``per_run``, with at most one event-road fault per
+    rank and one half-open connection among them.
+
+    After an event-road fault a rank sends the rest of its attempt's events over Ray, so a second
+    fault on its connection cannot fire; and a half-open connection holds the run's commits for
+    the channel's ``ACK_TIMEOUT_S`` (15 s), by when the workers have trained to the end, so no
+    fault planned after it finds a step left to strike (``_place_road_faults`` puts it last).
+    """
+    chunks: list[list[str]] = [[]]
+    for kind in kinds:
+        current = chunks[-1]
+        road = [k for k in current if k.startswith("event-")]
+        full = len(current) == per_run or (
+            kind.startswith("event-") and (len(road) == world_size or (kind == "event-half-open" and kind in road))
+        )
+        if full:
+            chunks.append([])
+        chunks[-1].append(kind)
+    return [chunk for chunk in chunks if chunk]
+
+
+def _place_road_faults(faults: list[Fault], rng: random.Random, world_size: int) -> list[Fault]:
+    """``faults`` (in step order) with a half-open connection moved to the last step and the
+    event-road faults on distinct ranks (see ``_chunk``)."""
+    half_open = next((i for i, f in enumerate(faults) if f.kind == "event-half-open"), None)
+    if half_open is not None and half_open != len(faults) - 1:
+        last, moved = faults[-1], faults[half_open]
+        faults[half_open], faults[-1] = dataclasses.replace(last, step=moved.step), dataclasses.replace(moved, step=last.step)
+    road = [i for i, f in enumerate(faults) if f.kind.startswith("event-")]
+    for i, rank in zip(road, rng.sample(range(world_size), len(road))):
+        faults[i] = dataclasses.replace(faults[i], rank=rank)
+    return faults
 
 
 def _side(kind: str, rng: random.Random) -> str:
