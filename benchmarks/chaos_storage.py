@@ -94,8 +94,8 @@ class ChaosFS(pafs.FileSystemHandler):
     # -- the faults ------------------------------------------------------------------------------
 
     def _strike(self, op: str, path: str) -> str | None:
-        """Run the faults planned for a write of ``path``; return "kill-write" when the write
-        must die half way, "lose" when it must silently do nothing."""
+        """Run the faults planned for a write of ``path``; return "kill-write:<fault id>" when the
+        write must die half way, "lose" when it must silently do nothing."""
         global _fail_snapshot, _kill_at_listing
         if os.path.exists(os.path.join(self.marks, DENIED)):
             raise PermissionError(13, f"{PERMANENT} ({op})", path)
