@@ -155,7 +155,7 @@ def checkpoints(result: Any, reference: Reference, world_size: int) -> list[str]
 
 def retention(result: Any, fs: pafs.FileSystem, run_path: str, *, steps: int, every: int, num_to_keep: int, tidy: bool) -> list[str]:
     """The kept checkpoints are the best ``num_to_keep`` by score plus the latest; with ``tidy``
-    (fit() has ended), the run folder holds nothing else: no orphaned folder, no ``.staging``,
+    (fit() has finished), the run folder holds nothing else: no orphaned folder, no ``.staging``,
     no lease."""
     from storage.config import CheckpointConfig
     from storage.retention import select_kept

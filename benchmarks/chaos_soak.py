@@ -254,7 +254,8 @@ class Soak:
         broken += chaos_check.lost_reports(rank_lines, chaos_journal.read(str(folder / "driver.jsonl")), segment.exempt)
         broken += chaos_check.checkpoints(result, reference, settings.world_size)
         broken += chaos_check.retention(
-            result, self.inner, self.run_path(plan.name), steps=settings.steps, every=settings.every, num_to_keep=settings.num_to_keep, tidy=ended
+            result, self.inner, self.run_path(plan.name), steps=settings.steps, every=settings.every, num_to_keep=settings.num_to_keep,
+            tidy=finished,  # a killed driver, or storage that denies writes, may leave what the next fit() tidies
         )
         broken += chaos_check.restarts(segment)
         if finished and segment.outcome["return_value"]["weights"] != reference.final:

@@ -15,6 +15,7 @@ On local disk the wrapper is not ``LocalFileSystem``, so storage commits by copy
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -49,6 +50,7 @@ def moto_s3() -> Iterator[tuple[pafs.S3FileSystem, str]]:
     filesystem on it and its endpoint (``host:port``)."""
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

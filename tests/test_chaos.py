@@ -33,8 +33,9 @@ def soak(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
         [sys.executable, "-m", "benchmarks.chaos", *args, "--out", str(out)],
         cwd=ROOT, env=os.environ.copy(), capture_output=True, text=True, timeout=SOAK_TIMEOUT_S - 60,
     )
-    assert out.with_suffix(".json").exists(), done.stdout[-3000:] + done.stderr[-3000:]
-    return done, json.loads(out.with_suffix(".json").read_text())
+    table = tmp_path / "chaos.json"
+    assert table.exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    return done, json.loads(table.read_text())
 
 
 def test_the_schedule_is_seeded_covers_every_kind_and_spaces_its_faults():
