@@ -43,16 +43,16 @@ class Segment:
     #: Attempts whose reports may be lost (the driver died under them).
     exempt: set[int]
     seconds: float = 0.0
-    #: The end of the driver's output, when it says why the segment ended badly.
+    #: Why it hung, or the end of the driver's output when it crashed.
     tail: str = ""
 
 
-def ending(segment: Segment, deadline_s: float, stall_s: float) -> list[str]:
+def ending(segment: Segment) -> list[str]:
     """Ended as its faults say: killed by a driver kill, failed with the injected denial after a
     permanent storage error, finished otherwise."""
     kinds = {f.kind for f in segment.fired}
     if segment.ended == "deadline":
-        return [f"hung: did not end within its deadline ({deadline_s:.0f} s), or committed nothing for {stall_s:.0f} s"]
+        return [f"hung: {segment.tail}"]
     if segment.ended == "crashed":
         return [f"the driver exited without fit() returning or raising: {segment.tail}"]
     if segment.ended == "killed":

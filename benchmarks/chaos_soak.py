@@ -179,7 +179,7 @@ class Soak:
         env = {**os.environ, "RAY_ADDRESS": self.cluster.address}
         start = time.monotonic()
         driver = subprocess.Popen([sys.executable, "-m", "benchmarks.chaos_driver", str(spec_path)], cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
-        ended, progress, seen = None, start, 0
+        ended, progress, seen, hung = None, start, 0, ""
         try:
             while driver.poll() is None:
                 lines = chaos_journal.read(driver_log)[skip:]
@@ -187,6 +187,10 @@ class Soak:
                     progress, seen = time.monotonic(), len(lines)
                 if time.monotonic() - start > deadline_s or time.monotonic() - progress > self.stall_s:
                     ended = "deadline"
+                    hung = (
+                        f"ran past its deadline of {deadline_s:.0f} s" if time.monotonic() - start > deadline_s
+                        else f"committed nothing for {self.stall_s:.0f} s"
+                    )
                     break
                 top = max((line["step"] for line in lines if line["e"] == "commit"), default=-1)
                 if ours and top >= ours[0].step:
@@ -212,7 +216,7 @@ class Soak:
             started = [l["attempt"] for r in range(settings.world_size) for l in chaos_journal.read(str(folder / "logs" / f"rank{r}.jsonl"))]
             exempt.add(max(started, default=0))
         fired = [f for f in plan.faults if f.id not in already and chaos_journal.fired(marks, f.id)]
-        tail = (folder / f"driver-{index}.log").read_text()[-1500:] if ended == "crashed" else ""
+        tail = (folder / f"driver-{index}.log").read_text()[-1500:] if ended == "crashed" else hung
         journal = chaos_journal.read(driver_log)[skip:]
         return Segment(plan.name, index, ended, outcome, fired, journal, set(exempt), seconds, tail)
 
@@ -236,7 +240,7 @@ class Soak:
         from trainers import Result
 
         settings = self.settings
-        broken = chaos_check.ending(segment, self.deadline_s(plan), self.stall_s)
+        broken = chaos_check.ending(segment)
         ended = segment.ended in ("finished", "failed")
         rank_lines = [chaos_journal.read(str(folder / "logs" / f"rank{r}.jsonl")) for r in range(settings.world_size)]
         if ended or segment.ended == "deadline":
