@@ -144,11 +144,9 @@ class Soak:
             self.say(f"  {plan.name} segment {index}: {segment.ended} in {segment.seconds:.1f} s; fired: {fired}; broken: {len(broken)}")
             for line in broken:
                 self.say(f"    BROKEN {line}")
-            if segment.ended == "failed" and not broken:
-                (folder / "marks" / chaos_storage.DENIED).unlink(missing_ok=True)  # the storage recovers; resume
-                continue
-            if segment.ended != "killed":
-                break
+            (folder / "marks" / chaos_storage.DENIED).unlink(missing_ok=True)  # the storage recovers once fit() ended
+            if segment.ended not in ("killed", "failed") or broken and segment.ended == "failed":
+                break  # the run finished, or it broke in a way a rerun would not mend
         return report
 
     def _segment(self, plan: RunPlan, index: int, folder: pathlib.Path, exempt: set[int]) -> Segment:
@@ -241,9 +239,8 @@ class Soak:
 
         settings = self.settings
         broken = chaos_check.ending(segment)
-        ended = segment.ended in ("finished", "failed")
         rank_lines = [chaos_journal.read(str(folder / "logs" / f"rank{r}.jsonl")) for r in range(settings.world_size)]
-        if ended or segment.ended == "deadline":
+        if segment.ended != "killed":  # a killed driver is rerun at once: its leftovers are counted after the rerun
             pids = [line["pid"] for lines in rank_lines for line in lines if line["e"] == "start"]
             broken += chaos_check.leaks(pids)
         if reference is None:
