@@ -6,10 +6,12 @@ reports rank 0's loss, a hash of the weights after the step and a score retentio
 0's holds the model and optimizer the run resumes from). So a run that restarts from its
 checkpoints reports what a run without faults reports, bit for bit, and ends with its weights.
 
-Two of the soak's faults strike from here (the others from its storage wrapper, the event
+Three of the soak's faults strike from here (the others from its storage wrapper, the event
 channel's hook, or the soak itself): ``kill-step`` (SIGKILL between the optimizer step and
-``report()``) and ``kill-collective`` (SIGKILL while waiting in DDP's all-reduce: the other ranks
-enter it late). Each fires once, whichever attempt reaches it first.
+``report()``), ``raise`` (an exception there) and ``kill-collective`` (SIGKILL while waiting in
+DDP's all-reduce: the other ranks enter it late). Each fires once, whichever attempt reaches it
+first. A step also sleeps ``pace_s``, as real work would take time: the soak, which kills the
+driver or removes a node once a step is committed, then strikes near that step, not at the end.
 
 Every rank appends a line to ``rank{rank}.jsonl`` when its attempt starts and whenever
 ``report()`` returned, which the soak holds against what the driver committed.
@@ -56,7 +58,7 @@ def score(step: int) -> float:
 
 
 def chaos_loop(config: dict) -> dict:
-    """The loop every worker runs (``config``: seed, steps, every, log_dir, marks, faults)."""
+    """The loop every worker runs (``config``: seed, steps, every, pace_s, log_dir, marks, faults)."""
     import torch
 
     from trainers import Checkpoint, get_checkpoint, get_context, report
@@ -85,10 +87,11 @@ def chaos_loop(config: dict) -> dict:
     x = torch.randn(ROWS, FEATURES, generator=generator)
     y = torch.sin(x @ torch.randn(FEATURES, 1, generator=generator))
     chaos_journal.append(log, {"e": "start", "attempt": attempt, "rank": rank, "pid": os.getpid(), "step": start})
-    faults = [f for f in config["faults"] if f["kind"] in ("kill-step", "kill-collective")]
+    faults = [f for f in config["faults"] if f["kind"] in ("kill-step", "kill-collective", "raise")]
     marks = config["marks"]
     for step in range(start, config["steps"]):
         pending = [f for f in faults if f["step"] == step and not chaos_journal.fired(marks, f["id"])]
+        time.sleep(config["pace_s"])
         first = step * GLOBAL_BATCH % ROWS
         xb, yb = x[first : first + GLOBAL_BATCH][rank::size], y[first : first + GLOBAL_BATCH][rank::size]
         optimizer.zero_grad()
@@ -104,6 +107,8 @@ def chaos_loop(config: dict) -> dict:
         for fault in pending:
             if fault["kind"] == "kill-step" and fault["rank"] == rank:
                 _kill(marks, fault)
+            if fault["kind"] == "raise" and fault["rank"] == rank and chaos_journal.fire(marks, fault["id"]):
+                raise RuntimeError(f"chaos: injected failure at step {step}")
         digest = weights_hash(module.state_dict())
         metrics = {"step": step, "loss": loss.item() if rank == 0 else None, "weights": digest, "score": score(step)}
         checkpointed = step % config["every"] == config["every"] - 1 or step == config["steps"] - 1

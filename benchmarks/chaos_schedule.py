@@ -36,6 +36,7 @@ KINDS: dict[str, Kind] = {
     for kind in (
         Kind("kill-step", "loop", restarts=1, about="SIGKILL of a worker between its optimizer step and report()"),
         Kind("kill-collective", "loop", restarts=1, about="SIGKILL of a worker waiting in DDP's all-reduce"),
+        Kind("raise", "loop", restarts=1, about="the training loop raises on one rank before its report()"),
         Kind("kill-report", "storage", True, restarts=1, about="SIGKILL inside report(): files staged, event not sent"),
         Kind("kill-write", "storage", True, restarts=1, about="SIGKILL half way through writing a checkpoint file"),
         Kind("driver-kill", "soak", ends="killed", about="SIGKILL of the driver, then a rerun of the same name at once"),
@@ -48,6 +49,10 @@ KINDS: dict[str, Kind] = {
         Kind("snapshot-transient", "storage", True, about="one failed write of run.json, a checkpoint's commit point", opt_in=True),
     )
 }
+
+#: Steps a run may take between the one the soak waits for and its strike (it polls the driver's
+#: journal and waits a seeded moment), so the soak's faults are planned this far from the end.
+SOAK_LAG_STEPS = 12
 
 #: Kinds that need the soak's storage wrapper; a run without them uses the storage as it is.
 WRAPPED = frozenset(name for name, kind in KINDS.items() if kind.by == "storage")
@@ -89,12 +94,13 @@ def checkpoint_steps(steps: int, every: int) -> list[int]:
 
 def group(kind: str, *, overlap: bool) -> str:
     """Which runs a fault of ``kind`` goes to: "storage" (those needing the storage wrapper),
-    "road" (the event road's faults and the driver kill) or "kill" (the worker and node kills).
+    "road" (the event road's faults and the driver kill) or "kill" (the worker and node kills and
+    the loop's exception: each ends an attempt, and its workers with it).
 
     The road's faults and the worker kills never share a run unless ``overlap``: their steps
-    are milliseconds apart, and a worker killed while its connection is broken, before it
-    noticed, takes the reports it has not had acknowledged with it (an acknowledged road cannot
-    keep what a dead process held). With ``overlap`` they share runs ("plain").
+    are milliseconds apart, and a worker whose attempt ends while its connection is broken,
+    before it noticed, takes the reports it has not had acknowledged with it (an acknowledged
+    road cannot keep what a dead process held). With ``overlap`` they share runs ("plain").
     """
     if kind in WRAPPED:
         return "storage"
@@ -133,7 +139,10 @@ def make_schedule(
         faults = []
         taken: list[int] = []
         for name in chunk:
-            domain = checkpoints[:-1] if KINDS[name].on_checkpoint else list(range(1, steps - 1))
+            if KINDS[name].on_checkpoint:
+                domain = checkpoints[:-1]
+            else:  # the soak strikes a little after the step it waits for: leave it steps to strike in
+                domain = list(range(1, steps - (SOAK_LAG_STEPS if KINDS[name].by == "soak" else 1)))
             free = [s for s in domain if all(abs(s - t) >= 2 for t in taken)] or domain
             step = rng.choice(free)
             taken.append(step)
@@ -148,7 +157,7 @@ def make_schedule(
                 )
             )
             next_id += 1
-        faults = _place_road_faults(sorted(faults, key=lambda f: (f.step, f.id)), rng, world_size)
+        faults = _place_road_faults(sorted(faults, key=lambda f: (f.step, f.id)), rng, world_size, half_open_last=not overlap)
         plans.append(RunPlan(name=f"run-{index:02d}", wrapped=any(f.kind in WRAPPED for f in faults), faults=tuple(faults)))
     return plans
 
@@ -175,11 +184,12 @@ def _chunk(kinds: list[str], per_run: int, world_size: int) -> list[list[str]]:
     return [chunk for chunk in chunks if chunk]
 
 
-def _place_road_faults(faults: list[Fault], rng: random.Random, world_size: int) -> list[Fault]:
-    """``faults`` (in step order) with a half-open connection moved to the last step and the
-    event-road faults on distinct ranks (see ``_chunk``)."""
+def _place_road_faults(faults: list[Fault], rng: random.Random, world_size: int, *, half_open_last: bool) -> list[Fault]:
+    """``faults`` (in step order) with the event-road faults on distinct ranks and, with
+    ``half_open_last``, a half-open connection moved to the last step (see ``_chunk``; with
+    ``overlap`` the faults after it are what it is to meet)."""
     half_open = next((i for i, f in enumerate(faults) if f.kind == "event-half-open"), None)
-    if half_open is not None and half_open != len(faults) - 1:
+    if half_open_last and half_open is not None and half_open != len(faults) - 1:
         last, moved = faults[-1], faults[half_open]
         faults[half_open], faults[-1] = dataclasses.replace(last, step=moved.step), dataclasses.replace(moved, step=last.step)
     road = [i for i, f in enumerate(faults) if f.kind.startswith("event-")]
@@ -196,7 +206,7 @@ def _side(kind: str, rng: random.Random) -> str:
 
 def _detail(kind: str, rng: random.Random) -> float:
     if kind in ("driver-kill", "node-loss"):
-        return round(rng.uniform(0.0, 0.3), 3)
+        return round(rng.uniform(0.0, 0.2), 3)
     if kind == "storage-slow":
         return round(rng.uniform(1.0, 2.0), 3)
     if kind.startswith("event-"):

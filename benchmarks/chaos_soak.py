@@ -35,6 +35,8 @@ class Settings:
     seed: int = 0
     steps: int = 48
     every: int = 4
+    #: Seconds each step of the loop sleeps, as real work would take (see ``chaos_loop``).
+    pace_s: float = 0.02
     num_to_keep: int = 2
     world_size: int = 2
     #: A segment's deadline: this many seconds, plus the fault-free run's time (which says how
@@ -165,7 +167,10 @@ class Soak:
             "outcome": str(folder / f"outcome-{index}.json"),
             "num_workers": settings.world_size,
             "num_to_keep": settings.num_to_keep,
-            "loop": {"seed": settings.seed, "steps": settings.steps, "every": settings.every, "log_dir": str(folder / "logs"), "marks": marks, "faults": faults},
+            "loop": {
+                "seed": settings.seed, "steps": settings.steps, "every": settings.every, "pace_s": settings.pace_s,
+                "log_dir": str(folder / "logs"), "marks": marks, "faults": faults,
+            },
         }
         spec_path = folder / f"spec-{index}.json"
         spec_path.write_text(json.dumps(spec))
@@ -199,7 +204,7 @@ class Soak:
                         ended = "killed"
                         break
                     self._lose_node()
-                time.sleep(0.05)
+                time.sleep(0.02)
         finally:
             if driver.poll() is None:
                 driver.kill()

@@ -20,8 +20,10 @@ from benchmarks.chaos_schedule import KINDS, WRAPPED, make_schedule
 from benchmarks.chaos_soak import Settings
 from conftest import ROOT
 
-#: The short schedule: at least 30 faults of at least 6 kinds.
-SHORT = ["--faults", "30", "--seed", "1"]
+#: The short schedule: at least 30 faults of at least 6 kinds injected. A fault can miss its
+#: moment when another takes its run past it first (a node lost while a rank waits to be killed
+#: in its all-reduce), hence two to spare.
+SHORT = ["--faults", "32", "--seed", "1"]
 #: A soak's time is restarts and driver starts (2-3 s each on an idle 2-core machine, 10-20 s
 #: when other suites load it): the suite's 600 s is too little for a loaded machine.
 SOAK_TIMEOUT_S = 1800
@@ -40,11 +42,11 @@ def soak(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
 
 def test_the_schedule_is_seeded_covers_every_kind_and_spaces_its_faults():
     kinds, settings = [k for k, kind in KINDS.items() if not kind.opt_in], Settings()
-    plans = make_schedule(30, 1, kinds, steps=settings.steps, every=settings.every, per_run=PER_RUN)
-    assert plans == make_schedule(30, 1, kinds, steps=settings.steps, every=settings.every, per_run=PER_RUN)
+    plans = make_schedule(32, 1, kinds, steps=settings.steps, every=settings.every, per_run=PER_RUN)
+    assert plans == make_schedule(32, 1, kinds, steps=settings.steps, every=settings.every, per_run=PER_RUN)
     faults = [f for plan in plans for f in plan.faults]
-    assert len(faults) == 30 and {f.kind for f in faults} == set(kinds)
-    assert len({f.id for f in faults}) == 30
+    assert len(faults) == 32 and {f.kind for f in faults} == set(kinds)
+    assert len({f.id for f in faults}) == 32
     for plan in plans:
         steps = [f.step for f in plan.faults]
         assert steps == sorted(steps) and all(b - a >= 2 for a, b in zip(steps, steps[1:]))
@@ -57,7 +59,7 @@ def test_the_schedule_is_seeded_covers_every_kind_and_spaces_its_faults():
     road = {"event-drop", "event-half-open"}
     for plan in plans:
         found = [f for f in plan.faults if f.kind in road]
-        assert not (found and {f.kind for f in plan.faults} & {"kill-step", "kill-collective", "node-loss"})
+        assert not (found and {f.kind for f in plan.faults} & {"kill-step", "kill-collective", "raise", "node-loss"})
         assert len({f.rank for f in found}) == len(found)
         assert all(f is plan.faults[-1] for f in found if f.kind == "event-half-open")
     assert road & {f.kind for f in plans[0].faults}
