@@ -62,3 +62,10 @@ gpu-check: $(STAMP)
 # into .gpu_carry/site.tar.xz; there, `bash benchmarks/gpu_check.sh` unpacks it and runs the checks.
 gpu-carry: $(STAMP)
 	PY=$(PY) bash benchmarks/gpu_carry.sh .gpu_carry
+
+# Faults at seeded random points of real runs, invariants checked after each (benchmarks/chaos.py);
+# e.g. make chaos CHAOS_ARGS="--faults 300 --seed 7 --out benchmarks/results/chaos-$$(date +%F)"
+CHAOS_ARGS ?= --faults 30 --seed 1
+.PHONY: chaos
+chaos: $(STAMP)
+	$(PY) -m benchmarks.chaos $(CHAOS_ARGS)

@@ -1,0 +1,223 @@
+"""The chaos soak's invariants, checked when each segment of a run ends (a segment: one driver's
+``fit()``, ended by itself, by a permanent storage error, by the soak killing the driver, or by
+its deadline). Each check returns the invariants it found broken, one line each (none: it holds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from benchmarks import chaos_storage
+from benchmarks.chaos_loop import score, state_file, weights_hash
+from benchmarks.chaos_schedule import KINDS, Fault, checkpoint_steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """The fault-free run of the same seeded loop: the weights hash and loss after each step."""
+
+    weights: dict[int, str]
+    loss: dict[int, float]
+    final: str
+
+
+@dataclasses.dataclass
+class Segment:
+    """One driver's ``fit()`` of a run, as the soak saw it end."""
+
+    run: str
+    index: int
+    #: "finished", "failed" (fit() raised), "killed" (by the soak), "deadline", "crashed" (the
+    #: driver exited without an outcome).
+    ended: str
+    outcome: dict[str, Any] | None
+    #: The faults that fired while it ran.
+    fired: list[Fault]
+    #: The driver's journal lines of this segment.
+    journal: list[dict[str, Any]]
+    #: Attempts whose reports may be lost (the driver died under them).
+    exempt: set[int]
+    seconds: float = 0.0
+    #: Why it hung, or the end of the driver's output when it crashed.
+    tail: str = ""
+
+
+def ending(segment: Segment) -> list[str]:
+    """Ended as its faults say: killed by a driver kill, failed with the injected denial after a
+    permanent storage error, finished otherwise."""
+    kinds = {f.kind for f in segment.fired}
+    if segment.ended == "deadline":
+        return [f"hung: {segment.tail}"]
+    if segment.ended == "crashed":
+        return [f"the driver exited without fit() returning or raising: {segment.tail}"]
+    if segment.ended == "killed":
+        return [] if "driver-kill" in kinds else ["the driver was killed, but no driver-kill fault fired"]
+    if "storage-permanent" in kinds:
+        if segment.ended != "failed":
+            return ["a permanent storage error fired, yet fit() finished"]
+        if not any(chaos_storage.PERMANENT in line for line in segment.outcome["error"]):
+            return [f"fit() failed with the wrong error after a permanent storage error: {segment.outcome['error'][0][:300]}"]
+        return []
+    if segment.ended == "failed":
+        return [f"fit() failed: {' <- '.join(segment.outcome['error'])[:600]}"]
+    return []
+
+
+def history(result: Any, reference: Reference, *, steps: int, finished: bool, outcome: dict | None) -> list[str]:
+    """Every committed round once, in order, as the fault-free run reported it; the Result that
+    ``fit()`` returned agrees with ``Result.from_path``."""
+    frame = result.metrics_dataframe
+    rows = frame.to_dict("records") if len(frame) else []
+    found = [int(row["step"]) for row in rows]
+    broken = []
+    if found != list(range(len(found))):
+        repeated = sorted({s for s in found if found.count(s) > 1})
+        broken.append(f"history: steps not each once in order (repeated {repeated}): {found}")
+    if finished and len(found) != steps:
+        broken.append(f"history: {len(found)} rounds after a finished run of {steps} steps")
+    for row in rows:
+        step = int(row["step"])
+        if reference.weights.get(step) != row["weights"] or reference.loss.get(step) != row["loss"]:
+            broken.append(f"history: step {step} reported other weights or loss than the fault-free run")
+            break
+    if outcome is not None and outcome.get("history") is not None:
+        returned = [(int(r["step"]), r["weights"]) for r in outcome["history"]]
+        if returned != [(int(r["step"]), r["weights"]) for r in rows]:
+            broken.append("history: fit()'s Result.metrics_dataframe differs from Result.from_path's")
+    return broken
+
+
+def committed(result: Any, journal: list[dict[str, Any]]) -> list[str]:
+    """Every round the driver committed with a checkpoint is in the history (restarts rewind
+    only past the latest checkpoint)."""
+    frame = result.metrics_dataframe
+    present = set(int(s) for s in frame["step"]) if len(frame) else set()
+    return [
+        f"committed round lost: step {line['step']} of attempt {line['attempt']} ({line['checkpoint']}) is not in the history"
+        for line in journal
+        if line["e"] == "commit" and line["checkpoint"] is not None and line["step"] not in present
+    ]
+
+
+def lost_reports(rank_lines: list[list[dict[str, Any]]], journal: list[dict[str, Any]], exempt: set[int]) -> list[str]:
+    """No round whose ``report()`` returned on every rank went uncommitted (except in attempts
+    the driver died under)."""
+    returned: dict[tuple[int, int], int] = {}
+    checkpointed = set()
+    for lines in rank_lines:
+        for line in lines:
+            if line["e"] == "returned" and line["checkpoint"]:
+                checkpointed.add((line["attempt"], line["step"]))
+        for key in {(l["attempt"], l["step"]) for l in lines if l["e"] == "returned"}:
+            returned[key] = returned.get(key, 0) + 1
+    done = {(l["attempt"], l["step"]) for l in journal if l["e"] == "commit"}
+    lost = sorted(key for key, count in returned.items() if count == len(rank_lines) and key not in done and key[0] not in exempt)
+    return [
+        f"report lost: step {step}{' (with its checkpoint)' if (attempt, step) in checkpointed else ''} returned on every "
+        f"rank in attempt {attempt} but was never committed"
+        for attempt, step in lost
+    ]
+
+
+def checkpoints(result: Any, reference: Reference, world_size: int) -> list[str]:
+    """Every kept checkpoint holds one file per rank, each loading the state of its own report."""
+    import torch
+
+    broken = []
+    for checkpoint, metrics in result.best_checkpoints:
+        step = metrics["step"]
+        name = os.path.basename(checkpoint.path.rstrip("/"))
+        entries = checkpoint.filesystem.get_file_info(pafs.FileSelector(checkpoint.path, allow_not_found=True))
+        files = {e.base_name for e in entries if e.type == pafs.FileType.File} - {".committed"}
+        wanted = {state_file(rank, step) for rank in range(world_size)}
+        if files != wanted:
+            broken.append(f"checkpoint {name} (step {step}) holds {sorted(files)}, not {sorted(wanted)}")
+            continue
+        with checkpoint.as_directory() as folder:
+            for rank in range(world_size):
+                try:
+                    state = torch.load(os.path.join(folder, state_file(rank, step)))
+                except Exception as error:  # a half-written file fails in many ways
+                    broken.append(f"checkpoint {name}: rank {rank}'s file does not load ({type(error).__name__}: {error})")
+                    continue
+                own = state.get("step") == step and state.get("weights") == metrics["weights"] == reference.weights.get(step)
+                if rank == 0 and own:
+                    own = weights_hash(state["model"]) == metrics["weights"]
+                if not own:
+                    broken.append(f"checkpoint {name}: rank {rank}'s file does not hold the state of step {step}'s report")
+    return broken
+
+
+def retention(result: Any, fs: pafs.FileSystem, run_path: str, *, steps: int, every: int, num_to_keep: int, tidy: bool) -> list[str]:
+    """The kept checkpoints are the best ``num_to_keep`` by score plus the latest; with ``tidy``
+    (fit() has finished), the run folder holds nothing else: no orphaned folder, no ``.staging``,
+    no lease."""
+    from storage.config import CheckpointConfig
+    from storage.retention import select_kept
+
+    frame = result.metrics_dataframe
+    reported = [int(s) for s in frame["step"]] if len(frame) else []
+    made = [s for s in checkpoint_steps(steps, every) if s in reported]
+    config = CheckpointConfig(num_to_keep=num_to_keep, checkpoint_score_attribute="score")
+    wanted = select_kept([(s, {"score": score(s)}) for s in made], config)
+    kept = {int(metrics["step"]) for _, metrics in result.best_checkpoints}
+    broken = []
+    if kept != wanted:
+        broken.append(f"retention: keeps the checkpoints of steps {sorted(kept)}, not {sorted(wanted)}")
+    if tidy:
+        names = {os.path.basename(c.path.rstrip("/")) for c, _ in result.best_checkpoints}
+        entries = fs.get_file_info(pafs.FileSelector(run_path, allow_not_found=True))
+        extra = sorted(e.base_name for e in entries if e.base_name not in names | {"run.json", "run.json.prev"})
+        if extra:
+            broken.append(f"retention: the run folder holds {extra} beside its kept checkpoints and run.json")
+    return broken
+
+
+def restarts(segment: Segment) -> list[str]:
+    """No more restarts than the faults that fired can explain (a kill or a lost node: one each)."""
+    made = [line for line in segment.journal if line["e"] == "restart"]
+    allowed = sum(KINDS[f.kind].restarts for f in segment.fired)
+    if len(made) <= allowed:
+        return []
+    why = "; ".join(f"{f['kind']} {f['type']}: {f['message'][:160]}" for line in made for f in line["failures"][:1])
+    return [f"{len(made)} restarts, but the faults that fired explain {allowed}: {why}"]
+
+
+def leaks(pids: list[int], timeout_s: float = 20.0) -> list[str]:
+    """No worker actor, placement group or process of the run is left (teardown is asynchronous
+    in Ray, so this waits up to ``timeout_s``)."""
+    import ray
+    from ray.util import placement_group_table
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        actors = [
+            a for a in ray._private.state.actors().values()
+            if "TrainWorker" in a.get("ActorClassName", "") and a.get("State") != "DEAD"
+        ]
+        groups = [g for g in placement_group_table().values() if g.get("state") != "REMOVED"]
+        alive = [pid for pid in pids if _alive(pid)]
+        if not (actors or groups or alive):
+            return []
+        if time.monotonic() > deadline:
+            return [f"left behind: {len(actors)} worker actor(s), {len(groups)} placement group(s), processes {alive}"]
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"  # a zombie is gone but unreaped
+    except (OSError, IndexError):
+        return False
