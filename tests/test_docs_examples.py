@@ -80,6 +80,8 @@ def test_marker_parsing(tmp_path):
 
 @pytest.mark.parametrize(("path", "line", "code"), EXAMPLES)
 def test_runnable_example(ray_local, path, line, code, tmp_path, monkeypatch):
+    # An example shows what it promises with an assert, so a change that breaks the promise fails here.
+    assert "assert " in code, f"{path.name}:{line}: a runnable example must assert what it shows"
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # mkdtemp() and friends land in tmp_path
     # A module name no process can import: Ray pickles the example's functions by value.
