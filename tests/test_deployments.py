@@ -25,6 +25,9 @@ from prefect_server import PREFECT, api_get, api_post, prefect, stop_process_gro
 
 #: Slow enough to be real work, fast enough for the suite: a run of the example MLP takes ~20 s here.
 RUN_TIMEOUT_S = 300
+#: How far ahead a schedule must still be when `prefect deploy` returns: the scheduler's loop (5 s in
+#: tests/prefect_server.py) plus its own run time.
+SCHEDULER_MARGIN_S = 7
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -274,11 +277,20 @@ def assert_schedule_fires(worker) -> None:
     """Deploy the nightly deployment from prefect.yaml with a schedule that fires in a few seconds
     added to its cron, then wait until the scheduler made that run and the worker Completed it."""
     env = worker["env"]
-    fires_at = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=10)).replace(microsecond=0)
-    prefect(
-        env, "deploy", "--name", "tabular-mlp-nightly", "--interval", "3600", "--anchor-date", fires_at.isoformat(),
-        "--param", "train_loop_config=" + json.dumps(FEW_EPOCHS),
-    )
+    # The scheduler makes runs only for times still ahead when its loop (5 s here) next looks, so the
+    # schedule must still lie that far ahead once `prefect deploy` returns; on a loaded machine the
+    # CLI alone can take longer than the lead, so deploy again with a longer lead when it did.
+    lead_s = 10
+    while True:
+        fires_at = (_now() + datetime.timedelta(seconds=lead_s)).replace(microsecond=0)
+        prefect(
+            env, "deploy", "--name", "tabular-mlp-nightly", "--interval", "3600", "--anchor-date", fires_at.isoformat(),
+            "--param", "train_loop_config=" + json.dumps(FEW_EPOCHS),
+        )
+        if fires_at - _now() >= datetime.timedelta(seconds=SCHEDULER_MARGIN_S):
+            break
+        assert lead_s < 160, f"`prefect deploy` kept taking longer than the {lead_s} s lead of the schedule"
+        lead_s *= 2
     [found] = [d for d in _deployments(env) if d["name"] == "tabular-mlp-nightly"]
     schedules = [s["schedule"] for s in found["schedules"]]
     assert {s.get("cron") or s.get("interval") for s in schedules} == {"0 3 * * *", 3600.0}, schedules
@@ -298,6 +310,10 @@ def assert_schedule_fires(worker) -> None:
     assert run["state"]["type"] == "COMPLETED", run["state"]
     _, snapshot = _run_folder(worker, run)
     assert len(snapshot["reports"]) == FEW_EPOCHS["epochs"]
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
 
 
 def _when(timestamp: str) -> datetime.datetime:
