@@ -40,6 +40,7 @@ from storage.snapshot import (
     read_snapshot,
     write_snapshot,
 )
+from storage.upload import CheckpointUploadError, retry
 
 T = TypeVar("T")
 
@@ -400,10 +401,15 @@ class RunStorage:
 
     def _write(self) -> None:
         self._check_lease()
+        where = f"{self.run_uri}/run.json"
         try:
-            write_snapshot(self.filesystem, self.layout, self.snapshot)
+            # Retried like a checkpoint's files: run.json is a checkpoint's commit point, and one
+            # passing error from the store must not fail a run whose files are all uploaded.
+            retry(lambda: write_snapshot(self.filesystem, self.layout, self.snapshot), destination=where, what="the run snapshot")
+        except CheckpointUploadError as error:
+            raise StorageError(f"cannot write the run snapshot at {where} (tries: {error.attempts}): {error.last_error}") from error
         except OSError as error:
-            raise StorageError(f"cannot write the run snapshot at {self.run_uri}/run.json: {error}") from error
+            raise StorageError(f"cannot write the run snapshot at {where}: {error}") from error
         self._last_write = time.monotonic()
 
     def _checked(self, operation: str, action: Callable[[], T]) -> T:
