@@ -31,7 +31,7 @@ from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, exists, is_local, resolve_filesystem, write_bytes
 from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name
 from storage.lease import Lease
-from storage.ray_run_format import RAY_SNAPSHOT, read_ray_run
+from storage.ray_run_format import RAY_SNAPSHOT, RayRun, read_ray_run
 from storage.retention import decide, flatten, rank_best_first, score_of
 from storage.snapshot import (
     PENDING_VALIDATION,
@@ -101,7 +101,10 @@ class RunStorage:
         try:
             found = self._checked("read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri))
             if found is None:
-                found = self._checked("read the ray.train run snapshot", self._adopt_ray_run)
+                ray_run = self._checked(
+                    "read the ray.train run snapshot", lambda: read_ray_run(self.filesystem, self.run_path, self.name, self.run_uri)
+                )
+                found = self._adopt(ray_run) if ray_run is not None else None
             if found is not None:
                 self.snapshot = found
                 self.snapshot.finished = False
@@ -160,15 +163,12 @@ class RunStorage:
             self.close()
         return [checkpoint for checkpoint, _ in self.best_checkpoints]
 
-    def _adopt_ray_run(self) -> RunSnapshot | None:
-        """The ``ray.train`` run in this folder as this run's snapshot, or None when there is none.
+    def _adopt(self, ray_run: RayRun) -> RunSnapshot:
+        """The ``ray.train`` run in this folder as this run's snapshot.
 
         Ray's snapshot is its checkpoints' commit point; on object stores they get the commit
         marker flowtrain's own checkpoints have, so they count as committed from now on.
         """
-        ray_run = read_ray_run(self.filesystem, self.run_path, self.name, self.run_uri)
-        if ray_run is None:
-            return None
         if not is_local(self.filesystem):
             for record in ray_run.snapshot.checkpoints:
                 if exists(self.filesystem, self.layout.path_of(record.dir_name)):
@@ -369,7 +369,8 @@ class RunStorage:
 
     @property
     def best_checkpoints(self) -> list[tuple[Checkpoint, dict[str, Any]]]:
-        """The kept checkpoints with their metrics, best first by the CheckpointConfig's rule."""
+        """The kept checkpoints with their metrics, best first by the CheckpointConfig's rule (or
+        as the ``ray.train`` run read by ``load_run`` ranked them)."""
         records = {c.seq: c for c in self.snapshot.checkpoints}
         if self.ranked is not None:
             seqs = {c.dir_name: c.seq for c in self.snapshot.checkpoints}

@@ -16,11 +16,11 @@ import shutil
 import pyarrow.fs as pafs
 import pytest
 import torch
-
 from faulty_s3 import moto_s3
+from test_ray_train_compat import SCRIPT, switch_imports
+
 from storage import RayRunFormatError, RunStorage, StorageError
 from storage.ray_run_format import RAY_SNAPSHOT
-from test_ray_train_compat import SCRIPT, switch_imports
 from trainers import Result
 
 RAY_EPOCHS = 3
@@ -112,7 +112,9 @@ def test_ray_train_checkpoints_count_as_committed_on_object_stores(ray_run):
     _, pristine = ray_run
     names = [e["checkpoint_dir_name"] for e in json.loads((pristine / RAY_SNAPSHOT).read_text())["checkpoint_results"]]
     with moto_s3() as s3:  # the bucket is flowtrain-test
-        pafs.copy_files(str(pristine), "flowtrain-test/runs/ray-train-user", source_filesystem=pafs.LocalFileSystem(), destination_filesystem=s3)
+        pafs.copy_files(
+            str(pristine), "flowtrain-test/runs/ray-train-user", source_filesystem=pafs.LocalFileSystem(), destination_filesystem=s3
+        )
         storage = RunStorage("s3://flowtrain-test/runs", "ray-train-user", filesystem=s3)
         storage.open("me")
         storage.close()
