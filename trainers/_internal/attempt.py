@@ -197,7 +197,8 @@ class RayWorkers:
             time.sleep(0.2)
 
     def resize_to(self) -> int | None:
-        """The larger size an elastic run should restart at, now that more workers fit, or None."""
+        """The larger size an elastic run should restart at, now that more workers fit, or None
+        (always None for a fixed-size run)."""
         if self.sizer is None or self.group is None or not self.group.workers:
             return None
         return self.sizer.resize_to(self.world_size, self._held(), self._started_at)
@@ -295,6 +296,12 @@ class LocalWorkers:
 
     def probe(self, ranks: list[int]) -> tuple[list[Event], dict[int, str]]:
         return [], {}  # this process is the only worker
+
+    def resize_to(self) -> int | None:
+        return None  # one worker in this process: never elastic
+
+    def lost_a_node(self, node_ids: list[str]) -> bool:
+        return False  # the only worker runs on this process's own node
 
     def finish(self) -> None:
         pass
