@@ -197,8 +197,7 @@ class RayWorkers:
             time.sleep(0.2)
 
     def resize_to(self) -> int | None:
-        """The larger size an elastic run should restart at, now that more workers fit, or None
-        (always None for a fixed-size run)."""
+        """The larger size an elastic run should restart at, now that more workers fit, or None."""
         if self.sizer is None or self.group is None or not self.group.workers:
             return None
         return self.sizer.resize_to(self.world_size, self._held(), self._started_at)
