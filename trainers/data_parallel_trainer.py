@@ -278,7 +278,8 @@ class DataParallelTrainer(TuneTrainableAttributes):
 
     def _run(self, name: str, storage: RunStorage, scaling: ScalingConfig, datasets: dict[str, Any]) -> Result:
         run_config, backend = self.run_config, self.backend_config
-        spec, progress = self._run_spec(name, storage, scaling, datasets), ProgressLine(name)
+        spec = self._run_spec(name, storage, scaling, datasets)
+        progress = ProgressLine(name)
         validations = make_runner(self.validation_config, storage, scaling, run_config.worker_runtime_env)
         controller = Controller(
             LocalWorkers(spec) if scaling.max_workers == 0 else RayWorkers(spec),
@@ -286,7 +287,7 @@ class DataParallelTrainer(TuneTrainableAttributes):
             policy=FailurePolicy(
                 run_config.failure_config or FailureConfig(), elastic=scaling.elasticity_enabled, is_setup_clash=backend.is_setup_clash
             ),
-            listeners=[progress, *(run_config.callbacks or [])],  # the terminal line, Prefect, Tune, the user's
+            listeners=[progress, *(run_config.callbacks or [])],  # the driver's own, then Prefect's, Tune's, the user's
             validations=validations,
             settings=ControllerSettings(
                 run_context=TrainRunContext(name, storage.run_uri, 0, run_config, scaling, self.train_loop_config),

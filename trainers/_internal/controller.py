@@ -79,7 +79,7 @@ class ControllerSettings:
     #: "nccl", "gloo" or None: a hang in an NCCL run is raised as NCCLHangError.
     collective_backend: str | None = None
     poll_timeout_s: float = 1.0
-    #: How long a failed attempt waits for the rounds of ranks still training (see ``_drain_...``).
+    #: Seconds a failed attempt waits for a round that ranks still training may yet complete.
     drain_timeout_s: float = 1.0
     clock: Callable[[], float] = time.monotonic
     #: UNIX time in seconds (preemption deadlines are wall-clock times).
@@ -102,7 +102,7 @@ class Controller:
         self.workers = workers
         self.storage = storage
         self.policy = policy
-        #: Told of every report, failure, restart and resize, in this order.
+        #: Told of every report, failure, restart and resize, one after another in this order.
         self.listeners = list(listeners)
         #: Runs checkpoint validations, or None without a ValidationConfig.
         self.validations = validations
