@@ -1,8 +1,8 @@
 """What Prefect shows of a training run, made in the task's process from what the workers report.
 
 ``PrefectReporter`` is a ``UserCallback``: every report becomes a log line and moves one progress
-artifact; every checkpoint and restart becomes a Prefect event; worker failures are logged with
-rank, node and message. After ``fit()``, ``publish_metrics`` writes a table of every report and
+artifact; every checkpoint and restart becomes a Prefect event; worker failures and resizes are
+logged. After ``fit()``, ``publish_metrics`` writes a table of every report and
 ``publish_metric_chart`` a chart of the losses and the score metric (every rank's values where the
 ranks differ).
 """
@@ -103,8 +103,7 @@ class PrefectReporter(UserCallback):
 
     def on_restart(self, run_context: TrainRunContext, failures: list[Any], resume_from: Checkpoint | None) -> None:
         where = resume_from.path if resume_from else "the start"
-        self.num_reports = self._reports_at_checkpoint if resume_from else 0  # later reports are made again
-        self._ranks_by_report = {i: m for i, m in self._ranks_by_report.items() if i < self.num_reports}
+        self._resume_after(self._reports_at_checkpoint if resume_from else 0)
         causes = "; ".join(f.describe() for f in failures)
         self.logger.warning("restarting the workers after attempt %d (%s); resuming from %s", run_context.attempt, causes, where)
         emit_event(
@@ -112,6 +111,16 @@ class PrefectReporter(UserCallback):
             resource=run_resource(run_context.name, run_context.run_path),
             payload={"attempt": run_context.attempt, "failures": causes, "resume_from": resume_from.path if resume_from else None},
         )
+
+    def on_resize(self, run_context: TrainRunContext, old_size: int, new_size: int) -> None:
+        self._resume_after(self._reports_at_checkpoint)
+        where = "resuming from the latest checkpoint"
+        self.logger.info("resizing from %d to %d workers after attempt %d; %s", old_size, new_size, run_context.attempt, where)
+
+    def _resume_after(self, num_reports: int) -> None:
+        """The run goes on from its report ``num_reports``: the later ones are made again."""
+        self.num_reports = num_reports
+        self._ranks_by_report = {i: m for i, m in self._ranks_by_report.items() if i < num_reports}
 
     def finish(self) -> None:
         """Mark the progress artifact complete."""

@@ -1,14 +1,9 @@
-"""FailureConfig -> Prefect task options: the one table that says who retries what.
+"""FailureConfig -> Prefect task options: which failures of the train task Prefect retries.
 
-| failure                                             | handled by                          | budget                          |
-| --------------------------------------------------- | ----------------------------------- | ------------------------------- |
-| a worker raises, dies, its node is lost, it hangs   | the controller, inside one task run | ``FailureConfig.max_failures``  |
-| the driver fails: Ray connection, storage, crash    | Prefect retries the train task      | ``controller_failure_limit``    |
-| bad config, bad data, unsatisfiable resources       | nobody: fails at once               | none                            |
-| the worker budget is spent (``WorkerGroupError``)   | nobody: it is counted in run.json   | none                            |
-
-A retry calls ``fit()`` again with the same ``storage_path`` and ``name``, so it resumes from the
-run's snapshot (its latest checkpoint and its failure counts), never from scratch.
+These are the driver-level rows of the failure budget table in docs/design.md (``RETRY_TABLE``);
+the worker-level rows are the controller's ``FailurePolicy``, inside one task run. A retry calls
+``fit()`` again with the same ``storage_path`` and ``name``, so it resumes from the run's snapshot
+(its latest checkpoint and its failure counts), never from scratch.
 """
 
 from __future__ import annotations

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from trainers._internal.controller import LAUNCH, SETUP_CLASH_RESTARTS, Controller, State, may_restart
+from trainers import FailureConfig, UserCallback
+from trainers._internal.controller import LAUNCH, Controller, ControllerSettings, State
 from trainers._internal.events import FailedEvent, FinishedEvent, ReportEvent, SyncEvent
+from trainers._internal.failure_policy import FailurePolicy, may_restart
 from trainers.errors import WorkerGroupError
+from trainers.tuning import SETUP_CLASH_RESTARTS
 
 
 class MemoryStore:
@@ -51,6 +54,8 @@ class ScriptedWorkers:
         self.shutdowns = 0
         self.finished = 0
         self.released = []
+        self.sizes = []  # what resize_to() answers, one per running step (then None)
+        self.lost_nodes = set()  # the nodes lost_a_node() finds gone
         self._script = []
 
     def launch(self, attempt, checkpoint):
@@ -78,6 +83,36 @@ class ScriptedWorkers:
     def shutdown(self):
         self.shutdowns += 1
 
+    def resize_to(self):
+        return self.sizes.pop(0) if self.sizes else None
+
+    def lost_a_node(self, node_ids):
+        return bool(self.lost_nodes & set(node_ids))
+
+
+def policy(is_setup_clash=lambda error: False, elastic=False, **failure_config):
+    """The failure policy of ``FailureConfig(**failure_config)``."""
+    return FailurePolicy(FailureConfig(**failure_config), elastic=elastic, is_setup_clash=is_setup_clash)
+
+
+class Listener(UserCallback):
+    """Hands what the controller tells its listeners, with the attempt number, to plain functions."""
+
+    def __init__(self, on_report=None, on_restart=None, on_resize=None):
+        def nothing(*args):
+            return None
+
+        self.report, self.restart, self.resize = on_report or nothing, on_restart or nothing, on_resize or nothing
+
+    def after_report(self, run_context, metrics, checkpoint):
+        self.report(run_context.attempt, metrics, checkpoint)
+
+    def on_restart(self, run_context, failures, resume_from):
+        self.restart(run_context.attempt, failures, resume_from)
+
+    def on_resize(self, run_context, old_size, new_size):
+        self.resize(run_context.attempt, old_size, new_size)
+
 
 def report(rank, index, staged=False, **metrics):
     return ReportEvent(rank, index, {"i": index, **metrics}, staged)
@@ -87,7 +122,7 @@ def test_commits_a_round_only_when_every_rank_reported():
     workers = ScriptedWorkers(2, [[[report(0, 0, True)], [report(1, 0), report(0, 1)], [report(1, 1)], [FinishedEvent(0, 7), FinishedEvent(1, None)]]])
     store = MemoryStore()
     seen = []
-    controller = Controller(workers=workers, storage=store, max_failures=0, on_report=lambda a, m, c: seen.append((m, c)))
+    controller = Controller(workers=workers, storage=store, policy=policy(max_failures=0), listeners=[Listener(on_report=lambda a, m, c: seen.append((m, c)))])
     assert controller.step() is State.RUNNING
     assert controller.step() is State.RUNNING and store.reports == []
     controller.step()
@@ -104,7 +139,7 @@ def test_a_barrier_releases_every_rank_with_rank_0s_data_only_once_all_arrived_a
         2,
         [[[SyncEvent(1, 0)], [SyncEvent(0, 0, "run-7")], [SyncEvent(0, 1), SyncEvent(1, 1)], [FinishedEvent(0, None), FinishedEvent(1, None)]]],
     )
-    controller = Controller(workers=workers, storage=MemoryStore(), max_failures=0)
+    controller = Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=0))
     controller.step()  # launch
     controller.step()
     assert workers.released == []  # rank 0 has not arrived
@@ -119,7 +154,7 @@ def test_a_barrier_half_reached_when_an_attempt_failed_does_not_count_in_the_nex
     attempt1 = [[SyncEvent(1, 0)], [FailedEvent(0, RuntimeError("boom"), "")]]
     attempt2 = [[SyncEvent(0, 0, "b")], [SyncEvent(1, 0)], [FinishedEvent(0, None), FinishedEvent(1, None)]]
     workers = ScriptedWorkers(2, [attempt1, attempt2])
-    controller = Controller(workers=workers, storage=MemoryStore(), max_failures=1)
+    controller = Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=1))
     while len(workers.launched) < 2 or controller.state is not State.RUNNING:
         controller.step()
     controller.step()
@@ -136,7 +171,7 @@ def test_failure_restarts_from_latest_checkpoint_within_budget():
     store = MemoryStore()
     restarts = []
     controller = Controller(
-        workers=workers, storage=store, max_failures=1, on_restart=lambda a, f, c: restarts.append((a, f, c))
+        workers=workers, storage=store, policy=policy(max_failures=1), listeners=[Listener(on_restart=lambda a, f, c: restarts.append((a, f, c)))]
     )
     assert controller.run() == "done"
     assert workers.launched == [(1, None), (2, "checkpoint@1/0")]
@@ -150,7 +185,7 @@ def test_budget_exhausted_raises_with_rank_node_traceback_attempt():
     failing = [[FailedEvent(0, RuntimeError("oom"), "Traceback (most recent call last):\n  line 1\nRuntimeError: oom", kind="died")]]
     workers = ScriptedWorkers(2, [failing, failing, failing])
     store = MemoryStore()
-    controller = Controller(workers=workers, storage=store, max_failures=2)
+    controller = Controller(workers=workers, storage=store, policy=policy(max_failures=2))
     with pytest.raises(WorkerGroupError) as info:
         controller.run()
     error = info.value
@@ -168,7 +203,7 @@ def test_a_dead_rank_is_named_first_when_others_fail_in_the_collective():
     workers = ScriptedWorkers(2, [collective_error])
     workers.dead = {0}
     with pytest.raises(WorkerGroupError) as info:
-        Controller(workers=workers, storage=MemoryStore(), max_failures=0).run()
+        Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=0)).run()
     lines = str(info.value).splitlines()
     assert "rank 0 on node 10.0.0.0 (node-0) died: RuntimeError: process gone" in lines[1]
     assert "rank 1" in lines[2] and "connection closed" in lines[2]
@@ -178,7 +213,7 @@ def test_a_dead_rank_is_named_first_when_others_fail_in_the_collective():
 def test_ranks_that_did_not_fail_say_what_they_were_doing():
     timeout = [[FailedEvent(0, RuntimeError("gloo: Timed out waiting 3000ms for recv"), "tb0")]]
     with pytest.raises(WorkerGroupError) as info:
-        Controller(workers=ScriptedWorkers(2, [timeout]), storage=MemoryStore(), max_failures=0).run()
+        Controller(workers=ScriptedWorkers(2, [timeout]), storage=MemoryStore(), policy=policy(max_failures=0)).run()
     assert "rank 1 on node 10.0.0.1 had not failed; it was running train.py:7 in loop: time.sleep(60)" in str(info.value)
 
 
@@ -186,7 +221,7 @@ def test_a_rank_that_stops_reporting_is_hung_after_the_report_timeout():
     now = [0.0]
     events = [[report(0, 0)], [], [], []]
     workers = ScriptedWorkers(2, [events])
-    controller = Controller(workers=workers, storage=MemoryStore(), max_failures=0, report_timeout_s=30, clock=lambda: now[0])
+    controller = Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=0, report_timeout_s=30), settings=ControllerSettings(clock=lambda: now[0]))
     controller.step()  # launch
     controller.step()  # rank 0 reports step 0 at t=0
     now[0] = 29.0
@@ -201,7 +236,7 @@ def test_a_rank_that_stops_reporting_is_hung_after_the_report_timeout():
 def test_a_rank_that_never_reaches_a_barrier_is_hung_after_the_report_timeout():
     now = [0.0]
     workers = ScriptedWorkers(2, [[[SyncEvent(1, 0)], [], []]])
-    controller = Controller(workers=workers, storage=MemoryStore(), max_failures=0, report_timeout_s=30, clock=lambda: now[0])
+    controller = Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=0, report_timeout_s=30), settings=ControllerSettings(clock=lambda: now[0]))
     controller.step()  # launch
     controller.step()  # rank 1 waits at barrier 0 from t=0
     now[0] = 29.0
@@ -214,7 +249,7 @@ def test_a_rank_that_never_reaches_a_barrier_is_hung_after_the_report_timeout():
 
 def test_a_rank_that_returns_while_another_waits_at_a_barrier_fails_the_attempt_at_once():
     workers = ScriptedWorkers(2, [[[SyncEvent(0, 0, "x")], [FinishedEvent(1, None)]]])
-    controller = Controller(workers=workers, storage=MemoryStore(), max_failures=0)
+    controller = Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=0))
     controller.step()  # launch
     controller.step()
     assert controller.step() is State.FAILED
@@ -223,7 +258,7 @@ def test_a_rank_that_returns_while_another_waits_at_a_barrier_fails_the_attempt_
 
 def test_max_failures_zero_never_restarts():
     workers = ScriptedWorkers(1, [[[FailedEvent(0, ValueError("x"), "tb")]]])
-    controller = Controller(workers=workers, storage=MemoryStore(), max_failures=0)
+    controller = Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=0))
     with pytest.raises(WorkerGroupError, match="max_failures=0, so the run does not restart"):
         controller.run()
     assert len(workers.launched) == 1
@@ -231,7 +266,7 @@ def test_max_failures_zero_never_restarts():
 
 def test_launch_failure_counts_as_a_failure_and_is_retried():
     workers = ScriptedWorkers(1, [[], [[FinishedEvent(0, "ok")]]], fail_launch={1})
-    controller = Controller(workers=workers, storage=MemoryStore(), max_failures=1)
+    controller = Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=1))
     assert controller.run() == "ok"
     assert len(workers.launched) == 2
 
@@ -239,7 +274,7 @@ def test_launch_failure_counts_as_a_failure_and_is_retried():
 def test_launch_failure_over_budget_names_the_group():
     workers = ScriptedWorkers(1, [[]], fail_launch={1})
     with pytest.raises(WorkerGroupError, match="the worker group failed to start: RuntimeError: placement group timed out") as info:
-        Controller(workers=workers, storage=MemoryStore(), max_failures=0).run()
+        Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=0)).run()
     assert LAUNCH in info.value.worker_failures
 
 
@@ -247,7 +282,7 @@ def test_uneven_report_counts_are_an_error():
     events = [[report(0, 0), report(0, 1), report(1, 0)], [FinishedEvent(0, None), FinishedEvent(1, None)]]
     workers = ScriptedWorkers(2, [events])
     with pytest.raises(WorkerGroupError, match="same number of times"):
-        Controller(workers=workers, storage=MemoryStore(), max_failures=0).run()
+        Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=0)).run()
 
 
 def test_unlimited_budget_policy():
@@ -266,17 +301,17 @@ def test_setup_clashes_restart_without_spending_the_budget_a_few_times():
     done = [[FinishedEvent(0, "done"), FinishedEvent(1, None)]]
     workers = ScriptedWorkers(2, [clash(0), clash(1), done])
     store = MemoryStore()
-    controller = Controller(workers=workers, storage=store, max_failures=0, is_setup_clash=is_clash)
+    controller = Controller(workers=workers, storage=store, policy=policy(is_clash, max_failures=0))
     assert controller.run() == "done"
     assert len(workers.launched) == 3 and store.num_failures == 0 and controller.setup_clash_restarts == 2
 
     # A clash beside a real error is a real failure; and free restarts are limited.
     mixed = [[FailedEvent(0, OSError("Binding port 1 failed"), "tb"), FailedEvent(1, ValueError("boom"), "tb")]]
     with pytest.raises(WorkerGroupError, match="boom"):
-        Controller(workers=ScriptedWorkers(2, [mixed]), storage=MemoryStore(), max_failures=0, is_setup_clash=is_clash).run()
+        Controller(workers=ScriptedWorkers(2, [mixed]), storage=MemoryStore(), policy=policy(is_clash, max_failures=0)).run()
     endless = ScriptedWorkers(2, [clash(0)] * (SETUP_CLASH_RESTARTS + 1))
     with pytest.raises(WorkerGroupError, match="Binding port"):
-        Controller(workers=endless, storage=MemoryStore(), max_failures=0, is_setup_clash=is_clash).run()
+        Controller(workers=endless, storage=MemoryStore(), policy=policy(is_clash, max_failures=0)).run()
     assert len(endless.launched) == SETUP_CLASH_RESTARTS + 1
 
 
@@ -285,6 +320,6 @@ def test_callbacks_see_the_dead_rank_first_whatever_order_failures_arrive_in():
     workers = ScriptedWorkers(2, [attempt1, [[FinishedEvent(0, None), FinishedEvent(1, None)]]])
     workers.dead = {1}
     restarts = []
-    Controller(workers=workers, storage=MemoryStore(), max_failures=1, on_restart=lambda a, f, c: restarts.append(f)).run()
+    Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=1), listeners=[Listener(on_restart=lambda a, f, c: restarts.append(f))]).run()
     (failures,) = restarts
     assert [(f.world_rank, f.kind) for f in failures][0] == (1, "died") and len(failures) == 2

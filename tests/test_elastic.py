@@ -16,11 +16,11 @@ import pytest
 import elastic_loops
 from conftest import assert_no_leaks
 from multinode import RecordedReports, fit_in_background, two_node_cluster
-from test_controller import MemoryStore, ScriptedWorkers, report
+from test_controller import Listener, MemoryStore, ScriptedWorkers, policy, report
 from trainers import DataParallelTrainer, FailureConfig, InsufficientResourcesError, RunConfig, ScalingConfig
 from trainers._internal.controller import Controller, State
 from trainers._internal.elastic import ElasticSizer, count_workers
-from trainers._internal.events import FinishedEvent
+from trainers._internal.events import FailedEvent, FinishedEvent
 from trainers._internal.resources import check_feasible
 
 CPU = {"CPU": 1.0}
@@ -86,12 +86,12 @@ def test_a_resize_restarts_from_the_latest_checkpoint_without_a_failure_or_on_re
     attempt2 = [[FinishedEvent(0, "done"), FinishedEvent(1, None)]]
     workers = ScriptedWorkers(1, [attempt1, attempt2])
     store = MemoryStore()
-    sizes = iter([None, 2])
+    workers.sizes = [None, 2]
     resized, restarts = [], []
 
     controller = Controller(
-        workers=workers, storage=store, max_failures=0, resize=lambda: next(sizes, None),
-        on_resize=lambda *a: resized.append(a), on_restart=lambda *a: restarts.append(a),
+        workers=workers, storage=store, policy=policy(max_failures=0),
+        listeners=[Listener(on_resize=lambda *a: resized.append(a), on_restart=lambda *a: restarts.append(a))],
     )
     assert controller.step() is State.RUNNING
     assert controller.step() is State.RUNNING  # the round commits; nothing more fits yet
@@ -101,6 +101,17 @@ def test_a_resize_restarts_from_the_latest_checkpoint_without_a_failure_or_on_re
     assert controller.run() == "done"
     assert workers.launched == [(1, None), (2, "checkpoint@1/0")]
     assert store.num_failures == 0 and restarts == []
+
+
+@pytest.mark.parametrize("elastic", [True, False])
+def test_a_lost_node_costs_no_failure_only_in_an_elastic_run(elastic):
+    died = [[FailedEvent(1, RuntimeError("worker process died"), "", kind="died")]]
+    workers = ScriptedWorkers(2, [died, [[FinishedEvent(0, "done"), FinishedEvent(1, None)]]])
+    workers.lost_nodes = {"node-1"}  # rank 1's node left the cluster
+    store = MemoryStore()
+    controller = Controller(workers=workers, storage=store, policy=policy(elastic=elastic, max_failures=1))
+    assert controller.run() == "done"
+    assert store.num_failures == (0 if elastic else 1)
 
 
 def test_an_elastic_worker_no_node_shape_can_hold_fails_before_any_worker_starts(ray_local, tmp_path):

@@ -13,10 +13,10 @@ import tempfile
 import pytest
 
 import trainers
-from test_controller import MemoryStore, ScriptedWorkers
+from test_controller import MemoryStore, ScriptedWorkers, policy
 from test_s3_storage import s3  # noqa: F401 (the moto server fixture)
 from trainers import Checkpoint, DataParallelTrainer, FailureConfig, Result, RunConfig, ScalingConfig, WorkerGroupError
-from trainers._internal.controller import Controller
+from trainers._internal.controller import Controller, ControllerSettings
 from trainers._internal.events import NOT_TRAINING, FailedEvent, ReportEvent
 
 #: Attempts per run; each one commits a round and fails right after it. 10 on each storage, 20 in
@@ -79,7 +79,7 @@ def test_a_slow_last_report_of_an_ended_rank_is_still_committed():
     late = [[], [], [ReportEvent(1, 0, {"round": 0}, True), FailedEvent(1, RuntimeError("boom"), "")]]
     workers = EndedWorkers(2, [[[ReportEvent(0, 0, {"round": 0}, True), FailedEvent(0, RuntimeError("boom"), "")], *late]])
     store = MemoryStore()
-    controller = Controller(workers=workers, storage=store, max_failures=0, drain_timeout_s=0.0)
+    controller = Controller(workers=workers, storage=store, policy=policy(max_failures=0), settings=ControllerSettings(drain_timeout_s=0.0))
     with pytest.raises(WorkerGroupError):
         controller.run()
     assert store.reports == [(1, 0, {"round": 0}, True)]
@@ -90,7 +90,7 @@ def test_a_rank_still_training_does_not_hold_up_the_failure():
     workers = ScriptedWorkers(2, [[[ReportEvent(0, 0, {"round": 0}, True), FailedEvent(0, RuntimeError("boom"), "")]]])
     store = MemoryStore()
     with pytest.raises(WorkerGroupError):
-        Controller(workers=workers, storage=store, max_failures=0, drain_timeout_s=0.0).run()
+        Controller(workers=workers, storage=store, policy=policy(max_failures=0), settings=ControllerSettings(drain_timeout_s=0.0)).run()
     assert store.reports == []  # rank 1 never reported round 0: nothing to commit
 
 

@@ -182,6 +182,31 @@ def test_a_driver_failure_is_retried_by_prefect_and_resumes_from_the_snapshot(tm
     assert history == [0, 1, 2, 3]
 
 
+def test_the_prefect_reporter_forgets_the_reports_a_resize_makes_again(tmp_path):
+    """A resize resumes from the latest checkpoint (no failure, no on_restart): the reports after it
+    are made again, and the reporter must not count them twice."""
+    from prefect import flow
+
+    from storage import Checkpoint
+    from tasks.reporting import PrefectReporter
+    from trainers import TrainRunContext
+
+    @flow
+    def watch_a_resize() -> PrefectReporter:
+        reporter = PrefectReporter("resized", expected_reports=4)
+        told = TrainRunContext("resized", str(tmp_path), 1, None, None, None)
+        reporter.after_report(told, [{"epoch": 0}], Checkpoint(tmp_path / "checkpoint_000000"))
+        reporter.after_report(told, [{"epoch": 1}], None)
+        reporter.on_resize(told, 1, 2)
+        for epoch in (1, 2, 3):
+            reporter.after_report(TrainRunContext("resized", str(tmp_path), 2, None, None, None), [{"epoch": epoch}] * 2, None)
+        return reporter
+
+    reporter = watch_a_resize()
+    assert reporter.num_reports == 4
+    assert [len(ranks) for ranks in reporter.every_rank([{"epoch": e} for e in range(4)])] == [1, 2, 2, 2]
+
+
 def test_bad_parameters_fail_at_once_without_retry(tmp_path, data):
     from flows.pipeline import training_pipeline
 

@@ -14,7 +14,7 @@ import pytest
 
 import elastic_loops
 from multinode import RecordedReports, fit_in_background, two_node_cluster
-from test_controller import MemoryStore, ScriptedWorkers, report
+from test_controller import MemoryStore, ScriptedWorkers, policy, report
 from trainers import (
     DataParallelTrainer,
     FailureConfig,
@@ -24,7 +24,7 @@ from trainers import (
     ScalingConfig,
     TrainingFailedError,
 )
-from trainers._internal.controller import Controller
+from trainers._internal.controller import Controller, ControllerSettings
 from trainers._internal.events import FailedEvent, FinishedEvent
 from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
 from trainers.errors import WorkerError
@@ -39,7 +39,7 @@ def test_preempted_deaths_spend_the_preemption_budget_not_max_failures():
     attempt3 = [[FinishedEvent(0, "done"), FinishedEvent(1, None)]]
     workers = ScriptedWorkers(2, [attempt1, [[preempted(0)]], attempt3])
     store = MemoryStore()
-    controller = Controller(workers=workers, storage=store, max_failures=0, max_preemption_failures=2)
+    controller = Controller(workers=workers, storage=store, policy=policy(max_failures=0, max_preemption_failures=2))
     assert controller.run() == "done"
     assert store.num_failures == 0 and controller.num_preemptions == 2
     assert workers.launched[1] == (2, "checkpoint@1/0")
@@ -47,7 +47,7 @@ def test_preempted_deaths_spend_the_preemption_budget_not_max_failures():
 
 def test_a_spent_preemption_budget_raises_preemption_error_naming_the_node_and_ranks():
     workers = ScriptedWorkers(2, [[[preempted(1)]], [[preempted(1)]]])
-    controller = Controller(workers=workers, storage=MemoryStore(), max_failures=5, max_preemption_failures=1)
+    controller = Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=5, max_preemption_failures=1))
     with pytest.raises(PreemptionError) as caught:
         controller.run()
     error = caught.value
@@ -63,8 +63,8 @@ def test_workers_still_running_at_the_deadline_plus_grace_are_stopped():
     workers = ScriptedWorkers(2, [[[PreemptionNotice(info)], [report(0, 0, True), report(1, 0)], [], []]])
     now = [990.0]
     controller = Controller(
-        workers=workers, storage=MemoryStore(), max_failures=0, max_preemption_failures=0,
-        preemption_grace_s=5.0, wall_clock=lambda: now[0],
+        workers=workers, storage=MemoryStore(), policy=policy(max_failures=0, max_preemption_failures=0, preemption_grace_s=5.0),
+        settings=ControllerSettings(wall_clock=lambda: now[0]),
     )
     controller.step()  # launch
     controller.step()  # the notice
@@ -177,7 +177,8 @@ def test_relaxed_collectives_commit_the_survivors_checkpoint_without_the_preempt
     store = MemoryStore()
     workers = ScriptedWorkers(2, [[[PreemptionNotice(info)], [report(0, 0, True)], [report(1, 0)], []]])
     controller = Controller(
-        workers=workers, storage=store, max_failures=0, relax_collectives_on_preemption=relax, wall_clock=lambda: 990.0
+        workers=workers, storage=store, policy=policy(max_failures=0, relax_collectives_on_preemption=relax),
+        settings=ControllerSettings(wall_clock=lambda: 990.0),
     )
     controller.step()  # launch
     controller.step()  # the notice
@@ -191,7 +192,10 @@ def test_rank_0_being_preempted_relaxes_nothing():
     info = PreemptionInfo(deadline_ms=1_000_000, preempted_node_to_ranks={"node-0": [0]})
     store = MemoryStore()
     workers = ScriptedWorkers(2, [[[PreemptionNotice(info)], [report(1, 0, True)], []]])
-    controller = Controller(workers=workers, storage=store, max_failures=0, relax_collectives_on_preemption=True, wall_clock=lambda: 990.0)
+    controller = Controller(
+        workers=workers, storage=store, policy=policy(max_failures=0, relax_collectives_on_preemption=True),
+        settings=ControllerSettings(wall_clock=lambda: 990.0),
+    )
     for _ in range(3):
         controller.step()
     assert store.reports == []  # rank 0's metrics are the run's: its round waits for it

@@ -177,18 +177,16 @@ def test_worker_group_error_takes_ray_s_parameters_and_pickles_as_itself():
 
 def _hung_run(collective_backend):
     """A 2-rank run stepped by hand where rank 1 never reports step 0 (scripted workers, no Ray)."""
-    from test_controller import MemoryStore, ScriptedWorkers, report
-    from trainers._internal.controller import Controller, State
+    from test_controller import MemoryStore, ScriptedWorkers, policy, report
+    from trainers._internal.controller import Controller, ControllerSettings, State
 
     now = [0.0]
     workers = ScriptedWorkers(2, [[[report(0, 0)], [], []]])
     controller = Controller(
         workers=workers,
         storage=MemoryStore(),
-        max_failures=0,
-        report_timeout_s=30,
-        clock=lambda: now[0],
-        collective_backend=collective_backend,
+        policy=policy(max_failures=0, report_timeout_s=30),
+        settings=ControllerSettings(clock=lambda: now[0], collective_backend=collective_backend),
     )
     controller.step()
     controller.step()

@@ -1,4 +1,4 @@
-"""Callbacks run in the driver process as a run progresses."""
+"""Callbacks run in the driver process as a run progresses: what a run tells the outside."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ class TrainRunContext:
 class UserCallback:
     """Subclass and override the hooks you need; pass instances in ``RunConfig(callbacks=[...])``.
 
-    Hooks run in the driver, between reports, so keep them quick.
+    Hooks run in the driver, between reports, so keep them quick. This is the one way a run tells
+    the outside what happens: the terminal progress line, the Prefect pipeline's reporter and
+    Ray Tune's ``TuneReportCallback`` are callbacks too.
     """
 
     def after_report(
@@ -41,3 +43,7 @@ class UserCallback:
 
     def on_restart(self, run_context: TrainRunContext, failures: list[Any], resume_from: Checkpoint | None) -> None:
         """The worker group is being restarted after ``failures``, from ``resume_from``."""
+
+    def on_resize(self, run_context: TrainRunContext, old_size: int, new_size: int) -> None:
+        """An elastic run restarts its ``old_size`` workers as ``new_size`` from its latest
+        checkpoint, since more now fit (nothing failed: ``on_restart`` is not called)."""

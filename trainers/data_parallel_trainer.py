@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import inspect
-import logging
 import os
 import socket
 import uuid
@@ -13,7 +12,8 @@ from typing import Any, Callable
 
 from storage import Checkpoint, CheckpointConfig, RunStorage
 from trainers._internal.attempt import LocalWorkers, RayWorkers, RunSpec
-from trainers._internal.controller import Controller
+from trainers._internal.controller import Controller, ControllerSettings
+from trainers._internal.failure_policy import FailurePolicy
 from trainers._internal.log_level import log_level
 from trainers._internal.data import capture_data_context, check_dataset_values, check_row_counts, resolve_datasets
 from trainers._internal.progress import ProgressLine
@@ -27,8 +27,6 @@ from trainers.result import Result
 from trainers.tuning import worker_start_timeout_s
 from trainers.validation import ValidationConfig
 from trainers._internal.validation_runner import make_runner
-
-logger = logging.getLogger(__name__)
 
 
 def _takes_config(fn: Callable[..., Any]) -> bool:
@@ -249,9 +247,10 @@ class DataParallelTrainer(TuneTrainableAttributes):
         finally:
             storage.close()
 
-    def _run(self, name: str, storage: RunStorage, scaling: ScalingConfig, datasets: dict[str, Any]) -> Result:
+    def _run_spec(self, name: str, storage: RunStorage, scaling: ScalingConfig, datasets: dict[str, Any]) -> RunSpec:
+        """What every attempt of this run starts its workers from."""
         run_config = self.run_config
-        spec = RunSpec(
+        return RunSpec(
             name=name,
             train_fn=self.train_loop_per_worker,
             train_loop_config=self.train_loop_config,
@@ -276,56 +275,24 @@ class DataParallelTrainer(TuneTrainableAttributes):
             data_context=capture_data_context(),
             validation_config=self.validation_config,
         )
-        validations = make_runner(self.validation_config, storage, scaling, run_config.worker_runtime_env)
-        workers = LocalWorkers(spec) if scaling.max_workers == 0 else RayWorkers(spec)
-        callbacks = list(run_config.callbacks or [])
+
+    def _run(self, name: str, storage: RunStorage, scaling: ScalingConfig, datasets: dict[str, Any]) -> Result:
+        run_config, backend = self.run_config, self.backend_config
+        spec = self._run_spec(name, storage, scaling, datasets)
         progress = ProgressLine(name)
-
-        def context(attempt: int) -> TrainRunContext:
-            return TrainRunContext(name, storage.run_uri, attempt, run_config, scaling, self.train_loop_config)
-
-        def on_report(attempt, metrics, checkpoint):
-            if checkpoint is not None:
-                logger.debug("%s: committed %s (attempt %d)", name, checkpoint.path, attempt)
-            progress.update(attempt, metrics[0])
-            for callback in callbacks:
-                callback.after_report(context(attempt), metrics, checkpoint)
-
-        def on_failure(attempt, failed):
-            for callback in callbacks:
-                callback.after_exception(context(attempt), {rank: e.error for rank, e in failed.items()})
-
-        def on_restart(attempt, failures, checkpoint):
-            logger.info(
-                "%s: attempt %d failed (%s); restarting from %s", name, attempt,
-                "; ".join(f.describe() for f in failures), checkpoint.path if checkpoint else "the start",
-            )
-            progress.note(f"restarting after attempt {attempt} failed; resuming from {checkpoint.path if checkpoint else 'the start'}")
-            for callback in callbacks:
-                callback.on_restart(context(attempt), failures, checkpoint)
-
-        def on_resize(attempt, old_size, new_size):
-            logger.info("%s: more workers fit; restarting attempt %d's %d workers as %d", name, attempt, old_size, new_size)
-            progress.note(f"resizing from {old_size} to {new_size} workers; resuming from the latest checkpoint")
-
-        failure_config = run_config.failure_config or FailureConfig()
+        validations = make_runner(self.validation_config, storage, scaling, run_config.worker_runtime_env)
         controller = Controller(
-            workers=workers,
+            LocalWorkers(spec) if scaling.max_workers == 0 else RayWorkers(spec),
             storage=storage,
-            max_failures=failure_config.max_failures,
-            report_timeout_s=failure_config.report_timeout_s,
-            is_setup_clash=self.backend_config.is_setup_clash,
-            collective_backend=self.backend_config.collective_backend(scaling.use_gpu),
-            on_report=on_report,
-            on_failure=on_failure,
-            on_restart=on_restart,
+            policy=FailurePolicy(
+                run_config.failure_config or FailureConfig(), elastic=scaling.elasticity_enabled, is_setup_clash=backend.is_setup_clash
+            ),
+            listeners=[progress, *(run_config.callbacks or [])],  # the driver's own, then Prefect's, Tune's, the user's
             validations=validations,
-            max_preemption_failures=failure_config.max_preemption_failures,
-            preemption_grace_s=failure_config.preemption_grace_s,
-            relax_collectives_on_preemption=failure_config.relax_collectives_on_preemption,
-            resize=getattr(workers, "resize_to", None),
-            lost_a_node=getattr(workers, "lost_a_node", None) if scaling.elasticity_enabled else None,
-            on_resize=on_resize,
+            settings=ControllerSettings(
+                run_context=TrainRunContext(name, storage.run_uri, 0, run_config, scaling, self.train_loop_config),
+                collective_backend=backend.collective_backend(scaling.use_gpu),
+            ),
         )
         try:
             value = controller.run()

@@ -296,6 +296,12 @@ class LocalWorkers:
     def probe(self, ranks: list[int]) -> tuple[list[Event], dict[int, str]]:
         return [], {}  # this process is the only worker
 
+    def resize_to(self) -> int | None:
+        return None  # one worker in this process: never elastic
+
+    def lost_a_node(self, node_ids: list[str]) -> bool:
+        return False  # the only worker runs on this process's own node
+
     def finish(self) -> None:
         pass
 

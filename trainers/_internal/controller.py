@@ -4,27 +4,34 @@ It is a plain object in the driver process with an explicit state and a ``step()
 the next one, so tests can drive it with a scripted worker group and no Ray. It talks to the
 workers through the small ``Workers`` protocol and to storage through ``storage.RunRecord``
 (what ``RunStorage`` offers it); what the workers of an attempt said is kept in an
-``AttemptBook`` (``trainers._internal.attempt_book``), the controller's loop decides.
+``AttemptBook`` (``trainers._internal.attempt_book``), the controller's loop decides. Who pays
+for a failure is ``FailurePolicy``'s answer; what happened is told to ``UserCallback`` listeners.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 import traceback
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from storage import Checkpoint, RunRecord
 from storage.upload import UploadStats
 from trainers._internal.attempt_book import LAUNCH, AttemptBook
 from trainers._internal.events import NOT_TRAINING, CheckpointsQuery, Event, FailedEvent, checkpoint_placement
+from trainers._internal.failure_policy import Charge, FailurePolicy
 from trainers._internal.reported_checkpoints import PendingQueries
-from trainers.tuning import DRAIN_POLL_S, ENDED_DRAIN_S, SETUP_CLASH_RESTARTS, VALIDATION_POLL_S
+from trainers.callback import TrainRunContext, UserCallback
+from trainers.tuning import DRAIN_POLL_S, ENDED_DRAIN_S, VALIDATION_POLL_S
 from trainers.validation import request_to_json
 from trainers._internal.preemption_watch import PreemptionNotice, deadline_passed
 from trainers._internal.preemption_watch import merge as merge_preemptions
 from trainers.errors import PreemptionError, RankFailure, TrainingFailedError, WorkerGroupError, run_error_type, worker_group_error_type
 from trainers.preemption import PreemptionInfo
+
+if TYPE_CHECKING:
+    from trainers._internal.validation_runner import ValidationRunner
 
 
 class Workers(Protocol):
@@ -41,6 +48,14 @@ class Workers(Protocol):
     def finish(self) -> None: ...
     def shutdown(self) -> None: ...
 
+    def resize_to(self) -> int | None:
+        """Asked while the group trains: the larger size to restart at now that more workers fit
+        (an elastic run), else None. Groups that never resize always answer None."""
+
+    def lost_a_node(self, node_ids: list[str]) -> bool:
+        """Whether one of these nodes left the cluster (not only a worker process dying); asked
+        after deaths in an elastic run. Workers without nodes of their own answer False."""
+
 
 #: Failure kinds that are a process or node going away: the likely root cause of other ranks'
 #: errors, so they are listed first.
@@ -55,9 +70,20 @@ class State(enum.Enum):
     FAILED = "failed"
 
 
-def may_restart(max_failures: int, failures_so_far: int) -> bool:
-    """The failure policy: restart while fewer than ``max_failures`` failures happened (-1: always)."""
-    return max_failures == -1 or failures_so_far < max_failures
+@dataclasses.dataclass(frozen=True)
+class ControllerSettings:
+    """The run as listeners see it, and how the controller paces itself."""
+
+    #: What ``UserCallback`` hooks receive (with the attempt of the moment); the default names no run.
+    run_context: TrainRunContext = TrainRunContext("", "", 0, None, None, None)
+    #: "nccl", "gloo" or None: a hang in an NCCL run is raised as NCCLHangError.
+    collective_backend: str | None = None
+    poll_timeout_s: float = 1.0
+    #: Seconds a failed attempt waits for a round that ranks still training may yet complete.
+    drain_timeout_s: float = 1.0
+    clock: Callable[[], float] = time.monotonic
+    #: UNIX time in seconds (preemption deadlines are wall-clock times).
+    wall_clock: Callable[[], float] = time.time
 
 
 class Controller:
@@ -65,74 +91,44 @@ class Controller:
 
     def __init__(
         self,
-        *,
         workers: Workers,
+        *,
         storage: RunRecord,
-        max_failures: int,
-        on_report: Callable[[int, list[dict[str, Any]], Checkpoint | None], None] = lambda *a: None,
-        on_failure: Callable[[int, dict[int, FailedEvent]], None] = lambda *a: None,
-        on_restart: Callable[[int, list[RankFailure], Checkpoint | None], None] = lambda *a: None,
-        poll_timeout_s: float = 1.0,
-        drain_timeout_s: float = 1.0,
-        report_timeout_s: float | None = None,
-        is_setup_clash: Callable[[BaseException], bool] = lambda error: False,
-        clock: Callable[[], float] = time.monotonic,
-        collective_backend: str | None = None,
-        validations: Any = None,
-        max_preemption_failures: int = -1,
-        preemption_grace_s: float = 0.0,
-        resize: Callable[[], int | None] | None = None,
-        lost_a_node: Callable[[list[str]], bool] | None = None,
-        relax_collectives_on_preemption: bool = False,
-        on_resize: Callable[[int, int, int], None] = lambda *a: None,
-        wall_clock: Callable[[], float] = time.time,
-    ) -> None:  # every argument is kept as it came
+        policy: FailurePolicy,
+        listeners: Sequence[UserCallback] = (),
+        validations: ValidationRunner | None = None,
+        settings: ControllerSettings = ControllerSettings(),
+    ) -> None:
         self.workers = workers
         self.storage = storage
-        self.max_failures = max_failures
-        self.on_report = on_report
-        self.on_failure = on_failure
-        self.on_restart = on_restart
-        self.poll_timeout_s = poll_timeout_s
-        self.drain_timeout_s = drain_timeout_s
-        self.report_timeout_s = report_timeout_s
-        self.clock = clock
-        self.is_setup_clash = is_setup_clash
-        #: "nccl", "gloo" or None: a hang in an NCCL run is raised as NCCLHangError.
-        self.collective_backend = collective_backend
-        #: Restarts allowed after preemptions (-1: always), counted apart from ``max_failures``.
-        self.max_preemption_failures = max_preemption_failures
-        #: Seconds past a preemption's deadline the workers may keep running (to finish a checkpoint).
-        self.preemption_grace_s = preemption_grace_s
+        self.policy = policy
+        #: Told of every report, failure, restart and resize, one after another in this order.
+        self.listeners = list(listeners)
+        #: Runs checkpoint validations, or None without a ValidationConfig.
+        self.validations = validations
+        self.settings = settings
         self.num_preemptions = 0
-        #: Asked while an elastic run trains: the larger size to restart at, or None.
-        self.resize = resize
-        #: Elastic runs: whether these nodes left the cluster. A lost node shrinks the run at no
-        #: cost to ``max_failures`` (the relaunch takes as many workers as now fit, at least min).
-        self.lost_a_node = lost_a_node
-        #: During a preemption, commit reports without the ranks being taken away (not rank 0's).
-        self.relax_collectives_on_preemption = relax_collectives_on_preemption
-        self.on_resize = on_resize
-        #: UNIX time in seconds (preemption deadlines are wall-clock times).
-        self.wall_clock = wall_clock
+        self.setup_clash_restarts = 0
         #: The preemption under way in this attempt and when it was noticed, or None.
         self._preemption: PreemptionInfo | None = None
         self._preemption_noticed_at = 0.0
         self._resizing = False
-        #: Runs checkpoint validations (``ValidationRunner``), or None without a ValidationConfig.
-        self.validations = validations
         #: ``get_all_reported_checkpoints()`` calls waiting for rounds or validations.
         self._queries = PendingQueries()
-        self.setup_clash_restarts = 0
         self.state = State.LAUNCHING
         self.attempt = 0
         self.return_value: Any = None
         self.error: TrainingFailedError | None = None
         #: This attempt's rounds, barriers, finished and failed ranks.
-        self.book = AttemptBook(clock)
+        self.book = AttemptBook(settings.clock)
         self._last_failures: list[RankFailure] = []
         #: What the ranks that did not fail were doing when the others failed (hang diagnosis).
         self._activity: dict[int, str] = {}
+
+    @property
+    def run_context(self) -> TrainRunContext:
+        """The run as listeners see it now."""
+        return dataclasses.replace(self.settings.run_context, attempt=self.attempt)
 
     # -- the state machine ----------------------------------------------------------------------
 
@@ -141,7 +137,8 @@ class Controller:
         if self.state is State.LAUNCHING:
             self._launch()
         elif self.state is State.RUNNING:
-            timeout = self.poll_timeout_s if self.report_timeout_s is None else min(self.poll_timeout_s, self.report_timeout_s / 4)
+            timeout, report_timeout_s = self.settings.poll_timeout_s, self.policy.config.report_timeout_s
+            timeout = timeout if report_timeout_s is None else min(timeout, report_timeout_s / 4)
             if self.validations is not None and self.validations.busy:
                 timeout = min(timeout, VALIDATION_POLL_S)  # notice a validation's end soon
             self._handle(self.workers.poll(timeout))
@@ -185,14 +182,11 @@ class Controller:
                 self._queries.add(event)
             elif isinstance(event, PreemptionNotice):
                 if self._preemption is None:
-                    self._preemption_noticed_at = self.wall_clock()
+                    self._preemption_noticed_at = self.settings.wall_clock()
                 self._preemption = merge_preemptions(self._preemption, event.info)
-                # With relax_collectives_on_preemption the surviving ranks commit their reports (a
-                # just-in-time checkpoint) without the preempted ones, as Ray Train does; not when
-                # rank 0 is preempted, since its metrics are the run's.
-                preempted = set(self._preemption.preempted_ranks)
-                if self.relax_collectives_on_preemption and 0 not in preempted:
-                    book.relaxed = preempted
+                # The surviving ranks may commit their reports (a just-in-time checkpoint) without these.
+                if relaxed := self.policy.relaxed_ranks(self._preemption):
+                    book.relaxed = relaxed
             else:
                 book.add(event)
         self._commit_complete_rounds()
@@ -202,8 +196,8 @@ class Controller:
                 self.workers.release(*sync)  # a barrier every rank reached lets them all go
         for event in book.returned_during_a_barrier():
             book.failed[event.world_rank] = event
-        if self.report_timeout_s is not None and not book.failed:
-            for event in book.laggards(self.workers.world_size, self.report_timeout_s):
+        if self.policy.config.report_timeout_s is not None and not book.failed:
+            for event in book.laggards(self.workers.world_size, self.policy.config.report_timeout_s):
                 book.failed[event.world_rank] = event
         if book.failed:
             self._drain_rounds_the_failed_ranks_finished()
@@ -233,7 +227,8 @@ class Controller:
             if upload is not None:
                 extra["upload"] = upload.to_record()
             checkpoint = self.storage.record_report(metrics[0], report_index=index, attempt=self.attempt, staged=staged, **extra)
-            self.on_report(self.attempt, metrics, checkpoint)
+            for listener in self.listeners:
+                listener.after_report(self.run_context, metrics, checkpoint)
 
     def _refuse_validation_without_checkpoint(self, index: int, round_: dict[int, Any]) -> None:
         """``report(validation=...)`` on some rank, and no rank of the round passed a checkpoint.
@@ -272,7 +267,7 @@ class Controller:
         ever send already queued, a report made just before it failed among them: those are
         waited for (up to ``ENDED_DRAIN_S``), so a round whose ``report()`` returned on every rank
         is never lost. A rank still running may be finishing an upload: it gets
-        ``drain_timeout_s``, then the attempt ends without that round.
+        ``ControllerSettings.drain_timeout_s``, then the attempt ends without that round.
         """
         start = time.monotonic()
         while True:
@@ -283,7 +278,7 @@ class Controller:
             for event in dead:
                 self.book.failed.setdefault(event.world_rank, event)
             ended = all(activity.get(rank) == NOT_TRAINING for rank in missing)
-            limit = start + (ENDED_DRAIN_S if ended else self.drain_timeout_s)
+            limit = start + (ENDED_DRAIN_S if ended else self.settings.drain_timeout_s)
             if dead or time.monotonic() >= limit:
                 if not dead:
                     return
@@ -310,39 +305,36 @@ class Controller:
 
     def _fail(self) -> None:
         self.workers.shutdown()
-        # A dead process is the likely root cause of the others' errors: callbacks see it first too.
+        # A dead process is the likely root cause of the others' errors: listeners see it first too.
         failures = sorted((self._describe(e) for e in self.book.failed.values()), key=lambda f: (f.kind not in DEATHS, f.world_rank))
-        self.on_failure(self.attempt, dict(self.book.failed))
-        # As in Ray Train: when a preempted node's death is among the failures, the others' errors
-        # are its echo (broken collectives), and the preemption budget pays. A call in flight when
-        # the node went may fail before Ray knows why, so a death on a node whose drain was seen
-        # counts too.
-        draining = set(self._preemption.preempted_ranks) if self._preemption is not None else set()
-        if any(f.kind == "preempted" or (f.kind == "died" and f.world_rank in draining) for f in failures):
+        errors = {rank: event.error for rank, event in self.book.failed.items()}
+        for listener in self.listeners:
+            listener.after_exception(self.run_context, errors)
+        charge = self.policy.charge(
+            failures, list(errors.values()), preemption=self._preemption, setup_clashes=self.setup_clash_restarts,
+            node_left=self.workers.lost_a_node,
+        )
+        if charge is Charge.PREEMPTION:
             self._preempted(drain_timed_out=False, failures=failures)
             return
-        deaths = [f.node_id for f in failures if f.kind == "died"]
-        errors = [event.error for event in self.book.failed.values()]
-        if self.lost_a_node is not None and deaths and self.lost_a_node(deaths):
-            pass  # an elastic run goes on with the nodes left, at no cost to max_failures
-        elif self.setup_clash_restarts < SETUP_CLASH_RESTARTS and errors and all(map(self.is_setup_clash, errors)):
-            # Nothing the training function did failed, so this restart does not count as a failure.
+        if charge is Charge.SETUP_CLASH:
             self.setup_clash_restarts += 1
-        elif may_restart(self.max_failures, self.storage.num_failures):
+        elif charge is Charge.FAILURE:
+            if not self.policy.may_restart(charge, self.storage.num_failures):
+                self.error = self._error(failures, budget_exhausted=self.policy.config.max_failures != 0)
+                self.state = State.FAILED
+                return
             self.storage.record_failure()
-        else:
-            self.error = self._error(failures, budget_exhausted=self.max_failures != 0)
-            self.state = State.FAILED
-            return
         self._last_failures = failures
         self.state = State.RESTARTING
 
     def _restart(self) -> None:
         checkpoint = self.storage.rewind_to_latest_checkpoint()
         if self._resizing:
-            self._resizing = False  # on_resize told the callbacks already; nothing failed
+            self._resizing = False  # on_resize told the listeners already; nothing failed
         else:
-            self.on_restart(self.attempt, self._last_failures, checkpoint)
+            for listener in self.listeners:
+                listener.on_restart(self.run_context, self._last_failures, checkpoint)
         self.state = State.LAUNCHING
 
     # -- preemption and elastic resizing ----------------------------------------------------------
@@ -353,21 +345,23 @@ class Controller:
         if self.state is not State.RUNNING:
             return
         if self._preemption is not None:
-            if deadline_passed(self._preemption, self._preemption_noticed_at, self.preemption_grace_s, self.wall_clock()):
+            grace_s = self.policy.config.preemption_grace_s
+            if deadline_passed(self._preemption, self._preemption_noticed_at, grace_s, self.settings.wall_clock()):
                 self._preempted(drain_timed_out=True)
             return
-        size = self.resize() if self.resize is not None else None
+        size = self.workers.resize_to()
         if size is not None:
             old = self.workers.world_size
             self.workers.shutdown()
-            self.on_resize(self.attempt, old, size)
+            for listener in self.listeners:
+                listener.on_resize(self.run_context, old, size)
             self._resizing = True
             self._last_failures = []
             self.state = State.RESTARTING
 
     def _preempted(self, *, drain_timed_out: bool, failures: list[RankFailure] | None = None) -> None:
         """A preemption ended this attempt: restart on the nodes left from the latest checkpoint
-        while ``max_preemption_failures`` allows, else fail with ``PreemptionError``."""
+        while ``FailureConfig.max_preemption_failures`` allows, else fail with ``PreemptionError``."""
         self.workers.shutdown()
         info = self._preemption
         if info is None:  # the node went before its drain was noticed
@@ -377,7 +371,7 @@ class Controller:
                     nodes.setdefault(failure.node_id, []).append(failure.world_rank)
             info = PreemptionInfo(deadline_ms=None, preempted_node_to_ranks=nodes)
         self.num_preemptions += 1
-        if may_restart(self.max_preemption_failures, self.num_preemptions - 1):
+        if self.policy.may_restart(Charge.PREEMPTION, self.num_preemptions - 1):
             self._last_failures = failures or []
             self.state = State.RESTARTING
             return
@@ -402,7 +396,7 @@ class Controller:
         """The error that ends the run; ``failures`` come root cause first, as ``_fail`` sorts them."""
         used = self.storage.num_failures
         if budget_exhausted:
-            budget = f"the failure budget is spent (FailureConfig.max_failures={self.max_failures}, {used} restart(s) used)"
+            budget = f"the failure budget is spent (FailureConfig.max_failures={self.policy.config.max_failures}, {used} restart(s) used)"
         else:
             budget = "FailureConfig.max_failures=0, so the run does not restart"
         lines = [f"Training failed in attempt {self.attempt}: {budget}."]
@@ -417,7 +411,7 @@ class Controller:
         if first.traceback:
             lines.append(f"Traceback of rank {first.world_rank}:\n{first.traceback.rstrip()}")
         error_type = run_error_type(
-            worker_group_error_type(failures, self.collective_backend), [e.error for e in self.book.failed.values()]
+            worker_group_error_type(failures, self.settings.collective_backend), [e.error for e in self.book.failed.values()]
         )
         return error_type(
             "\n".join(lines),

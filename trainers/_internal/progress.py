@@ -1,12 +1,18 @@
-"""A one-line live view of the run in a terminal: attempt, reports, latest metrics."""
+"""What the driver shows of a run itself: log lines, and in a terminal one live line (attempt,
+reports, latest metrics)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from typing import Any, TextIO
 
+from storage import Checkpoint
+from trainers.callback import TrainRunContext, UserCallback
 from trainers.worker_output import is_captured
+
+logger = logging.getLogger(__name__)
 
 
 def _short(value: Any) -> str:
@@ -15,9 +21,10 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-class ProgressLine:
-    """Rewrites one line of ``stream`` at most ten times a second; silent when not a terminal, and
-    when a caller shows the run itself (it captures the run's worker output, as the Prefect tasks do)."""
+class ProgressLine(UserCallback):
+    """The driver's own listener: logs commits (debug), restarts and resizes, and rewrites one line
+    of ``stream`` at most ten times a second; that line is silent when not a terminal, and when a
+    caller shows the run itself (it captures the run's worker output, as the Prefect tasks do)."""
 
     def __init__(self, name: str, stream: TextIO | None = None, *, enabled: bool | None = None) -> None:
         self.name = name
@@ -44,6 +51,21 @@ class ProgressLine:
             self.stream.write(("\n" if self._shown else "") + f"[{self.name}] {message}\n")
             self.stream.flush()
             self._shown = False
+
+    def after_report(self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
+        if checkpoint is not None:
+            logger.debug("%s: committed %s (attempt %d)", self.name, checkpoint.path, run_context.attempt)
+        self.update(run_context.attempt, metrics[0])
+
+    def on_restart(self, run_context: TrainRunContext, failures: list[Any], resume_from: Checkpoint | None) -> None:
+        where, causes = resume_from.path if resume_from else "the start", "; ".join(f.describe() for f in failures)
+        logger.info("%s: attempt %d failed (%s); restarting from %s", self.name, run_context.attempt, causes, where)
+        self.note(f"restarting after attempt {run_context.attempt} failed; resuming from {where}")
+
+    def on_resize(self, run_context: TrainRunContext, old_size: int, new_size: int) -> None:
+        attempt = run_context.attempt
+        logger.info("%s: more workers fit; restarting attempt %d's %d workers as %d", self.name, attempt, old_size, new_size)
+        self.note(f"resizing from {old_size} to {new_size} workers; resuming from the latest checkpoint")
 
     def close(self) -> None:
         if self.enabled and self._shown:
