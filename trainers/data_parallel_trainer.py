@@ -7,6 +7,7 @@ import inspect
 import logging
 import os
 import socket
+import types
 import uuid
 import warnings
 from typing import Any, Callable
@@ -282,7 +283,16 @@ class DataParallelTrainer(TuneTrainableAttributes):
         progress = ProgressLine(name)
 
         def context(attempt: int) -> TrainRunContext:
-            return TrainRunContext(name, storage.run_uri, attempt, run_config, scaling, self.train_loop_config)
+            return TrainRunContext(
+                name, storage.run_uri, attempt, run_config, scaling, self.train_loop_config,
+                num_reports=len(storage.snapshot.reports),
+                tracking=types.MappingProxyType(storage.snapshot.tracking),
+                _save_tracking=storage.record_tracking,
+            )
+
+        def after_run(result: Result) -> None:
+            for callback in callbacks:
+                callback.after_run(context(storage.snapshot.attempt), result)
 
         def on_report(attempt, metrics, checkpoint):
             if checkpoint is not None:
@@ -328,11 +338,18 @@ class DataParallelTrainer(TuneTrainableAttributes):
             on_resize=on_resize,
         )
         try:
+            for callback in callbacks:
+                callback.before_run(context(storage.snapshot.attempt + 1), storage.metrics_history)
             value = controller.run()
             if validations is not None:
                 validations.wait_all()  # the Result includes every validation's metrics
         except (WorkerGroupError, PreemptionError) as error:
             storage.finish(error=str(error))
+            if callbacks:
+                try:
+                    after_run(Result._from_run(storage, return_value=None, error=error))
+                except Exception:  # the training failure is the error to raise; this one is logged
+                    logger.exception("%s: a callback failed after the run failed", name)
             raise
         except (ValueError, TypeError, TrainingFailedError):
             raise  # the user's mistake, or already a training failure: as it is
@@ -343,4 +360,9 @@ class DataParallelTrainer(TuneTrainableAttributes):
                 validations.cancel_all()  # a failed run's pending validations rerun when it resumes
             progress.close()
         storage.finish()
-        return Result._from_run(storage, return_value=value, error=None)
+        result = Result._from_run(storage, return_value=value, error=None)
+        try:
+            after_run(result)
+        except Exception as error:
+            raise ControllerError(error) from error
+        return result
