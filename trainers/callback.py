@@ -68,7 +68,7 @@ class UserCallback:
         """The worker group is being restarted after ``failures``, from ``resume_from``."""
 
     def after_run(self, run_context: TrainRunContext, result: "Result") -> None:
-        """The run ended: ``result`` is what ``fit()`` returns, or, when training failed, the run as it
-        stands with the failure in ``result.error`` (``fit()`` raises it next). Not called when the
-        driver itself fails or is interrupted: the run is then resumable, and a rerun starts with
-        ``before_run`` again."""
+        """The run ended: ``result`` is what ``fit()`` returns, or, when it failed, the run as it
+        stands with the error ``fit()`` raises next in ``result.error``. Not called when this process
+        is interrupted or killed. A failed or killed run resumes with the same name, and the rerun
+        starts with ``before_run`` again."""

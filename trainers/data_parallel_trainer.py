@@ -294,6 +294,13 @@ class DataParallelTrainer(TuneTrainableAttributes):
             for callback in callbacks:
                 callback.after_run(context(storage.snapshot.attempt), result)
 
+        def after_failed_run(error: BaseException) -> None:
+            # The run's record is in memory, so this holds even when the storage failed.
+            try:
+                after_run(Result._from_run(storage, return_value=None, error=error))
+            except Exception:  # the run's failure is the error to raise; this one is logged
+                logger.exception("%s: a callback's after_run failed after the run failed", name)
+
         def on_report(attempt, metrics, checkpoint):
             if checkpoint is not None:
                 logger.debug("%s: committed %s (attempt %d)", name, checkpoint.path, attempt)
@@ -345,16 +352,15 @@ class DataParallelTrainer(TuneTrainableAttributes):
                 validations.wait_all()  # the Result includes every validation's metrics
         except (WorkerGroupError, PreemptionError) as error:
             storage.finish(error=str(error))
-            if callbacks:
-                try:
-                    after_run(Result._from_run(storage, return_value=None, error=error))
-                except Exception:  # the training failure is the error to raise; this one is logged
-                    logger.exception("%s: a callback failed after the run failed", name)
+            after_failed_run(error)
             raise
-        except (ValueError, TypeError, TrainingFailedError):
+        except (ValueError, TypeError, TrainingFailedError) as error:
+            after_failed_run(error)
             raise  # the user's mistake, or already a training failure: as it is
         except Exception as error:
-            raise ControllerError(error) from error
+            failure = ControllerError(error)
+            after_failed_run(failure)
+            raise failure from error
         finally:
             if validations is not None:
                 validations.cancel_all()  # a failed run's pending validations rerun when it resumes

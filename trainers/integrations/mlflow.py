@@ -91,9 +91,11 @@ class MLflowLoggerCallback(UserCallback):
         self.tracking_token = tracking_token
         self.should_save_artifact = save_artifact
         self.log_params_on_trial_end = log_params_on_trial_end
-        #: The MLflow run and experiment this callback logs to, once the run has started.
+        #: The MLflow run and experiment this callback logs to, and the tracking URI in use (MLflow's
+        #: default filled in), once the run has started.
         self.run_id: str | None = None
         self.experiment_id: str | None = None
+        self.resolved_tracking_uri: str | None = None
         self._client: Any = None
         self._last_step = -1
 
@@ -103,7 +105,7 @@ class MLflowLoggerCallback(UserCallback):
     @property
     def run_url(self) -> str | None:
         """The MLflow run's page when the tracking URI is an HTTP(S) server, else None."""
-        uri = self._client.tracking_uri if self._client is not None else self.tracking_uri
+        uri = self.resolved_tracking_uri
         if self.run_id is None or not uri or not uri.startswith(("http://", "https://")):
             return None
         return f"{uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
@@ -112,6 +114,7 @@ class MLflowLoggerCallback(UserCallback):
         """Open the MLflow run (the one in the run's record when resuming), log the parameters, and
         log the history's steps the MLflow run does not hold yet."""
         self._client = client = connect(self.tracking_uri, self.registry_uri, self.tracking_token)
+        self.resolved_tracking_uri = client.tracking_uri
         recorded = run_context.tracking.get(TRACKER)
         run = _existing_run(client, recorded["run_id"]) if recorded else None
         if run is None:
@@ -142,6 +145,8 @@ class MLflowLoggerCallback(UserCallback):
     def after_run(self, run_context: TrainRunContext, result: "Result") -> None:
         """Name (and with ``save_artifact`` upload) the best checkpoint, then end the MLflow run."""
         client = self._client
+        if self.run_id is None:
+            return  # the run failed before this callback opened its MLflow run
         if result.best_checkpoints:
             best = result.best_checkpoints[-1][0]
             client.set_tag(self.run_id, BEST_CHECKPOINT_TAG, display_path(best.filesystem, best.path))
