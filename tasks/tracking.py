@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from tasks.params import Tracking
@@ -44,15 +44,12 @@ def tracking_callbacks(tracking: Tracking) -> list[UserCallback]:
 
 
 def publish_mlflow_run(run_name: str, logger: MLflowLoggerCallback) -> None:
-    """A link artifact to the MLflow run's page; a markdown artifact naming the run's id and store
-    when the tracking URI is not an HTTP server (the page is then wherever ``mlflow ui`` serves it)."""
-    key = artifact_key(run_name, "mlflow-run")
-    description = f"The MLflow run of training run {run_name!r}"
+    """A markdown artifact linking the MLflow run's page; when the tracking URI is not an HTTP server
+    it names the run's id and store instead (the page is then wherever ``mlflow ui`` serves them)."""
     if logger.run_url is not None:
-        create_link_artifact(link=logger.run_url, link_text=f"MLflow run {logger.run_id}", key=key, description=description)
+        markdown = f"[MLflow run {logger.run_id}]({logger.run_url})"
     else:
-        create_markdown_artifact(
-            markdown=f"MLflow run `{logger.run_id}` (experiment `{logger.experiment_id}`) in `{logger.resolved_tracking_uri}`.",
-            key=key,
-            description=description,
-        )
+        markdown = f"MLflow run `{logger.run_id}` (experiment `{logger.experiment_id}`) in `{logger.resolved_tracking_uri}`"
+    create_markdown_artifact(
+        markdown=markdown, key=artifact_key(run_name, "mlflow-run"), description=f"The MLflow run of training run {run_name!r}"
+    )

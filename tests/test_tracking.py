@@ -233,9 +233,9 @@ def test_the_pipeline_keeps_one_mlflow_run_through_a_task_retry_and_links_it(tmp
     assert run.data.tags["prefect.flow_run_id"] == str(state.state_details.flow_run_id)
     assert tensorboard_steps(storage / "tracked", "epoch") == [0, 1, 2]
     with get_client(sync_client=True) as prefect:
-        [link] = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["tracked-mlflow-run"])), limit=1)
-    assert link.type == "link"
-    assert f"{mlflow_server}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" in link.data
+        links = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["tracked-mlflow-run"])))
+    page = f"{mlflow_server}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    assert [link.data for link in links] == [f"[MLflow run {run.info.run_id}]({page})"] * 2  # each try of the task linked the same run
 
 
 def test_tensorboard_refuses_a_run_folder_on_an_object_store():
