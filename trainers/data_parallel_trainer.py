@@ -295,6 +295,8 @@ class DataParallelTrainer(TuneTrainableAttributes):
                 callback.after_run(context(storage.snapshot.attempt), result)
 
         def after_failed_run(error: BaseException) -> None:
+            if not callbacks:
+                return
             # The run's record is in memory, so this holds even when the storage failed.
             try:
                 after_run(Result._from_run(storage, return_value=None, error=error))
