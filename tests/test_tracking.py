@@ -238,6 +238,32 @@ def test_the_pipeline_keeps_one_mlflow_run_through_a_task_retry_and_links_it(tmp
     assert [link.data for link in links] == [f"[MLflow run {run.info.run_id}]({page})"] * 2  # each try of the task linked the same run
 
 
+def loop_with_setup_mlflow(config: dict) -> None:
+    from trainers.integrations.mlflow import setup_mlflow
+
+    mlflow = setup_mlflow(config, tracking_uri=config["uri"], experiment_name="in-loop")
+    mlflow.log_metric("from_loop", 1.0, step=0)
+    report({"x": 1})
+    mlflow.end_run()  # this loop runs in the test's process (num_workers=0): leave no active run behind
+
+
+def test_setup_mlflow_logs_to_the_callbacks_run_and_finds_it_again_on_a_rerun(tmp_path, mlflow_server):
+    from mlflow.tracking import MlflowClient
+
+    for _ in range(2):  # the rerun finds the same MLflow run by the run's folder
+        DataParallelTrainer(
+            loop_with_setup_mlflow,
+            train_loop_config={"uri": mlflow_server},
+            scaling_config=ScalingConfig(num_workers=0),
+            run_config=RunConfig(name="loop", storage_path=str(tmp_path), callbacks=[MLflowLoggerCallback(mlflow_server, experiment_name="in-loop")]),
+        ).fit()
+    client = MlflowClient(mlflow_server)
+    run = the_only_run(client, "in-loop")
+    assert run.data.params == {"uri": mlflow_server}
+    assert steps_and_values(client, run.info.run_id, "x") == [(0, 1.0)]  # the rerun's report 0 was logged already
+    assert steps_and_values(client, run.info.run_id, "from_loop") == [(0, 1.0), (0, 1.0)]  # the loop's own logging repeats
+
+
 def test_tensorboard_refuses_a_run_folder_on_an_object_store():
     from trainers.callback import TrainRunContext
 
