@@ -24,6 +24,7 @@ from tasks.params import (
     RunSettings,
     Scaling,
     TorchTraining,
+    Tracking,
     Validation,
 )
 from tasks.train import train_with_retries
@@ -53,12 +54,13 @@ def _pipeline(
     checkpointing: Checkpointing,
     failures: Failures,
     run: RunSettings,
+    tracking: Tracking,
 ) -> dict[str, Any]:
     """The wiring every pipeline shares: ingest each dataset, train, then keep and publish checkpoints."""
     run = run.completed(default_name=f"pipeline-{str(flow_run.id)[:8]}")  # the flow run's id: stable across retries
     specs = [ingest(name, source) for name, source in datasets.items()]
     summary = train_with_retries(failures)(
-        training, datasets=specs, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run
+        training, datasets=specs, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run, tracking=tracking
     )
     kept = checkpoints(summary, checkpointing, run)
     return {
@@ -83,6 +85,7 @@ def training_pipeline(
     run: RunSettings = RunSettings(),
     validation: Validation | None = None,
     framework: Literal["torch", "tensorflow", "jax"] = "torch",
+    tracking: Tracking = Tracking(),
 ) -> dict[str, Any]:
     """Ingest ``datasets``, train ``train_loop`` on ``scaling.num_workers`` workers, keep and publish
     the checkpoints. Returns the run's folder, its final metrics and its best checkpoint.
@@ -93,7 +96,9 @@ def training_pipeline(
     example loop does when ``train_loop_config`` has ``"validate": true``) is scored by
     ``validation.fn`` in a Ray task while training goes on; ``scaling.min_workers`` makes the run elastic.
     ``framework`` picks the trainer: ``"torch"`` (TorchTrainer), ``"tensorflow"`` (TensorflowTrainer,
-    e.g. ``tasks.keras_loops:tabular_keras_loop``) or ``"jax"`` (JaxTrainer).
+    e.g. ``tasks.keras_loops:tabular_keras_loop``) or ``"jax"`` (JaxTrainer). ``tracking`` logs every
+    report to MLflow (``{"mlflow": {"tracking_uri": ..., "experiment": ...}}``, the MLflow run linked
+    from the train task run) and/or to TensorBoard event files in the run folder.
     """
     config = dict(train_loop_config or {})
     expected = next((config[k] for k in _REPORT_COUNT_KEYS if isinstance(config.get(k), int)), None)
@@ -101,7 +106,8 @@ def training_pipeline(
         train_loop=train_loop, train_loop_config=config, expected_reports=expected, validation=validation, framework=framework
     )
     return _pipeline(
-        training, datasets=datasets or {}, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run
+        training, datasets=datasets or {}, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run,
+        tracking=tracking,
     )
 
 
@@ -134,11 +140,14 @@ def _boosting_flow(framework: Literal["xgboost", "lightgbm"]) -> Flow[..., dict[
         checkpointing: Checkpointing = Checkpointing(),
         failures: Failures = Failures(),
         run: RunSettings = RunSettings(),
+        tracking: Tracking = Tracking(),
     ) -> dict[str, Any]:
         training = BoostingTraining(
             framework=framework, label_column=label_column, params=params or {}, num_boost_round=num_boost_round
         )
-        return _pipeline(training, datasets=datasets, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run)
+        return _pipeline(
+            training, datasets=datasets, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run, tracking=tracking
+        )
 
     pipeline.__name__ = pipeline.__qualname__ = f"{framework}_pipeline"  # the entrypoint prefect.yaml names
     pipeline.__doc__ = description

@@ -335,6 +335,12 @@ class RunStorage:
         self._write()
         return self.latest_checkpoint
 
+    def record_tracking(self, tracker: str, state: dict[str, Any]) -> None:
+        """Keep ``state`` (JSON values) under ``tracker`` in the run's record, written at once: a
+        tracker that created something for this run (an MLflow run) finds it again on resume."""
+        self.snapshot.tracking[tracker] = state
+        self._write()
+
     def record_failure(self) -> int:
         """Count a worker-group failure in the snapshot (so a driver restart does not reset it);
         return the count."""

@@ -73,6 +73,9 @@ class RunSnapshot:
     #: checkpoints as the run ranked them: the score attribute (None: recency) and "max"/"min".
     score_attribute: str | None = None
     score_order: str = "max"
+    #: What experiment trackers keep about the run, by tracker (``{"mlflow": {"run_id": ...}}``),
+    #: so a resumed run logs on into the same tracked run.
+    tracking: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def rewind(self) -> None:
         """Forget the reports made after the latest checkpoint (every report while there is none)."""

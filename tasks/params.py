@@ -208,6 +208,27 @@ class Validation(ParamsModel):
         return ValidationConfig(fn, ValidationTaskConfig(fn_kwargs=dict(self.fn_kwargs), timeout_s=self.timeout_s), remote)
 
 
+class MLflowTracking(ParamsModel):
+    """Log the run to MLflow (``trainers.integrations.mlflow.MLflowLoggerCallback``): one MLflow run
+    per training run, continued by every restart and retry, linked from the train task run."""
+
+    tracking_uri: str | None = Field(
+        None, description="The MLflow tracking server, e.g. http://mlflow:5000. None: $MLFLOW_TRACKING_URI, else a local store."
+    )
+    experiment: str | None = Field(
+        None, description="The MLflow experiment, created when missing. None: $MLFLOW_EXPERIMENT_NAME, else MLflow's default."
+    )
+    tags: dict[str, str] = Field(default_factory=dict, description="Tags to set on the MLflow run.")
+    save_artifact: bool = Field(False, description="Upload the best checkpoint's files to the MLflow run when training ends.")
+
+
+class Tracking(ParamsModel):
+    """Experiment trackers the run logs every report to (``pip install 'flowtrain[tracking]'``)."""
+
+    mlflow: MLflowTracking | None = Field(None, description='e.g. {"tracking_uri": "http://mlflow:5000", "experiment": "churn"}')
+    tensorboard: bool = Field(False, description="TensorBoard event files in the run folder (local storage only).")
+
+
 class TorchTraining(ParamsModel):
     """A training loop to run on every worker: ``TorchTrainer`` by default, ``TensorflowTrainer`` or
     ``JaxTrainer`` with ``framework``."""

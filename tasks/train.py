@@ -20,12 +20,14 @@ from tasks.params import (
     RunSettings,
     Scaling,
     TorchTraining,
+    Tracking,
     TrainSummary,
     import_object,
     resolve_train_loop,
 )
 from tasks.reporting import PrefectReporter, log_failure, publish_metrics, without_traceback
 from tasks.retries import train_task_options
+from tasks.tracking import tracking_callbacks
 from trainers import RunConfig, TrainingFailedError, UserCallback
 
 
@@ -96,10 +98,12 @@ def train(
     checkpointing: Checkpointing,
     failures: Failures,
     run: RunSettings,
+    tracking: Tracking = Tracking(),
 ) -> TrainSummary:
     """Run distributed training to the end and return where its results are.
 
-    ``run.name`` must be set (the flow names the run): it is what makes a retry resume.
+    ``run.name`` must be set (the flow names the run): it is what makes a retry resume, and what
+    keeps a retry logging to the same MLflow run (``tracking``).
     """
     from trainers.cluster import ensure_ray
     from trainers.data import read_dataset
@@ -113,7 +117,7 @@ def train(
         storage_path=run.storage_path,
         checkpoint_config=checkpointing.to_config(),
         failure_config=failures.to_config(),
-        callbacks=[reporter, *_callbacks(run.callbacks)],
+        callbacks=[reporter, *_callbacks(run.callbacks), *tracking_callbacks(tracking)],
     )
     with run_output(run.name):  # Ray Data quiet; Ray's, the workers' and fit()'s warnings into this run's logs
         opened = {}

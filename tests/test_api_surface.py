@@ -31,6 +31,7 @@ MODULES = {
     "ray.train.tensorflow": "trainers.tensorflow",
     "ray.train.tensorflow.keras": "trainers.tensorflow.keras",
     "ray.train.v2.jax": "trainers.jax",
+    "ray.air.integrations.mlflow": "trainers.integrations.mlflow",
 }
 
 #: Deliberate differences, each with its reason. Keys: "module.Name" (the whole name),

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import types
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from storage import Checkpoint
+
+if TYPE_CHECKING:
+    from trainers.result import Result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +24,29 @@ class TrainRunContext:
     run_config: Any
     scaling_config: Any
     train_loop_config: Any
+    #: The run's record (``RunStorage``) the properties below read; None outside a run.
+    _run_record: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def num_reports(self) -> int:
+        """How many reports the run's history holds as the hook runs. In ``after_report`` the
+        report just made is the last one, so its index in the history (its step) is
+        ``num_reports - 1``. A restart forgets the reports made after the latest checkpoint; the
+        workers make them again with the same indices."""
+        return len(self._run_record.snapshot.reports) if self._run_record is not None else 0
+
+    @property
+    def tracking(self) -> Mapping[str, Any]:
+        """What experiment trackers stored in the run's record with :meth:`save_tracking`, by
+        tracker name; a resumed run (a restart, a rerun of ``fit()``, a Prefect retry) finds it here."""
+        return types.MappingProxyType(self._run_record.snapshot.tracking) if self._run_record is not None else {}
+
+    def save_tracking(self, tracker: str, state: dict[str, Any]) -> None:
+        """Keep ``state`` (JSON values) under ``tracker`` in the run's record (run.json), written at
+        once, e.g. the id of the MLflow run this run logs to."""
+        if self._run_record is None:
+            raise RuntimeError(f"save_tracking({tracker!r}, ...): this context is not attached to a run's record.")
+        self._run_record.record_tracking(tracker, state)
 
 
 class UserCallback:
@@ -27,8 +54,14 @@ class UserCallback:
 
     Hooks run in the driver, between reports, so keep them quick. This is the one way a run tells
     the outside what happens: the terminal progress line, the Prefect pipeline's reporter and
-    Ray Tune's ``TuneReportCallback`` are callbacks too.
+    Ray Tune's ``TuneReportCallback`` are callbacks too. ``before_run``, ``after_run`` and
+    ``on_resize`` are flowtrain's (Ray Train's ``UserCallback`` has none of them): experiment
+    trackers use the first two to open and close what they log to.
     """
+
+    def before_run(self, run_context: TrainRunContext, history: list[dict[str, Any]]) -> None:
+        """The run starts or resumes, before any worker starts: ``history`` holds rank 0's metrics of
+        every report the run already has, in order (empty for a new run)."""
 
     def after_report(
         self,
@@ -47,3 +80,9 @@ class UserCallback:
     def on_resize(self, run_context: TrainRunContext, old_size: int, new_size: int) -> None:
         """An elastic run restarts its ``old_size`` workers as ``new_size`` from its latest
         checkpoint, since more now fit (nothing failed: ``on_restart`` is not called)."""
+
+    def after_run(self, run_context: TrainRunContext, result: "Result") -> None:
+        """The run ended: ``result`` is what ``fit()`` returns, or, when it failed, the run as it
+        stands with the error ``fit()`` raises next in ``result.error``. Not called when this process
+        is interrupted or killed. A failed or killed run resumes with the same name, and the rerun
+        starts with ``before_run`` again."""

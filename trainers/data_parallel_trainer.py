@@ -17,6 +17,7 @@ from trainers._internal.failure_policy import FailurePolicy
 from trainers._internal.log_level import log_level
 from trainers._internal.data import capture_data_context, check_dataset_values, check_row_counts, resolve_datasets
 from trainers._internal.progress import ProgressLine
+from trainers._internal.run_hooks import RunHooks
 from trainers._internal.ray_private import TuneTrainableAttributes
 from trainers.backend import BackendConfig
 from trainers.callback import TrainRunContext
@@ -290,24 +291,28 @@ class DataParallelTrainer(TuneTrainableAttributes):
             listeners=[progress, *(run_config.callbacks or [])],  # the driver's own, then Prefect's, Tune's, the user's
             validations=validations,
             settings=ControllerSettings(
-                run_context=TrainRunContext(name, storage.run_uri, 0, run_config, scaling, self.train_loop_config),
+                run_context=TrainRunContext(name, storage.run_uri, 0, run_config, scaling, self.train_loop_config, _run_record=storage),
                 collective_backend=backend.collective_backend(scaling.use_gpu),
             ),
         )
+        hooks = RunHooks(name, list(run_config.callbacks or []), controller, storage)
         try:
+            hooks.starting()
             value = controller.run()
             if validations is not None:
                 validations.wait_all()  # the Result includes every validation's metrics
-        except (WorkerGroupError, PreemptionError) as error:
-            storage.finish(error=str(error))
-            raise
-        except (ValueError, TypeError, TrainingFailedError):
-            raise  # the user's mistake, or already a training failure: as it is
+        except (WorkerGroupError, PreemptionError, ValueError, TypeError, TrainingFailedError) as error:
+            if isinstance(error, (WorkerGroupError, PreemptionError)):
+                storage.finish(error=str(error))
+            hooks.failed(error)
+            raise  # a training failure, or the user's mistake: as it is
         except Exception as error:
-            raise ControllerError(error) from error
+            failure = ControllerError(error)
+            hooks.failed(failure)
+            raise failure from error
         finally:
             if validations is not None:
                 validations.cancel_all()  # a failed run's pending validations rerun when it resumes
             progress.close()
         storage.finish()
-        return Result._from_run(storage, return_value=value, error=None)
+        return hooks.finished(Result._from_run(storage, return_value=value, error=None))
