@@ -22,9 +22,9 @@ import statistics
 import sys
 import tempfile
 
-import benchmarks.gbdt  # noqa: F401  (registers its workloads)
-import benchmarks.training  # noqa: F401
-import benchmarks.tensorflow_jax  # noqa: F401
+import benchmarks.gbdt  # each of these three registers its workloads
+import benchmarks.tensorflow_jax
+import benchmarks.training  # noqa: F401 - imported for the workloads it registers
 from benchmarks.workloads import OPT_IN, WORKLOADS
 
 RESULTS = pathlib.Path(__file__).with_name("results")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,8 @@ import pathlib
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -77,7 +78,7 @@ class Soak:
         #: Seconds the fault-free run took (driver start to end); the unit of the deadlines.
         self.unit_s = 300.0
 
-    def __enter__(self) -> "Soak":
+    def __enter__(self) -> Soak:
         import ray
         from ray.cluster_utils import Cluster
 

@@ -21,7 +21,8 @@ import signal
 import socket
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

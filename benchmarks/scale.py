@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import psutil
 

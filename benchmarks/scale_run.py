@@ -282,7 +282,7 @@ class RayTopology:
         self.cluster = None
         self.start_s = None
 
-    def start(self) -> "RayTopology":
+    def start(self) -> RayTopology:
         """Start Ray and connect this process to it; ``start_s`` says how long that took."""
         import ray
 
@@ -659,7 +659,7 @@ class TreeSampler:
         if total > self.peak_bytes:
             self.peak_bytes, self.procs_at_peak = total, count
 
-    def start(self) -> "TreeSampler":
+    def start(self) -> TreeSampler:
         """Start sampling in the background."""
         self._began = time.perf_counter()
         self._thread.start()

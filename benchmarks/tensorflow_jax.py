@@ -22,7 +22,8 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from benchmarks.workloads import NUM_WORKERS, WORKLOADS
 
@@ -254,10 +255,9 @@ WORKLOADS["jax"] = (_workload("jax"), ("flowtrain", "raw"))
 
 def main(argv: list[str] | None = None) -> int:
     """Run only this module's workloads through the benchmark command (same options)."""
-    from benchmarks import bench
-
     # Register this module under its import name too: the workers unpickle functions by it.
     import benchmarks.tensorflow_jax  # noqa: F401
+    from benchmarks import bench
 
     args = list(sys.argv[1:] if argv is None else argv)
     if "--only" not in args:

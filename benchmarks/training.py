@@ -138,7 +138,7 @@ class MemorySampler:
         while not self._stop.wait(self.interval_s):
             self.peak = max(self.peak, self._added())
 
-    def __enter__(self) -> "MemorySampler":
+    def __enter__(self) -> MemorySampler:
         self._thread.start()
         return self
 

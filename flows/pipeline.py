@@ -9,7 +9,8 @@ as deployments (``prefect deployment run 'flowtrain-pipeline/...' --param ...``)
 from __future__ import annotations
 
 import datetime
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from prefect import Flow, flow
 from prefect.runtime import flow_run

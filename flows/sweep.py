@@ -8,7 +8,8 @@ the same sweep again reuses the trials that finished and resumes the ones that d
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from prefect import flow, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner

@@ -20,13 +20,14 @@ import contextlib
 import threading
 import time
 import warnings
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pyarrow.fs as pafs
 
 from storage.checkpoint import Checkpoint
-from storage.config import CheckpointConfig
 from storage.commit import adopt_folder, commit_folder, is_committed, try_delete
+from storage.config import CheckpointConfig
 from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, exists, is_local, resolve_filesystem
 from storage.layout import CHECKPOINT_PREFIX, RunLayout, check_dir_name

@@ -85,7 +85,7 @@ class RunSnapshot:
         return json.dumps(encode(body), allow_nan=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "RunSnapshot":
+    def from_json(cls, data: bytes) -> RunSnapshot:
         body = decode(json.loads(data))
         if not isinstance(body, dict) or body.get("format") != FORMAT:
             raise ValueError(f"unknown snapshot format {body.get('format') if isinstance(body, dict) else body!r}")

@@ -15,7 +15,8 @@ import base64
 import dataclasses
 import json
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from storage.retention import flatten

@@ -12,7 +12,8 @@ import itertools
 import json
 import math
 import random
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -20,8 +21,8 @@ from pydantic import Field, model_validator
 
 from tasks.charts import charts_markdown, trials_chart
 from tasks.console import run_output
-from tasks.params import Checkpointing, DatasetSpec, Failures, RunSettings, Scaling, TorchTraining, ParamsModel
-from tasks.reporting import json_safe, artifact_key
+from tasks.params import Checkpointing, DatasetSpec, Failures, ParamsModel, RunSettings, Scaling, TorchTraining
+from tasks.reporting import artifact_key, json_safe
 from tasks.retries import train_task_options
 from tasks.train import train
 
@@ -41,7 +42,7 @@ class Distribution(ParamsModel):
     values: list[Any] | None = None
 
     @model_validator(mode="after")
-    def _bounds(self) -> "Distribution":
+    def _bounds(self) -> Distribution:
         if self.kind == "choice":
             if not self.values or self.low is not None or self.high is not None:
                 raise ValueError(f"kind='choice' needs a non-empty 'values' list and no low/high; got values={self.values!r}.")
@@ -83,7 +84,7 @@ class Search(ParamsModel):
     )
 
     @model_validator(mode="after")
-    def _something_to_try(self) -> "Search":
+    def _something_to_try(self) -> Search:
         if not self.grid and not self.random:
             raise ValueError('search: give a grid (e.g. {"lr": [0.1, 0.01]}) or random distributions; both are empty.')
         empty = sorted(name for name, values in self.grid.items() if not values)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from conftest import assert_no_leaks
 from trainers import UserCallback

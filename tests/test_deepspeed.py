@@ -13,7 +13,6 @@ import deepspeed_loops
 from trainers import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, UserCallback
 from trainers.torch import TorchTrainer
 
-
 STEPS = 8
 KILL_AT = 5
 # Same data and seed; DeepSpeed reduces gradients in buckets, DDP in its own order.

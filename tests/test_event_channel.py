@@ -13,8 +13,8 @@ import pytest
 
 from trainers import Checkpoint, DataParallelTrainer, FailureConfig, Result, RunConfig, ScalingConfig, UserCallback
 from trainers._internal import event_channel
-from trainers._internal.event_channel import FAULTS, ChannelAddress, EventListener, Outbox
 from trainers._internal.attempt_book import AttemptBook
+from trainers._internal.event_channel import FAULTS, ChannelAddress, EventListener, Outbox
 from trainers._internal.events import ReportEvent, SyncEvent
 from trainers._internal.worker_inbox import WorkerInbox
 

@@ -14,7 +14,6 @@ import torch
 
 from benchmarks import gpu_check
 from benchmarks.gpu_workloads import CHECKS, Setup, digest, read_rank_files, throughput_work
-
 from conftest import ROOT
 
 REPO = str(ROOT)

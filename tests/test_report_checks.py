@@ -137,7 +137,7 @@ class Tag:
     name: str
 
 
-WHEN = datetime.datetime(2026, 11, 26, 8, 30, tzinfo=datetime.timezone.utc)
+WHEN = datetime.datetime(2026, 11, 26, 8, 30, tzinfo=datetime.UTC)
 #: A report of what Ray Train takes beyond JSON, nested ones included.
 RICH = {
     "step": 0,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pyarrow.fs as pafs
 import pytest
 

@@ -20,12 +20,22 @@ import pytest
 
 import faulty_s3
 from faulty_fs import faulty_fs
-from faulty_s3 import BUCKET, faulty_s3 as make_faulty_s3, log_event, read_events
+from faulty_s3 import BUCKET, log_event, read_events
+from faulty_s3 import faulty_s3 as make_faulty_s3
 from storage import Checkpoint, load_run, upload_directory
 from storage.layout import RunLayout
 from storage.upload import CheckpointUploadError, RetryPolicy, is_transient
-from trainers import CheckpointConfig, CheckpointUploadMode, DataParallelTrainer, Result, RunConfig, ScalingConfig, UserCallback, WorkerGroupError
-from trainers import errors
+from trainers import (
+    CheckpointConfig,
+    CheckpointUploadMode,
+    DataParallelTrainer,
+    Result,
+    RunConfig,
+    ScalingConfig,
+    UserCallback,
+    WorkerGroupError,
+    errors,
+)
 from trainers._internal import checkpoint_upload
 
 #: The workers' retry policy in these runs: quick, so a spent budget costs milliseconds.

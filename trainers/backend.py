@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from typing import Any, Callable, ContextManager
+from collections.abc import Callable
+from typing import Any, ContextManager
 
 
 class Backend:
     """Hooks around the life of a worker group. The default does nothing."""
 
-    def on_start(self, worker_group: Any, backend_config: "BackendConfig") -> None:
+    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
         """Set up communication between the workers (e.g. a torch process group)."""
 
-    def on_training_start(self, worker_group: Any, backend_config: "BackendConfig") -> None:
+    def on_training_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
         """Called right before the training function starts on the workers."""
 
-    def on_shutdown(self, worker_group: Any, backend_config: "BackendConfig") -> None:
+    def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
         """Tear down what ``on_start`` set up; the workers are killed afterwards anyway."""
 
 

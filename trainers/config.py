@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow.fs
 
 from storage import CheckpointConfig
-from storage.config import DEPRECATED, deprecated as _deprecated
+from storage.config import DEPRECATED
+from storage.config import deprecated as _deprecated
 from storage.layout import resolve_storage_path
 from trainers._internal.validation import (
     check_bool,
-    is_count,
     check_choice,
     check_int,
     check_number,
+    is_count,
 )
 
 if TYPE_CHECKING:
@@ -203,7 +204,7 @@ class ScalingConfig:
         """The most workers the run trains with (``num_workers`` when it is fixed)."""
         return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
 
-    def with_num_workers(self, num_workers: int) -> "ScalingConfig":
+    def with_num_workers(self, num_workers: int) -> ScalingConfig:
         """This config with a fixed number of workers (one elastic attempt's size)."""
         return dataclasses.replace(self, num_workers=num_workers)
 
@@ -447,7 +448,7 @@ class RunConfig:
     #: Which checkpoints to keep.
     checkpoint_config: CheckpointConfig | None = None
     #: ``UserCallback`` objects called in the driver after each report and on failures.
-    callbacks: list["UserCallback"] | None = None
+    callbacks: list[UserCallback] | None = None
     #: Runtime environment for the worker actors (``ray.runtime_env.RuntimeEnv`` or dict).
     worker_runtime_env: dict | None = None
     #: How much flowtrain logs (``LoggingConfig(log_level="DEBUG")``).

@@ -7,7 +7,8 @@ the expected types, and every error names the file (or folder) and the column.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pyarrow as pa
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 class ValidationFn(Protocol):
     """A function that scores a checkpoint: ``fn(checkpoint, **fn_kwargs) -> dict of metrics``."""
 
-    def __call__(self, checkpoint: "Checkpoint", **kwargs: Any) -> dict:
+    def __call__(self, checkpoint: Checkpoint, **kwargs: Any) -> dict:
         ...
 
 
@@ -138,7 +138,7 @@ class CheckpointConsistencyMode(enum.Enum):
 class ReportedCheckpoint:
     """One kept checkpoint of the run, with its metrics (validation metrics merged in) and status."""
 
-    checkpoint: "Checkpoint"
+    checkpoint: Checkpoint
     metrics: dict[str, Any]
     status: ReportedCheckpointStatus
 

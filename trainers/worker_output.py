@@ -29,7 +29,8 @@ import re
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from trainers._internal.ray_private import actor_name_line, ray_console_handlers, wrap_worker_line_printer
 from trainers.tuning import LATE_LINES_S

@@ -12,7 +12,8 @@ import queue
 import socket
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow.fs
 
@@ -25,8 +26,8 @@ from trainers._internal.events import Event, take_events
 from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
 from trainers._internal.resources import capturing_placement_group
 from trainers._internal.session import WorkerSession
-from trainers._internal.worker import run_training_function
 from trainers._internal.start_failure import describe_nodes
+from trainers._internal.worker import run_training_function
 from trainers._internal.worker_group import RayWorkerGroup, WorkerStartError
 from trainers.backend import BackendConfig
 from trainers.config import DataConfig, ScalingConfig

@@ -8,7 +8,8 @@ ranks a round still waits for. It never talks to workers or storage.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trainers._internal.events import FailedEvent, FinishedEvent, ReportEvent, SyncEvent
 

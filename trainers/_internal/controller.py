@@ -12,19 +12,27 @@ from __future__ import annotations
 import enum
 import time
 import traceback
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from storage import Checkpoint, RunRecord
 from storage.upload import UploadStats
 from trainers._internal.attempt_book import LAUNCH, AttemptBook
 from trainers._internal.events import NOT_TRAINING, CheckpointsQuery, Event, FailedEvent, checkpoint_placement
-from trainers._internal.reported_checkpoints import PendingQueries
-from trainers.tuning import DRAIN_POLL_S, ENDED_DRAIN_S, SETUP_CLASH_RESTARTS, VALIDATION_POLL_S
-from trainers.validation import request_to_json
 from trainers._internal.preemption_watch import PreemptionNotice, deadline_passed
 from trainers._internal.preemption_watch import merge as merge_preemptions
-from trainers.errors import PreemptionError, RankFailure, TrainingFailedError, WorkerGroupError, run_error_type, worker_group_error_type
+from trainers._internal.reported_checkpoints import PendingQueries
+from trainers.errors import (
+    PreemptionError,
+    RankFailure,
+    TrainingFailedError,
+    WorkerGroupError,
+    run_error_type,
+    worker_group_error_type,
+)
 from trainers.preemption import PreemptionInfo
+from trainers.tuning import DRAIN_POLL_S, ENDED_DRAIN_S, SETUP_CLASH_RESTARTS, VALIDATION_POLL_S
+from trainers.validation import request_to_json
 
 
 class Workers(Protocol):

@@ -7,7 +7,7 @@ checkpoint upload runs in the background, later reports wait in the same queue b
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Callable
+from collections.abc import Callable
 
 
 class OrderedUploader:

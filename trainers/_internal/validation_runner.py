@@ -85,7 +85,7 @@ def settle_without_config(storage: RunRecord) -> None:
 
 def make_runner(
     config: ValidationConfig | None, storage: RunRecord, scaling: Any, runtime_env: dict | None = None
-) -> "ValidationRunner | None":
+) -> ValidationRunner | None:
     """The run's validation runner, or None without a ``validation_config`` (then checkpoints a
     crashed earlier driver left pending are settled, see ``settle_without_config``).
 

@@ -15,15 +15,17 @@ import socket
 import sys
 import threading
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 
 from trainers._internal.event_channel import ChannelAddress, Outbox
 from trainers._internal.events import NOT_TRAINING, Event, FailedEvent, FinishedEvent
 from trainers._internal.session import TrainingInterrupted, WorkerSession, set_session
-from trainers.worker_output import announce, worker_label
 from trainers.errors import WorkerError
+from trainers.worker_output import announce, worker_label
+
 
 @dataclasses.dataclass(frozen=True)
 class WorkerMetadata:

@@ -13,7 +13,8 @@ import dataclasses
 import time
 import uuid
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError

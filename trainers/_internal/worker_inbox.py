@@ -18,7 +18,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
@@ -147,6 +148,6 @@ class WorkerInbox:
                         listen(rank)
                 if delivered and not self._stopped:
                     self._listener.wake()
-        except Exception:  # noqa: BLE001 - Ray shutting down under a stopped inbox; nothing to tell
+        except Exception:  # Ray shutting down under a stopped inbox; nothing to tell
             if not self._stopped:
                 raise

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, ClassVar, Self
+from collections.abc import Callable
+from typing import Any, ClassVar, Self
 
 from trainers._internal.framework_checkpoint import FrameworkCheckpoint
 

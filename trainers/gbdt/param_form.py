@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa

@@ -23,7 +23,7 @@ def _nullable_dtype(arrow_type: object) -> str | None:
     return None
 
 
-def normalize_pandas_for_lightgbm(df: "pd.DataFrame") -> "pd.DataFrame":
+def normalize_pandas_for_lightgbm(df: pd.DataFrame) -> pd.DataFrame:
     """Return ``df`` with its Arrow-backed numeric and boolean columns turned into pandas'
     nullable NumPy dtypes (``int64[pyarrow]`` -> ``Int64``, ``bool[pyarrow]`` -> ``boolean``).
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 
 from trainers._extras import require

@@ -13,7 +13,8 @@ a restarted worker starts with a fresh one.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -38,7 +38,7 @@ class TorchCheckpoint(FrameworkCheckpoint):
     _INSTEAD: ClassVar[str] = "trainers.Checkpoint with torch.save/torch.load of a state dict"
 
     @classmethod
-    def from_state_dict(cls, state_dict: dict[str, Any], *, preprocessor: Any | None = None) -> "TorchCheckpoint":
+    def from_state_dict(cls, state_dict: dict[str, Any], *, preprocessor: Any | None = None) -> TorchCheckpoint:
         """A checkpoint in a new temporary folder holding ``state_dict`` (and ``preprocessor``, if given)."""
         if not isinstance(state_dict, dict):
             raise TypeError(
@@ -50,7 +50,7 @@ class TorchCheckpoint(FrameworkCheckpoint):
         )
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module, *, preprocessor: Any | None = None) -> "TorchCheckpoint":
+    def from_model(cls, model: torch.nn.Module, *, preprocessor: Any | None = None) -> TorchCheckpoint:
         """A checkpoint in a new temporary folder holding the whole ``model``, pickled.
 
         Loading it runs pickled code: prefer ``from_state_dict``, which stores weights only.

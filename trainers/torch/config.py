@@ -6,7 +6,8 @@ import contextlib
 import dataclasses
 import datetime
 import os
-from typing import Any, Callable, ContextManager, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, ContextManager
 
 from trainers._internal.validation import check_choice, check_number
 from trainers.backend import Backend, BackendConfig, free_port

@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from typing import Any, Callable, ContextManager, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, ContextManager
 
 from trainers._internal.validation import check_choice
 from trainers.backend import Backend, BackendConfig

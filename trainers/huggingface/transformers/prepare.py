@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import transformers
 from torch.utils.data import DataLoader, Dataset, IterableDataset
@@ -32,7 +33,7 @@ def _as_loader(batches: Iterable[Any]) -> DataLoader:
     return DataLoader(_Batches(batches), batch_size=None)
 
 
-def prepare_trainer(trainer: "transformers.Trainer") -> "transformers.Trainer":
+def prepare_trainer(trainer: transformers.Trainer) -> transformers.Trainer:
     """Make ``trainer`` train on flowtrain's workers, and return it.
 
     Checks the Trainer sees the same world size as flowtrain (its arguments were built inside

@@ -14,8 +14,8 @@ import uuid
 from typing import Any
 
 from trainers._extras import MissingExtraError
-from trainers.backend import Backend
 from trainers._internal.validation import check_choice, check_number
+from trainers.backend import Backend
 from trainers.torch.config import INIT_METHODS, TorchConfig, free_port, join_process_group, leave_process_group
 
 logger = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def _init_xla_process_group(env: dict[str, str], timeout_s: float, init_method: 
         os.environ["PJRT_DEVICE"] = pjrt
     os.environ["ROLE_RANK"] = os.environ["ROLE_WORLD_RANK"] = os.environ["RANK"]
     try:
-        import torch_xla.core.xla_model  # noqa: F401
+        import torch_xla.core.xla_model
         import torch_xla.distributed.xla_backend  # noqa: F401  (registers the "xla" backend)
     except ImportError as error:
         raise TorchXLAMissingError() from error
