@@ -113,9 +113,9 @@ def lost_reports(rank_lines: list[list[dict[str, Any]]], journal: list[dict[str,
         for line in lines:
             if line["e"] == "returned" and line["checkpoint"]:
                 checkpointed.add((line["attempt"], line["step"]))
-        for key in {(l["attempt"], l["step"]) for l in lines if l["e"] == "returned"}:
+        for key in {(line["attempt"], line["step"]) for line in lines if line["e"] == "returned"}:
             returned[key] = returned.get(key, 0) + 1
-    done = {(l["attempt"], l["step"]) for l in journal if l["e"] == "commit"}
+    done = {(line["attempt"], line["step"]) for line in journal if line["e"] == "commit"}
     lost = sorted(key for key, count in returned.items() if count == len(rank_lines) and key not in done and key[0] not in exempt)
     return [
         f"report lost: step {step}{' (with its checkpoint)' if (attempt, step) in checkpointed else ''} returned on every "

@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import pathlib
 import signal
 import socket
 import tempfile
@@ -151,7 +152,7 @@ def read_rank_files(folder: str, world: int) -> list[dict]:
     files = sorted(glob.glob(os.path.join(folder, "rank*.json")))
     if len(files) != world:
         raise CheckFailed(f"expected {world} rank file(s) in {folder}, found {len(files)}")
-    infos = [json.load(open(path)) for path in files]
+    infos = [json.loads(pathlib.Path(path).read_text()) for path in files]
     return sorted(infos, key=lambda info: info["rank"])
 
 

@@ -370,7 +370,7 @@ class RunStorage:
         for record in self.snapshot.checkpoints:
             path = f"{self.run_path}/{record.dir_name}"
             if record.dir_name in folders and (  # local: committed by an atomic rename, the folder is the proof
-                is_local(self.filesystem) or self._checked("look for a commit marker", lambda: is_committed(self.filesystem, path))
+                is_local(self.filesystem) or self._checked("look for a commit marker", lambda path=path: is_committed(self.filesystem, path))
             ):
                 present.append(record)
                 continue

@@ -4,6 +4,7 @@ and the fall back to Ray."""
 from __future__ import annotations
 
 import os
+import pathlib
 import socket
 import struct
 import tempfile
@@ -319,4 +320,4 @@ def test_a_rank_whose_connection_breaks_in_a_checkpoint_round_loses_no_report(fa
     assert len(restored.best_checkpoints) == 4
     for checkpoint, metrics in restored.best_checkpoints:
         with checkpoint.as_directory() as folder:
-            assert open(os.path.join(folder, "step.txt")).read() == str(metrics["step"])
+            assert pathlib.Path(folder, "step.txt").read_text() == str(metrics["step"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import pickle
 import shutil
 import tempfile
@@ -55,7 +56,7 @@ def upload_loop(config: dict) -> None:
     start = 0
     if (checkpoint := train.get_checkpoint()) is not None:
         with checkpoint.as_directory() as folder:
-            start = int(open(os.path.join(folder, f"rank_{rank}.txt")).read()) + 1
+            start = int(pathlib.Path(folder, f"rank_{rank}.txt").read_text()) + 1
     modes = config.get("modes", ["SYNC"])
     for step in range(start, config["steps"]):
         folder = tempfile.mkdtemp(prefix="upload-retries-")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Callable
-from typing import Any, ContextManager
+from typing import Any
 
 
 class Backend:
@@ -44,7 +44,7 @@ class BackendConfig:
         return Backend
 
     @property
-    def train_func_context(self) -> Callable[[], ContextManager[Any]]:
+    def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[Any]]:
         """A function returning the context manager each worker enters around the training
         function, after ``get_context()`` works and in the thread that trains. Default: none."""
         return contextlib.nullcontext

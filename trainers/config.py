@@ -421,7 +421,7 @@ class LoggingConfig:
         level = self.log_level
         if not isinstance(level, str) or level.upper() not in LOG_LEVELS:
             raise ValueError(
-                f"LoggingConfig.log_level={level!r}: must be one of {', '.join(repr(l) for l in LOG_LEVELS)}."
+                f"LoggingConfig.log_level={level!r}: must be one of {', '.join(repr(name) for name in LOG_LEVELS)}."
             )
         object.__setattr__(self, "log_level", level.upper())
 

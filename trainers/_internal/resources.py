@@ -238,10 +238,7 @@ def label_matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
     for key, wanted in selector.items():
         negated = wanted.startswith("!")
         text = wanted[1:] if negated else wanted
-        if text.startswith("in(") and text.endswith(")"):
-            values = {v.strip() for v in text[3:-1].split(",")}
-        else:
-            values = {text}
+        values = {v.strip() for v in text[3:-1].split(",")} if text.startswith("in(") and text.endswith(")") else {text}
         inside = key in labels and labels[key] in values
         if inside == negated:
             return False

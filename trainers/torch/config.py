@@ -7,7 +7,8 @@ import dataclasses
 import datetime
 import os
 from collections.abc import Callable, Iterator
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import Any
 
 from trainers._internal.validation import check_choice, check_number
 from trainers.backend import Backend, BackendConfig, free_port
@@ -51,7 +52,7 @@ class TorchConfig(BackendConfig):
         return "torch"
 
     @property
-    def train_func_context(self) -> Callable[[], ContextManager[None]]:
+    def train_func_context(self) -> Callable[[], AbstractContextManager[None]]:
         """Each worker's training function runs inside ``_worker_device``: the worker's own GPU is
         torch's current CUDA device, and Hugging Face Accelerate is told which it is."""
         return _worker_device

@@ -12,7 +12,8 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import Any
 
 from trainers._internal.validation import check_choice
 from trainers.backend import Backend, BackendConfig
@@ -47,7 +48,7 @@ class XGBoostConfig(BackendConfig):
         return "xgboost"
 
     @property
-    def train_func_context(self) -> Callable[[], ContextManager[Any]]:
+    def train_func_context(self) -> Callable[[], AbstractContextManager[Any]]:
         return communicator_context
 
 
