@@ -83,7 +83,7 @@ def summarise(samples: dict[str, list[dict]]) -> dict:
         entry = {k: statistics.median(r[k] for r in runs if k in r) for k in keys}
         if impl != "flowtrain" and base:
             entry["ratio_flowtrain_over_this"] = {
-                k: statistics.median(b[k] / r[k] for b, r in zip(base, runs) if k in r and r[k]) for k in keys
+                k: statistics.median(b[k] / r[k] for b, r in zip(base, runs, strict=False) if k in r and r[k]) for k in keys
             }
         summary[impl] = entry
     return summary

@@ -104,7 +104,7 @@ def jax_work(rank: int) -> dict[str, float]:
     batch = (jax.make_array_from_process_local_data(sharded, x), jax.make_array_from_process_local_data(sharded, y))
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     sizes = [(FEATURES, HIDDEN), (HIDDEN, HIDDEN), (HIDDEN, 1)]
-    params = [jax.random.normal(k, s) * (1 / np.sqrt(s[0])) for k, s in zip(keys, sizes)]
+    params = [jax.random.normal(k, s) * (1 / np.sqrt(s[0])) for k, s in zip(keys, sizes, strict=True)]
     params = jax.device_put(params, replicated)
     optimizer = optax.adam(1e-3)
     state = jax.jit(optimizer.init)(params)

@@ -108,7 +108,7 @@ class Search(ParamsModel):
         for point in itertools.product(*(self.grid[name] for name in names)):
             for _ in range(self.num_samples):
                 drawn = {name: self.random[name].sample(rng) for name in sorted(self.random)}
-                configs.append({**dict(zip(names, point)), **drawn})
+                configs.append({**dict(zip(names, point, strict=True)), **drawn})
         return configs
 
 
@@ -287,7 +287,7 @@ def collect_outcomes(trials: list[Trial], futures: list[Any]) -> list[TrialOutco
     """Every trial's outcome from its task future; a trial that failed (after its retries) is kept
     as ``failed`` with its error, so one bad trial does not hide the others."""
     outcomes = []
-    for trial, future in zip(trials, futures):
+    for trial, future in zip(trials, futures, strict=True):
         future.wait()
         if future.state.is_completed():
             outcomes.append(future.result())

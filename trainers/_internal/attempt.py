@@ -143,7 +143,7 @@ class RayWorkers:
             visible = assign_visible_devices(
                 [list(w.metadata.gpu_ids) for w in group.workers], [w.metadata.node_id for w in group.workers]
             )
-            ray.get([w.actor.set_env.remote({"CUDA_VISIBLE_DEVICES": v}) for w, (v, _) in zip(group.workers, visible)])
+            ray.get([w.actor.set_env.remote({"CUDA_VISIBLE_DEVICES": v}) for w, (v, _) in zip(group.workers, visible, strict=True)])
             accelerators = [ids for _, ids in visible]
         if spec.log_level is not None:
             from trainers._internal.log_level import apply_log_level
@@ -151,7 +151,7 @@ class RayWorkers:
             group.execute(apply_log_level, spec.log_level)
         self.backend.on_start(group, spec.backend_config)
         session_args = []
-        for worker, ids, shard in zip(group.workers, accelerators, shards):
+        for worker, ids, shard in zip(group.workers, accelerators, shards, strict=True):
             context = TrainContext(
                 experiment_name=spec.name,
                 world_size=self.world_size,

@@ -163,7 +163,7 @@ class RayWorkerGroup:
         ]
         metadata = self._wait_for_actors(actors, first_bundle, deadline)
         ranks = self._ranks([m.node_id for m in metadata])
-        workers = [Worker(a, m, r) for a, m, r in zip(actors, metadata, ranks)]
+        workers = [Worker(a, m, r) for a, m, r in zip(actors, metadata, ranks, strict=True)]
         self.workers = sorted(workers, key=lambda w: w.ranks.world_rank)
         ray.get(
             [
@@ -213,7 +213,7 @@ class RayWorkerGroup:
         nodes = [self._placed[first_bundle + i] for i in range(self.world_size)]
         ranks = self._ranks(nodes)
         by_rank = [""] * len(nodes)
-        for node, rank in zip(nodes, ranks):
+        for node, rank in zip(nodes, ranks, strict=True):
             by_rank[rank.world_rank] = node
         return by_rank
 
@@ -300,7 +300,7 @@ class RayWorkerGroup:
         ray.get(
             [
                 w.actor.start.remote(train_fn, config, takes_config, args, *extra, channel=inbox.address)
-                for w, args in zip(self.workers, session_args)
+                for w, args in zip(self.workers, session_args, strict=True)
             ]
         )
         inbox.listen()

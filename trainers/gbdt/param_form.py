@@ -140,7 +140,7 @@ def check_columns(datasets: Mapping[str, Any], label_column: str) -> tuple[str, 
     for name, dataset in datasets.items():
         schema = dataset.schema()
         names = list(schema.names)
-        types = dict(zip(names, schema.types))
+        types = dict(zip(names, schema.types, strict=True))
         if label_column not in types:
             raise DatasetError(
                 f"datasets[{name!r}] has no label column {label_column!r}; its columns are {names}. "

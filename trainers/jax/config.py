@@ -114,7 +114,7 @@ class JaxBackend(Backend):
             # replace what the TPU hosts' environment holds (it may describe an older set of slices).
             envs = [multislice_env(host, w.ranks.world_rank, len(workers), per_slice) for w in workers]
             if any(envs):
-                ray.get([w.actor.set_env.remote(env) for w, env in zip(workers, envs)], timeout=60)
+                ray.get([w.actor.set_env.remote(env) for w, env in zip(workers, envs, strict=True)], timeout=60)
         # Every worker at once: initialize() returns only when all of them have joined.
         ray.get(
             [

@@ -10,6 +10,7 @@ than silently ignored. ``fully_shard``'s own keyword arguments are accepted as t
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -269,6 +270,6 @@ def apply_fsdp(model: torch.nn.Module, plan: FSDPPlan, device: torch.device) -> 
     if plan.forward_prefetch:
         # Modules run in registration order here; each fetches the next one's shards ahead.
         ordered = list(reversed(sharded))
-        for current, following in zip(ordered, ordered[1:]):
+        for current, following in itertools.pairwise(ordered):
             current.set_modules_to_forward_prefetch([following])
     return model
