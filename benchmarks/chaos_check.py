@@ -142,7 +142,7 @@ def checkpoints(result: Any, reference: Reference, world_size: int) -> list[str]
             for rank in range(world_size):
                 try:
                     state = torch.load(os.path.join(folder, state_file(rank, step)))
-                except Exception as error:  # a half-written file fails in many ways
+                except Exception as error:  # noqa: BLE001 - a half-written file fails in many ways
                     broken.append(f"checkpoint {name}: rank {rank}'s file does not load ({type(error).__name__}: {error})")
                     continue
                 own = state.get("step") == step and state.get("weights") == metrics["weights"] == reference.weights.get(step)

@@ -252,7 +252,7 @@ class Soak:
             return broken
         try:
             result = Result.from_path(self.run_path(plan.name), self.inner)
-        except Exception as error:  # the run's folder itself is damaged
+        except Exception as error:  # noqa: BLE001 - the run's folder itself is damaged
             return broken + [f"Result.from_path fails: {type(error).__name__}: {error}"]
         finished = segment.ended == "finished"
         broken += chaos_check.history(result, reference, steps=settings.steps, finished=finished, outcome=segment.outcome)

@@ -374,7 +374,7 @@ def measure(spec: Spec) -> dict:
         outcome["called"] = time.time()
         try:
             outcome["result"] = trainer.fit()
-        except BaseException as error:  # recorded, the measurement goes on to the next
+        except BaseException as error:  # noqa: BLE001 - recorded, the measurement goes on to the next
             outcome["error"] = error
         outcome["returned"] = time.time()
 
@@ -690,7 +690,7 @@ def main(argv: list[str]) -> int:
     numbers: dict = {"ray_start_s": topology.start_s}
     try:
         numbers.update(measure(spec))
-    except Exception as error:  # one broken measurement must not stop the benchmark
+    except Exception as error:  # noqa: BLE001 - one broken measurement must not stop the benchmark
         numbers.update(missing=True, reason=f"{type(error).__name__}: {error}"[:2000])
     out.write_text(json.dumps(numbers))
     if numbers.get("missing"):

@@ -414,7 +414,7 @@ class RunStorage:
         def target() -> None:
             try:
                 outcome["value"] = action()
-            except BaseException as error:  # carried to the caller's thread
+            except BaseException as error:  # noqa: BLE001 - carried to the caller's thread
                 outcome["error"] = error
 
         thread = threading.Thread(target=target, name=f"flowtrain-storage-{operation}", daemon=True)

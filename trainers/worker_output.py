@@ -124,7 +124,7 @@ class _Router:
             try:
                 sink(rank, list(data.get("lines") or []), bool(data.get("is_err")))
                 return
-            except Exception:  # raising here would end Ray's log thread: print the lines instead
+            except Exception:  # noqa: BLE001 - raising here would end Ray's log thread: print the lines instead
                 pass
         elif data.get("actor_name") == _SPLIT_COORDINATOR and _quiet_coordinators():
             lines = [line for line in data.get("lines") or [] if not is_ray_data_notice(line)]

@@ -180,7 +180,7 @@ class Controller:
             self.workers.launch(self.attempt, self.storage.latest_checkpoint)
         except (ValueError, TypeError):
             raise  # a configuration mistake: restarting cannot help
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - any other start failure is an attempt's failure, which the policy may retry
             self.book.failed[LAUNCH] = FailedEvent(LAUNCH, error, traceback.format_exc(), kind="failed to start")
             self._fail()
             return

@@ -43,7 +43,7 @@ def sendable(error: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(error))
         return error
-    except Exception:
+    except Exception:  # noqa: BLE001 - pickling fails in many ways; the stand-in says what the error was
         return WorkerError(f"{type(error).__module__}.{type(error).__qualname__}: {error}")
 
 
@@ -74,7 +74,7 @@ def run_training_function(
         session.flush()
     except TrainingInterrupted:
         return
-    except BaseException as error:  # the user's code may raise anything; all of it goes back
+    except BaseException as error:  # noqa: BLE001 - the user's code may raise anything; all of it goes back
         failure = FailedEvent(rank, sendable(error), traceback.format_exc())
         _finish_uploads_quietly(session)
         emit(failure)
@@ -83,7 +83,7 @@ def run_training_function(
         set_session(None)
     try:
         pickle.dumps(value)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - pickling fails in many ways; each is reported as the return value's failure
         emit(
             FailedEvent(
                 rank,

@@ -364,7 +364,7 @@ class RayWorkerGroup:
         for worker in self.workers:
             try:
                 ray.kill(worker.actor, no_restart=True)
-            except Exception:
+            except Exception:  # noqa: BLE001 - an actor already dead or Ray shutting down: it is gone either way
                 pass
         self.workers = []
         if self._slices is not None:
@@ -372,7 +372,7 @@ class RayWorkerGroup:
         elif self._pg is not None and self._owns_pg:
             try:
                 remove_placement_group(self._pg)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a group already removed or Ray shutting down: it is gone either way
                 pass
         self._pg = None
         self._slices = None

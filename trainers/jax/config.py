@@ -131,5 +131,5 @@ class JaxBackend(Backend):
         # after, so a worker that cannot leave in time is not waited for.
         try:
             worker_group.execute(_shutdown, timeout_s=JAX_SHUTDOWN_TIMEOUT_S)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - the actors are killed next whatever happened; logged for a post-mortem
             logger.debug("jax.distributed.shutdown on the workers: %s", error)

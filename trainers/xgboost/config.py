@@ -120,6 +120,5 @@ class XGBoostBackend(Backend):
             return
         try:
             tracker.free()
-        except Exception as error:
-            # Stopping a tracker whose workers are gone reports the broken connection; nothing to do.
+        except Exception as error:  # noqa: BLE001 - a tracker whose workers are gone reports the broken connection
             logger.debug("xgboost tracker stopped with: %s", error)

@@ -194,8 +194,8 @@ class TorchXLABackend(Backend):
     def on_shutdown(self, worker_group: Any, backend_config: TorchXLAConfig) -> None:
         try:
             worker_group.execute(leave_process_group, timeout_s=5)
-        except Exception:
-            pass  # the actors are killed right after anyway
+        except Exception:  # noqa: BLE001 - the actors are killed right after anyway
+            pass
         if backend_config.neuron_parallel_compile:
             # Only after training: the graphs are complete once every step has run.
             worker_group.execute(_compile_extracted_graphs)
