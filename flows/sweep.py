@@ -66,7 +66,8 @@ def sweep(
         "checkpointing": checkpointing,
         "run": settings.model_copy(update={"storage_path": trial_storage}),
     }
-    trials = sweep_trials.with_options(task_runner=ThreadPoolTaskRunner(max_workers=plan.max_concurrent_trials))
+    runner: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=plan.max_concurrent_trials)
+    trials = sweep_trials.with_options(task_runner=runner)  # type: ignore[arg-type]  # Prefect's TaskRunner is invariant in its future type, so no runner matches the parameter (Prefect casts its own)
     outcomes = trials(plan.trials, arguments, failures)
     ranked = rank_trials(name, search, outcomes)
     return {"sweep": name, "trials": [o.model_dump() for o in ranked], "best": ranked[0].model_dump()}

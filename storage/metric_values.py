@@ -71,7 +71,7 @@ def decode(value: Any) -> Any:
     kind = value.get(TAG)
     if kind is None:
         return {key: decode(item) for key, item in value.items()}
-    inner = value.get("value")
+    inner: Any = value.get("value")  # its type follows from the tag
     if kind == "dict":
         return {key: decode(item) for key, item in inner.items()}
     if kind == "tuple":

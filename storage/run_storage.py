@@ -17,6 +17,7 @@ own modules, and this one keeps them in that order.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 import warnings
@@ -138,7 +139,10 @@ class RunStorage:
             raise StorageError(f"no run at {self.run_uri}: it has no run.json.")
         self._take_lease(owner)
         try:
-            self.snapshot = self._checked("read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri))
+            found = self._checked("read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri))
+            if found is None:  # removed since it was looked for
+                raise StorageError(f"no run at {self.run_uri}: it has no run.json.")
+            self.snapshot = found
             for record in self.snapshot.checkpoints:
                 self._check_committed(record.dir_name)
             self._apply_retention()
@@ -370,7 +374,7 @@ class RunStorage:
         for record in self.snapshot.checkpoints:
             path = f"{self.run_path}/{record.dir_name}"
             if record.dir_name in folders and (  # local: committed by an atomic rename, the folder is the proof
-                is_local(self.filesystem) or self._checked("look for a commit marker", lambda path=path: is_committed(self.filesystem, path))
+                is_local(self.filesystem) or self._checked("look for a commit marker", functools.partial(is_committed, self.filesystem, path))
             ):
                 present.append(record)
                 continue
@@ -429,7 +433,7 @@ class RunStorage:
             raise StorageError(f"cannot {operation} at {self.run_uri}: {error}") from error
         if error is not None:
             raise error
-        return outcome.get("value")
+        return outcome["value"]
 
 
 def load_run(path: str, filesystem: pafs.FileSystem | None = None) -> RunStorage:

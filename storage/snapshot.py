@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow.fs as pafs
 
@@ -72,7 +72,7 @@ class RunSnapshot:
     #: The run's ``CheckpointConfig`` ranking rule, so a reader (``Result.from_path``) lists the
     #: checkpoints as the run ranked them: the score attribute (None: recency) and "max"/"min".
     score_attribute: str | None = None
-    score_order: str = "max"
+    score_order: Literal["max", "min"] = "max"
 
     def rewind(self) -> None:
         """Forget the reports made after the latest checkpoint (every report while there is none)."""

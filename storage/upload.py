@@ -355,9 +355,9 @@ def _copy_files(
     else:
         with concurrent.futures.ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="flowtrain-copy") as pool:
             for future in [pool.submit(copy, relative) for relative in names]:
-                error = future.exception()
-                if error is not None:
-                    errors.append(error)
+                failure = future.exception()
+                if failure is not None:
+                    errors.append(failure)
     if errors:
         permanent = [e for e in errors if not is_transient(e)]
         raise (permanent or errors)[0]

@@ -180,6 +180,7 @@ class RunSettings(ParamsModel):
     @property
     def run_path(self) -> str:
         """The run's folder: ``{storage_root}/{name}`` (``name`` must be set)."""
+        assert self.name is not None, "run_path of RunSettings without a name; complete them first"
         return run_folder(self.storage_path, self.name)
 
 

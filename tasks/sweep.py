@@ -58,7 +58,9 @@ class Distribution(ParamsModel):
     def sample(self, rng: random.Random) -> Any:
         """One draw from this distribution."""
         if self.kind == "choice":
+            assert self.values is not None  # checked when the model was built
             return rng.choice(self.values)
+        assert self.low is not None and self.high is not None  # checked when the model was built
         if self.kind == "randint":
             return rng.randrange(math.ceil(self.low), math.ceil(self.high))
         if self.kind == "loguniform":
@@ -176,7 +178,7 @@ def trials_the_cluster_holds(scaling: Scaling, *, with_data: bool = False) -> in
     if config.placement_strategy == "STRICT_PACK":
         holds = sum(bundles_that_fit(node, config.total_resources) for node in nodes)
     else:
-        holds = sum(bundles_that_fit(node, config.worker_resources) for node in nodes) // config.num_workers
+        holds = sum(bundles_that_fit(node, config.worker_resources) for node in nodes) // config.max_workers
     trial_cpus = config.total_resources.get("CPU", 0)
     if with_data and trial_cpus:
         holds = min(holds, math.floor((sum(node.get("CPU", 0.0) for node in nodes) - 1) / trial_cpus + 1e-9))
@@ -303,10 +305,9 @@ def collect_outcomes(trials: list[Trial], futures: list[Any]) -> list[TrialOutco
 def rank_trials(sweep_name: str, search: Search, outcomes: list[TrialOutcome]) -> list[TrialOutcome]:
     """Rank the trials by ``search.metric`` (best first; failed trials and trials without the metric
     last) and publish the ranking as a table artifact and a chart of the metric per trial."""
-    scored = [o for o in outcomes if o.score is not None]
-    unscored = [o for o in outcomes if o.score is None]
-    scored.sort(key=lambda o: o.score, reverse=search.mode == "max")
-    ranked = scored + unscored
+    scored = [(o.score, o) for o in outcomes if o.score is not None]
+    scored.sort(key=lambda pair: pair[0], reverse=search.mode == "max")
+    ranked = [o for _, o in scored] + [o for o in outcomes if o.score is None]
     rows = [
         {
             "rank": i + 1 if outcome.score is not None else None,
@@ -348,9 +349,10 @@ def publish_sweep_chart(sweep_name: str, search: Search, ranked: list[TrialOutco
     """A markdown artifact charting ``search.metric`` per report of the best trials, one line each."""
     from storage import load_run
 
-    stored = [(place, o) for place, o in enumerate(ranked, start=1) if o.run_path is not None][:MAX_CHARTED_TRIALS]
+    stored = [(place, o, path) for place, o in enumerate(ranked, start=1) if (path := o.run_path) is not None]
+    stored = stored[:MAX_CHARTED_TRIALS]
     chart = trials_chart(
-        search.metric, [(trial_label(place, o), load_run(o.run_path).metrics_history) for place, o in stored], best=search.mode
+        search.metric, [(trial_label(place, o), load_run(path).metrics_history) for place, o, path in stored], best=search.mode
     )
     shown = f"the best {len(stored)} of {len(ranked)}" if len(stored) < len(ranked) else f"all {len(ranked)}"
     intro = f"{search.metric} ({search.mode}) of {shown} trials, ranked as in the `{artifact_key(sweep_name, 'trials')}` table."

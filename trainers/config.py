@@ -213,11 +213,12 @@ class ScalingConfig:
     @property
     def worker_resources(self) -> dict[str, float]:
         """The resources one worker reserves, with defaults filled in and zero amounts dropped."""
+        resources: dict[str, float]
         if self._tpu_shape is not None:
             resources = dict(self._tpu_shape[1])  # a whole TPU host and 1 CPU, or resources_per_worker and 1 CPU
         elif self.resources_per_worker is None:
             if self.use_gpu:
-                resources: dict[str, float] = {"GPU": 1}  # no CPU, as Ray: GPU nodes often have few CPUs
+                resources = {"GPU": 1}  # no CPU, as Ray: GPU nodes often have few CPUs
             elif self.use_tpu:
                 resources = {"TPU": 1}
             else:

@@ -22,7 +22,7 @@ from storage.layout import RunLayout
 from trainers._internal.data import install_data_context, split_datasets
 from trainers._internal.devices import assign_visible_devices
 from trainers._internal.elastic import ElasticSizer, NodeResources, wait_released
-from trainers._internal.events import Event, take_events
+from trainers._internal.events import Event, FailedEvent, take_events
 from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
 from trainers._internal.resources import capturing_placement_group
 from trainers._internal.session import WorkerSession
@@ -171,9 +171,9 @@ class RayWorkers:
         )
 
     def poll(self, timeout_s: float) -> list[Event | PreemptionNotice]:
-        events: list[Event | PreemptionNotice] = self.group.poll(timeout_s) if self.group is not None else []
+        events: list[Event | PreemptionNotice] = [*self.group.poll(timeout_s)] if self.group is not None else []
         info = self._drain.check() if self._drain is not None and self.group is not None else None
-        if info is not None:
+        if info is not None and self.group is not None:
             for worker in self.group.workers:
                 worker.actor.mark_preempted.remote(info)  # get_preemption_info() answers it from now on
             events.append(PreemptionNotice(info))
@@ -225,7 +225,7 @@ class RayWorkers:
     def where(self, rank: int) -> tuple[str, str]:
         return self._nodes.get(rank, ("", ""))
 
-    def probe(self, ranks: list[int]) -> tuple[list[Event], dict[int, str]]:
+    def probe(self, ranks: list[int]) -> tuple[list[FailedEvent], dict[int, str]]:
         return self.group.probe(ranks) if self.group is not None and self.group.workers else ([], {})
 
     def finish(self) -> None:
@@ -294,7 +294,7 @@ class LocalWorkers:
     def where(self, rank: int) -> tuple[str, str]:
         return ("local", socket.gethostname())
 
-    def probe(self, ranks: list[int]) -> tuple[list[Event], dict[int, str]]:
+    def probe(self, ranks: list[int]) -> tuple[list[FailedEvent], dict[int, str]]:
         return [], {}  # this process is the only worker
 
     def finish(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from storage import Checkpoint, RunRecord
@@ -41,11 +41,11 @@ class Workers(Protocol):
     world_size: int
 
     def launch(self, attempt: int, checkpoint: Checkpoint | None) -> None: ...
-    def poll(self, timeout_s: float) -> list[Event]: ...
+    def poll(self, timeout_s: float) -> Sequence[Event | PreemptionNotice]: ...
     def release(self, index: int, data: Any) -> None: ...
     def answer_checkpoints(self, rank: int, query_id: int, answer: Any) -> None: ...
     def where(self, rank: int) -> tuple[str, str]: ...
-    def probe(self, ranks: list[int]) -> tuple[list[Event], dict[int, str]]: ...
+    def probe(self, ranks: list[int]) -> tuple[list[FailedEvent], dict[int, str]]: ...
     def finish(self) -> None: ...
     def shutdown(self) -> None: ...
 
@@ -186,7 +186,7 @@ class Controller:
             return
         self.state = State.RUNNING
 
-    def _handle(self, events: list[Event]) -> None:
+    def _handle(self, events: Sequence[Event | PreemptionNotice]) -> None:
         book = self.book
         for event in events:
             if isinstance(event, CheckpointsQuery):
@@ -288,8 +288,8 @@ class Controller:
             if not missing:
                 return
             dead, activity = self.workers.probe(sorted(missing))
-            for event in dead:
-                self.book.failed.setdefault(event.world_rank, event)
+            for failed in dead:
+                self.book.failed.setdefault(failed.world_rank, failed)
             ended = all(activity.get(rank) == NOT_TRAINING for rank in missing)
             limit = start + (ENDED_DRAIN_S if ended else self.drain_timeout_s)
             if dead or time.monotonic() >= limit:

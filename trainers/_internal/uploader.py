@@ -29,8 +29,9 @@ class OrderedUploader:
     def raise_failure(self) -> None:
         """Re-raise the error of a job that failed."""
         for future in self._pending:
-            if future.done() and future.exception() is not None:
-                raise future.exception()
+            error = future.exception() if future.done() else None
+            if error is not None:
+                raise error
 
     def flush(self) -> None:
         """Wait for every submitted job; raise the first failure, if any."""

@@ -185,7 +185,7 @@ class ValidationRunner:
         request = request_from_json(record.validation)
         defaults = self.config.task_config
         task = request if isinstance(request, ValidationTaskConfig) else defaults
-        fn_kwargs = {**defaults.fn_kwargs, **task.fn_kwargs}
+        fn_kwargs = {**(defaults.fn_kwargs or {}), **(task.fn_kwargs or {})}
         timeout_s = task.timeout_s
         checkpoint = Checkpoint(self.storage.layout.path_of(record.dir_name), self.storage.filesystem)
         ref = _remote().options(**self.options).remote(self._fn, checkpoint, fn_kwargs)

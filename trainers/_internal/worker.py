@@ -98,7 +98,7 @@ def run_training_function(
 def describe_activity(thread: threading.Thread | None) -> str:
     """The innermost line of user code the training thread is running, and whether it waits in
     torch.distributed (a collective) below it."""
-    if thread is None or not thread.is_alive():
+    if thread is None or not thread.is_alive() or thread.ident is None:
         return NOT_TRAINING
     frame = sys._current_frames().get(thread.ident)
     if frame is None:

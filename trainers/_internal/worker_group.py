@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
-from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainers._internal.events import Event, FailedEvent
@@ -90,7 +90,7 @@ class RayWorkerGroup:
         self.start_timeout_s = start_timeout_s
         self.runtime_env = runtime_env
         self.workers: list[Worker] = []
-        self._pg = None
+        self._pg: PlacementGroup | None = None
         self._owns_pg = False
         self._inbox: WorkerInbox | None = None
         self._placed: dict[int, str] = {}
@@ -99,7 +99,7 @@ class RayWorkerGroup:
 
     @property
     def world_size(self) -> int:
-        return self.scaling.num_workers
+        return self.scaling.max_workers  # one attempt's group: a fixed size (ScalingConfig.with_num_workers)
 
     # -- starting -----------------------------------------------------------------------------
 
@@ -227,6 +227,8 @@ class RayWorkerGroup:
     def _reserve_slices(self, name: str, deadline: float) -> Any:
         """The placement group of whole TPU slices for the workers (Ray's ``SlicePlacementGroup``)."""
         scaling = self.scaling
+        # Only called with a TPU shape, which ScalingConfig derives from both of these.
+        assert scaling.topology is not None and scaling.accelerator_type is not None and scaling.tpu_workers_per_slice
         try:
             self._slices = reserve_slices(
                 scaling.topology, scaling.accelerator_type, num_workers=self.world_size,
@@ -242,6 +244,7 @@ class RayWorkerGroup:
         return self._slices.placement_group
 
     def _wait_for_group(self, deadline: float) -> None:
+        assert self._pg is not None  # start() reserved it
         if not self._pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):
             state = placement_group_table(self._pg).get("state", "?")
             labels = f" on nodes matching label_selector {self.scaling.label_selector!r}" if self.scaling.label_selector else ""
@@ -260,6 +263,7 @@ class RayWorkerGroup:
         timeout has passed, that somebody can move: when trials' own groups hold what every trainer
         waits for and no trainer trains, nothing ever frees, so this fails instead of hanging.
         """
+        assert self._pg is not None  # start() reserved it
         waited = 0.0
         while not self._pg.wait(timeout_seconds=TURN_CHECK_S):
             waited += TURN_CHECK_S

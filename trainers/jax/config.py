@@ -96,7 +96,7 @@ def _shutdown() -> None:
 # -- driver side --------------------------------------------------------------------------------
 
 
-class JaxBackend(Backend):
+class JaxBackend(Backend[JaxConfig]):
     """Connects every worker to one ``jax.distributed`` job before the training function starts."""
 
     def on_start(self, worker_group: Any, backend_config: JaxConfig) -> None:

@@ -111,7 +111,7 @@ def get_network_params() -> dict[str, Any]:
 # -- driver side --------------------------------------------------------------------------------
 
 
-class LightGBMBackend(Backend):
+class LightGBMBackend(Backend[LightGBMConfig]):
     """Reserves a port on every worker and gives each worker the list of all of them."""
 
     def on_start(self, worker_group: Any, backend_config: LightGBMConfig) -> None:

@@ -75,7 +75,7 @@ def address(host: str, port: int) -> str:
 # -- driver side --------------------------------------------------------------------------------
 
 
-class TensorflowBackend(Backend):
+class TensorflowBackend(Backend[TensorflowConfig]):
     """Writes ``TF_CONFIG`` (and ``TF_USE_LEGACY_KERAS``) on every worker before the loop starts."""
 
     def on_start(self, worker_group: Any, backend_config: TensorflowConfig) -> None:

@@ -169,7 +169,7 @@ def leave_process_group() -> None:
         dist.destroy_process_group()
 
 
-class TorchBackend(Backend):
+class TorchBackend(Backend[TorchConfig]):
     """Sets up ``torch.distributed`` on every worker (gloo on CPU, nccl on GPU)."""
 
     def on_start(self, worker_group: Any, backend_config: TorchConfig) -> None:

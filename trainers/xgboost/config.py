@@ -86,7 +86,7 @@ def communicator_context() -> Iterator[None]:
 # -- driver side --------------------------------------------------------------------------------
 
 
-class XGBoostBackend(Backend):
+class XGBoostBackend(Backend[XGBoostConfig]):
     """Starts a ``RabitTracker`` on the driver for each attempt and tells the workers where it is."""
 
     def __init__(self) -> None:

@@ -164,7 +164,7 @@ def _compile_extracted_graphs() -> None:
     parallel_compile(workdir, CacheUrl.get_cache_url(match.group(1) if match else None))
 
 
-class TorchXLABackend(Backend):
+class TorchXLABackend(Backend[TorchXLAConfig]):
     """Joins every worker in an ``xla`` process group; compiles Neuron graphs at shutdown if asked."""
 
     def on_start(self, worker_group: Any, backend_config: TorchXLAConfig) -> None:
