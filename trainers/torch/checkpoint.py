@@ -21,7 +21,7 @@ def _strip_prefix(state_dict: dict[str, Any], prefix: str) -> dict[str, Any]:
     metadata = getattr(state_dict, "_metadata", None)
     if metadata is not None:
         # load_state_dict reads per-module versions from here; its keys carry the prefix too.
-        copied._metadata = collections.OrderedDict(metadata)  # type: ignore[attr-defined]
+        copied._metadata = collections.OrderedDict(metadata)  # type: ignore[attr-defined]  # the attribute torch's state_dict() sets on its dict
     consume_prefix_in_state_dict_if_present(copied, prefix)
     return copied
 

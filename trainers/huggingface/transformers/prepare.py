@@ -54,7 +54,7 @@ def prepare_trainer(trainer: transformers.Trainer) -> transformers.Trainer:
         )
     base = type(trainer)
 
-    class FlowtrainTrainer(base):  # type: ignore[valid-type, misc]
+    class FlowtrainTrainer(base):  # type: ignore[valid-type, misc]  # the user's Trainer class, known only at run time
         """The user's Trainer class, taking ready-made batches as they come."""
 
         def get_train_dataloader(self) -> DataLoader:
