@@ -41,7 +41,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seeds the schedule and the training loop")
     parser.add_argument("--storage", choices=("local", "s3"), default="local", help="local disk, or S3 on a moto server")
     parser.add_argument("--minutes", type=float, default=None, help="stop starting new runs after this long")
-    parser.add_argument("--kinds", default=None, help="comma-separated fault kinds (default: every kind this tree can inject, less the opt-in snapshot-transient)")
+    parser.add_argument("--kinds", default=None, help="comma-separated fault kinds (default: every kind this tree can inject that is not opt-in)")
     parser.add_argument("--acks", choices=("on", "off"), default="on", help="off: the event road without acknowledgements (a planted defect)")
     parser.add_argument("--plant", choices=("lose-file",), default=None, help="a planted defect of the soak's own: a commit loses a file")
     parser.add_argument(

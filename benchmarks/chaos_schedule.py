@@ -46,7 +46,7 @@ KINDS: dict[str, Kind] = {
         Kind("storage-transient", "storage", True, about="two failed writes of a checkpoint file (upload or commit)"),
         Kind("storage-slow", "storage", True, about="a checkpoint file's write (upload or commit) held 1-2 s"),
         Kind("storage-permanent", "storage", True, ends="failed", about="writes denied from a checkpoint on, till fit() ends"),
-        Kind("snapshot-transient", "storage", True, about="one failed write of run.json, a checkpoint's commit point", opt_in=True),
+        Kind("snapshot-transient", "storage", True, about="one failed write of run.json, a checkpoint's commit point"),
     )
 }
 

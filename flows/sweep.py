@@ -17,19 +17,27 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows.pipeline import flow_run_name
 from tasks.ingest import ingest
 from tasks.params import Checkpointing, DatasetSource, Failures, RunSettings, Scaling
-from tasks.sweep import Search, Trial, TrialOutcome, collect_outcomes, plan_sweep, rank_trials, train_trial_with_retries
+from tasks.sweep import (
+    Search,
+    SweepSettings,
+    Trial,
+    TrialOutcome,
+    collect_outcomes,
+    plan_sweep,
+    rank_trials,
+    train_trial_with_retries,
+)
 
 DEFAULT_SWEEP_NAME = "sweep"
 
 
 @flow(name="flowtrain-sweep-trials", flow_run_name="trials")
-def sweep_trials(trials: list[Trial], arguments: dict[str, Any], failures: Failures) -> list[TrialOutcome]:
+def sweep_trials(trials: list[Trial], settings: SweepSettings) -> list[TrialOutcome]:
     """Train every trial (a mapped task each) and return their outcomes, failed ones included.
 
     The caller sets this flow's task runner so that only as many trials train at once as fit.
     """
-    static = {key: unmapped(value) for key, value in arguments.items()}
-    futures = train_trial_with_retries(failures).map(trials, failures=unmapped(failures), **static)
+    futures = train_trial_with_retries(settings.failures).map(trials, settings=unmapped(settings))
     return collect_outcomes(trials, list(futures))
 
 
@@ -52,22 +60,20 @@ def sweep(
     ``{run.storage_path}/{run.name}/``. Returns the ranking, best first, and the best trial.
     """
     name = run.name or DEFAULT_SWEEP_NAME
-    settings = run.completed(default_name=name)
-    trial_storage = settings.run_path
-    config = dict(train_loop_config or {})
-    specs = [ingest(dataset, source) for dataset, source in (datasets or {}).items()]
-    plan = plan_sweep(name, search, train_loop, config, scaling, specs)
-    arguments = {
-        "search": search,
-        "train_loop": train_loop,
-        "train_loop_config": config,
-        "datasets": specs,
-        "scaling": scaling,
-        "checkpointing": checkpointing,
-        "run": settings.model_copy(update={"storage_path": trial_storage}),
-    }
+    completed = run.completed(default_name=name)
+    settings = SweepSettings(
+        search=search,
+        train_loop=train_loop,
+        train_loop_config=dict(train_loop_config or {}),
+        datasets=[ingest(dataset, source) for dataset, source in (datasets or {}).items()],
+        scaling=scaling,
+        checkpointing=checkpointing,
+        failures=failures,
+        run=completed.model_copy(update={"storage_path": completed.run_path}),  # each trial's run sits in the sweep's folder
+    )
+    plan = plan_sweep(name, settings)
     runner: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=plan.max_concurrent_trials)
     trials = sweep_trials.with_options(task_runner=runner)  # type: ignore[arg-type]  # Prefect's TaskRunner is invariant in its future type, so no runner matches the parameter (Prefect casts its own)
-    outcomes = trials(plan.trials, arguments, failures)
+    outcomes = trials(plan.trials, settings)
     ranked = rank_trials(name, search, outcomes)
     return {"sweep": name, "trials": [o.model_dump() for o in ranked], "best": ranked[0].model_dump()}

@@ -1,8 +1,8 @@
 """flowtrain storage: checkpoints and run state on any ``pyarrow.fs`` filesystem.
 
 Commits are atomic, retention never deletes the best or the latest checkpoint, and a run can
-always be resumed from what its snapshot (``run.json``) names. Imports neither ``trainers`` nor
-Prefect nor Ray.
+always be resumed from what its snapshot (``run.json``) names; a folder ``ray.train`` wrote is
+read and resumed from Ray's own snapshot. Imports neither ``trainers`` nor Prefect nor Ray.
 """
 
 from storage.checkpoint import Checkpoint
@@ -11,6 +11,7 @@ from storage.errors import RunInProgressError, SnapshotCorruptError, StorageErro
 from storage.filesystem import download_directory, resolve_filesystem
 from storage.layout import RunLayout
 from storage.protocol import RunRecord
+from storage.ray_run_format import RayRunFormatError
 from storage.run_storage import RunStorage, load_run
 from storage.snapshot import RunSnapshot
 from storage.upload import upload_directory
@@ -18,6 +19,7 @@ from storage.upload import upload_directory
 __all__ = [
     "Checkpoint",
     "CheckpointConfig",
+    "RayRunFormatError",
     "RunInProgressError",
     "RunLayout",
     "RunRecord",

@@ -30,9 +30,10 @@ from storage.checkpoint import Checkpoint
 from storage.commit import adopt_folder, commit_folder, is_committed, try_delete
 from storage.config import CheckpointConfig
 from storage.errors import RunInProgressError, StorageError
-from storage.filesystem import display_path, exists, is_local, resolve_filesystem
-from storage.layout import CHECKPOINT_PREFIX, RunLayout, check_dir_name
+from storage.filesystem import display_path, exists, is_local, resolve_filesystem, write_bytes
+from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name
 from storage.lease import Lease
+from storage.ray_run_format import RAY_SNAPSHOT, RayRun, read_ray_run
 from storage.retention import decide, flatten, rank_best_first, score_of
 from storage.snapshot import (
     PENDING_VALIDATION,
@@ -42,6 +43,7 @@ from storage.snapshot import (
     read_snapshot,
     write_snapshot,
 )
+from storage.upload import CheckpointUploadError, retry
 
 T = TypeVar("T")
 
@@ -75,6 +77,9 @@ class RunStorage:
         #: Where the run starts while it has committed no checkpoint (the trainer's
         #: ``resume_from_checkpoint``); once it has one, its own checkpoints win.
         self.resume_from_checkpoint = resume_from_checkpoint
+        #: Folder names of the checkpoints best last, when the run's record ranks them without a
+        #: rule (a ``ray.train`` run read by ``load_run``); None: ranked by ``checkpoint_config``.
+        self.ranked: list[str] | None = None
         self._lease: Lease | None = None
         self._last_write = 0.0
 
@@ -82,6 +87,12 @@ class RunStorage:
 
     def open(self, owner: str) -> RunSnapshot:
         """Check the storage answers, take the lease, load the snapshot (resume) or start one.
+
+        A folder ``ray.train`` wrote (no run.json, Ray's ``checkpoint_manager_snapshot.json``) is
+        resumed too: Ray's kept checkpoints become the run's first checkpoints, each with its
+        report, and retention treats them as any other (``storage.ray_run_format``); Ray's own
+        files are left as they are. A Ray snapshot in a format flowtrain does not read raises
+        ``RayRunFormatError`` and the folder is not touched.
 
         Fails within ``check_timeout_s`` with a ``StorageError`` naming the path and the operation
         when the storage cannot be written, and with ``RunInProgressError`` when another live
@@ -91,6 +102,11 @@ class RunStorage:
         self._take_lease(owner)
         try:
             found = self._checked("read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri))
+            if found is None:
+                ray_run = self._checked(
+                    "read the ray.train run snapshot", lambda: read_ray_run(self.filesystem, self.run_path, self.name, self.run_uri)
+                )
+                found = self._adopt(ray_run) if ray_run is not None else None
             if found is not None:
                 self.snapshot = found
                 self.snapshot.finished = False
@@ -151,6 +167,18 @@ class RunStorage:
         finally:
             self.close()
         return [checkpoint for checkpoint, _ in self.best_checkpoints]
+
+    def _adopt(self, ray_run: RayRun) -> RunSnapshot:
+        """The ``ray.train`` run in this folder as this run's snapshot.
+
+        Ray's snapshot is its checkpoints' commit point; on object stores they get the commit
+        marker flowtrain's own checkpoints have, so they count as committed from now on.
+        """
+        if not is_local(self.filesystem):
+            for record in ray_run.snapshot.checkpoints:
+                if exists(self.filesystem, self.layout.path_of(record.dir_name)):
+                    write_bytes(self.filesystem, f"{self.layout.path_of(record.dir_name)}/{COMMIT_MARKER}", b"")
+        return ray_run.snapshot
 
     def _take_lease(self, owner: str) -> None:
         lease = Lease(self.filesystem, self.run_path, owner, stale_after_s=self.lease_stale_after_s, display=self.run_uri)
@@ -346,9 +374,14 @@ class RunStorage:
 
     @property
     def best_checkpoints(self) -> list[tuple[Checkpoint, dict[str, Any]]]:
-        """The kept checkpoints with their metrics, best first by the CheckpointConfig's rule."""
+        """The kept checkpoints with their metrics, best first by the CheckpointConfig's rule (or
+        as the ``ray.train`` run read by ``load_run`` ranked them)."""
         records = {c.seq: c for c in self.snapshot.checkpoints}
-        order = rank_best_first(self._rankable(), self.checkpoint_config)
+        if self.ranked is not None:
+            seqs = {c.dir_name: c.seq for c in self.snapshot.checkpoints}
+            order = [seqs[name] for name in reversed(self.ranked)]
+        else:
+            order = rank_best_first(self._rankable(), self.checkpoint_config)
         return [(Checkpoint(self.layout.path_of(records[seq].dir_name), self.filesystem), records[seq].metrics) for seq in order]
 
     # -- internals --------------------------------------------------------------------------------
@@ -405,10 +438,15 @@ class RunStorage:
 
     def _write(self) -> None:
         self._check_lease()
+        where = f"{self.run_uri}/run.json"
         try:
-            write_snapshot(self.filesystem, self.layout, self.snapshot)
+            # Retried like a checkpoint's files: run.json is a checkpoint's commit point, and one
+            # passing error from the store must not fail a run whose files are all uploaded.
+            retry(lambda: write_snapshot(self.filesystem, self.layout, self.snapshot), destination=where, what="the run snapshot")
+        except CheckpointUploadError as error:
+            raise StorageError(f"cannot write the run snapshot at {where} (tries: {error.attempts}): {error.last_error}") from error
         except OSError as error:
-            raise StorageError(f"cannot write the run snapshot at {self.run_uri}/run.json: {error}") from error
+            raise StorageError(f"cannot write the run snapshot at {where}: {error}") from error
         self._last_write = time.monotonic()
 
     def _checked(self, operation: str, action: Callable[[], T]) -> T:
@@ -438,7 +476,12 @@ class RunStorage:
 
 def load_run(path: str, filesystem: pafs.FileSystem | None = None) -> RunStorage:
     """Read the run at ``path`` (its folder, local or URI) without taking it over, e.g. for
-    ``Result.from_path``; its checkpoints are ranked by the rule the run recorded."""
+    ``Result.from_path``; its checkpoints are ranked by the rule the run recorded.
+
+    A folder only ``ray.train`` wrote is read from Ray's snapshot: its kept checkpoints, ranked as
+    Ray ranked them, and one report per checkpoint (``storage.ray_run_format``; a format flowtrain
+    does not read raises ``RayRunFormatError``).
+    """
     fs, inner = resolve_filesystem(path, filesystem)
     parent, _, name = inner.rstrip("/").rpartition("/")
     view = RunStorage(parent or "/", name, filesystem=fs)
@@ -449,7 +492,13 @@ def load_run(path: str, filesystem: pafs.FileSystem | None = None) -> RunStorage
         )
     found = read_snapshot(fs, view.layout, view.run_uri)
     if found is None:
-        raise StorageError(f"no run at {view.run_uri}: it has no run.json (is this the run folder, Result.path?)")
+        ray_run = read_ray_run(fs, view.run_path, name, view.run_uri)
+        if ray_run is None:
+            raise StorageError(
+                f"no run at {view.run_uri}: it has no run.json, nor ray.train's {RAY_SNAPSHOT} (is this the "
+                "run folder, Result.path?)"
+            )
+        found, view.ranked = ray_run.snapshot, ray_run.ranked
     view.snapshot = found
     view.checkpoint_config = CheckpointConfig(
         checkpoint_score_attribute=found.score_attribute, checkpoint_score_order=found.score_order

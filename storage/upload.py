@@ -202,9 +202,11 @@ def retry(
     source: str | None = None,
     policy: RetryPolicy | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    what: str = "checkpoint files",
 ) -> int:
     """Call ``action`` until it returns, retrying transient errors by ``policy`` (the
-    environment's by default); return how many retries it took.
+    environment's by default); return how many retries it took. ``what`` names the data in the
+    log line of each retry.
 
     ``action`` must be safe to call again after it failed half way (overwrite, never append).
     Raises ``CheckpointUploadError`` naming ``destination`` (and ``source``) when the budget is
@@ -224,8 +226,8 @@ def retry(
                 raise _failure(destination, source, error, attempt + 1, start, transient=transient) from error
             wait = policy.delay(attempt)
             logger.warning(
-                "copying checkpoint files to %s failed (%s: %s); retry %d of %d in %.2f s",
-                destination, type(error).__name__, error, attempt + 1, policy.retries, wait,
+                "writing %s to %s failed (%s: %s); retry %d of %d in %.2f s",
+                what, destination, type(error).__name__, error, attempt + 1, policy.retries, wait,
             )
             sleep(wait)
     raise AssertionError("unreachable: the last try returns or raises")  # pragma: no cover

@@ -114,6 +114,25 @@ class Search(ParamsModel):
         return configs
 
 
+class SweepSettings(ParamsModel):
+    """Everything a sweep trains with, built once by the flow and handed to every stage: what to
+    search, the loop and its base config, the checked datasets, and the settings each trial's run
+    gets (its storage is the sweep's folder, its name the trial's)."""
+
+    search: Search
+    train_loop: str | Callable[..., Any]
+    train_loop_config: dict[str, Any] = Field(default_factory=dict)
+    datasets: list[DatasetSpec] = Field(default_factory=list)
+    scaling: Scaling
+    checkpointing: Checkpointing
+    failures: Failures
+    run: RunSettings
+
+    def trial_config(self, trial: "Trial") -> dict[str, Any]:
+        """The ``train_loop_config`` of ``trial``: the base config with the trial's parameters."""
+        return {**self.train_loop_config, **trial.params}
+
+
 class Trial(ParamsModel):
     """One trial: its run's name and the parameters it adds to ``train_loop_config``."""
 
@@ -186,15 +205,9 @@ def trials_the_cluster_holds(scaling: Scaling, *, with_data: bool = False) -> in
 
 
 @task(name="plan-sweep", task_run_name="plan {sweep_name}", persist_result=True)
-def plan_sweep(
-    sweep_name: str,
-    search: Search,
-    train_loop: str | Callable[..., Any],
-    train_loop_config: dict[str, Any],
-    scaling: Scaling,
-    datasets: list[DatasetSpec],
-) -> SweepPlan:
+def plan_sweep(sweep_name: str, settings: SweepSettings) -> SweepPlan:
     """Expand the search into named trials and decide how many train at once, before any worker starts."""
+    search, scaling, datasets = settings.search, settings.scaling, settings.datasets
     with run_output():  # Ray's start-up lines, when it starts here, into this task run's logs
         holds = trials_the_cluster_holds(scaling, with_data=bool(datasets))
     data = {spec.name: spec.uri for spec in datasets}
@@ -208,8 +221,8 @@ def plan_sweep(
         )
     trials = []
     for params in search.configs():
-        config = {**train_loop_config, **params}
-        trials.append(Trial(name=trial_name(sweep_name, train_loop, config, scaling, data), params=params))
+        config = {**settings.train_loop_config, **params}
+        trials.append(Trial(name=trial_name(sweep_name, settings.train_loop, config, scaling, data), params=params))
     names = [t.name for t in trials]
     if len(set(names)) != len(names):
         raise ValueError("search: some trials have the same parameters; make the grid values distinct.")
@@ -238,37 +251,29 @@ def _score(metrics: dict[str, Any] | None, metric: str) -> float | None:
     return float(value)
 
 
-# The sweep's settings as plan_sweep takes them: the flow passes both tasks the same ones.
 @task(name="trial", task_run_name="trial {trial.name}", persist_result=True)
-def train_trial(
-    trial: Trial,
-    *,
-    search: Search,
-    train_loop: str | Callable[..., Any],
-    train_loop_config: dict[str, Any],
-    datasets: list[DatasetSpec],
-    scaling: Scaling,
-    checkpointing: Checkpointing,
-    failures: Failures,
-    run: RunSettings,
-) -> TrialOutcome:
-    """Train one trial to the end in its own run (``run.storage_path``/``trial.name``), or read it
-    back when an earlier sweep already finished it."""
+def train_trial(trial: Trial, settings: SweepSettings) -> TrialOutcome:
+    """Train one trial to the end in its own run (``settings.run.storage_path``/``trial.name``), or
+    read it back when an earlier sweep already finished it."""
     logger = get_run_logger()
-    trial_run = run.model_copy(update={"name": trial.name})
+    trial_run = settings.run.model_copy(update={"name": trial.name})
     found = _finished_run(trial_run)
     status = "reused"
     if found is None:
-        config = {**train_loop_config, **trial.params}
+        config = settings.trial_config(trial)
         epochs = config.get("epochs") if isinstance(config.get("epochs"), int) else None
-        training = TorchTraining(train_loop=train_loop, train_loop_config=config, expected_reports=epochs)
+        training = TorchTraining(train_loop=settings.train_loop, train_loop_config=config, expected_reports=epochs)
         # The pipeline's train stage, run inside this task run: same reporting, same resume.
-        train.fn(training, datasets=datasets, scaling=scaling, checkpointing=checkpointing, failures=failures, run=trial_run)
+        train.fn(
+            training, datasets=settings.datasets, scaling=settings.scaling, checkpointing=settings.checkpointing,
+            failures=settings.failures, run=trial_run,
+        )
         found, status = _finished_run(trial_run), "trained"
     else:
         logger.info("trial %r finished in an earlier sweep (%s); not training it again", trial.name, found.uri)
-    score = _score(found.metrics, search.metric)
-    logger.info("trial %r %s: %s=%s", trial.name, status, search.metric, score)
+    metric = settings.search.metric
+    score = _score(found.metrics, metric)
+    logger.info("trial %r %s: %s=%s", trial.name, status, metric, score)
     return TrialOutcome(
         name=trial.name,
         params=trial.params,

@@ -20,6 +20,11 @@ os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="flowtrain-test-prefect-home-")
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Under pytest-xdist each worker keeps its Rays in a folder of its own: Ray finds "the cluster
+# started last" (what ray.init() with no address joins, in a subprocess too) in its temp folder,
+# and a worker must never join the cluster of a test running beside it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix=f"ray-{os.environ['PYTEST_XDIST_WORKER']}-", dir="/tmp")
 # Tests that inject storage failures need the retries, not the production backoff between them.
 os.environ.setdefault("FLOWTRAIN_UPLOAD_BACKOFF_S", "0.01")
 # Ray workers inherit this, so training functions defined in test modules unpickle there.
@@ -32,6 +37,56 @@ if str(TESTS) not in sys.path:
 #: CPUs the shared test Ray advertises: 2 training workers plus room for Ray Data and the driver.
 TEST_NUM_CPUS = 4
 # address="local": always a Ray of our own, never a cluster another process left in /tmp/ray.
+
+
+#: Modules that take longest (minutes: soaks, real Prefect workers, benchmarks, many clusters),
+#: longest first. `make test` runs modules in parallel (pytest-xdist, one module per worker at a
+#: time); starting these first keeps a long one from being the last to begin.
+LONGEST_FIRST = (
+    "test_chaos",
+    "test_deployments",
+    "test_scale_bench",
+    "test_ray_train_runs",
+    "test_tracking",
+    "test_sweep_flow",
+    "test_console_output",
+    "test_tpu_slices",
+    "test_lease_race",
+    "test_docs_examples",
+    "test_pipeline_flow",
+    "test_artifacts",
+    "test_tune",
+    "test_framework_parity",
+    "test_node_loss",
+    "test_elastic",
+    "test_preemption",
+    "test_driver_rerun",
+    "test_last_round",
+    "test_fault_tolerance",
+)
+
+
+#: Tests that share nothing expensive with their module's others and take minutes: under
+#: pytest-xdist each may run on a worker of its own, beside the rest of its module.
+ON_THEIR_OWN = (
+    "test_chaos.py::test_the_short_schedule_breaks_no_invariant",
+    "test_chaos.py::test_the_soak_reports_a_planted_defect",
+    "test_deployments.py::test_nightly_deployment_runs_when_its_schedule_fires_on_postgres",
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist names each test's group in its id
+def pytest_collection_modifyitems(config, items):
+    """Run the longest modules first (the order inside a module is kept); under pytest-xdist's
+    ``--dist loadgroup`` a module's tests stay on one worker, so its module-scoped Ray, cluster or
+    server starts once, except the tests in ``ON_THEIR_OWN``."""
+    rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__, len(rank)) if item.module else len(rank))
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    for item in items:
+        own = any(item.nodeid.endswith(name) for name in ON_THEIR_OWN)
+        item.add_marker(pytest.mark.xdist_group(item.nodeid if own else item.module.__name__))
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,7 @@
-"""A training script as a Ray Train user writes it (Ray 2.60 docs style). Not run with ray.train
-in the suite: tests/test_ray_train_compat.py switches its imports to flowtrain and runs it."""
+"""A training script as a Ray Train user writes it (Ray 2.60 docs style).
+
+tests/test_ray_train_compat.py switches its imports to flowtrain and runs it;
+tests/test_ray_train_runs.py runs it with ray.train, then continues the run with switched imports."""
 
 import os
 import tempfile
@@ -57,16 +59,16 @@ def train_func(config):
                 train.report(metrics)
 
 
-def main(storage_path):
+def main(storage_path, epochs=3, num_to_keep=2):
     trainer = TorchTrainer(
         train_func,
-        train_loop_config={"lr": 1e-2, "batch_size": 32, "epochs": 3, "seed": 0},
+        train_loop_config={"lr": 1e-2, "batch_size": 32, "epochs": epochs, "seed": 0},
         scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
         run_config=RunConfig(
             name="ray-train-user",
             storage_path=storage_path,
             checkpoint_config=CheckpointConfig(
-                num_to_keep=2, checkpoint_score_attribute="loss", checkpoint_score_order="min"
+                num_to_keep=num_to_keep, checkpoint_score_attribute="loss", checkpoint_score_order="min"
             ),
         ),
     )

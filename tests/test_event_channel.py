@@ -9,6 +9,7 @@ import socket
 import struct
 import tempfile
 import threading
+import time
 
 import pytest
 
@@ -321,3 +322,60 @@ def test_a_rank_whose_connection_breaks_in_a_checkpoint_round_loses_no_report(fa
     for checkpoint, metrics in restored.best_checkpoints:
         with checkpoint.as_directory() as folder:
             assert pathlib.Path(folder, "step.txt").read_text() == str(metrics["step"])
+
+
+def failing_after_a_stalled_report_loop(config):
+    from trainers import get_checkpoint, get_context, report
+    from trainers.collective import barrier
+
+    rank = get_context().get_world_rank()
+    marks = config["marks"]
+    start = 0
+    checkpoint = get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            start = int(open(os.path.join(folder, "step.txt")).read()) + 1
+    if rank == 0:
+        with open(os.path.join(marks, f"started-at-{start}"), "w"):
+            pass
+    for step in range(start, config["steps"]):
+        barrier()
+        with tempfile.TemporaryDirectory() as folder:
+            with open(os.path.join(folder, "step.txt"), "w") as file:
+                file.write(str(step))
+            report({"step": step}, checkpoint=Checkpoint.from_directory(folder))
+        if step == 1 and start == 0:
+            if rank == 1:
+                open(os.path.join(marks, "rank-1-reported-1"), "w").close()
+            else:  # fails once rank 1's report() of step 1 returned: that round was reported everywhere
+                while not os.path.exists(os.path.join(marks, "rank-1-reported-1")):
+                    time.sleep(0.01)
+                raise RuntimeError("rank 0 fails after step 1")
+
+
+def test_an_attempt_that_ends_while_a_connection_is_half_open_keeps_the_round_it_holds(ray_local, tmp_path):
+    # Rank 1's connection goes half-open right after its barrier of step 1: its report of step 1
+    # (returned, checkpoint uploaded) sits unread. Rank 0 then fails. The controller drains the
+    # rounds rank 0 finished for a second, and rank 1 would replay its kept events over Ray only
+    # when its acknowledgement clock runs out (ACK_TIMEOUT_S, 15 s): the round was lost and the run
+    # resumed from step 0's checkpoint (the chaos soak's finding). The drain now takes the events a
+    # rank holds unacknowledged when it asks the rank what it is doing.
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    FAULTS.arm(1, "half-open", after_frames=2)  # rank 1's frames: barrier 0, report 0, barrier 1
+    steps = Steps()
+    result = DataParallelTrainer(
+        failing_after_a_stalled_report_loop,
+        train_loop_config={"steps": 4, "marks": str(marks)},
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.1}),
+        run_config=RunConfig(
+            name="stalled-then-failed",
+            storage_path=str(tmp_path),
+            callbacks=[steps],
+            failure_config=FailureConfig(max_failures=1, report_timeout_s=60),
+        ),
+    ).fit()
+    assert FAULTS.fired == [(1, "half-open")]
+    assert sorted(p.name for p in marks.iterdir() if p.name.startswith("started")) == ["started-at-0", "started-at-2"]
+    assert steps.steps == [[step, step] for step in range(4)]  # every round committed once, in order
+    assert list(Result.from_path(result.path).metrics_dataframe["step"]) == [0, 1, 2, 3]

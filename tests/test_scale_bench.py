@@ -1,5 +1,5 @@
-"""The scale benchmark (benchmarks/scale.py) in a small form: flowtrain only, N = 2 and 8, on one
-Ray node and on two, metrics-only and checkpointing reports, and a SIGKILLed rank at N = 8 that
+"""The scale benchmark (benchmarks/scale.py) in a small form: flowtrain only, N = 2 and 4, on one
+Ray node and on two, metrics-only and checkpointing reports, and a SIGKILLed rank at N = 4 that
 must resume from the last committed checkpoint. Structure is asserted, never seconds: every rank
 reported every round, every checkpoint holds every rank's files, the steps line up after the
 restart, and the JSON, markdown and plot are written."""
@@ -18,11 +18,11 @@ from benchmarks.scale_run import Spec, _folder_problems, _write_rank_files
 REPORTS = 20
 ARGS = [
     "--impls", "flowtrain",
-    "--workers", "2", "8",
+    "--workers", "2", "4",
     "--topologies", "single", "multi",
     "--nodes", "2",
     "--variants", "metrics", "ckpt", "recovery",
-    "--recovery-n", "8",
+    "--recovery-n", "4",
     "--reports", str(REPORTS),
     "--fit-timeout", "120",
     "--in-process",
@@ -57,7 +57,7 @@ def test_every_planned_measurement_finished_and_passed_its_structure_check(bench
     measured = sorted((r["spec"]["topology"], r["spec"]["variant"], r["spec"]["workers"]) for r in report["runs"])
 
     assert measured == sorted(
-        [(t, v, n) for t in ("single", "multi") for v in ("metrics", "ckpt") for n in (2, 8)] + [("single", "recovery", 8)]
+        [(t, v, n) for t in ("single", "multi") for v in ("metrics", "ckpt") for n in (2, 4)] + [("single", "recovery", 4)]
     )
     for run in report["runs"]:
         result = run["result"]
@@ -118,7 +118,7 @@ def test_json_markdown_and_plot_are_written_with_the_expected_content(bench):
     assert {"command", "date", "machine", "versions", "options", "definitions", "runs", "summary", "per_extra_worker_mb", "recovery"} <= set(written)
     assert {"cores", "memory_gib", "load_1m", "python"} <= set(written["machine"])
     assert {"ray", "torch"} <= set(written["versions"])
-    entry = written["summary"]["single"]["metrics"]["8"]["flowtrain"]
+    entry = written["summary"]["single"]["metrics"]["4"]["flowtrain"]
     assert {"all_ranks_in_s", "first_report_s", "round_ms_p50", "round_ms_p90", "driver_cpu_ms_per_round", "peak_pss_mb", "procs_at_peak"} <= set(entry)
     assert entry["structure_ok"] is True
     ckpt = written["summary"]["multi"]["ckpt"]["2"]["flowtrain"]
@@ -128,7 +128,7 @@ def test_json_markdown_and_plot_are_written_with_the_expected_content(bench):
     for heading in ("## single, metrics", "## single, ckpt", "## multi, metrics", "## multi, ckpt", "## Recovery", "## Definitions"):
         assert heading in markdown
     assert written["command"] in markdown
-    assert "| 8 |" in markdown
+    assert "| 4 |" in markdown
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
 
 

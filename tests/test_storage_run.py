@@ -322,3 +322,50 @@ def test_lease_of_a_live_holder_names_it_and_when_it_goes_stale(tmp_path, where)
     assert (caught.value.holder_host, caught.value.holder_pid) == (host, pid)
     assert 0 < caught.value.retry_after_s <= 20
     assert [claim["pid"] for claim in claims(tmp_path / "run")] == [pid]  # not taken, nothing left behind
+
+
+def test_a_passing_error_writing_run_json_is_retried_and_the_checkpoint_committed(tmp_path):
+    # A checkpoint's commit point is its line in run.json: one passing error from the store there
+    # must not fail a run whose files are all uploaded (the chaos soak's snapshot-transient fault).
+    failures = []
+
+    def once_at_commit(op: str, path: str) -> bool:
+        if op == "write" and path.endswith("run.json.new") and staged_done and not failures:
+            failures.append(path)
+            return True
+        return False
+
+    staged_done = False
+    fs, handler = faulty_fs(fail_when=once_at_commit)
+    storage = RunStorage(str(tmp_path), "run", filesystem=fs)
+    storage.open("me")
+    attempt = storage.start_attempt()
+    stage(storage, attempt, 0, "step 0")
+    staged_done = True
+    storage.record_report({"step": 0}, report_index=0, attempt=attempt, staged=True)
+    storage.close()
+
+    assert len(failures) == 1
+    resumed = RunStorage(str(tmp_path), "run")
+    resumed.open("again")
+    assert resumed.latest_checkpoint.path.endswith("checkpoint_000000")
+    assert (tmp_path / "run" / "checkpoint_000000" / "model.txt").read_text() == "step 0"
+
+
+def test_a_lasting_error_writing_run_json_fails_at_once_naming_the_file(tmp_path):
+    def denied(op: str, path: str) -> bool:
+        if op == "write" and path.endswith("run.json.new") and armed:
+            raise PermissionError(13, "injected: permission denied", path)
+        return False
+
+    armed = False
+    fs, handler = faulty_fs(fail_when=denied)
+    storage = RunStorage(str(tmp_path), "run", filesystem=fs)
+    storage.open("me")
+    attempt = storage.start_attempt()
+    stage(storage, attempt, 0, "step 0")
+    armed, seen = True, len(handler.ops)
+    with pytest.raises(StorageError, match=r"cannot write the run snapshot at .*run/run.json \(tries: 1\): PermissionError"):
+        storage.record_report({"step": 0}, report_index=0, attempt=attempt, staged=True)
+    refused = [path for op, path in handler.ops[seen:] if op == "write" and path.endswith("run.json.new")]
+    assert len(refused) == 1  # not retried: waiting cannot fix a denied permission

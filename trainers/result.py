@@ -123,8 +123,15 @@ class Result:
         """Rebuild the Result of a run from its folder, e.g. after the driver died: ``Result.path``
         with ``storage_filesystem=Result.filesystem``, or a URI (``s3://...``) or absolute local path.
 
+        A folder written by ``ray.train`` (Ray 2.60) is read from Ray's snapshot: its kept
+        checkpoints in Ray's order (``best_checkpoints``), the latest one (``checkpoint``) and
+        their metrics, one row per checkpoint in report order (``metrics_dataframe``; Ray keeps
+        no record of metrics-only reports).
+
         Raises ``StorageError`` (an ``OSError`` and a ``RuntimeError``) when the folder holds no run
-        (``"Experiment folder ... doesn't exist"`` when there is no such folder, as in Ray Train).
+        (``"Experiment folder ... doesn't exist"`` when there is no such folder, as in Ray Train),
+        and its subclass ``storage.RayRunFormatError``, naming the Ray version, when Ray's snapshot
+        is in a format flowtrain does not read.
         """
         from storage import load_run
 

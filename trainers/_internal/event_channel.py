@@ -241,6 +241,12 @@ class Outbox:
                 self._kept.clear()
             return taken
 
+    def unacknowledged(self) -> list[tuple[int, Any]]:
+        """Every event kept (not acknowledged yet), numbered, whichever road it was sent on: what
+        the controller asks for when it must not wait for this worker's acknowledgement clock."""
+        with self._changed:
+            return [(number, event) for number, _, event in self._kept]
+
     def _forget(self, acked: int) -> None:
         kept = self._kept
         while kept and kept[0][0] <= acked:

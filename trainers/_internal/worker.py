@@ -182,6 +182,12 @@ class TrainWorker:
         """Where the training function is right now (file:line and the code), for hang reports."""
         return describe_activity(self._thread)
 
+    def activity_and_unacknowledged(self) -> tuple[str, list[tuple[int, Event]]]:
+        """``activity()`` and every event the controller has not acknowledged yet: when an attempt
+        ends, the controller takes what a stalled connection holds now instead of waiting for this
+        worker to give the connection up (``ACK_TIMEOUT_S``) and replay it."""
+        return describe_activity(self._thread), self._outbox.unacknowledged()
+
     def release_sync(self, index: int, data: Any) -> None:
         """Every rank reached barrier ``index``: let this one continue with rank 0's data."""
         if self._session is not None:

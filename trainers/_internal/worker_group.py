@@ -328,14 +328,18 @@ class RayWorkerGroup:
         When one rank fails in a collective, the root cause is often another rank that died, or
         one still busy elsewhere (a hang): one round trip tells which.
         """
-        refs = {self.workers[rank].actor.activity.remote(): rank for rank in ranks}
+        refs = {self.workers[rank].actor.activity_and_unacknowledged.remote(): rank for rank in ranks}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
         dead, activity = [], {}
         for ref in ready:
+            rank = refs[ref]
             try:
-                activity[refs[ref]] = ray.get(ref)
+                activity[rank], kept = ray.get(ref)
             except (RayActorError, RayTaskError) as error:
-                dead.append(self._died(refs[ref], error))
+                dead.append(self._died(rank, error))
+                continue
+            if kept and self._inbox is not None:
+                self._inbox.offer(rank, kept)  # the next poll applies what had not arrived yet
         return dead, activity
 
     def _died(self, rank: int, error: BaseException) -> FailedEvent:

@@ -94,6 +94,13 @@ class WorkerInbox:
             if events or time.monotonic() >= deadline:
                 return events
 
+    def offer(self, rank: int, numbered: list[tuple[int, Event]]) -> None:
+        """Events of ``rank`` fetched outside both roads (its unacknowledged ones, taken when an
+        attempt ends): applied like a long poll's, once each."""
+        for number, event in numbered:
+            self._from_ray.put((rank, number, event))
+        self._listener.wake()
+
     def close(self) -> None:
         """Stop listening; the watcher thread ends once its current wait returns."""
         self._stopped = True
