@@ -128,7 +128,7 @@ class SweepSettings(ParamsModel):
     failures: Failures
     run: RunSettings
 
-    def trial_config(self, trial: "Trial") -> dict[str, Any]:
+    def trial_config(self, trial: Trial) -> dict[str, Any]:
         """The ``train_loop_config`` of ``trial``: the base config with the trial's parameters."""
         return {**self.train_loop_config, **trial.params}
 

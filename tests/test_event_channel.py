@@ -334,7 +334,7 @@ def failing_after_a_stalled_report_loop(config):
     checkpoint = get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
-            start = int(open(os.path.join(folder, "step.txt")).read()) + 1
+            start = int(pathlib.Path(folder, "step.txt").read_text()) + 1
     if rank == 0:
         with open(os.path.join(marks, f"started-at-{start}"), "w"):
             pass
