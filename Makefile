@@ -10,7 +10,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 # Material for MkDocs prints a banner about its successor on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install test demo bench clean docs
+.PHONY: install test demo bench clean docs lint
 
 install: $(STAMP)
 
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned, so no resolver step can reach for a multi-GB CUDA build.
 	$(PY) -m pip install --quiet -c constraints.txt torch
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,docs]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,docs,lint]'
 	# DeepSpeed (the deepspeed extra) is a source distribution that imports torch to build: build it
 	# against the torch above (--no-build-isolation), with no CUDA ops (DS_BUILD_OPS=0) but the CPU
 	# shared-memory comm op compiled now, or DeepSpeed compiles it on first use in every fresh
@@ -34,6 +34,13 @@ PYTEST_ARGS ?= -n 3 --dist loadgroup --durations=25
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Lint, formatting and types, as configured in pyproject.toml ([tool.ruff], [tool.mypy]); .ci/run
+# and .pre-commit-config.yaml run the same. `$(VENV)/bin/ruff format .` fixes the formatting.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) build site *.egg-info

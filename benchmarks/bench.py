@@ -22,9 +22,9 @@ import statistics
 import sys
 import tempfile
 
-import benchmarks.gbdt  # noqa: F401  (registers its workloads)
-import benchmarks.training  # noqa: F401
-import benchmarks.tensorflow_jax  # noqa: F401
+import benchmarks.gbdt  # each of these three registers its workloads
+import benchmarks.tensorflow_jax
+import benchmarks.training  # noqa: F401 - imported for the workloads it registers
 from benchmarks.workloads import OPT_IN, WORKLOADS
 
 RESULTS = pathlib.Path(__file__).with_name("results")
@@ -83,7 +83,7 @@ def summarise(samples: dict[str, list[dict]]) -> dict:
         entry = {k: statistics.median(r[k] for r in runs if k in r) for k in keys}
         if impl != "flowtrain" and base:
             entry["ratio_flowtrain_over_this"] = {
-                k: statistics.median(b[k] / r[k] for b, r in zip(base, runs) if k in r and r[k]) for k in keys
+                k: statistics.median(b[k] / r[k] for b, r in zip(base, runs, strict=False) if k in r and r[k]) for k in keys
             }
         summary[impl] = entry
     return summary

@@ -113,9 +113,9 @@ def lost_reports(rank_lines: list[list[dict[str, Any]]], journal: list[dict[str,
         for line in lines:
             if line["e"] == "returned" and line["checkpoint"]:
                 checkpointed.add((line["attempt"], line["step"]))
-        for key in {(l["attempt"], l["step"]) for l in lines if l["e"] == "returned"}:
+        for key in {(line["attempt"], line["step"]) for line in lines if line["e"] == "returned"}:
             returned[key] = returned.get(key, 0) + 1
-    done = {(l["attempt"], l["step"]) for l in journal if l["e"] == "commit"}
+    done = {(line["attempt"], line["step"]) for line in journal if line["e"] == "commit"}
     lost = sorted(key for key, count in returned.items() if count == len(rank_lines) and key not in done and key[0] not in exempt)
     return [
         f"report lost: step {step}{' (with its checkpoint)' if (attempt, step) in checkpointed else ''} returned on every "
@@ -142,7 +142,7 @@ def checkpoints(result: Any, reference: Reference, world_size: int) -> list[str]
             for rank in range(world_size):
                 try:
                     state = torch.load(os.path.join(folder, state_file(rank, step)))
-                except Exception as error:  # a half-written file fails in many ways
+                except Exception as error:  # noqa: BLE001 - a half-written file fails in many ways
                     broken.append(f"checkpoint {name}: rank {rank}'s file does not load ({type(error).__name__}: {error})")
                     continue
                 own = state.get("step") == step and state.get("weights") == metrics["weights"] == reference.weights.get(step)

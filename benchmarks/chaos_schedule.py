@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +193,7 @@ def _place_road_faults(faults: list[Fault], rng: random.Random, world_size: int,
         last, moved = faults[-1], faults[half_open]
         faults[half_open], faults[-1] = dataclasses.replace(last, step=moved.step), dataclasses.replace(moved, step=last.step)
     road = [i for i, f in enumerate(faults) if f.kind.startswith("event-")]
-    for i, rank in zip(road, rng.sample(range(world_size), len(road))):
+    for i, rank in zip(road, rng.sample(range(world_size), len(road)), strict=True):
         faults[i] = dataclasses.replace(faults[i], rank=rank)
     return faults
 

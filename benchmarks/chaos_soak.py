@@ -16,7 +16,8 @@ import pathlib
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -77,7 +78,7 @@ class Soak:
         #: Seconds the fault-free run took (driver start to end); the unit of the deadlines.
         self.unit_s = 300.0
 
-    def __enter__(self) -> "Soak":
+    def __enter__(self) -> Soak:
         import ray
         from ray.cluster_utils import Cluster
 
@@ -178,10 +179,10 @@ class Soak:
         skip = len(chaos_journal.read(driver_log))
         ours = [f for f in plan.faults if KINDS[f.kind].by == "soak" and f.id not in already]
         deadline_s = self.deadline_s(plan)
-        output = open(folder / f"driver-{index}.log", "w")
         env = {**os.environ, "RAY_ADDRESS": self.cluster.address}
         start = time.monotonic()
-        driver = subprocess.Popen([sys.executable, "-m", "benchmarks.chaos_driver", str(spec_path)], cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
+        with open(folder / f"driver-{index}.log", "w") as output:  # the driver keeps its own copy of the handle
+            driver = subprocess.Popen([sys.executable, "-m", "benchmarks.chaos_driver", str(spec_path)], cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
         ended, progress, seen, hung = None, start, 0, ""
         try:
             while driver.poll() is None:
@@ -209,14 +210,13 @@ class Soak:
             if driver.poll() is None:
                 driver.kill()
             driver.wait()
-            output.close()
         seconds = time.monotonic() - start
         outcome_path = folder / f"outcome-{index}.json"
         outcome = json.loads(outcome_path.read_text()) if outcome_path.exists() else None
         if ended is None:
             ended = outcome["status"] if outcome is not None else "crashed"
         if ended in ("killed", "deadline", "failed"):  # the driver died, or gave up the run, under its last attempt
-            started = [l["attempt"] for r in range(settings.world_size) for l in chaos_journal.read(str(folder / "logs" / f"rank{r}.jsonl"))]
+            started = [line["attempt"] for r in range(settings.world_size) for line in chaos_journal.read(str(folder / "logs" / f"rank{r}.jsonl"))]
             exempt.add(max(started, default=0))
         fired = [f for f in plan.faults if f.id not in already and chaos_journal.fired(marks, f.id)]
         tail = (folder / f"driver-{index}.log").read_text()[-1500:] if ended == "crashed" else hung
@@ -252,7 +252,7 @@ class Soak:
             return broken
         try:
             result = Result.from_path(self.run_path(plan.name), self.inner)
-        except Exception as error:  # the run's folder itself is damaged
+        except Exception as error:  # noqa: BLE001 - the run's folder itself is damaged
             return broken + [f"Result.from_path fails: {type(error).__name__}: {error}"]
         finished = segment.ended == "finished"
         broken += chaos_check.history(result, reference, steps=settings.steps, finished=finished, outcome=segment.outcome)

@@ -21,7 +21,8 @@ import re
 import signal
 import socket
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from benchmarks.workloads import NUM_WORKERS, WORKLOADS
 
@@ -164,10 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["--raw-worker"]:
         _raw_worker(int(args[1]), args[2])
         return 0
-    from benchmarks import bench
-
     # Register this module under its import name too: the workers unpickle functions by it.
     import benchmarks.deepspeed_bench  # noqa: F401
+    from benchmarks import bench
 
     if "--only" not in args:
         args += ["--only", "deepspeed_zero2", "deepspeed_zero3"]

@@ -157,7 +157,7 @@ def run_child(args: argparse.Namespace) -> int:
         result.update(status="SKIP", error=str(skipped))
     except CheckFailed as failed:
         result.update(status="FAIL", error=str(failed), details=failed.details)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - any failure of a check is its FAIL row, with the traceback
         result.update(status="FAIL", error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc()[-6000:])
     result["seconds"] = round(time.perf_counter() - started, 1)
     with open(_result_path(args.workdir, args.child), "w") as f:

@@ -17,11 +17,13 @@ import hashlib
 import json
 import math
 import os
+import pathlib
 import signal
 import socket
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -150,7 +152,7 @@ def read_rank_files(folder: str, world: int) -> list[dict]:
     files = sorted(glob.glob(os.path.join(folder, "rank*.json")))
     if len(files) != world:
         raise CheckFailed(f"expected {world} rank file(s) in {folder}, found {len(files)}")
-    infos = [json.load(open(path)) for path in files]
+    infos = [json.loads(pathlib.Path(path).read_text()) for path in files]
     return sorted(infos, key=lambda info: info["rank"])
 
 
@@ -548,7 +550,7 @@ def check_deepspeed(setup: Setup) -> dict:
     """DeepSpeed ZeRO-2 in a TorchTrainer loop trains like plain training on the worker's GPU."""
     try:
         import deepspeed  # noqa: F401
-    except Exception as error:  # not installed, or installed but broken for this torch
+    except Exception as error:  # noqa: BLE001 - not installed, or installed but broken for this torch
         raise Skipped(f"deepspeed does not import here ({type(error).__name__}: {error})") from None
     found = flowtrain_fit(zero2_loop, {}, setup, "zero2").return_value
     expect(found["param_device"].startswith(setup.device_type), f"DeepSpeed's parameters are on {found['param_device']}")
@@ -692,7 +694,7 @@ def check_throughput(setup: Setup) -> dict:
             measured[impl] = run_throughput(impl, setup)
             print(f"[gpu-check] throughput {impl}: {measured[impl]['samples_per_s']:.0f} samples/s "
                   f"({measured[impl]['workers']} worker(s), {measured[impl]['wall_s']:.1f} s in all)", flush=True)
-        except Exception as error:  # one implementation failing must not hide the others' numbers
+        except Exception as error:  # noqa: BLE001 - one implementation failing must not hide the others' numbers
             errors[impl] = f"{type(error).__name__}: {error}"
             print(f"[gpu-check] throughput {impl} failed: {errors[impl]}", flush=True)
     found = {"measured": measured, "errors": errors, "seconds_per_run": setup.seconds}

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import psutil
 
@@ -131,7 +131,7 @@ def plan(args: argparse.Namespace) -> list[Spec]:
         groups += [(t, "recovery", args.recovery_n, args.ckpt_mb) for t in args.recovery_topologies if t in args.topologies]
     specs = []
     turn = 0
-    for repeat in range(args.repeats):
+    for _ in range(args.repeats):
         for topology, variant, n, mb in groups:
             for impl in rotated(tuple(args.impls), turn):
                 specs.append(Spec(impl=impl, topology=topology, variant=variant, workers=n, ckpt_mb=mb, **common))

@@ -319,7 +319,7 @@ def plot(report: dict, path: str) -> None:
     colours = {"flowtrain": "tab:blue", "ray_train": "tab:orange"}
     styles = {"single": "-", "multi": "--"}
     all_n = sorted({int(n) for variants in summary.values() for by_n in variants.values() for n in by_n})
-    for ax, (variant, key, title) in zip(axes.flat, panels):
+    for ax, (variant, key, title) in zip(axes.flat, panels, strict=False):
         values_seen = []
         for topology, variants in summary.items():
             by_n = variants.get(variant, {})
@@ -327,7 +327,7 @@ def plot(report: dict, path: str) -> None:
                 points = sorted((int(n), e[impl][key]) for n, e in by_n.items() if key in e.get(impl, {}))
                 if not points:
                     continue
-                xs, ys = zip(*points)
+                xs, ys = zip(*points, strict=True)
                 values_seen += ys
                 ax.plot(
                     xs, ys, styles.get(topology, ":"), marker="o", color=colours.get(impl), label=f"{LABELS.get(impl, impl)}, {topology}"

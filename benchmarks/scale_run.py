@@ -282,7 +282,7 @@ class RayTopology:
         self.cluster = None
         self.start_s = None
 
-    def start(self) -> "RayTopology":
+    def start(self) -> RayTopology:
         """Start Ray and connect this process to it; ``start_s`` says how long that took."""
         import ray
 
@@ -374,7 +374,7 @@ def measure(spec: Spec) -> dict:
         outcome["called"] = time.time()
         try:
             outcome["result"] = trainer.fit()
-        except BaseException as error:  # recorded, the measurement goes on to the next
+        except BaseException as error:  # noqa: BLE001 - recorded, the measurement goes on to the next
             outcome["error"] = error
         outcome["returned"] = time.time()
 
@@ -659,7 +659,7 @@ class TreeSampler:
         if total > self.peak_bytes:
             self.peak_bytes, self.procs_at_peak = total, count
 
-    def start(self) -> "TreeSampler":
+    def start(self) -> TreeSampler:
         """Start sampling in the background."""
         self._began = time.perf_counter()
         self._thread.start()
@@ -690,7 +690,7 @@ def main(argv: list[str]) -> int:
     numbers: dict = {"ray_start_s": topology.start_s}
     try:
         numbers.update(measure(spec))
-    except Exception as error:  # one broken measurement must not stop the benchmark
+    except Exception as error:  # noqa: BLE001 - one broken measurement must not stop the benchmark
         numbers.update(missing=True, reason=f"{type(error).__name__}: {error}"[:2000])
     out.write_text(json.dumps(numbers))
     if numbers.get("missing"):

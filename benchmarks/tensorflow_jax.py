@@ -22,7 +22,8 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from benchmarks.workloads import NUM_WORKERS, WORKLOADS
 
@@ -103,7 +104,7 @@ def jax_work(rank: int) -> dict[str, float]:
     batch = (jax.make_array_from_process_local_data(sharded, x), jax.make_array_from_process_local_data(sharded, y))
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     sizes = [(FEATURES, HIDDEN), (HIDDEN, HIDDEN), (HIDDEN, 1)]
-    params = [jax.random.normal(k, s) * (1 / np.sqrt(s[0])) for k, s in zip(keys, sizes)]
+    params = [jax.random.normal(k, s) * (1 / np.sqrt(s[0])) for k, s in zip(keys, sizes, strict=True)]
     params = jax.device_put(params, replicated)
     optimizer = optax.adam(1e-3)
     state = jax.jit(optimizer.init)(params)
@@ -254,10 +255,9 @@ WORKLOADS["jax"] = (_workload("jax"), ("flowtrain", "raw"))
 
 def main(argv: list[str] | None = None) -> int:
     """Run only this module's workloads through the benchmark command (same options)."""
-    from benchmarks import bench
-
     # Register this module under its import name too: the workers unpickle functions by it.
     import benchmarks.tensorflow_jax  # noqa: F401
+    from benchmarks import bench
 
     args = list(sys.argv[1:] if argv is None else argv)
     if "--only" not in args:

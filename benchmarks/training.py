@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import tempfile
 import threading
 import time
@@ -138,7 +139,7 @@ class MemorySampler:
         while not self._stop.wait(self.interval_s):
             self.peak = max(self.peak, self._added())
 
-    def __enter__(self) -> "MemorySampler":
+    def __enter__(self) -> MemorySampler:
         self._thread.start()
         return self
 
@@ -185,7 +186,7 @@ def throughput(impl: str, storage: str, run: int) -> dict:
             import torch.multiprocessing as mp
 
             mp.spawn(_raw_process, args=(NUM_WORKERS, free_port(), data, out), nprocs=NUM_WORKERS, join=True)
-    ranks = [json.load(open(os.path.join(out, name))) for name in sorted(os.listdir(out))]
+    ranks = [json.loads(pathlib.Path(out, name).read_text()) for name in sorted(os.listdir(out))]
     steady_samples = sum(seen for r in ranks for seen, _ in r["epochs"][1:])
     steady_seconds = max(sum(s for _, s in r["epochs"][1:]) for r in ranks)
     return {

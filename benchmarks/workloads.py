@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pathlib
 import socket
 import tempfile
 import time
@@ -120,7 +121,7 @@ def report_latency(impl: str, storage: str, run: int) -> dict:
     elif impl == "ray.train":
         out = os.path.join(tempfile.mkdtemp(), "durations.txt")
         _ray_fit(report_loop_ray, storage, f"report-{run}", config={"out": out})
-        durations = [float(v) for v in open(out).read().split(",")]
+        durations = [float(v) for v in pathlib.Path(out).read_text().split(",")]
     else:
         return {}
     durations = sorted(durations)
@@ -220,7 +221,7 @@ def ray_data_throughput(impl: str, storage: str, run: int) -> dict:
             run_config=RunConfig(name=f"ingest-{run}", storage_path=storage),
         ).fit()
     fit_s = time.time() - called
-    results = [[float(v) for v in open(os.path.join(out, name)).read().split(",")] for name in sorted(os.listdir(out))]
+    results = [[float(v) for v in pathlib.Path(out, name).read_text().split(",")] for name in sorted(os.listdir(out))]
     rows = sum(r[0] for r in results)
     return {
         "rows_per_s": rows / max(r[1] for r in results),
@@ -292,7 +293,7 @@ def checkpoint_blocking(impl: str, storage: str, run: int) -> dict:
     elif impl == "ray.train":
         out = os.path.join(tempfile.mkdtemp(), "durations.txt")
         _ray_fit(checkpoint_loop_ray, storage, f"ckpt-{run}", config={"out": out})
-        durations = [float(v) for v in open(out).read().split(",")]
+        durations = [float(v) for v in pathlib.Path(out).read_text().split(",")]
     else:
         import torch
 
@@ -320,7 +321,7 @@ def _recovering_loop(report, get_checkpoint, checkpoint_cls, rank, marker_dir):
     checkpoint = get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
-            start = int(open(os.path.join(folder, "step.txt")).read()) + 1
+            start = int(pathlib.Path(folder, "step.txt").read_text()) + 1
         if rank == 0:
             with open(os.path.join(marker_dir, "resumed.txt"), "w") as f:
                 f.write(f"{time.time()},{start}")
@@ -375,8 +376,8 @@ def recovery(impl: str, storage: str, run: int) -> dict:
             scaling_config=ScalingConfig(num_workers=NUM_WORKERS),
             run_config=RunConfig(name=f"recovery-{run}", storage_path=storage, failure_config=FailureConfig(max_failures=1)),
         ).fit()
-    killed = float(open(os.path.join(marker_dir, "killed.txt")).read())
-    resumed_at, resumed_step = open(os.path.join(marker_dir, "resumed.txt")).read().split(",")
+    killed = float(pathlib.Path(marker_dir, "killed.txt").read_text())
+    resumed_at, resumed_step = pathlib.Path(marker_dir, "resumed.txt").read_text().split(",")
     return {"recovery_s": float(resumed_at) - killed, "resumed_step": float(resumed_step)}
 
 

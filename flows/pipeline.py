@@ -9,7 +9,8 @@ as deployments (``prefect deployment run 'flowtrain-pipeline/...' --param ...``)
 from __future__ import annotations
 
 import datetime
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from prefect import Flow, flow
 from prefect.runtime import flow_run
@@ -38,9 +39,9 @@ def flow_run_name(default: str | None = None) -> str:
     sweep's name); without one ``default``, else ``<what it trains>-<time>``."""
     params = flow_run.parameters or {}
     run = params.get("run")
-    name = run.get("name") if isinstance(run, dict) else getattr(run, "name", None)
-    if name or default:
-        return name or default
+    name = (run.get("name") if isinstance(run, dict) else getattr(run, "name", None)) or default
+    if name:
+        return name
     loop = params.get("train_loop", flow_run.flow_name or "train")
     what = loop.rpartition(":")[2] if isinstance(loop, str) else getattr(loop, "__name__", "train")
     return f"{what}-{datetime.datetime.now():%Y%m%d-%H%M%S}"

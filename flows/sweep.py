@@ -8,7 +8,8 @@ the same sweep again reuses the trials that finished and resumes the ones that d
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from prefect import flow, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -71,7 +72,8 @@ def sweep(
         run=completed.model_copy(update={"storage_path": completed.run_path}),  # each trial's run sits in the sweep's folder
     )
     plan = plan_sweep(name, settings)
-    trials = sweep_trials.with_options(task_runner=ThreadPoolTaskRunner(max_workers=plan.max_concurrent_trials))
+    runner: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=plan.max_concurrent_trials)
+    trials = sweep_trials.with_options(task_runner=runner)  # type: ignore[arg-type]  # Prefect's TaskRunner is invariant in its future type, so no runner matches the parameter (Prefect casts its own)
     outcomes = trials(plan.trials, settings)
     ranked = rank_trials(name, search, outcomes)
     return {"sweep": name, "trials": [o.model_dump() for o in ranked], "best": ranked[0].model_dump()}

@@ -7,7 +7,8 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any, Self
 
 import pyarrow.fs as pafs
 
@@ -31,7 +32,7 @@ class Checkpoint:
         self.filesystem = filesystem
 
     @classmethod
-    def from_directory(cls, path: str | os.PathLike) -> "Checkpoint":
+    def from_directory(cls, path: str | os.PathLike) -> Self:
         """A checkpoint of the local folder ``path`` (nothing is copied until it is reported).
 
         Raises ``ValueError`` at once when ``path`` is not an existing folder.

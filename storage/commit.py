@@ -7,7 +7,7 @@ once every file is in: a folder without it is never read.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pyarrow.fs as pafs
 

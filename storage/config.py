@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-
 #: The default of Ray's V1 parameters that V2 (and flowtrain) no longer take: this value means
 #: "not given", anything else is a leftover that gets a migration message.
 DEPRECATED = "DEPRECATED"

@@ -16,6 +16,11 @@ class StorageError(OSError, RuntimeError):
 class RunInProgressError(StorageError):
     """Another live process owns this run (same storage_path and name) right now."""
 
+    #: The owner's host and process id, and the seconds until its lease goes stale (when known).
+    holder_host: str | None = None
+    holder_pid: int | None = None
+    retry_after_s: float | None = None
+
 
 class SnapshotCorruptError(StorageError):
     """The run's snapshot (run.json) is unreadable and no previous good copy exists."""

@@ -53,7 +53,7 @@ def encode(value: Any) -> Any:
         return {TAG: "decimal", "value": str(value)}
     try:
         data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as error:  # pickling raises TypeError, PicklingError, AttributeError, ...
+    except Exception as error:  # noqa: BLE001 - pickling raises TypeError, PicklingError, AttributeError, ...
         logger.warning(
             "run.json: a %s value cannot be pickled (%s); its repr is stored instead: %.200r",
             type(value).__name__, error, value,
@@ -71,7 +71,7 @@ def decode(value: Any) -> Any:
     kind = value.get(TAG)
     if kind is None:
         return {key: decode(item) for key, item in value.items()}
-    inner = value.get("value")
+    inner: Any = value.get("value")  # its type follows from the tag
     if kind == "dict":
         return {key: decode(item) for key, item in inner.items()}
     if kind == "tuple":
@@ -85,7 +85,7 @@ def decode(value: Any) -> Any:
     if kind == "pickle":
         try:
             return pickle.loads(base64.b64decode(inner))
-        except Exception as error:  # e.g. its class is not importable here
+        except Exception as error:  # noqa: BLE001 - e.g. its class is not importable here
             logger.warning("run.json: a stored metric value cannot be unpickled here (%s); its repr is given: %s", error, value.get("repr"))
             return value.get("repr")
     return value  # written by a newer flowtrain: left as it is

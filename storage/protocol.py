@@ -3,11 +3,14 @@ fake) without ``RunStorage``'s opening, tidying and filesystem details."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from storage.checkpoint import Checkpoint
 from storage.layout import RunLayout
 from storage.snapshot import CheckpointRecord, RunSnapshot
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
 
 
 class RunRecord(Protocol):
@@ -16,6 +19,7 @@ class RunRecord(Protocol):
     layout: RunLayout
     snapshot: RunSnapshot
     run_uri: str
+    filesystem: pafs.FileSystem
 
     def start_attempt(self) -> int: ...
     def record_report(

@@ -17,16 +17,18 @@ own modules, and this one keeps them in that order.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 import warnings
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pyarrow.fs as pafs
 
 from storage.checkpoint import Checkpoint
-from storage.config import CheckpointConfig
 from storage.commit import adopt_folder, commit_folder, is_committed, try_delete
+from storage.config import CheckpointConfig
 from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, exists, is_local, resolve_filesystem, write_bytes
 from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name
@@ -153,7 +155,10 @@ class RunStorage:
             raise StorageError(f"no run at {self.run_uri}: it has no run.json.")
         self._take_lease(owner)
         try:
-            self.snapshot = self._checked("read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri))
+            found = self._checked("read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri))
+            if found is None:  # removed since it was looked for
+                raise StorageError(f"no run at {self.run_uri}: it has no run.json.")
+            self.snapshot = found
             for record in self.snapshot.checkpoints:
                 self._check_committed(record.dir_name)
             self._apply_retention()
@@ -408,7 +413,7 @@ class RunStorage:
         for record in self.snapshot.checkpoints:
             path = f"{self.run_path}/{record.dir_name}"
             if record.dir_name in folders and (  # local: committed by an atomic rename, the folder is the proof
-                is_local(self.filesystem) or self._checked("look for a commit marker", lambda: is_committed(self.filesystem, path))
+                is_local(self.filesystem) or self._checked("look for a commit marker", functools.partial(is_committed, self.filesystem, path))
             ):
                 present.append(record)
                 continue
@@ -457,7 +462,7 @@ class RunStorage:
         def target() -> None:
             try:
                 outcome["value"] = action()
-            except BaseException as error:  # carried to the caller's thread
+            except BaseException as error:  # noqa: BLE001 - carried to the caller's thread
                 outcome["error"] = error
 
         thread = threading.Thread(target=target, name=f"flowtrain-storage-{operation}", daemon=True)
@@ -472,7 +477,7 @@ class RunStorage:
             raise StorageError(f"cannot {operation} at {self.run_uri}: {error}") from error
         if error is not None:
             raise error
-        return outcome.get("value")
+        return outcome["value"]
 
 
 def load_run(path: str, filesystem: pafs.FileSystem | None = None) -> RunStorage:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow.fs as pafs
 
@@ -72,7 +72,7 @@ class RunSnapshot:
     #: The run's ``CheckpointConfig`` ranking rule, so a reader (``Result.from_path``) lists the
     #: checkpoints as the run ranked them: the score attribute (None: recency) and "max"/"min".
     score_attribute: str | None = None
-    score_order: str = "max"
+    score_order: Literal["max", "min"] = "max"
     #: What experiment trackers keep about the run, by tracker (``{"mlflow": {"run_id": ...}}``),
     #: so a resumed run logs on into the same tracked run.
     tracking: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -88,7 +88,7 @@ class RunSnapshot:
         return json.dumps(encode(body), allow_nan=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "RunSnapshot":
+    def from_json(cls, data: bytes) -> RunSnapshot:
         body = decode(json.loads(data))
         if not isinstance(body, dict) or body.get("format") != FORMAT:
             raise ValueError(f"unknown snapshot format {body.get('format') if isinstance(body, dict) else body!r}")

@@ -36,7 +36,8 @@ import random
 import re
 import shutil
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -60,12 +61,7 @@ PERMANENT_ERRNOS = frozenset(
 #: Error codes of S3 (as pyarrow names them: "AWS Error ACCESS_DENIED during ..."), Google Cloud
 #: Storage and Azure that mean the bucket is missing or the credentials may not write there.
 PERMANENT_CODES = tuple(
-    """
-    ACCESS_DENIED NO_SUCH_BUCKET INVALID_ACCESS_KEY_ID SIGNATURE_DOES_NOT_MATCH INVALID_CLIENT_TOKEN_ID
-    UNRECOGNIZED_CLIENT MISSING_AUTHENTICATION_TOKEN AccessDenied NoSuchBucket InvalidAccessKeyId
-    SignatureDoesNotMatch PERMISSION_DENIED UNAUTHENTICATED
-    AuthorizationFailure AuthorizationPermissionMismatch ContainerNotFound
-    """.split()
+    ["ACCESS_DENIED", "NO_SUCH_BUCKET", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "INVALID_CLIENT_TOKEN_ID", "UNRECOGNIZED_CLIENT", "MISSING_AUTHENTICATION_TOKEN", "AccessDenied", "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch", "PERMISSION_DENIED", "UNAUTHENTICATED", "AuthorizationFailure", "AuthorizationPermissionMismatch", "ContainerNotFound"]
 )
 _PERMANENT_CODE = re.compile(r"\b(" + "|".join(PERMANENT_CODES) + r")\b")
 #: pyarrow's S3 filesystem says this (no error code) when a bucket is missing.
@@ -132,7 +128,7 @@ class RetryPolicy:
     threads: int = 8
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> "RetryPolicy":
+    def from_env(cls, environ: dict[str, str] | None = None) -> RetryPolicy:
         """The policy the ``FLOWTRAIN_UPLOAD_*`` variables set (defaults for those unset); a value
         that is not a number, or is negative, is a ``ValueError`` naming the variable."""
         env = os.environ if environ is None else environ
@@ -186,7 +182,7 @@ class UploadStats:
         return {"bytes": self.bytes, "seconds": round(self.seconds, 6), "retries": self.retries}
 
     @staticmethod
-    def combine(parts: Iterable["UploadStats | None"]) -> "UploadStats | None":
+    def combine(parts: Iterable[UploadStats | None]) -> UploadStats | None:
         """One checkpoint's uploads on several ranks as one: bytes and retries added up, seconds
         of the slowest rank (they upload at the same time). None when no rank uploaded."""
         found = [p for p in parts if p is not None]
@@ -361,9 +357,9 @@ def _copy_files(
     else:
         with concurrent.futures.ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="flowtrain-copy") as pool:
             for future in [pool.submit(copy, relative) for relative in names]:
-                error = future.exception()
-                if error is not None:
-                    errors.append(error)
+                failure = future.exception()
+                if failure is not None:
+                    errors.append(failure)
     if errors:
         permanent = [e for e in errors if not is_transient(e)]
         raise (permanent or errors)[0]

@@ -15,7 +15,8 @@ import base64
 import dataclasses
 import json
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from storage.retention import flatten
@@ -320,7 +321,7 @@ def render_svg(chart: Chart) -> str:
         f'<text x="{frame.left}" y="24" font-size="15" font-weight="bold" fill="#222">{escape(chart.title)}</text>',
         *_axes_svg(frame, chart.x_label, height),
     ]
-    for index, (series, position) in enumerate(zip(chart.series, legend)):
+    for index, (series, position) in enumerate(zip(chart.series, legend, strict=True)):
         colour, dash = PALETTE[index % len(PALETTE)], DASHES[index // len(PALETTE) % len(DASHES)]
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
         parts.append(_series_svg(series, colour, dash_attr, frame))

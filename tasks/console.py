@@ -25,7 +25,8 @@ import logging
 import os
 import threading
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prefect import get_run_logger
 

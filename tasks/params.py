@@ -10,12 +10,13 @@ from __future__ import annotations
 import importlib
 import os
 import re
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from storage.layout import resolve_storage_path, run_folder
-from trainers import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from trainers import CheckpointConfig, FailureConfig, ScalingConfig
 
 ColumnKind = Literal["float", "int", "number", "string", "bool"]
 
@@ -165,7 +166,7 @@ class RunSettings(ParamsModel):
             check_import_path("callbacks", path)
         return paths
 
-    def completed(self, default_name: str) -> "RunSettings":
+    def completed(self, default_name: str) -> RunSettings:
         """These settings with the blanks filled: ``default_name``, and ``$FLOWTRAIN_STORAGE_PATH``
         for the storage (a deployment's job variable), else ``~/flowtrain_results``."""
         storage_path = self.storage_path or os.environ.get(STORAGE_PATH_ENV) or None
@@ -179,6 +180,7 @@ class RunSettings(ParamsModel):
     @property
     def run_path(self) -> str:
         """The run's folder: ``{storage_root}/{name}`` (``name`` must be set)."""
+        assert self.name is not None, "run_path of RunSettings without a name; complete them first"
         return run_folder(self.storage_path, self.name)
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+import uuid
+from typing import Any, cast
 
 from prefect import get_run_logger
 from prefect.artifacts import (
@@ -70,12 +71,14 @@ class PrefectReporter(UserCallback):
         #: Every rank's metrics by report index (0-based), for the reports this reporter saw.
         self._ranks_by_report: dict[int, list[dict[str, Any]]] = {}
         self.logger = get_run_logger()
-        self.progress_id = create_progress_artifact(
+        progress_id = create_progress_artifact(
             progress=self._progress(),
             key=artifact_key(run_name, "progress"),
             description=f"Reports of training run {run_name!r}"
             + (f" out of {expected_reports}" if expected_reports else ""),
         )
+        # Called from synchronous code, Prefect's dual sync/async function returns the id itself.
+        self.progress_id = cast(uuid.UUID, progress_id)
 
     def _progress(self) -> float:
         if not self.expected_reports:

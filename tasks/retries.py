@@ -53,7 +53,7 @@ def failed_with(state: Any) -> BaseException | None:
         return data
     try:
         result = state.result(raise_on_failure=False)
-    except Exception as error:  # the state could only re-raise it
+    except Exception as error:  # noqa: BLE001 - the state could only re-raise it
         return error
     return result if isinstance(result, BaseException) else None
 

@@ -12,7 +12,8 @@ import itertools
 import json
 import math
 import random
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -20,8 +21,8 @@ from pydantic import Field, model_validator
 
 from tasks.charts import charts_markdown, trials_chart
 from tasks.console import run_output
-from tasks.params import Checkpointing, DatasetSpec, Failures, RunSettings, Scaling, TorchTraining, ParamsModel
-from tasks.reporting import json_safe, artifact_key
+from tasks.params import Checkpointing, DatasetSpec, Failures, ParamsModel, RunSettings, Scaling, TorchTraining
+from tasks.reporting import artifact_key, json_safe
 from tasks.retries import train_task_options
 from tasks.train import train
 
@@ -41,7 +42,7 @@ class Distribution(ParamsModel):
     values: list[Any] | None = None
 
     @model_validator(mode="after")
-    def _bounds(self) -> "Distribution":
+    def _bounds(self) -> Distribution:
         if self.kind == "choice":
             if not self.values or self.low is not None or self.high is not None:
                 raise ValueError(f"kind='choice' needs a non-empty 'values' list and no low/high; got values={self.values!r}.")
@@ -57,7 +58,9 @@ class Distribution(ParamsModel):
     def sample(self, rng: random.Random) -> Any:
         """One draw from this distribution."""
         if self.kind == "choice":
+            assert self.values is not None  # checked when the model was built
             return rng.choice(self.values)
+        assert self.low is not None and self.high is not None  # checked when the model was built
         if self.kind == "randint":
             return rng.randrange(math.ceil(self.low), math.ceil(self.high))
         if self.kind == "loguniform":
@@ -83,7 +86,7 @@ class Search(ParamsModel):
     )
 
     @model_validator(mode="after")
-    def _something_to_try(self) -> "Search":
+    def _something_to_try(self) -> Search:
         if not self.grid and not self.random:
             raise ValueError('search: give a grid (e.g. {"lr": [0.1, 0.01]}) or random distributions; both are empty.')
         empty = sorted(name for name, values in self.grid.items() if not values)
@@ -107,7 +110,7 @@ class Search(ParamsModel):
         for point in itertools.product(*(self.grid[name] for name in names)):
             for _ in range(self.num_samples):
                 drawn = {name: self.random[name].sample(rng) for name in sorted(self.random)}
-                configs.append({**dict(zip(names, point)), **drawn})
+                configs.append({**dict(zip(names, point, strict=True)), **drawn})
         return configs
 
 
@@ -125,7 +128,7 @@ class SweepSettings(ParamsModel):
     failures: Failures
     run: RunSettings
 
-    def trial_config(self, trial: "Trial") -> dict[str, Any]:
+    def trial_config(self, trial: Trial) -> dict[str, Any]:
         """The ``train_loop_config`` of ``trial``: the base config with the trial's parameters."""
         return {**self.train_loop_config, **trial.params}
 
@@ -194,7 +197,7 @@ def trials_the_cluster_holds(scaling: Scaling, *, with_data: bool = False) -> in
     if config.placement_strategy == "STRICT_PACK":
         holds = sum(bundles_that_fit(node, config.total_resources) for node in nodes)
     else:
-        holds = sum(bundles_that_fit(node, config.worker_resources) for node in nodes) // config.num_workers
+        holds = sum(bundles_that_fit(node, config.worker_resources) for node in nodes) // config.max_workers
     trial_cpus = config.total_resources.get("CPU", 0)
     if with_data and trial_cpus:
         holds = min(holds, math.floor((sum(node.get("CPU", 0.0) for node in nodes) - 1) / trial_cpus + 1e-9))
@@ -291,7 +294,7 @@ def collect_outcomes(trials: list[Trial], futures: list[Any]) -> list[TrialOutco
     """Every trial's outcome from its task future; a trial that failed (after its retries) is kept
     as ``failed`` with its error, so one bad trial does not hide the others."""
     outcomes = []
-    for trial, future in zip(trials, futures):
+    for trial, future in zip(trials, futures, strict=True):
         future.wait()
         if future.state.is_completed():
             outcomes.append(future.result())
@@ -307,10 +310,9 @@ def collect_outcomes(trials: list[Trial], futures: list[Any]) -> list[TrialOutco
 def rank_trials(sweep_name: str, search: Search, outcomes: list[TrialOutcome]) -> list[TrialOutcome]:
     """Rank the trials by ``search.metric`` (best first; failed trials and trials without the metric
     last) and publish the ranking as a table artifact and a chart of the metric per trial."""
-    scored = [o for o in outcomes if o.score is not None]
-    unscored = [o for o in outcomes if o.score is None]
-    scored.sort(key=lambda o: o.score, reverse=search.mode == "max")
-    ranked = scored + unscored
+    scored = [(o.score, o) for o in outcomes if o.score is not None]
+    scored.sort(key=lambda pair: pair[0], reverse=search.mode == "max")
+    ranked = [o for _, o in scored] + [o for o in outcomes if o.score is None]
     rows = [
         {
             "rank": i + 1 if outcome.score is not None else None,
@@ -352,9 +354,10 @@ def publish_sweep_chart(sweep_name: str, search: Search, ranked: list[TrialOutco
     """A markdown artifact charting ``search.metric`` per report of the best trials, one line each."""
     from storage import load_run
 
-    stored = [(place, o) for place, o in enumerate(ranked, start=1) if o.run_path is not None][:MAX_CHARTED_TRIALS]
+    stored = [(place, o, path) for place, o in enumerate(ranked, start=1) if (path := o.run_path) is not None]
+    stored = stored[:MAX_CHARTED_TRIALS]
     chart = trials_chart(
-        search.metric, [(trial_label(place, o), load_run(o.run_path).metrics_history) for place, o in stored], best=search.mode
+        search.metric, [(trial_label(place, o), load_run(path).metrics_history) for place, o, path in stored], best=search.mode
     )
     shown = f"the best {len(stored)} of {len(ranked)}" if len(stored) < len(ranked) else f"all {len(ranked)}"
     intro = f"{search.metric} ({search.mode}) of {shown} trials, ranked as in the `{artifact_key(sweep_name, 'trials')}` table."

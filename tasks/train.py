@@ -7,7 +7,7 @@ with the same run name, which resumes from the run's snapshot.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 
@@ -28,7 +28,11 @@ from tasks.params import (
 from tasks.reporting import PrefectReporter, log_failure, publish_metrics, without_traceback
 from tasks.retries import train_task_options
 from tasks.tracking import tracking_callbacks
-from trainers import RunConfig, TrainingFailedError, UserCallback
+from trainers import DataParallelTrainer, RunConfig, TrainingFailedError, UserCallback
+
+if TYPE_CHECKING:
+    from trainers.lightgbm import LightGBMTrainer
+    from trainers.xgboost import XGBoostTrainer
 
 
 def reports_already_kept(run: RunSettings) -> int:
@@ -60,6 +64,7 @@ def build_trainer(
 ) -> Any:
     """The Ray Train-style trainer for ``training`` (checked here, before any worker starts)."""
     if isinstance(training, BoostingTraining):
+        GBDTTrainer: type[XGBoostTrainer | LightGBMTrainer]
         if training.framework == "xgboost":
             from trainers.xgboost import XGBoostTrainer as GBDTTrainer
         else:
@@ -72,6 +77,7 @@ def build_trainer(
             scaling_config=scaling.to_config(),
             run_config=run_config,
         )
+    LoopTrainer: type[DataParallelTrainer]
     if training.framework == "tensorflow":
         from trainers.tensorflow import TensorflowTrainer as LoopTrainer
     elif training.framework == "jax":

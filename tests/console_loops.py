@@ -25,7 +25,7 @@ def warning_loop(config: dict) -> None:
     for epoch in range(config["epochs"]):
         rows = sum(len(batch["label"]) for shard in shards for batch in shard.iter_batches(batch_size=64))
         if epoch == 0 and rank == 1:
-            warnings.warn(WORKER_WARNING)
+            warnings.warn(WORKER_WARNING, stacklevel=1)
             if config.get("fail"):
                 raise RuntimeError(WORKER_FAILURE)
         trainers.report({"epoch": epoch, "rows": rows})

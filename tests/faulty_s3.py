@@ -14,7 +14,7 @@ import contextlib
 import os
 import socket
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.fs as pafs

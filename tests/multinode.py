@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from conftest import assert_no_leaks
 from trainers import UserCallback
@@ -67,7 +68,7 @@ def fit_in_background(trainer: Any) -> tuple[threading.Thread, dict]:
     def target() -> None:
         try:
             outcome["result"] = trainer.fit()
-        except BaseException as error:  # the test asserts on it
+        except BaseException as error:  # noqa: BLE001 - the test asserts on it
             outcome["error"] = error
 
     thread = threading.Thread(target=target)

@@ -38,7 +38,7 @@ def counting_loop(config: dict) -> None:
     start = 0
     if checkpoint := trainers.get_checkpoint():
         with checkpoint.as_directory() as folder:
-            start = int(open(os.path.join(folder, "epoch")).read()) + 1
+            start = int(pathlib.Path(folder, "epoch").read_text()) + 1
     (marker_dir / f"start-{start}-{rank}-{os.getpid()}").touch()
     shard = trainers.get_dataset_shard("train")
     for epoch in range(start, config["epochs"]):

@@ -11,7 +11,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 from prefect_server import free_port
 

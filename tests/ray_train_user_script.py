@@ -7,12 +7,11 @@ import os
 import tempfile
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
-
 from ray import train
 from ray.train import Checkpoint, CheckpointConfig, RunConfig, ScalingConfig
 from ray.train.collective import broadcast_from_rank_zero
 from ray.train.torch import TorchTrainer, prepare_data_loader, prepare_model
+from torch.utils.data import DataLoader, TensorDataset
 
 
 def train_func(config):

@@ -244,4 +244,4 @@ def test_the_recorded_names_are_the_installed_rays_names():
     import ray
 
     assert RECORDED["ray"] == ray.__version__, f"names recorded from Ray {RECORDED['ray']}, Ray {ray.__version__} installed"
-    assert PAIRS == _pairs()
+    assert _pairs() == PAIRS

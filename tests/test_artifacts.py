@@ -142,7 +142,7 @@ def test_the_metrics_table_is_rounded_with_report_step_and_score_first(finished_
     assert len(rows) == len(reports)
     assert [list(row)[:4] for row in rows] == [["report", "epoch", "valid_loss", "train_loss"]] * len(reports)
     assert all(list(row) == list(rows[0]) for row in rows)  # every row has every column
-    for number, (row, metrics) in enumerate(zip(rows, reports), start=1):
+    for number, (row, metrics) in enumerate(zip(rows, reports, strict=True), start=1):
         assert row["report"] == number and row["epoch"] == metrics["epoch"]
         assert row["valid_loss"] == float(f"{metrics['valid_loss']:.4g}") != metrics["valid_loss"]
         assert row["eval/accuracy_on_the_held_out_rows"] == float(f"{metrics['eval']['accuracy_on_the_held_out_rows']:.4g}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import pathlib
 import tempfile
 import threading
 
@@ -143,7 +144,7 @@ def test_one_folder_reused_for_async_checkpoints_commits_each_epoch_whole(tmp_pa
                 f"{kind}_rank{rank}.txt" for rank in (0, 1) for kind in ("weights", f"epoch_{epoch}")
             ), f"epoch {epoch}: {files}"
             for name in files:
-                assert open(os.path.join(folder, name)).read() == str(epoch)
+                assert pathlib.Path(folder, name).read_text() == str(epoch)
 
 
 def test_failed_async_upload_surfaces_in_the_loop(tmp_path):

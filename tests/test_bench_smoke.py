@@ -8,9 +8,8 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
-
 from benchmarks.bench import parse, rotated, summarise
+from conftest import ROOT
 
 
 def test_summary_takes_medians_and_the_median_of_the_per_repetition_ratios():

@@ -7,6 +7,7 @@ these tests share nothing with the session's Ray.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -49,7 +50,7 @@ def test_the_schedule_is_seeded_covers_every_kind_and_spaces_its_faults():
     assert len({f.id for f in faults}) == 32
     for plan in plans:
         steps = [f.step for f in plan.faults]
-        assert steps == sorted(steps) and all(b - a >= 2 for a, b in zip(steps, steps[1:]))
+        assert steps == sorted(steps) and all(b - a >= 2 for a, b in itertools.pairwise(steps))
         assert plan.wrapped == any(f.kind in WRAPPED for f in plan.faults)
         assert all(f.step % settings.every == settings.every - 1 for f in plan.faults if KINDS[f.kind].on_checkpoint)
     # The event road's faults share runs with driver kills only (a worker killed before it noticed

@@ -12,7 +12,16 @@ import tempfile
 import pytest
 
 from loops import resume_after_checkpoint
-from trainers import Checkpoint, ControllerError, DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig, UserCallback, report
+from trainers import (
+    Checkpoint,
+    ControllerError,
+    DataParallelTrainer,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    UserCallback,
+    report,
+)
 
 
 def counting_loop(config: dict) -> None:

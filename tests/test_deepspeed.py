@@ -5,6 +5,7 @@ worker was SIGKILLed, and a ZeRO-3 checkpoint consolidates to one fp32 state dic
 from __future__ import annotations
 
 import os
+import pathlib
 
 import pytest
 import torch
@@ -12,7 +13,6 @@ import torch
 import deepspeed_loops
 from trainers import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, UserCallback
 from trainers.torch import TorchTrainer
-
 
 STEPS = 8
 KILL_AT = 5
@@ -78,7 +78,7 @@ def test_killed_zero3_worker_resumes_from_the_last_deepspeed_checkpoint(tmp_path
     torch.testing.assert_close(torch.tensor(list(history["loss"])), torch.tensor(compared["losses"]["zero3"]), **TOLERANCE)
 
     with result.checkpoint.as_directory() as folder:
-        tag = open(os.path.join(folder, "latest")).read().strip()
+        tag = pathlib.Path(folder, "latest").read_text().strip()
         assert tag == f"step{STEPS - 1}"
         files = set(os.listdir(os.path.join(folder, tag)))
         # Each rank's ZeRO-3 shard of the parameters and of the optimizer, in one checkpoint.

@@ -15,7 +15,7 @@ import pathlib
 import re
 import subprocess
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -313,11 +313,11 @@ def assert_schedule_fires(worker) -> None:
 
 
 def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)
 
 
 def _when(timestamp: str) -> datetime.datetime:
-    return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).astimezone(datetime.timezone.utc)
+    return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).astimezone(datetime.UTC)
 
 
 def worker_server_log(env) -> str | None:

@@ -155,7 +155,7 @@ class LogLine(logging.Handler):
         if self.text in record.getMessage():
             self.seen.set()
 
-    def __enter__(self) -> "LogLine":
+    def __enter__(self) -> LogLine:
         self.logger.addHandler(self)
         return self
 

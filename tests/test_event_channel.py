@@ -4,6 +4,7 @@ and the fall back to Ray."""
 from __future__ import annotations
 
 import os
+import pathlib
 import socket
 import struct
 import tempfile
@@ -14,8 +15,8 @@ import pytest
 
 from trainers import Checkpoint, DataParallelTrainer, FailureConfig, Result, RunConfig, ScalingConfig, UserCallback
 from trainers._internal import event_channel
-from trainers._internal.event_channel import FAULTS, ChannelAddress, EventListener, Outbox
 from trainers._internal.attempt_book import AttemptBook
+from trainers._internal.event_channel import FAULTS, ChannelAddress, EventListener, Outbox
 from trainers._internal.events import ReportEvent, SyncEvent
 from trainers._internal.worker_inbox import WorkerInbox
 
@@ -320,7 +321,7 @@ def test_a_rank_whose_connection_breaks_in_a_checkpoint_round_loses_no_report(fa
     assert len(restored.best_checkpoints) == 4
     for checkpoint, metrics in restored.best_checkpoints:
         with checkpoint.as_directory() as folder:
-            assert open(os.path.join(folder, "step.txt")).read() == str(metrics["step"])
+            assert pathlib.Path(folder, "step.txt").read_text() == str(metrics["step"])
 
 
 def failing_after_a_stalled_report_loop(config):
@@ -333,7 +334,7 @@ def failing_after_a_stalled_report_loop(config):
     checkpoint = get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
-            start = int(open(os.path.join(folder, "step.txt")).read()) + 1
+            start = int(pathlib.Path(folder, "step.txt").read_text()) + 1
     if rank == 0:
         with open(os.path.join(marks, f"started-at-{start}"), "w"):
             pass

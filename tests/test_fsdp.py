@@ -76,9 +76,10 @@ def test_user_fully_shard_saves_sharded_checkpoints_and_resumes_to_the_same_loss
 
 
 def test_rays_fsdp1_kwargs_train_on_cpu_like_ddp(tmp_path):
-    import deepspeed_loops
     from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    import deepspeed_loops
 
     ray_style = {
         "sharding_strategy": ShardingStrategy.SHARD_GRAD_OP,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -14,7 +15,6 @@ import torch
 
 from benchmarks import gpu_check
 from benchmarks.gpu_workloads import CHECKS, Setup, digest, read_rank_files, throughput_work
-
 from conftest import ROOT
 
 REPO = str(ROOT)
@@ -76,9 +76,9 @@ def test_reports_written_as_json(tmp_path):
     paths = gpu_check.write_reports(str(tmp_path / "out"), environment, results)
     assert [os.path.basename(p) for p in paths] == ["gpu_check.json", "throughput.json"]
 
-    report = json.load(open(paths[0]))
+    report = json.loads(pathlib.Path(paths[0]).read_text())
     assert report["environment"] == environment and report["checks"] == results
-    throughput = json.load(open(paths[1]))
+    throughput = json.loads(pathlib.Path(paths[1]).read_text())
     assert throughput["status"] == "FAIL"
     assert throughput["samples_per_s"] == {"raw": 2000.0, "flowtrain": 1980.0}
     assert throughput["ratios"] == {"flowtrain/raw": 0.99}

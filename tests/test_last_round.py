@@ -8,6 +8,7 @@ S3. Any lost round shows up as a run that runs out of its failure budget one rou
 from __future__ import annotations
 
 import os
+import pathlib
 import tempfile
 
 import pytest
@@ -30,7 +31,7 @@ def report_one_round_then_fail() -> None:
     previous = -1
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
-            previous = int(open(os.path.join(folder, "round.txt")).read())
+            previous = int(pathlib.Path(folder, "round.txt").read_text())
     this_round = previous + 1
     with tempfile.TemporaryDirectory() as folder:
         with open(os.path.join(folder, "round.txt"), "w") as file:
@@ -63,7 +64,7 @@ def assert_every_round_kept(path: str, filesystem=None) -> None:
     assert list(result.metrics_dataframe["round"]) == list(range(ROUNDS))
     assert result.metrics["round"] == ROUNDS - 1
     with result.checkpoint.as_directory() as folder:
-        assert open(os.path.join(folder, "round.txt")).read() == str(ROUNDS - 1)
+        assert pathlib.Path(folder, "round.txt").read_text() == str(ROUNDS - 1)
 
 
 class EndedWorkers(ScriptedWorkers):

@@ -91,7 +91,7 @@ def driver_main(conn, where: dict, log: str, driver: str) -> None:
             conn.send(("trained", ""))
         except RunInProgressError as error:
             conn.send(("refused", str(error)))
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - whatever ended the driver goes back to the test, with its traceback
             conn.send(("failed", traceback.format_exc()))
 
 

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import gbdt_loops as loops
-import trainers
 from trainers import DataConfig, FailureConfig, RunConfig, ScalingConfig
 from trainers.lightgbm import LightGBMTrainer, RayTrainReportCallback, get_model, get_network_params
 

@@ -24,7 +24,6 @@ from trainers import (
 )
 from trainers.torch import TorchConfig, TorchTrainer
 
-
 # -- V1 leftovers: a migration message, raised as DeprecationWarning (as Ray raises it) ----------
 
 

@@ -9,7 +9,15 @@ import pytest
 
 import loops
 from conftest import assert_no_leaks
-from trainers import DataConfig, FailureConfig, InsufficientResourcesError, RunConfig, ScalingConfig, UserCallback, WorkerGroupError
+from trainers import (
+    DataConfig,
+    FailureConfig,
+    InsufficientResourcesError,
+    RunConfig,
+    ScalingConfig,
+    UserCallback,
+    WorkerGroupError,
+)
 from trainers.data import DatasetError, read_dataset
 from trainers.torch import TorchTrainer
 

@@ -44,7 +44,7 @@ def test_only_import_lines_change():
 @pytest.mark.usefixtures("ray_local")
 def test_ray_train_script_runs_with_switched_imports(tmp_path):
     source = switch_imports(SCRIPT.read_text())
-    assert "ray" not in "".join(l for l in source.splitlines() if l.startswith(("import", "from")))
+    assert "ray" not in "".join(line for line in source.splitlines() if line.startswith(("import", "from")))
     module_path = tmp_path / "switched_user_script.py"
     module_path.write_text(source)
     spec = importlib.util.spec_from_file_location("switched_user_script", module_path)

@@ -16,11 +16,11 @@ import shutil
 import pyarrow.fs as pafs
 import pytest
 import torch
-from faulty_s3 import moto_s3
-from test_ray_train_compat import SCRIPT, switch_imports
 
+from faulty_s3 import moto_s3
 from storage import RayRunFormatError, RunStorage, StorageError
 from storage.ray_run_format import RAY_SNAPSHOT
+from test_ray_train_compat import SCRIPT, switch_imports
 from trainers import Result
 
 RAY_EPOCHS = 3
@@ -72,7 +72,7 @@ def test_fit_with_switched_imports_continues_the_ray_train_run(ray_run, ray_loca
     carried = frame.iloc[:RAY_EPOCHS].to_dict("records")
     assert carried == [ray_checkpoints[epoch][1] for epoch in range(RAY_EPOCHS)]
 
-    losses = dict(zip(frame["epoch"], frame["loss"]))
+    losses = dict(zip(frame["epoch"], frame["loss"], strict=True))
     kept = set(sorted(losses, key=losses.get)[:4]) | {5}  # the 4 best by loss, plus the latest
     assert set(by_epoch(result.best_checkpoints)) == kept
     for epoch, (name, _) in ray_checkpoints.items():  # Ray's folders, adopted where they are

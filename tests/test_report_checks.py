@@ -7,6 +7,7 @@ import dataclasses
 import datetime
 import logging
 import os
+import pathlib
 import tempfile
 import threading
 from decimal import Decimal
@@ -64,7 +65,7 @@ def assert_good_rounds_kept(result: Result) -> None:
     assert list(result.metrics_dataframe["val/acc"]) == [0.5] * GOOD_ROUNDS
     assert len(result.best_checkpoints) == GOOD_ROUNDS
     with result.checkpoint.as_directory() as folder:
-        assert open(os.path.join(folder, "step.txt")).read() == str(GOOD_ROUNDS - 1)
+        assert pathlib.Path(folder, "step.txt").read_text() == str(GOOD_ROUNDS - 1)
 
 
 def _unpicklable():
@@ -124,7 +125,7 @@ def test_a_value_pickle_cannot_hold_does_not_lose_the_history_or_the_checkpoint(
     assert [m["step"] for m in run.metrics_history] == [0, 1]
     assert "_thread.lock" in run.metrics_history[1]["odd"]
     with run.latest_checkpoint.as_directory() as folder:
-        assert open(os.path.join(folder, "w.txt")).read() == "1"
+        assert pathlib.Path(folder, "w.txt").read_text() == "1"
 
 
 # -- values Ray Train accepts ----------------------------------------------------------------------
@@ -137,7 +138,7 @@ class Tag:
     name: str
 
 
-WHEN = datetime.datetime(2026, 11, 26, 8, 30, tzinfo=datetime.timezone.utc)
+WHEN = datetime.datetime(2026, 11, 26, 8, 30, tzinfo=datetime.UTC)
 #: A report of what Ray Train takes beyond JSON, nested ones included.
 RICH = {
     "step": 0,

@@ -143,7 +143,7 @@ def test_a_named_folder_left_by_a_commit_cut_short_is_removed_on_resume(tmp_path
         real_write()
 
     storage._write = write_then_fail
-    with pytest.raises(Exception):
+    with pytest.raises(OSError, match="injected failure"):
         storage.record_report({"i": 0}, report_index=0, attempt=attempt, staged=True, dir_name="epoch_0")
     assert (tmp_path / "run" / "epoch_0").is_dir()  # moved, but never committed
     storage.close()

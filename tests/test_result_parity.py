@@ -24,7 +24,7 @@ def test_result_takes_rays_constructor_parameters_and_repr():
     assert "metrics={'iter': 0, 'metric': 1.0}" in text
     assert Result(metrics={}, checkpoint=None, error=None, path="/p").filesystem.type_name == "local"
     with pytest.raises(DeprecationWarning, match="Result.config"):
-        result.config
+        _ = result.config
 
 
 def test_get_best_checkpoint_errors_are_runtime_errors_and_value_errors():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 
 import pyarrow.fs as pafs
 import pytest
@@ -38,7 +39,7 @@ def test_run_storage_commits_with_marker_on_s3(s3, tmp_path):
     assert listing(s3, "flowtrain-test/unit/run/checkpoint_000002") == [".committed", "model.txt"]
     view = load_run("s3://flowtrain-test/unit/run", s3)
     with view.latest_checkpoint.as_directory() as folder:
-        assert open(f"{folder}/model.txt").read() == "2"
+        assert pathlib.Path(f"{folder}/model.txt").read_text() == "2"
 
 
 @pytest.mark.usefixtures("ray_local")
@@ -68,6 +69,6 @@ def test_training_run_on_s3_end_to_end_and_resume(s3):
     resumed = fit(8)  # same name: continues after step 4 (the latest checkpoint)
     assert list(resumed.metrics_dataframe["step"]) == list(range(8))
     with resumed.checkpoint.as_directory() as folder:
-        assert open(f"{folder}/step.txt").read() == "6"
+        assert pathlib.Path(f"{folder}/step.txt").read_text() == "6"
     rebuilt = Result.from_path(resumed.path, storage_filesystem=s3)
     assert list(rebuilt.metrics_dataframe["step"]) == list(range(8))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import tempfile
 import threading
 
@@ -59,7 +60,7 @@ def stored(run_dir) -> dict[str, str]:
         for name in files:
             if not name.startswith("lease."):
                 path = os.path.join(folder, name)
-                found[os.path.relpath(path, run_dir)] = open(path).read()
+                found[os.path.relpath(path, run_dir)] = pathlib.Path(path).read_text()
     return found
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import pickle
 import threading
 import time
@@ -53,7 +54,7 @@ def test_commit_retention_and_result_paths(tmp_path):
     for index, loss in enumerate(losses):
         committed = report(storage, attempt, index, {"loss": loss, "step": index}, checkpoint=True)
         assert committed.path == str(tmp_path / "run" / f"checkpoint_{index:06d}")
-        assert open(os.path.join(committed.path, "model.txt")).read() == f"step {index}"
+        assert pathlib.Path(committed.path, "model.txt").read_text() == f"step {index}"
         assert len(folders(tmp_path / "run")) <= 3
     # best two by loss: 0.2 (#1) and 0.5 (#2), plus the latest (#4).
     assert folders(tmp_path / "run") == ["checkpoint_000001", "checkpoint_000002", "checkpoint_000004"]
@@ -83,7 +84,7 @@ def test_snapshot_is_written_before_anything_is_deleted(tmp_path):
     deletions = [i for i, (op, path) in enumerate(handler.ops) if op == "delete_dir" and path.endswith("checkpoint_000000")]
     assert snapshot_moves and deletions
     assert snapshot_moves[0] < deletions[0]
-    names = [c["dir_name"] for c in json.loads(open(tmp_path / "run" / "run.json").read())["checkpoints"]]
+    names = [c["dir_name"] for c in json.loads((tmp_path / "run" / "run.json").read_text())["checkpoints"]]
     assert names == ["checkpoint_000001"]
     storage.close()  # its heartbeat calls back into Python: not a thread to leave at interpreter exit
 
@@ -121,7 +122,7 @@ def test_resume_continues_history_from_latest_checkpoint(tmp_path):
     resumed = second.start_attempt()
     assert resumed == attempt + 1
     with second.latest_checkpoint.as_directory() as folder:
-        assert open(os.path.join(folder, "model.txt")).read() == "step 1"
+        assert pathlib.Path(folder, "model.txt").read_text() == "step 1"
     report(second, resumed, 0, {"step": 2})
     assert [m["step"] for m in second.metrics_history] == [0, 1, 2]
 
@@ -254,9 +255,9 @@ def test_checkpoint_api(tmp_path):
     (source / "w.bin").write_bytes(b"weights")
     checkpoint = Checkpoint.from_directory(str(source))
     with checkpoint.as_directory() as folder:
-        assert open(os.path.join(folder, "w.bin"), "rb").read() == b"weights"
+        assert pathlib.Path(folder, "w.bin").read_bytes() == b"weights"
     copy = checkpoint.to_directory(str(tmp_path / "copy"))
-    assert open(os.path.join(copy, "w.bin"), "rb").read() == b"weights"
+    assert pathlib.Path(copy, "w.bin").read_bytes() == b"weights"
     checkpoint.set_metadata({"epoch": 3})
     checkpoint.update_metadata({"lr": 0.1})
     assert checkpoint.get_metadata() == {"epoch": 3, "lr": 0.1}
@@ -266,7 +267,7 @@ def test_checkpoint_api(tmp_path):
     fs, _ = faulty_fs()  # a non-local filesystem: as_directory gives a temporary copy
     remote = Checkpoint(str(source), fs)
     with remote.as_directory() as folder:
-        assert folder != str(source) and open(os.path.join(folder, "w.bin"), "rb").read() == b"weights"
+        assert folder != str(source) and pathlib.Path(folder, "w.bin").read_bytes() == b"weights"
     assert not os.path.exists(folder)
 
 

@@ -11,7 +11,7 @@ import pipeline_loops
 import tune_loops
 from conftest import train_worker_actors
 from tasks.params import Scaling
-from tasks.sweep import Search, trial_name
+from tasks.sweep import Search, trial_name, trials_the_cluster_holds
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_local")
 
@@ -140,6 +140,14 @@ def test_search_proposes_the_same_trials_every_time():
     assert Scaling(accelerator_type="A100").to_config().worker_resources["accelerator_type:A100"] == 0.001
     with pytest.raises(ValueError, match=r"search.num_samples=2: a grid without random parameters"):
         Search(metric="loss", grid={"lr": [0.1]}, num_samples=2)
+
+
+def test_elastic_trials_are_counted_at_their_max_workers():
+    """Trials with scaling.min_workers may grow to num_workers, so the cluster holds as many of them
+    at once as of fixed ones (this divided by the (min, max) pair before)."""
+    fixed = trials_the_cluster_holds(Scaling(num_workers=2))
+    assert fixed >= 1
+    assert trials_the_cluster_holds(Scaling(num_workers=2, min_workers=1)) == fixed
 
 
 def test_sweep_over_datasets_reads_them_once_and_trains_every_trial_on_them(tmp_path):

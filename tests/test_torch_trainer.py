@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 
 import pytest
 
@@ -129,7 +130,7 @@ def test_every_report_is_a_row_and_checkpoints_are_committed(tmp_path, upload_mo
     assert list(result.metrics_dataframe["step"]) == list(range(7))
     assert result.checkpoint is not None
     with result.checkpoint.as_directory() as folder:
-        assert open(os.path.join(folder, "step.txt")).read() == "6"
+        assert pathlib.Path(folder, "step.txt").read_text() == "6"
     assert os.path.isdir(result.checkpoint.path)
     assert [m["step"] for _, m in result.best_checkpoints] == [3, 6]
     for checkpoint, _ in result.best_checkpoints:
@@ -175,7 +176,7 @@ def test_restart_resumes_from_latest_checkpoint(tmp_path):
     (rounds_before, failures, resume_from), = recorder.restarts
     assert [f.world_rank for f in failures] == [1] and "injected failure at step 5" in failures[0].message
     with resume_from.as_directory() as folder:
-        checkpointed = int(open(os.path.join(folder, "step.txt")).read())
+        checkpointed = int(pathlib.Path(folder, "step.txt").read_text())
     assert checkpointed in (2, 4)  # 4 unless rank 0's step-4 report was still in flight
     reported = [m[0]["step"] for m in recorder.rounds]
     assert reported[:rounds_before] == list(range(rounds_before))

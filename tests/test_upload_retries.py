@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import pickle
 import shutil
 import tempfile
@@ -20,12 +21,22 @@ import pytest
 
 import faulty_s3
 from faulty_fs import faulty_fs
-from faulty_s3 import BUCKET, faulty_s3 as make_faulty_s3, log_event, read_events
+from faulty_s3 import BUCKET, log_event, read_events
+from faulty_s3 import faulty_s3 as make_faulty_s3
 from storage import Checkpoint, load_run, upload_directory
 from storage.layout import RunLayout
 from storage.upload import CheckpointUploadError, RetryPolicy, is_transient
-from trainers import CheckpointConfig, CheckpointUploadMode, DataParallelTrainer, Result, RunConfig, ScalingConfig, UserCallback, WorkerGroupError
-from trainers import errors
+from trainers import (
+    CheckpointConfig,
+    CheckpointUploadMode,
+    DataParallelTrainer,
+    Result,
+    RunConfig,
+    ScalingConfig,
+    UserCallback,
+    WorkerGroupError,
+    errors,
+)
 from trainers._internal import checkpoint_upload
 
 #: The workers' retry policy in these runs: quick, so a spent budget costs milliseconds.
@@ -45,7 +56,7 @@ def upload_loop(config: dict) -> None:
     start = 0
     if (checkpoint := train.get_checkpoint()) is not None:
         with checkpoint.as_directory() as folder:
-            start = int(open(os.path.join(folder, f"rank_{rank}.txt")).read()) + 1
+            start = int(pathlib.Path(folder, f"rank_{rank}.txt").read_text()) + 1
     modes = config.get("modes", ["SYNC"])
     for step in range(start, config["steps"]):
         folder = tempfile.mkdtemp(prefix="upload-retries-")

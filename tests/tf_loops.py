@@ -56,10 +56,9 @@ def keras_mwms_loop(config: dict[str, Any]) -> dict[str, Any]:
     class KillOnce(tf.keras.callbacks.Callback):
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             marker = config.get("marker")
-            if self.epoch == config.get("kill_epoch") and batch == 3 and rank == config.get("kill_rank") and marker:
-                if not os.path.exists(marker):
-                    open(marker, "w").close()
-                    os.kill(os.getpid(), signal.SIGKILL)
+            if self.epoch == config.get("kill_epoch") and batch == 3 and rank == config.get("kill_rank") and marker and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self.epoch = epoch

@@ -83,7 +83,13 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; at run time the names load
     from trainers.preemption import PreemptionInfo
     from trainers.report_config import CheckpointUploadMode
     from trainers.result import Result
-    from trainers.train_fn import get_all_reported_checkpoints, get_checkpoint, get_dataset_shard, get_preemption_info, report
+    from trainers.train_fn import (
+        get_all_reported_checkpoints,
+        get_checkpoint,
+        get_dataset_shard,
+        get_preemption_info,
+        report,
+    )
     from trainers.validation import (
         CheckpointConsistencyMode,
         ReportedCheckpoint,

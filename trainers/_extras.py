@@ -19,7 +19,7 @@ class MissingExtraError(ImportError):
 
     def __init__(self, module: str, extra: str) -> None:
         self.module = module
-        self.extra = extra
+        self.extra: str | None = extra  # None: no flowtrain extra installs it (TorchXLAMissingError)
         super().__init__(
             f"trainers' {extra} integration needs the {module!r} package, which is not installed: "
             f"run pip install 'flowtrain[{extra}]'.",

@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from typing import Any, Callable, ContextManager
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+#: The config class a backend is given (``class TorchBackend(Backend[TorchConfig])``).
+ConfigT = TypeVar("ConfigT", bound="BackendConfig")
 
 
-class Backend:
+class Backend(Generic[ConfigT]):
     """Hooks around the life of a worker group. The default does nothing."""
 
-    def on_start(self, worker_group: Any, backend_config: "BackendConfig") -> None:
+    def on_start(self, worker_group: Any, backend_config: ConfigT) -> None:
         """Set up communication between the workers (e.g. a torch process group)."""
 
-    def on_training_start(self, worker_group: Any, backend_config: "BackendConfig") -> None:
+    def on_training_start(self, worker_group: Any, backend_config: ConfigT) -> None:
         """Called right before the training function starts on the workers."""
 
-    def on_shutdown(self, worker_group: Any, backend_config: "BackendConfig") -> None:
+    def on_shutdown(self, worker_group: Any, backend_config: ConfigT) -> None:
         """Tear down what ``on_start`` set up; the workers are killed afterwards anyway."""
 
 
@@ -39,11 +43,11 @@ class BackendConfig:
         return dict(vars(self))
 
     @property
-    def backend_cls(self) -> type[Backend]:
+    def backend_cls(self) -> type[Backend[Any]]:
         return Backend
 
     @property
-    def train_func_context(self) -> Callable[[], ContextManager[Any]]:
+    def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[Any]]:
         """A function returning the context manager each worker enters around the training
         function, after ``get_context()`` works and in the thread that trains. Default: none."""
         return contextlib.nullcontext

@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow.fs
 
 from storage import CheckpointConfig
-from storage.config import DEPRECATED, deprecated as _deprecated
+from storage.config import DEPRECATED
+from storage.config import deprecated as _deprecated
 from storage.layout import resolve_storage_path
 from trainers._internal.validation import (
     check_bool,
-    is_count,
     check_choice,
     check_int,
     check_number,
+    is_count,
 )
 
 if TYPE_CHECKING:
@@ -203,7 +204,7 @@ class ScalingConfig:
         """The most workers the run trains with (``num_workers`` when it is fixed)."""
         return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
 
-    def with_num_workers(self, num_workers: int) -> "ScalingConfig":
+    def with_num_workers(self, num_workers: int) -> ScalingConfig:
         """This config with a fixed number of workers (one elastic attempt's size)."""
         return dataclasses.replace(self, num_workers=num_workers)
 
@@ -212,11 +213,12 @@ class ScalingConfig:
     @property
     def worker_resources(self) -> dict[str, float]:
         """The resources one worker reserves, with defaults filled in and zero amounts dropped."""
+        resources: dict[str, float]
         if self._tpu_shape is not None:
             resources = dict(self._tpu_shape[1])  # a whole TPU host and 1 CPU, or resources_per_worker and 1 CPU
         elif self.resources_per_worker is None:
             if self.use_gpu:
-                resources: dict[str, float] = {"GPU": 1}  # no CPU, as Ray: GPU nodes often have few CPUs
+                resources = {"GPU": 1}  # no CPU, as Ray: GPU nodes often have few CPUs
             elif self.use_tpu:
                 resources = {"TPU": 1}
             else:
@@ -420,7 +422,7 @@ class LoggingConfig:
         level = self.log_level
         if not isinstance(level, str) or level.upper() not in LOG_LEVELS:
             raise ValueError(
-                f"LoggingConfig.log_level={level!r}: must be one of {', '.join(repr(l) for l in LOG_LEVELS)}."
+                f"LoggingConfig.log_level={level!r}: must be one of {', '.join(repr(name) for name in LOG_LEVELS)}."
             )
         object.__setattr__(self, "log_level", level.upper())
 
@@ -447,7 +449,7 @@ class RunConfig:
     #: Which checkpoints to keep.
     checkpoint_config: CheckpointConfig | None = None
     #: ``UserCallback`` objects called in the driver after each report and on failures.
-    callbacks: list["UserCallback"] | None = None
+    callbacks: list[UserCallback] | None = None
     #: Runtime environment for the worker actors (``ray.runtime_env.RuntimeEnv`` or dict).
     worker_runtime_env: dict | None = None
     #: How much flowtrain logs (``LoggingConfig(log_level="DEBUG")``).

@@ -7,7 +7,8 @@ the expected types, and every error names the file (or folder) and the column.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pyarrow as pa
 
@@ -77,7 +78,7 @@ _KINDS = {
 def check_schema(schema: Any, required: Mapping[str, str], *, source: str) -> None:
     """Raise ``DatasetError`` naming ``source`` and the column when one is missing or of the wrong kind."""
     names = list(schema.names)
-    types = dict(zip(names, schema.types))
+    types = dict(zip(names, schema.types, strict=True))
     for column, kind in required.items():
         if kind not in _KINDS:
             raise ValueError(f"required_columns[{column!r}]={kind!r}: must be one of {', '.join(_KINDS)}.")

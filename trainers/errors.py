@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from storage.upload import CheckpointUploadError
 
@@ -76,7 +77,7 @@ class NCCLHangError(WorkerGroupError):
     """
 
 
-def worker_group_error_type(failures: "list[RankFailure]", collective_backend: str | None) -> type[WorkerGroupError]:
+def worker_group_error_type(failures: list[RankFailure], collective_backend: str | None) -> type[WorkerGroupError]:
     """``NCCLHangError`` when a rank hung in a run whose collectives use NCCL, else ``WorkerGroupError``.
 
     A hang on NCCL needs a GPU-specific fix (NCCL_DEBUG, timeouts, a bad link), so GPU users get a
@@ -144,7 +145,7 @@ class PreemptionError(TrainingFailedError):
     when every worker had already ended.
     """
 
-    def __init__(self, preemption_info: "PreemptionInfo", drain_timed_out: bool = False) -> None:
+    def __init__(self, preemption_info: PreemptionInfo, drain_timed_out: bool = False) -> None:
         self.preemption_info = preemption_info
         self.drain_timed_out = drain_timed_out
         ended = "workers still running at the deadline were stopped" if drain_timed_out else "every worker had ended"

@@ -23,7 +23,7 @@ class ResultError(ValueError, RuntimeError):
     raised before: ``except`` clauses written for either catch it."""
 
 
-def metrics_frame(history: list[dict[str, Any]]) -> "pd.DataFrame":
+def metrics_frame(history: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per report, nested metrics flattened as ``"outer/inner"`` columns."""
     import pandas as pd
 
@@ -61,7 +61,7 @@ class Result:
     checkpoint: Checkpoint | None
     error: TrainingFailedError | None
     path: str
-    metrics_dataframe: "pd.DataFrame | None" = None
+    metrics_dataframe: pd.DataFrame | None = None
     best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] | None = None
     _storage_filesystem: pyarrow.fs.FileSystem | None = None
     return_value: Any = None
@@ -119,7 +119,7 @@ class Result:
         return pick(scored, key=lambda pair: pair[0])[1]
 
     @classmethod
-    def from_path(cls, path: str | os.PathLike, storage_filesystem: pyarrow.fs.FileSystem | None = None) -> "Result":
+    def from_path(cls, path: str | os.PathLike, storage_filesystem: pyarrow.fs.FileSystem | None = None) -> Result:
         """Rebuild the Result of a run from its folder, e.g. after the driver died: ``Result.path``
         with ``storage_filesystem=Result.filesystem``, or a URI (``s3://...``) or absolute local path.
 
@@ -139,7 +139,7 @@ class Result:
         return cls._from_run(run, return_value=None, error=None)
 
     @classmethod
-    def _from_run(cls, run: Any, *, return_value: Any, error: TrainingFailedError | None) -> "Result":
+    def _from_run(cls, run: Any, *, return_value: Any, error: TrainingFailedError | None) -> Result:
         history = list(run.metrics_history)
         return cls(
             metrics=history[-1] if history else None,

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 class ValidationFn(Protocol):
     """A function that scores a checkpoint: ``fn(checkpoint, **fn_kwargs) -> dict of metrics``."""
 
-    def __call__(self, checkpoint: "Checkpoint", **kwargs: Any) -> dict:
+    def __call__(self, checkpoint: Checkpoint, **kwargs: Any) -> dict:
         ...
 
 
@@ -100,7 +100,7 @@ class ValidationConfig:
         self.task_config = task_config
         self.ray_remote_kwargs = ray_remote_kwargs
         # Partial: a report's own fn_kwargs may supply the rest.
-        check_fn_kwargs(fn, task_config.fn_kwargs, "ValidationConfig(task_config=ValidationTaskConfig(fn_kwargs=...))", partial=True)
+        check_fn_kwargs(fn, task_config.fn_kwargs or {}, "ValidationConfig(task_config=ValidationTaskConfig(fn_kwargs=...))", partial=True)
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", repr(self.fn))
@@ -138,7 +138,7 @@ class CheckpointConsistencyMode(enum.Enum):
 class ReportedCheckpoint:
     """One kept checkpoint of the run, with its metrics (validation metrics merged in) and status."""
 
-    checkpoint: "Checkpoint"
+    checkpoint: Checkpoint
     metrics: dict[str, Any]
     status: ReportedCheckpointStatus
 
@@ -177,16 +177,16 @@ def resolve_request(validation: Any, config: ValidationConfig | None) -> bool | 
             "validation_config=trainers.ValidationConfig(fn) to the trainer (e.g. TorchTrainer(..., "
             "validation_config=...)), or drop validation= from report()."
         )
-    overrides = validation.fn_kwargs if isinstance(validation, ValidationTaskConfig) else {}
+    overrides = (validation.fn_kwargs or {}) if isinstance(validation, ValidationTaskConfig) else {}
     where = "report(validation=ValidationTaskConfig(fn_kwargs=...))" if overrides else f"report(validation={validation!r})"
-    check_fn_kwargs(config.fn, {**config.task_config.fn_kwargs, **overrides}, where)
+    check_fn_kwargs(config.fn, {**(config.task_config.fn_kwargs or {}), **overrides}, where)
     return validation
 
 
 def request_to_json(validation: bool | ValidationTaskConfig) -> Any:
     """The form a validation request takes in the run's record (run.json)."""
     if isinstance(validation, ValidationTaskConfig):
-        return {"fn_kwargs": dict(validation.fn_kwargs), "timeout_s": validation.timeout_s}
+        return {"fn_kwargs": dict(validation.fn_kwargs or {}), "timeout_s": validation.timeout_s}
     return bool(validation)
 
 

@@ -29,7 +29,8 @@ import re
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from trainers._internal.ray_private import actor_name_line, ray_console_handlers, wrap_worker_line_printer
 from trainers.tuning import LATE_LINES_S
@@ -123,7 +124,7 @@ class _Router:
             try:
                 sink(rank, list(data.get("lines") or []), bool(data.get("is_err")))
                 return
-            except Exception:  # raising here would end Ray's log thread: print the lines instead
+            except Exception:  # noqa: BLE001 - raising here would end Ray's log thread: print the lines instead
                 pass
         elif data.get("actor_name") == _SPLIT_COORDINATOR and _quiet_coordinators():
             lines = [line for line in data.get("lines") or [] if not is_ray_data_notice(line)]

@@ -12,7 +12,8 @@ import queue
 import socket
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow.fs
 
@@ -21,12 +22,12 @@ from storage.layout import RunLayout
 from trainers._internal.data import install_data_context, split_datasets
 from trainers._internal.devices import assign_visible_devices
 from trainers._internal.elastic import ElasticSizer, NodeResources, wait_released
-from trainers._internal.events import Event, take_events
+from trainers._internal.events import Event, FailedEvent, take_events
 from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
 from trainers._internal.resources import capturing_placement_group
 from trainers._internal.session import WorkerSession
-from trainers._internal.worker import run_training_function
 from trainers._internal.start_failure import describe_nodes
+from trainers._internal.worker import run_training_function
 from trainers._internal.worker_group import RayWorkerGroup, WorkerStartError
 from trainers.backend import BackendConfig
 from trainers.config import DataConfig, ScalingConfig
@@ -142,7 +143,7 @@ class RayWorkers:
             visible = assign_visible_devices(
                 [list(w.metadata.gpu_ids) for w in group.workers], [w.metadata.node_id for w in group.workers]
             )
-            ray.get([w.actor.set_env.remote({"CUDA_VISIBLE_DEVICES": v}) for w, (v, _) in zip(group.workers, visible)])
+            ray.get([w.actor.set_env.remote({"CUDA_VISIBLE_DEVICES": v}) for w, (v, _) in zip(group.workers, visible, strict=True)])
             accelerators = [ids for _, ids in visible]
         if spec.log_level is not None:
             from trainers._internal.log_level import apply_log_level
@@ -150,7 +151,7 @@ class RayWorkers:
             group.execute(apply_log_level, spec.log_level)
         self.backend.on_start(group, spec.backend_config)
         session_args = []
-        for worker, ids, shard in zip(group.workers, accelerators, shards):
+        for worker, ids, shard in zip(group.workers, accelerators, shards, strict=True):
             context = TrainContext(
                 experiment_name=spec.name,
                 world_size=self.world_size,
@@ -170,9 +171,9 @@ class RayWorkers:
         )
 
     def poll(self, timeout_s: float) -> list[Event | PreemptionNotice]:
-        events: list[Event | PreemptionNotice] = self.group.poll(timeout_s) if self.group is not None else []
+        events: list[Event | PreemptionNotice] = [*self.group.poll(timeout_s)] if self.group is not None else []
         info = self._drain.check() if self._drain is not None and self.group is not None else None
-        if info is not None:
+        if info is not None and self.group is not None:
             for worker in self.group.workers:
                 worker.actor.mark_preempted.remote(info)  # get_preemption_info() answers it from now on
             events.append(PreemptionNotice(info))
@@ -224,7 +225,7 @@ class RayWorkers:
     def where(self, rank: int) -> tuple[str, str]:
         return self._nodes.get(rank, ("", ""))
 
-    def probe(self, ranks: list[int]) -> tuple[list[Event], dict[int, str]]:
+    def probe(self, ranks: list[int]) -> tuple[list[FailedEvent], dict[int, str]]:
         return self.group.probe(ranks) if self.group is not None and self.group.workers else ([], {})
 
     def finish(self) -> None:
@@ -293,7 +294,7 @@ class LocalWorkers:
     def where(self, rank: int) -> tuple[str, str]:
         return ("local", socket.gethostname())
 
-    def probe(self, ranks: list[int]) -> tuple[list[Event], dict[int, str]]:
+    def probe(self, ranks: list[int]) -> tuple[list[FailedEvent], dict[int, str]]:
         return [], {}  # this process is the only worker
 
     def resize_to(self) -> int | None:

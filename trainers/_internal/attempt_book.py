@@ -8,7 +8,8 @@ ranks a round still waits for. It never talks to workers or storage.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trainers._internal.events import FailedEvent, FinishedEvent, ReportEvent, SyncEvent
 
@@ -107,7 +108,7 @@ class AttemptBook:
     def laggards(self, world_size: int, timeout_s: float) -> list[FailedEvent]:
         """Hangs: the ranks that have not reported a step, or reached a barrier, ``timeout_s``
         after another rank did (a rank may be named twice: its barrier hang last)."""
-        hung = []
+        hung: list[FailedEvent] = []
         for waiting, first_seen, what in (
             (self.pending, self.first_seen, "reported step"),
             (self.syncs, self.sync_first_seen, "reached barrier"),

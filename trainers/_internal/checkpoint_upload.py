@@ -22,7 +22,8 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -103,8 +104,10 @@ def persist(
             stats = upload_directory(folder, filesystem, staging)
             _check_uploaded(folder, filesystem, staging)
         return Placement(dir_name, in_place=False, upload=stats)
+    relative = layout.relative(staging)
+    assert relative is not None, staging  # staging folders are inside the run folder
     start = time.monotonic()
-    persisted = upload_fn(checkpoint, layout.relative(staging))
+    persisted = upload_fn(checkpoint, relative)
     stats = UploadStats(bytes=_local_bytes(checkpoint), seconds=time.monotonic() - start)
     if not isinstance(persisted, Checkpoint):
         raise TypeError(

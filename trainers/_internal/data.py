@@ -18,9 +18,13 @@ from typing import Any, Protocol
 class DataConfig(Protocol):
     """What this module reads of a ``trainers.DataConfig`` (named so, to read as one)."""
 
-    datasets_to_split: Any
-    execution_options: Any
-    enable_shard_locality: bool
+    # Read-only, as the frozen dataclass's fields are.
+    @property
+    def datasets_to_split(self) -> Any: ...
+    @property
+    def execution_options(self) -> Any: ...
+    @property
+    def enable_shard_locality(self) -> bool: ...
 
     def configure(self, datasets: dict[str, Any], world_size: int, worker_handles: Any = None,
                   worker_node_ids: list[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]: ...

@@ -14,7 +14,7 @@ def assign_visible_devices(gpu_ids_by_worker: list[list[str]], node_of_worker: l
         return (int(gpu), gpu) if gpu.isdigit() else (1 << 30, gpu)
 
     per_node: dict[str, list[str]] = {}
-    for node, gpus in zip(node_of_worker, gpu_ids_by_worker):
+    for node, gpus in zip(node_of_worker, gpu_ids_by_worker, strict=True):
         per_node.setdefault(node, [])
         for gpu in gpus:
             if gpu not in per_node[node]:
@@ -22,5 +22,5 @@ def assign_visible_devices(gpu_ids_by_worker: list[list[str]], node_of_worker: l
     visible = {node: sorted(gpus, key=order) for node, gpus in per_node.items()}
     return [
         (",".join(visible[node]), tuple(visible[node].index(gpu) for gpu in gpus))
-        for node, gpus in zip(node_of_worker, gpu_ids_by_worker)
+        for node, gpus in zip(node_of_worker, gpu_ids_by_worker, strict=True)
     ]

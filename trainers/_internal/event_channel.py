@@ -62,7 +62,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 from ray import cloudpickle
 
@@ -462,7 +462,7 @@ class EventListener:
             return
         for key in list(self._selector.get_map().values()):
             try:
-                key.fileobj.close()
+                cast(socket.socket, key.fileobj).close()  # the server, the wake pipe's end and the connections
             except OSError:
                 pass
         for sock in self._stalled:

@@ -10,7 +10,8 @@ import contextlib
 import os
 import tempfile
 import warnings
-from typing import Any, Callable, ClassVar, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, TypeVar
 
 import pyarrow.fs as pafs
 

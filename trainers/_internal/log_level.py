@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Iterator
+from collections.abc import Iterator
 
 #: The top-level loggers of flowtrain's packages.
 FLOWTRAIN_LOGGERS = ("trainers", "storage", "tasks", "flows")

@@ -13,7 +13,8 @@ import functools
 import itertools
 import logging
 import math
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 #: The Ray version every use below was read and tested against.
 CHECKED_AGAINST = "2.60.0"

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from storage import Checkpoint, RunRecord
 from trainers._internal.events import CheckpointsQuery
@@ -25,7 +26,7 @@ class QueryingSession(Protocol):
     """What ``read`` uses of the worker's session (``trainers._internal.session.WorkerSession``)."""
 
     uploader: Any
-    answers: "Answers"
+    answers: Answers
     context: Any
     num_reports: int
     emit: Callable[[Any], None]

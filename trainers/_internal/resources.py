@@ -5,9 +5,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from typing import TYPE_CHECKING
 
 from trainers.config import ScalingConfig
 from trainers.errors import InsufficientResourcesError
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
 
 
 def _fmt(resources: dict[str, float]) -> str:
@@ -36,7 +40,7 @@ def check_feasible(scaling: ScalingConfig, nodes: list[dict[str, float]], *, hel
         # An elastic run can start once min_workers fit; that is what must be possible.
         scaling = scaling.with_num_workers(scaling.min_workers)
     bundle = scaling.worker_resources
-    n = scaling.num_workers
+    n = scaling.max_workers  # a fixed size by now: num_workers, or an elastic run's min_workers
     total: dict[str, float] = {}
     for node in nodes:
         for name, amount in node.items():
@@ -110,7 +114,7 @@ def leave_cpu_for_data(scaling: ScalingConfig, nodes: list[dict[str, float]]) ->
     return dataclasses.replace(scaling, resources_per_worker=resources)
 
 
-def enclosing_placement_group(scaling: ScalingConfig) -> tuple[object, int] | None:
+def enclosing_placement_group(scaling: ScalingConfig) -> tuple[PlacementGroup, int] | None:
     """The placement group this process places its children in, and the bundle of worker 0.
 
     A Ray Tune trial runs in a placement group that captures its children (Tune sets
@@ -131,7 +135,7 @@ def enclosing_placement_group(scaling: ScalingConfig) -> tuple[object, int] | No
     if group is None:
         return None
     bundles = [dict(b) for b in group.bundle_specs]
-    n = scaling.num_workers  # an elastic run inside a trial trains at max_workers (see RayWorkers)
+    n = scaling.max_workers  # an elastic run inside a trial trains at max_workers (see RayWorkers)
     worker = scaling.worker_resources
     first = len(bundles) - n
     # A process that holds resources sits in a bundle of its own (Tune uses the first one);
@@ -150,7 +154,7 @@ def enclosing_placement_group(scaling: ScalingConfig) -> tuple[object, int] | No
     return group, first
 
 
-def capturing_placement_group() -> object | None:
+def capturing_placement_group() -> PlacementGroup | None:
     """The placement group this process's children would be placed in (a Tune trial's), or None."""
     import ray
     from ray.util.placement_group import get_current_placement_group
@@ -175,7 +179,7 @@ def _take(nodes: dict[str, dict[str, float]], table: dict) -> dict[str, float]:
     where = table.get("bundles_to_node_id") or {}
     held: dict[str, float] = {}
     for index, bundle in (table.get("bundles") or {}).items():
-        node = nodes.get(where.get(index))
+        node = nodes.get(where.get(index, ""))
         for name, amount in bundle.items():
             held[name] = held.get(name, 0.0) + amount
             if node is not None:
@@ -183,7 +187,7 @@ def _take(nodes: dict[str, dict[str, float]], table: dict) -> dict[str, float]:
     return held
 
 
-def nodes_beside(group: object) -> tuple[list[dict[str, float]], str]:
+def nodes_beside(group: PlacementGroup) -> tuple[list[dict[str, float]], str]:
     """Every live node's total resources less what ``group`` (a Tune trial's group) holds on it,
     and a note saying so for error messages.
 
@@ -197,7 +201,7 @@ def nodes_beside(group: object) -> tuple[list[dict[str, float]], str]:
     return list(nodes.values()), f" beside the {_fmt(held)} this Tune trial holds for itself"
 
 
-def stuck_beside_other_groups(scaling: ScalingConfig, own: object) -> str | None:
+def stuck_beside_other_groups(scaling: ScalingConfig, own: PlacementGroup) -> str | None:
     """Why ``scaling``'s workers (group ``own``, still pending) can never be placed, or None.
 
     They can be when a trainer's worker group is placed somewhere (it frees its resources when it
@@ -238,10 +242,7 @@ def label_matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
     for key, wanted in selector.items():
         negated = wanted.startswith("!")
         text = wanted[1:] if negated else wanted
-        if text.startswith("in(") and text.endswith(")"):
-            values = {v.strip() for v in text[3:-1].split(",")}
-        else:
-            values = {text}
+        values = {v.strip() for v in text[3:-1].split(",")} if text.startswith("in(") and text.endswith(")") else {text}
         inside = key in labels and labels[key] in values
         if inside == negated:
             return False

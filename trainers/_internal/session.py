@@ -12,7 +12,8 @@ import logging
 import numbers
 import shutil
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow.fs
 

@@ -27,7 +27,7 @@ def slice_shape(topology: str, accelerator_type: str, resources_per_worker: dict
         return get_tpu_worker_resources(
             topology=topology, accelerator_type=accelerator_type, resources_per_worker=resources_per_worker, num_slices=1
         )
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - Ray's parser raises many kinds; all mean the same bad topology
         raise ValueError(
             f"Could not parse TPU topology details for type={accelerator_type}, topology={topology}. Error: {error} "
             "Set ScalingConfig.topology to the slice's shape, e.g. '2x2x2', and accelerator_type to its generation, "

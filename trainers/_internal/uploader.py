@@ -7,7 +7,7 @@ checkpoint upload runs in the background, later reports wait in the same queue b
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Callable
+from collections.abc import Callable
 
 
 class OrderedUploader:
@@ -29,8 +29,9 @@ class OrderedUploader:
     def raise_failure(self) -> None:
         """Re-raise the error of a job that failed."""
         for future in self._pending:
-            if future.done() and future.exception() is not None:
-                raise future.exception()
+            error = future.exception() if future.done() else None
+            if error is not None:
+                raise error
 
     def flush(self) -> None:
         """Wait for every submitted job; raise the first failure, if any."""

@@ -43,6 +43,6 @@ def pickling_error(value: Any) -> Exception | None:
 
     try:
         cloudpickle.dumps(value)
-    except Exception as error:  # pickling raises TypeError, PicklingError, AttributeError, ...
+    except Exception as error:  # noqa: BLE001 - pickling raises TypeError, PicklingError, AttributeError, ...
         return error
     return None

@@ -85,7 +85,7 @@ def settle_without_config(storage: RunRecord) -> None:
 
 def make_runner(
     config: ValidationConfig | None, storage: RunRecord, scaling: Any, runtime_env: dict | None = None
-) -> "ValidationRunner | None":
+) -> ValidationRunner | None:
     """The run's validation runner, or None without a ``validation_config`` (then checkpoints a
     crashed earlier driver left pending are settled, see ``settle_without_config``).
 
@@ -185,7 +185,7 @@ class ValidationRunner:
         request = request_from_json(record.validation)
         defaults = self.config.task_config
         task = request if isinstance(request, ValidationTaskConfig) else defaults
-        fn_kwargs = {**defaults.fn_kwargs, **task.fn_kwargs}
+        fn_kwargs = {**(defaults.fn_kwargs or {}), **(task.fn_kwargs or {})}
         timeout_s = task.timeout_s
         checkpoint = Checkpoint(self.storage.layout.path_of(record.dir_name), self.storage.filesystem)
         ref = _remote().options(**self.options).remote(self._fn, checkpoint, fn_kwargs)

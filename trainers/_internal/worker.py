@@ -15,15 +15,17 @@ import socket
 import sys
 import threading
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 
 from trainers._internal.event_channel import ChannelAddress, Outbox
 from trainers._internal.events import NOT_TRAINING, Event, FailedEvent, FinishedEvent
 from trainers._internal.session import TrainingInterrupted, WorkerSession, set_session
-from trainers.worker_output import announce, worker_label
 from trainers.errors import WorkerError
+from trainers.worker_output import announce, worker_label
+
 
 @dataclasses.dataclass(frozen=True)
 class WorkerMetadata:
@@ -41,7 +43,7 @@ def sendable(error: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(error))
         return error
-    except Exception:
+    except Exception:  # noqa: BLE001 - pickling fails in many ways; the stand-in says what the error was
         return WorkerError(f"{type(error).__module__}.{type(error).__qualname__}: {error}")
 
 
@@ -72,7 +74,7 @@ def run_training_function(
         session.flush()
     except TrainingInterrupted:
         return
-    except BaseException as error:  # the user's code may raise anything; all of it goes back
+    except BaseException as error:  # noqa: BLE001 - the user's code may raise anything; all of it goes back
         failure = FailedEvent(rank, sendable(error), traceback.format_exc())
         _finish_uploads_quietly(session)
         emit(failure)
@@ -81,7 +83,7 @@ def run_training_function(
         set_session(None)
     try:
         pickle.dumps(value)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - pickling fails in many ways; each is reported as the return value's failure
         emit(
             FailedEvent(
                 rank,
@@ -96,7 +98,7 @@ def run_training_function(
 def describe_activity(thread: threading.Thread | None) -> str:
     """The innermost line of user code the training thread is running, and whether it waits in
     torch.distributed (a collective) below it."""
-    if thread is None or not thread.is_alive():
+    if thread is None or not thread.is_alive() or thread.ident is None:
         return NOT_TRAINING
     frame = sys._current_frames().get(thread.ident)
     if frame is None:

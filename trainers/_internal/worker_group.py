@@ -13,11 +13,12 @@ import dataclasses
 import time
 import uuid
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
-from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainers._internal.events import Event, FailedEvent
@@ -89,7 +90,7 @@ class RayWorkerGroup:
         self.start_timeout_s = start_timeout_s
         self.runtime_env = runtime_env
         self.workers: list[Worker] = []
-        self._pg = None
+        self._pg: PlacementGroup | None = None
         self._owns_pg = False
         self._inbox: WorkerInbox | None = None
         self._placed: dict[int, str] = {}
@@ -98,7 +99,7 @@ class RayWorkerGroup:
 
     @property
     def world_size(self) -> int:
-        return self.scaling.num_workers
+        return self.scaling.max_workers  # one attempt's group: a fixed size (ScalingConfig.with_num_workers)
 
     # -- starting -----------------------------------------------------------------------------
 
@@ -162,7 +163,7 @@ class RayWorkerGroup:
         ]
         metadata = self._wait_for_actors(actors, first_bundle, deadline)
         ranks = self._ranks([m.node_id for m in metadata])
-        workers = [Worker(a, m, r) for a, m, r in zip(actors, metadata, ranks)]
+        workers = [Worker(a, m, r) for a, m, r in zip(actors, metadata, ranks, strict=True)]
         self.workers = sorted(workers, key=lambda w: w.ranks.world_rank)
         ray.get(
             [
@@ -212,7 +213,7 @@ class RayWorkerGroup:
         nodes = [self._placed[first_bundle + i] for i in range(self.world_size)]
         ranks = self._ranks(nodes)
         by_rank = [""] * len(nodes)
-        for node, rank in zip(nodes, ranks):
+        for node, rank in zip(nodes, ranks, strict=True):
             by_rank[rank.world_rank] = node
         return by_rank
 
@@ -226,6 +227,8 @@ class RayWorkerGroup:
     def _reserve_slices(self, name: str, deadline: float) -> Any:
         """The placement group of whole TPU slices for the workers (Ray's ``SlicePlacementGroup``)."""
         scaling = self.scaling
+        # Only called with a TPU shape, which ScalingConfig derives from both of these.
+        assert scaling.topology is not None and scaling.accelerator_type is not None and scaling.tpu_workers_per_slice
         try:
             self._slices = reserve_slices(
                 scaling.topology, scaling.accelerator_type, num_workers=self.world_size,
@@ -241,6 +244,7 @@ class RayWorkerGroup:
         return self._slices.placement_group
 
     def _wait_for_group(self, deadline: float) -> None:
+        assert self._pg is not None  # start() reserved it
         if not self._pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):
             state = placement_group_table(self._pg).get("state", "?")
             labels = f" on nodes matching label_selector {self.scaling.label_selector!r}" if self.scaling.label_selector else ""
@@ -259,6 +263,7 @@ class RayWorkerGroup:
         timeout has passed, that somebody can move: when trials' own groups hold what every trainer
         waits for and no trainer trains, nothing ever frees, so this fails instead of hanging.
         """
+        assert self._pg is not None  # start() reserved it
         waited = 0.0
         while not self._pg.wait(timeout_seconds=TURN_CHECK_S):
             waited += TURN_CHECK_S
@@ -299,7 +304,7 @@ class RayWorkerGroup:
         ray.get(
             [
                 w.actor.start.remote(train_fn, config, takes_config, args, *extra, channel=inbox.address)
-                for w, args in zip(self.workers, session_args)
+                for w, args in zip(self.workers, session_args, strict=True)
             ]
         )
         inbox.listen()
@@ -367,7 +372,7 @@ class RayWorkerGroup:
         for worker in self.workers:
             try:
                 ray.kill(worker.actor, no_restart=True)
-            except Exception:
+            except Exception:  # noqa: BLE001 - an actor already dead or Ray shutting down: it is gone either way
                 pass
         self.workers = []
         if self._slices is not None:
@@ -375,7 +380,7 @@ class RayWorkerGroup:
         elif self._pg is not None and self._owns_pg:
             try:
                 remove_placement_group(self._pg)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a group already removed or Ray shutting down: it is gone either way
                 pass
         self._pg = None
         self._slices = None

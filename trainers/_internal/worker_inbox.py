@@ -18,7 +18,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
@@ -72,7 +73,8 @@ class WorkerInbox:
         """Events that arrived within ``timeout_s`` (returns as soon as there is one)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            received, _ = self._listener.poll(max(0.0, deadline - time.monotonic()))
+            polled, _ = self._listener.poll(max(0.0, deadline - time.monotonic()))
+            received: list[tuple[int, int | None, Any]] = list(polled)  # and Ray's, numbered None
             while True:
                 try:
                     received.append(self._from_ray.get_nowait())
@@ -154,6 +156,6 @@ class WorkerInbox:
                         listen(rank)
                 if delivered and not self._stopped:
                     self._listener.wake()
-        except Exception:  # noqa: BLE001 - Ray shutting down under a stopped inbox; nothing to tell
+        except Exception:  # Ray shutting down under a stopped inbox; nothing to tell
             if not self._stopped:
                 raise

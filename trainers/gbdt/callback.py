@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from storage import Checkpoint
 from trainers.context import get_context

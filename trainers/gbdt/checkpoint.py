@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, ClassVar, Self
+from typing import Any, ClassVar, Self
 
 from trainers._internal.framework_checkpoint import FrameworkCheckpoint
 
@@ -13,9 +13,9 @@ class GBDTCheckpoint(FrameworkCheckpoint):
 
     _INSTEAD: ClassVar[str] = "trainers.Checkpoint with RayTrainReportCallback.get_model(checkpoint)"
     #: The library's booster class; what to pass for it, in words; how to read one from its file.
-    _BOOSTER: ClassVar[type]
+    _BOOSTER: ClassVar[type[Any]]
     _PASS_A_BOOSTER: ClassVar[str]
-    _load_model: ClassVar[Callable[[str], Any]]
+    _load_model: ClassVar[staticmethod[[str], Any]]
 
     @classmethod
     def from_model(cls, booster: Any, *, preprocessor: Any | None = None, path: str | os.PathLike | None = None) -> Self:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from trainers.backend import BackendConfig
 
@@ -26,7 +27,7 @@ class Library:
     #: The dtype the workers read features in.
     feature_dtype: Any
     #: The library's ``RayTrainReportCallback``; its ``get_model(checkpoint)`` reads a model back.
-    report_callback: type
+    report_callback: type[Any]
     #: How many boosting rounds a model holds.
     num_rounds: Callable[[Any], int]
     #: ``boost(form, shards, booster, num_boost_round, callbacks, train_kwargs)``: build the library's

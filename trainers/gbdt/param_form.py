@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -139,7 +140,7 @@ def check_columns(datasets: Mapping[str, Any], label_column: str) -> tuple[str, 
     for name, dataset in datasets.items():
         schema = dataset.schema()
         names = list(schema.names)
-        types = dict(zip(names, schema.types))
+        types = dict(zip(names, schema.types, strict=True))
         if label_column not in types:
             raise DatasetError(
                 f"datasets[{name!r}] has no label column {label_column!r}; its columns are {names}. "

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from storage import Checkpoint
 from trainers.backend import BackendConfig
@@ -42,11 +43,12 @@ class GBDTTrainer(DataParallelTrainer):
         library, name = self._library, type(self).__name__
         if backend_config is not None and not isinstance(backend_config, library.config_cls):
             raise TypeError(f"{library.name}_config={backend_config!r}: must be a trainers.{library.name}.{library.config_cls.__name__}.")
-        param_args = dict(label_column=label_column, params=params, num_boost_round=num_boost_round, dmatrix_params=dmatrix_params)
+        param_args: dict[str, Any] = dict(label_column=label_column, params=params, num_boost_round=num_boost_round, dmatrix_params=dmatrix_params)
         self._param_form: ParamForm | None = None
         if check_forms(name, train_loop_per_worker, train_loop_config, param_args, train_kwargs):
             param_args["num_boost_round"] = 10 if num_boost_round is None else num_boost_round  # Ray Train's default
             check_param_form(name, library, datasets, train_kwargs=train_kwargs, **param_args)
+            assert label_column is not None  # check_param_form raised otherwise
             self._param_form = ParamForm(
                 library=library,
                 label_column=label_column,
@@ -59,7 +61,7 @@ class GBDTTrainer(DataParallelTrainer):
             dataset_config = default_data_config(dataset_config)
         # On to DataParallelTrainer, as every framework's trainer goes.
         super().__init__(
-            train_loop_per_worker,
+            train_loop_per_worker,  # type: ignore[arg-type]  # None gets DataParallelTrainer's own TypeError, which names the argument
             train_loop_config=train_loop_config,
             backend_config=backend_config or library.config_cls(),
             datasets=datasets,
@@ -80,7 +82,7 @@ class GBDTTrainer(DataParallelTrainer):
         resolved = resolve_datasets(given)
         features = check_columns(resolved, self._param_form.label_column)
         names = (TRAIN, *sorted(n for n in resolved if n != TRAIN))
-        self.train_loop_config = dataclasses.replace(self._param_form, features=features, dataset_names=names)
+        self.train_loop_config = dataclasses.replace(self._param_form, features=features, dataset_names=names)  # type: ignore[assignment]  # train_fn_per_worker takes the form itself as its config
         self.datasets = resolved  # dataset functions are called once per fit, here
         try:
             return super().fit()

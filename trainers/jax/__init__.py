@@ -12,7 +12,7 @@ from trainers._extras import MissingExtraError as _MissingExtraError
 if _util.find_spec("jax") is None:
     raise _MissingExtraError("jax", "jax")
 
-from trainers.jax.config import JaxBackend, JaxConfig  # noqa: E402
-from trainers.jax.trainer import JaxTrainer  # noqa: E402
+from trainers.jax.config import JaxBackend, JaxConfig
+from trainers.jax.trainer import JaxTrainer
 
 __all__ = ["JaxBackend", "JaxConfig", "JaxTrainer"]

@@ -96,7 +96,7 @@ def _shutdown() -> None:
 # -- driver side --------------------------------------------------------------------------------
 
 
-class JaxBackend(Backend):
+class JaxBackend(Backend[JaxConfig]):
     """Connects every worker to one ``jax.distributed`` job before the training function starts."""
 
     def on_start(self, worker_group: Any, backend_config: JaxConfig) -> None:
@@ -114,7 +114,7 @@ class JaxBackend(Backend):
             # replace what the TPU hosts' environment holds (it may describe an older set of slices).
             envs = [multislice_env(host, w.ranks.world_rank, len(workers), per_slice) for w in workers]
             if any(envs):
-                ray.get([w.actor.set_env.remote(env) for w, env in zip(workers, envs)], timeout=60)
+                ray.get([w.actor.set_env.remote(env) for w, env in zip(workers, envs, strict=True)], timeout=60)
         # Every worker at once: initialize() returns only when all of them have joined.
         ray.get(
             [
@@ -131,5 +131,5 @@ class JaxBackend(Backend):
         # after, so a worker that cannot leave in time is not waited for.
         try:
             worker_group.execute(_shutdown, timeout_s=JAX_SHUTDOWN_TIMEOUT_S)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - the actors are killed next whatever happened; logged for a post-mortem
             logger.debug("jax.distributed.shutdown on the workers: %s", error)

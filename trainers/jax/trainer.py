@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from storage import Checkpoint
 from trainers.config import DataConfig, RunConfig, ScalingConfig
@@ -55,9 +56,9 @@ class JaxTrainer(DataParallelTrainer):
             scaling_config=scaling_config, run_config=run_config, datasets=datasets, dataset_config=dataset_config,
             validation_config=validation_config, metadata=metadata, resume_from_checkpoint=resume_from_checkpoint,
         )
-        if self.backend_config.use_gpu and not self.scaling_config.use_gpu:
+        if jax_config.use_gpu and not self.scaling_config.use_gpu:
             raise ValueError("JaxConfig(use_gpu=True) needs GPUs reserved: set ScalingConfig(use_gpu=True), or use_gpu=False.")
-        if self.backend_config.use_tpu and not self.scaling_config.use_tpu:
+        if jax_config.use_tpu and not self.scaling_config.use_tpu:
             raise ValueError(
                 "JaxConfig(use_tpu=True) needs TPUs reserved: set ScalingConfig(use_tpu=True, topology=..., "
                 "accelerator_type=...), or use_tpu=False."

@@ -68,7 +68,7 @@ def _all_gather(key: str, value: Any) -> list[Any]:
             .options(name=config._rendezvous, get_if_exists=True, num_cpus=0)
             .remote(context.get_world_size())
         )
-    return ray.get(actor.exchange.remote(key, context.get_world_rank(), value))
+    return ray.get(actor.exchange.remote(key, context.get_world_rank(), value))  # type: ignore[union-attr]  # Ray's ActorHandle types an async method without its .remote
 
 
 def _sample_size(params: dict[str, Any]) -> int:

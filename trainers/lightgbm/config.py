@@ -111,7 +111,7 @@ def get_network_params() -> dict[str, Any]:
 # -- driver side --------------------------------------------------------------------------------
 
 
-class LightGBMBackend(Backend):
+class LightGBMBackend(Backend[LightGBMConfig]):
     """Reserves a port on every worker and gives each worker the list of all of them."""
 
     def on_start(self, worker_group: Any, backend_config: LightGBMConfig) -> None:
@@ -119,7 +119,7 @@ class LightGBMBackend(Backend):
             return
         # Every worker binds its own free port (held, so no two workers share one) ...
         ports = worker_group.execute(_reserve_port)
-        addresses = [(worker.metadata.node_ip, port) for worker, port in zip(worker_group.workers, ports)]
+        addresses = [(worker.metadata.node_ip, port) for worker, port in zip(worker_group.workers, ports, strict=True)]
         # ... and learns everyone's, in world-rank order: LightGBM's ranks follow this list.
         worker_group.execute(_set_network, addresses, f"flowtrain-lightgbm-{uuid.uuid4().hex}")
 

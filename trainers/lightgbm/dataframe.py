@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow as pa
 
 
-def _nullable_dtype(arrow_type: object) -> str | None:
+def _nullable_dtype(arrow_type: pa.DataType) -> str | None:
     """The pandas nullable dtype for a numeric or boolean Arrow type, else None."""
     import pyarrow as pa
 
@@ -23,7 +24,7 @@ def _nullable_dtype(arrow_type: object) -> str | None:
     return None
 
 
-def normalize_pandas_for_lightgbm(df: "pd.DataFrame") -> "pd.DataFrame":
+def normalize_pandas_for_lightgbm(df: pd.DataFrame) -> pd.DataFrame:
     """Return ``df`` with its Arrow-backed numeric and boolean columns turned into pandas'
     nullable NumPy dtypes (``int64[pyarrow]`` -> ``Int64``, ``bool[pyarrow]`` -> ``boolean``).
 
@@ -39,4 +40,4 @@ def normalize_pandas_for_lightgbm(df: "pd.DataFrame") -> "pd.DataFrame":
             target = _nullable_dtype(dtype.pyarrow_dtype)
             if target is not None:
                 targets[column] = target
-    return df.astype(targets, copy=False) if targets else df
+    return df.astype(targets) if targets else df  # copy-on-write (pandas 3): the other columns are not copied

@@ -28,7 +28,10 @@ require("lightning.pytorch", extra="lightning")
 from trainers.lightning.callback import RayTrainReportCallback  # noqa: E402
 from trainers.lightning.prepare import prepare_trainer  # noqa: E402
 from trainers.lightning.strategies import (  # noqa: E402
-    RayDDPStrategy, RayDeepSpeedStrategy, RayFSDPStrategy, RayLightningEnvironment,
+    RayDDPStrategy,
+    RayDeepSpeedStrategy,
+    RayFSDPStrategy,
+    RayLightningEnvironment,
 )
 
 __all__ = [

@@ -45,7 +45,7 @@ class RayTrainReportCallback(pl.callbacks.Callback):
         self.checkpoint_upload_mode = checkpoint_upload_mode
         self.validation = validation
 
-    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Called by Lightning on every rank: save the checkpoint, then report it with the metrics."""
         metrics: dict[str, Any] = {name: value.item() for name, value in trainer.callback_metrics.items()}
         metrics["epoch"] = trainer.current_epoch

@@ -9,7 +9,7 @@ from trainers.lightning.strategies import RayDDPStrategy, RayDeepSpeedStrategy, 
 _STRATEGIES = (RayDDPStrategy, RayFSDPStrategy, RayDeepSpeedStrategy)
 
 
-def prepare_trainer(trainer: "pl.Trainer") -> "pl.Trainer":
+def prepare_trainer(trainer: pl.Trainer) -> pl.Trainer:
     """Check ``trainer`` is set up for flowtrain and return it.
 
     It must use ``RayDDPStrategy``, ``RayFSDPStrategy`` or ``RayDeepSpeedStrategy`` (or a subclass), with

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 
 from trainers._extras import require
@@ -71,7 +71,7 @@ class _OnFlowtrainWorker:
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
         """Lightning's ``DistributedSampler`` covers all flowtrain workers, at this worker's rank."""
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
+        return {"num_replicas": self.world_size, "rank": self.global_rank}  # type: ignore[attr-defined]  # from the Lightning strategy this is mixed into
 
 
 class RayDDPStrategy(_OnFlowtrainWorker, DDPStrategy):
@@ -130,6 +130,7 @@ class RayFSDPStrategy(_OnFlowtrainWorker, FSDPStrategy):
         # Lightning asks FSDP to offload the gathered weights to the CPU; when they already are on
         # the CPU, torch frees the gathered storage before copying it out (a segfault in torch 2.13).
         config = FullStateDictConfig(offload_to_cpu=False, rank0_only=True)
+        assert self.model is not None  # Lightning saves a checkpoint only once the model is set up
         with FullyShardedDataParallel.state_dict_type(self.model, StateDictType.FULL_STATE_DICT, config):
             return self.model.state_dict()
 

@@ -13,10 +13,10 @@ from trainers._extras import MissingExtraError as _MissingExtraError
 if _util.find_spec("tensorflow") is None:
     raise _MissingExtraError("tensorflow", "tensorflow")
 
-from trainers.tensorflow.checkpoint import TensorflowCheckpoint  # noqa: E402
-from trainers.tensorflow.config import TensorflowBackend, TensorflowConfig  # noqa: E402
-from trainers.tensorflow.train_loop_utils import prepare_dataset_shard  # noqa: E402
-from trainers.tensorflow.trainer import TensorflowTrainer  # noqa: E402
+from trainers.tensorflow.checkpoint import TensorflowCheckpoint
+from trainers.tensorflow.config import TensorflowBackend, TensorflowConfig
+from trainers.tensorflow.train_loop_utils import prepare_dataset_shard
+from trainers.tensorflow.trainer import TensorflowTrainer
 
 __all__ = [
     "TensorflowBackend",

@@ -67,7 +67,7 @@ class TensorflowCheckpoint(FrameworkCheckpoint):
     _INSTEAD: ClassVar[str] = "trainers.Checkpoint with model.save() and keras.models.load_model()"
 
     @classmethod
-    def from_model(cls, model: Any, *, preprocessor: Any | None = None) -> "TensorflowCheckpoint":
+    def from_model(cls, model: Any, *, preprocessor: Any | None = None) -> TensorflowCheckpoint:
         """A checkpoint in a new temporary folder holding ``model`` saved as ``model.keras``."""
         if not hasattr(model, "save") or not hasattr(model, "get_config"):
             raise TypeError(f"TensorflowCheckpoint.from_model(model={type(model).__name__}): pass a Keras model.")
@@ -76,7 +76,7 @@ class TensorflowCheckpoint(FrameworkCheckpoint):
         return checkpoint
 
     @classmethod
-    def from_h5(cls, file_path: str, *, preprocessor: Any | None = None) -> "TensorflowCheckpoint":
+    def from_h5(cls, file_path: str, *, preprocessor: Any | None = None) -> TensorflowCheckpoint:
         """A checkpoint in a new temporary folder holding a copy of the ``.h5`` file at ``file_path``."""
         if not os.path.isfile(file_path) or not file_path.endswith(".h5"):
             raise ValueError(f"TensorflowCheckpoint.from_h5(file_path={file_path!r}): must be an existing .h5 file.")
@@ -84,7 +84,7 @@ class TensorflowCheckpoint(FrameworkCheckpoint):
         return cls._copied(lambda folder: shutil.copy(file_path, os.path.join(folder, name)), name, preprocessor)
 
     @classmethod
-    def from_saved_model(cls, dir_path: str, *, preprocessor: Any | None = None) -> "TensorflowCheckpoint":
+    def from_saved_model(cls, dir_path: str, *, preprocessor: Any | None = None) -> TensorflowCheckpoint:
         """A checkpoint in a new temporary folder holding a copy of the SavedModel folder ``dir_path``."""
         if not os.path.isdir(dir_path):
             raise ValueError(
@@ -93,7 +93,7 @@ class TensorflowCheckpoint(FrameworkCheckpoint):
         return cls._copied(lambda folder: shutil.copytree(dir_path, folder, dirs_exist_ok=True), ".", preprocessor)
 
     @classmethod
-    def _copied(cls, copy: Any, name: str, preprocessor: Any | None) -> "TensorflowCheckpoint":
+    def _copied(cls, copy: Any, name: str, preprocessor: Any | None) -> TensorflowCheckpoint:
         import tempfile
 
         folder = tempfile.mkdtemp(prefix="flowtrain-checkpoint-")

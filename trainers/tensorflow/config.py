@@ -75,7 +75,7 @@ def address(host: str, port: int) -> str:
 # -- driver side --------------------------------------------------------------------------------
 
 
-class TensorflowBackend(Backend):
+class TensorflowBackend(Backend[TensorflowConfig]):
     """Writes ``TF_CONFIG`` (and ``TF_USE_LEGACY_KERAS``) on every worker before the loop starts."""
 
     def on_start(self, worker_group: Any, backend_config: TensorflowConfig) -> None:
@@ -85,6 +85,6 @@ class TensorflowBackend(Backend):
         if not workers:
             return
         ports = worker_group.execute(free_port, timeout_s=TENSORFLOW_SETUP_TIMEOUT_S)
-        addresses = [address(w.metadata.node_ip, port) for w, port in zip(workers, ports)]
+        addresses = [address(w.metadata.node_ip, port) for w, port in zip(workers, ports, strict=True)]
         # One call per worker with its own index, all sent before waiting on any.
         ray.get([w.actor.execute.remote(_set_environment, addresses, w.ranks.world_rank) for w in workers], timeout=TENSORFLOW_SETUP_TIMEOUT_S)

@@ -82,7 +82,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]
+class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]  # a base class picked at import time
     """Reports Keras logs to flowtrain at chosen hooks, with a checkpoint of the model at others.
 
     ``checkpoint_on`` and ``report_metrics_on`` name Keras hooks without their ``on_`` prefix
@@ -223,7 +223,7 @@ class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]
                 trainers.report(metrics)
                 return
             checkpoint = Checkpoint.from_directory(folder)
-            saved = {TensorflowCheckpoint.MODEL_FILENAME_KEY: TensorflowCheckpoint.MODEL_FILENAME}
+            saved: dict[str, Any] = {TensorflowCheckpoint.MODEL_FILENAME_KEY: TensorflowCheckpoint.MODEL_FILENAME}
             saved[KERAS_KEY] = keras_package(self.model)
             if self._epoch is not None:
                 saved["epoch"] = self._epoch

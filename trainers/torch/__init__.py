@@ -4,9 +4,9 @@ training-loop helpers.
 Same names as ``ray.train.torch``; ``trainers.torch.xla`` holds ``TorchXLAConfig``.
 """
 
+from trainers.torch.amp import accelerate, backward, prepare_optimizer
 from trainers.torch.checkpoint import TorchCheckpoint
 from trainers.torch.config import TorchBackend, TorchConfig
-from trainers.torch.amp import accelerate, backward, prepare_optimizer
 from trainers.torch.devices import get_device, get_devices
 from trainers.torch.train_loop_utils import enable_reproducibility, prepare_data_loader, prepare_model
 from trainers.torch.trainer import TorchTrainer

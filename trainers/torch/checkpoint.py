@@ -21,7 +21,7 @@ def _strip_prefix(state_dict: dict[str, Any], prefix: str) -> dict[str, Any]:
     metadata = getattr(state_dict, "_metadata", None)
     if metadata is not None:
         # load_state_dict reads per-module versions from here; its keys carry the prefix too.
-        copied._metadata = collections.OrderedDict(metadata)  # type: ignore[attr-defined]
+        copied._metadata = collections.OrderedDict(metadata)  # type: ignore[attr-defined]  # the attribute torch's state_dict() sets on its dict
     consume_prefix_in_state_dict_if_present(copied, prefix)
     return copied
 
@@ -38,7 +38,7 @@ class TorchCheckpoint(FrameworkCheckpoint):
     _INSTEAD: ClassVar[str] = "trainers.Checkpoint with torch.save/torch.load of a state dict"
 
     @classmethod
-    def from_state_dict(cls, state_dict: dict[str, Any], *, preprocessor: Any | None = None) -> "TorchCheckpoint":
+    def from_state_dict(cls, state_dict: dict[str, Any], *, preprocessor: Any | None = None) -> TorchCheckpoint:
         """A checkpoint in a new temporary folder holding ``state_dict`` (and ``preprocessor``, if given)."""
         if not isinstance(state_dict, dict):
             raise TypeError(
@@ -50,7 +50,7 @@ class TorchCheckpoint(FrameworkCheckpoint):
         )
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module, *, preprocessor: Any | None = None) -> "TorchCheckpoint":
+    def from_model(cls, model: torch.nn.Module, *, preprocessor: Any | None = None) -> TorchCheckpoint:
         """A checkpoint in a new temporary folder holding the whole ``model``, pickled.
 
         Loading it runs pickled code: prefer ``from_state_dict``, which stores weights only.

@@ -6,7 +6,9 @@ import contextlib
 import dataclasses
 import datetime
 import os
-from typing import Any, Callable, ContextManager, Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
 
 from trainers._internal.validation import check_choice, check_number
 from trainers.backend import Backend, BackendConfig, free_port
@@ -50,7 +52,7 @@ class TorchConfig(BackendConfig):
         return "torch"
 
     @property
-    def train_func_context(self) -> Callable[[], ContextManager[None]]:
+    def train_func_context(self) -> Callable[[], AbstractContextManager[None]]:
         """Each worker's training function runs inside ``_worker_device``: the worker's own GPU is
         torch's current CUDA device, and Hugging Face Accelerate is told which it is."""
         return _worker_device
@@ -167,7 +169,7 @@ def leave_process_group() -> None:
         dist.destroy_process_group()
 
 
-class TorchBackend(Backend):
+class TorchBackend(Backend[TorchConfig]):
     """Sets up ``torch.distributed`` on every worker (gloo on CPU, nccl on GPU)."""
 
     def on_start(self, worker_group: Any, backend_config: TorchConfig) -> None:
@@ -187,5 +189,5 @@ class TorchBackend(Backend):
         # The actors are killed right after; destroying first lets nccl release its communicators cleanly.
         try:
             worker_group.execute(leave_process_group, timeout_s=5)
-        except Exception:
+        except Exception:  # noqa: BLE001 - the actors are killed right after whatever happened
             pass

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-
 if TYPE_CHECKING:
     import torch
 
 
-def get_devices() -> list["torch.device"]:
+def get_devices() -> list[torch.device]:
     """This worker's devices: its GPUs (``cuda:i``) when it has any, else the CPU.
 
     Outside a training worker: ``cuda:0`` when CUDA is available, else the CPU.
@@ -28,6 +27,6 @@ def get_devices() -> list["torch.device"]:
     return [torch.device("cuda", index) for index in current.accelerator_ids]
 
 
-def get_device() -> "torch.device":
+def get_device() -> torch.device:
     """This worker's first device (see ``get_devices``)."""
     return get_devices()[0]

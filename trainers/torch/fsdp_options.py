@@ -10,10 +10,15 @@ than silently ignored. ``fully_shard``'s own keyword arguments are accepted as t
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
-from typing import Any
+from enum import Enum
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 #: fully_shard's own keyword arguments, passed through unchanged.
 FSDP2_KWARGS = ("mesh", "reshard_after_forward", "shard_placement_fn", "mp_policy", "offload_policy", "ignored_params")
@@ -69,7 +74,7 @@ def _error(name: str, value: Any, why: str) -> ValueError:
     return ValueError(f"prepare_model(parallel_strategy='fsdp', parallel_strategy_kwargs={{{name!r}: {value!r}}}): {why}")
 
 
-def _enum_name(name: str, value: Any, enum: type) -> str:
+def _enum_name(name: str, value: Any, enum: type[Enum]) -> str:
     """The member name of an FSDP1 enum given as the enum or as its name."""
     if isinstance(value, enum):
         return value.name
@@ -239,7 +244,7 @@ def apply_fsdp(model: torch.nn.Module, plan: FSDPPlan, device: torch.device) -> 
         with torch.no_grad():
             for tensor in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(tensor.data, src=0)
-    sharded: list[torch.nn.Module] = []
+    sharded: list[FSDPModule] = []
     policy = plan.auto_wrap_policy
     if policy is not None and hasattr(policy, "_run_policy"):
         # FSDP1's policy objects (ModuleWrapPolicy, CustomPolicy) name their modules themselves.
@@ -251,8 +256,7 @@ def apply_fsdp(model: torch.nn.Module, plan: FSDPPlan, device: torch.device) -> 
             )
         for module in reversed(list(model.modules())):
             if module is not model and module in targets:
-                fully_shard(module, **kwargs)
-                sharded.append(module)
+                sharded.append(fully_shard(module, **kwargs))
     elif policy is not None:
         done: set[torch.nn.Parameter] = set()
         # A plain FSDP1 policy function, asked children first as FSDP1 does: a parent counts only
@@ -262,13 +266,12 @@ def apply_fsdp(model: torch.nn.Module, plan: FSDPPlan, device: torch.device) -> 
                 continue
             remaining = [p for p in module.parameters() if p not in done]
             if remaining and policy(module=module, recurse=False, nonwrapped_numel=sum(p.numel() for p in remaining)):
-                fully_shard(module, **kwargs)
+                sharded.append(fully_shard(module, **kwargs))
                 done.update(remaining)
-                sharded.append(module)
     fully_shard(model, **kwargs)
     if plan.forward_prefetch:
         # Modules run in registration order here; each fetches the next one's shards ahead.
         ordered = list(reversed(sharded))
-        for current, following in zip(ordered, ordered[1:]):
+        for current, following in itertools.pairwise(ordered):
             current.set_modules_to_forward_prefetch([following])
     return model

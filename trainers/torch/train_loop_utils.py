@@ -133,7 +133,7 @@ def prepare_data_loader(
         loader = _with_distributed_sampler(loader, world_size, rank)
     device = get_device()
     if move_to_device and device.type != "cpu":
-        return _DeviceLoader(loader, device)  # type: ignore[return-value]
+        return _DeviceLoader(loader, device)  # type: ignore[return-value]  # passes for the DataLoader, whose attributes it forwards (as in Ray Train)
     return loader
 
 
@@ -153,9 +153,9 @@ def _with_distributed_sampler(loader: DataLoader, world_size: int, rank: int) ->
         )
     shuffle = isinstance(sampler, RandomSampler)
     seed = 0
-    if shuffle and getattr(sampler, "generator", None) is not None:
+    if isinstance(sampler, RandomSampler) and sampler.generator is not None:
         seed = int(sampler.generator.initial_seed())
-    distributed = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
+    distributed: DistributedSampler[Any] = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
     kept = ("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn",
             "multiprocessing_context", "generator", "persistent_workers")  # the loader's settings, all but its sampler
     return DataLoader(

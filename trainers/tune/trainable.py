@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trainers.tune.callback import require_tune_trial
 from trainers.tune.resources import trial_resources

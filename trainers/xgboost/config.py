@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from typing import Any, Callable, ContextManager, Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
 
 from trainers._internal.validation import check_choice
 from trainers.backend import Backend, BackendConfig
@@ -46,7 +48,7 @@ class XGBoostConfig(BackendConfig):
         return "xgboost"
 
     @property
-    def train_func_context(self) -> Callable[[], ContextManager[Any]]:
+    def train_func_context(self) -> Callable[[], AbstractContextManager[Any]]:
         return communicator_context
 
 
@@ -84,7 +86,7 @@ def communicator_context() -> Iterator[None]:
 # -- driver side --------------------------------------------------------------------------------
 
 
-class XGBoostBackend(Backend):
+class XGBoostBackend(Backend[XGBoostConfig]):
     """Starts a ``RabitTracker`` on the driver for each attempt and tells the workers where it is."""
 
     def __init__(self) -> None:
@@ -118,6 +120,5 @@ class XGBoostBackend(Backend):
             return
         try:
             tracker.free()
-        except Exception as error:
-            # Stopping a tracker whose workers are gone reports the broken connection; nothing to do.
+        except Exception as error:  # noqa: BLE001 - a tracker whose workers are gone reports the broken connection
             logger.debug("xgboost tracker stopped with: %s", error)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from operator import methodcaller
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import xgboost

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import transformers
 from torch.utils.data import DataLoader, Dataset, IterableDataset
@@ -32,7 +33,7 @@ def _as_loader(batches: Iterable[Any]) -> DataLoader:
     return DataLoader(_Batches(batches), batch_size=None)
 
 
-def prepare_trainer(trainer: "transformers.Trainer") -> "transformers.Trainer":
+def prepare_trainer(trainer: transformers.Trainer) -> transformers.Trainer:
     """Make ``trainer`` train on flowtrain's workers, and return it.
 
     Checks the Trainer sees the same world size as flowtrain (its arguments were built inside
@@ -53,7 +54,7 @@ def prepare_trainer(trainer: "transformers.Trainer") -> "transformers.Trainer":
         )
     base = type(trainer)
 
-    class FlowtrainTrainer(base):  # type: ignore[valid-type, misc]
+    class FlowtrainTrainer(base):  # type: ignore[valid-type, misc]  # the user's Trainer class, known only at run time
         """The user's Trainer class, taking ready-made batches as they come."""
 
         def get_train_dataloader(self) -> DataLoader:

@@ -14,8 +14,8 @@ import uuid
 from typing import Any
 
 from trainers._extras import MissingExtraError
-from trainers.backend import Backend
 from trainers._internal.validation import check_choice, check_number
+from trainers.backend import Backend
 from trainers.torch.config import INIT_METHODS, TorchConfig, free_port, join_process_group, leave_process_group
 
 logger = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def _init_xla_process_group(env: dict[str, str], timeout_s: float, init_method: 
         os.environ["PJRT_DEVICE"] = pjrt
     os.environ["ROLE_RANK"] = os.environ["ROLE_WORLD_RANK"] = os.environ["RANK"]
     try:
-        import torch_xla.core.xla_model  # noqa: F401
+        import torch_xla.core.xla_model
         import torch_xla.distributed.xla_backend  # noqa: F401  (registers the "xla" backend)
     except ImportError as error:
         raise TorchXLAMissingError() from error
@@ -164,7 +164,7 @@ def _compile_extracted_graphs() -> None:
     parallel_compile(workdir, CacheUrl.get_cache_url(match.group(1) if match else None))
 
 
-class TorchXLABackend(Backend):
+class TorchXLABackend(Backend[TorchXLAConfig]):
     """Joins every worker in an ``xla`` process group; compiles Neuron graphs at shutdown if asked."""
 
     def on_start(self, worker_group: Any, backend_config: TorchXLAConfig) -> None:
@@ -194,8 +194,8 @@ class TorchXLABackend(Backend):
     def on_shutdown(self, worker_group: Any, backend_config: TorchXLAConfig) -> None:
         try:
             worker_group.execute(leave_process_group, timeout_s=5)
-        except Exception:
-            pass  # the actors are killed right after anyway
+        except Exception:  # noqa: BLE001 - the actors are killed right after anyway
+            pass
         if backend_config.neuron_parallel_compile:
             # Only after training: the graphs are complete once every step has run.
             worker_group.execute(_compile_extracted_graphs)
