@@ -26,7 +26,16 @@ import urllib.request
 import pytest
 
 from loops import resume_after_checkpoint
-from trainers import Checkpoint, CheckpointConfig, DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig, get_context, report
+from trainers import (
+    Checkpoint,
+    CheckpointConfig,
+    DataParallelTrainer,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    get_context,
+    report,
+)
 from trainers.integrations.mlflow import BEST_CHECKPOINT_TAG, RUN_PATH_TAG, MLflowLoggerCallback
 from trainers.integrations.tensorboard import TensorBoardLoggerCallback
 

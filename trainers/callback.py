@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from storage import Checkpoint
 
@@ -81,7 +82,7 @@ class UserCallback:
         """An elastic run restarts its ``old_size`` workers as ``new_size`` from its latest
         checkpoint, since more now fit (nothing failed: ``on_restart`` is not called)."""
 
-    def after_run(self, run_context: TrainRunContext, result: "Result") -> None:
+    def after_run(self, run_context: TrainRunContext, result: Result) -> None:
         """The run ended: ``result`` is what ``fit()`` returns, or, when it failed, the run as it
         stands with the error ``fit()`` raises next in ``result.error``. Not called when this process
         is interrupted or killed. A failed or killed run resumes with the same name, and the rerun

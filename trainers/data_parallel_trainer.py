@@ -8,17 +8,19 @@ import os
 import socket
 import uuid
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from storage import Checkpoint, CheckpointConfig, RunStorage
 from trainers._internal.attempt import LocalWorkers, RayWorkers, RunSpec
 from trainers._internal.controller import Controller, ControllerSettings
+from trainers._internal.data import capture_data_context, check_dataset_values, check_row_counts, resolve_datasets
 from trainers._internal.failure_policy import FailurePolicy
 from trainers._internal.log_level import log_level
-from trainers._internal.data import capture_data_context, check_dataset_values, check_row_counts, resolve_datasets
 from trainers._internal.progress import ProgressLine
-from trainers._internal.run_hooks import RunHooks
 from trainers._internal.ray_private import TuneTrainableAttributes
+from trainers._internal.run_hooks import RunHooks
+from trainers._internal.validation_runner import make_runner
 from trainers.backend import BackendConfig
 from trainers.callback import TrainRunContext
 from trainers.config import DataConfig, FailureConfig, RunConfig, ScalingConfig
@@ -27,7 +29,6 @@ from trainers.errors import ControllerError, PreemptionError, TrainingFailedErro
 from trainers.result import Result
 from trainers.tuning import worker_start_timeout_s
 from trainers.validation import ValidationConfig
-from trainers._internal.validation_runner import make_runner
 
 
 def _takes_config(fn: Callable[..., Any]) -> bool:
@@ -172,7 +173,7 @@ class DataParallelTrainer(TuneTrainableAttributes):
     # -- Ray Train V1 leftovers ------------------------------------------------------------------
 
     @classmethod
-    def restore(cls, *args: Any, **kwargs: Any) -> "DataParallelTrainer":
+    def restore(cls, *args: Any, **kwargs: Any) -> DataParallelTrainer:
         """Removed in Ray Train V2 (raises DeprecationWarning): build the trainer again with the
         same ``RunConfig(storage_path=..., name=...)`` and call ``fit()``; it resumes the run."""
         raise _restore_removed(cls, "restore")
@@ -228,7 +229,12 @@ class DataParallelTrainer(TuneTrainableAttributes):
 
             ensure_ray()
         if scaling.max_workers > 0:
-            from trainers._internal.resources import check_feasible, check_label_selector, cluster_nodes, leave_cpu_for_data
+            from trainers._internal.resources import (
+                check_feasible,
+                check_label_selector,
+                cluster_nodes,
+                leave_cpu_for_data,
+            )
 
             _check_picklable("train_loop_per_worker", self.train_loop_per_worker)
             _check_picklable("train_loop_config", self.train_loop_config)

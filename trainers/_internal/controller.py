@@ -14,21 +14,29 @@ import dataclasses
 import enum
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from storage import Checkpoint, RunRecord
 from storage.upload import UploadStats
 from trainers._internal.attempt_book import LAUNCH, AttemptBook
 from trainers._internal.events import NOT_TRAINING, CheckpointsQuery, Event, FailedEvent, checkpoint_placement
 from trainers._internal.failure_policy import Charge, FailurePolicy
-from trainers._internal.reported_checkpoints import PendingQueries
-from trainers.callback import TrainRunContext, UserCallback
-from trainers.tuning import DRAIN_POLL_S, ENDED_DRAIN_S, VALIDATION_POLL_S
-from trainers.validation import request_to_json
 from trainers._internal.preemption_watch import PreemptionNotice, deadline_passed
 from trainers._internal.preemption_watch import merge as merge_preemptions
-from trainers.errors import PreemptionError, RankFailure, TrainingFailedError, WorkerGroupError, run_error_type, worker_group_error_type
+from trainers._internal.reported_checkpoints import PendingQueries
+from trainers.callback import TrainRunContext, UserCallback
+from trainers.errors import (
+    PreemptionError,
+    RankFailure,
+    TrainingFailedError,
+    WorkerGroupError,
+    run_error_type,
+    worker_group_error_type,
+)
 from trainers.preemption import PreemptionInfo
+from trainers.tuning import DRAIN_POLL_S, ENDED_DRAIN_S, VALIDATION_POLL_S
+from trainers.validation import request_to_json
 
 if TYPE_CHECKING:
     from trainers._internal.validation_runner import ValidationRunner
@@ -40,11 +48,11 @@ class Workers(Protocol):
     world_size: int
 
     def launch(self, attempt: int, checkpoint: Checkpoint | None) -> None: ...
-    def poll(self, timeout_s: float) -> list[Event]: ...
+    def poll(self, timeout_s: float) -> Sequence[Event | PreemptionNotice]: ...
     def release(self, index: int, data: Any) -> None: ...
     def answer_checkpoints(self, rank: int, query_id: int, answer: Any) -> None: ...
     def where(self, rank: int) -> tuple[str, str]: ...
-    def probe(self, ranks: list[int]) -> tuple[list[Event], dict[int, str]]: ...
+    def probe(self, ranks: list[int]) -> tuple[list[FailedEvent], dict[int, str]]: ...
     def finish(self) -> None: ...
     def shutdown(self) -> None: ...
 
@@ -169,13 +177,13 @@ class Controller:
             self.workers.launch(self.attempt, self.storage.latest_checkpoint)
         except (ValueError, TypeError):
             raise  # a configuration mistake: restarting cannot help
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - any other start failure is an attempt's failure, which the policy may retry
             self.book.failed[LAUNCH] = FailedEvent(LAUNCH, error, traceback.format_exc(), kind="failed to start")
             self._fail()
             return
         self.state = State.RUNNING
 
-    def _handle(self, events: list[Event]) -> None:
+    def _handle(self, events: Sequence[Event | PreemptionNotice]) -> None:
         book = self.book
         for event in events:
             if isinstance(event, CheckpointsQuery):
@@ -283,8 +291,8 @@ class Controller:
                 if not dead:
                     return
                 continue  # a dead rank never reports: the rounds it missed are no longer awaited
-            for event in self.workers.poll(min(DRAIN_POLL_S, max(0.0, limit - time.monotonic()))):
-                self.book.add(event)  # barriers and questions no longer matter: the attempt ends
+            for arrived in self.workers.poll(min(DRAIN_POLL_S, max(0.0, limit - time.monotonic()))):
+                self.book.add(arrived)  # barriers and questions no longer matter: the attempt ends
             self._commit_complete_rounds()
 
     def _finish(self) -> None:

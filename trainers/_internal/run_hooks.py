@@ -54,6 +54,7 @@ class RunHooks:
         if not self.callbacks:
             return
         try:
-            self.finished(Result._from_run(self.storage, return_value=None, error=error))
-        except Exception:  # noqa: BLE001 - the run's own failure is the error to raise
+            # The Result a failed run's after_run sees carries fit()'s error, whatever its type.
+            self.finished(Result._from_run(self.storage, return_value=None, error=error))  # type: ignore[arg-type]
+        except Exception:
             logger.exception("%s: a callback's after_run failed after the run failed", self.name)

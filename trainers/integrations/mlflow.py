@@ -142,7 +142,7 @@ class MLflowLoggerCallback(UserCallback):
         """Log rank 0's metrics at step ``num_reports - 1``, unless the MLflow run holds that step."""
         self._log_steps([(run_context.num_reports - 1, metrics[0])])
 
-    def after_run(self, run_context: TrainRunContext, result: "Result") -> None:
+    def after_run(self, run_context: TrainRunContext, result: Result) -> None:
         """Name (and with ``save_artifact`` upload) the best checkpoint, then end the MLflow run."""
         client = self._client
         if self.run_id is None:
@@ -171,6 +171,7 @@ class MLflowLoggerCallback(UserCallback):
             stamp = int(time.time() * 1000)
             points = [Metric(key, value, stamp, step) for key, value in scalar_metrics(metrics).items()]
             if batch and len(batch) + len(points) > MAX_METRICS_PER_BATCH:
+                assert batch_last is not None  # set with the batch's first points
                 self._send(batch, batch_last)
                 batch = []
             batch += points
@@ -192,7 +193,7 @@ class MLflowLoggerCallback(UserCallback):
 class _NoopModule:
     """What ``setup_mlflow`` returns on ranks that do not log: every attribute and call does nothing."""
 
-    def __getattr__(self, name: str) -> "_NoopModule":
+    def __getattr__(self, name: str) -> _NoopModule:
         return self
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:

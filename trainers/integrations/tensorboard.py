@@ -57,7 +57,7 @@ class TensorBoardLoggerCallback(UserCallback):
         """Write rank 0's metrics at step ``num_reports - 1``, unless the event files hold that step."""
         self._write([(run_context.num_reports - 1, metrics[0])])
 
-    def after_run(self, run_context: TrainRunContext, result: "Result") -> None:
+    def after_run(self, run_context: TrainRunContext, result: Result) -> None:
         """Close the event file."""
         self.close()
 
