@@ -83,7 +83,8 @@ def summarise(samples: dict[str, list[dict]]) -> dict:
         entry = {k: statistics.median(r[k] for r in runs if k in r) for k in keys}
         if impl != "flowtrain" and base:
             entry["ratio_flowtrain_over_this"] = {
-                k: statistics.median(b[k] / r[k] for b, r in zip(base, runs, strict=False) if k in r and r[k]) for k in keys
+                k: statistics.median(b[k] / r[k] for b, r in zip(base, runs, strict=False) if k in r and r[k])
+                for k in keys
             }
         summary[impl] = entry
     return summary
@@ -112,7 +113,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=sorted(set(WORKLOADS) - OPT_IN),
         help=f"workloads to run (default: all but {', '.join(sorted(OPT_IN))})",
     )
-    parser.add_argument("--out", type=pathlib.Path, default=None, help="result JSON (default benchmarks/results/<date>.json)")
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=None, help="result JSON (default benchmarks/results/<date>.json)"
+    )
     return parser.parse_args(argv)
 
 

@@ -39,19 +39,38 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__.splitlines()[0])
     parser.add_argument("--faults", type=int, default=30, help="how many faults to inject (default 30)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the schedule and the training loop")
-    parser.add_argument("--storage", choices=("local", "s3"), default="local", help="local disk, or S3 on a moto server")
-    parser.add_argument("--minutes", type=float, default=None, help="stop starting new runs after this long")
-    parser.add_argument("--kinds", default=None, help="comma-separated fault kinds (default: every kind this tree can inject that is not opt-in)")
-    parser.add_argument("--acks", choices=("on", "off"), default="on", help="off: the event road without acknowledgements (a planted defect)")
-    parser.add_argument("--plant", choices=("lose-file",), default=None, help="a planted defect of the soak's own: a commit loses a file")
     parser.add_argument(
-        "--overlap", action="store_true",
+        "--storage", choices=("local", "s3"), default="local", help="local disk, or S3 on a moto server"
+    )
+    parser.add_argument("--minutes", type=float, default=None, help="stop starting new runs after this long")
+    parser.add_argument(
+        "--kinds",
+        default=None,
+        help="comma-separated fault kinds (default: every kind this tree can inject that is not opt-in)",
+    )
+    parser.add_argument(
+        "--acks",
+        choices=("on", "off"),
+        default="on",
+        help="off: the event road without acknowledgements (a planted defect)",
+    )
+    parser.add_argument(
+        "--plant",
+        choices=("lose-file",),
+        default=None,
+        help="a planted defect of the soak's own: a commit loses a file",
+    )
+    parser.add_argument(
+        "--overlap",
+        action="store_true",
         help="let the event road's faults and the worker kills share runs (a worker dying before it noticed its "
         "connection broke takes its unacknowledged reports with it)",
     )
     parser.add_argument("--fail-fast", action="store_true", help="stop after the first run that breaks an invariant")
     parser.add_argument("--steps", type=int, default=Settings.steps, help="steps per run (default %(default)s)")
-    parser.add_argument("--ack-timeout", type=float, default=None, help="the event channel's ACK_TIMEOUT_S in the drivers")
+    parser.add_argument(
+        "--ack-timeout", type=float, default=None, help="the event channel's ACK_TIMEOUT_S in the drivers"
+    )
     parser.add_argument("--out", type=pathlib.Path, default=None, help="write the table to OUT.json and OUT.md")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, runs) for a post-mortem")
     return parser.parse_args(argv)
@@ -60,7 +79,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def available_kinds() -> list[str]:
     """Every kind but the opt-in ones, less the event road's when this tree's event channel has
     no fault hook."""
-    return [k for k, kind in KINDS.items() if not kind.opt_in and (chaos_road.available() or not k.startswith("event-"))]
+    return [
+        k for k, kind in KINDS.items() if not kind.opt_in and (chaos_road.available() or not k.startswith("event-"))
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,17 +94,27 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"--kinds: unknown {unknown}; choose from {sorted(KINDS)}")
     if (args.acks == "off" or any(k.startswith("event-") for k in kinds)) and not chaos_road.available():
-        raise SystemExit("the event-road faults and --acks off need the event channel's fault hook, which this tree lacks")
+        raise SystemExit(
+            "the event-road faults and --acks off need the event channel's fault hook, which this tree lacks"
+        )
     settings = Settings(
-        storage=args.storage, seed=args.seed, steps=args.steps, acks=args.acks == "on", plant=args.plant, ack_timeout_s=args.ack_timeout
+        storage=args.storage,
+        seed=args.seed,
+        steps=args.steps,
+        acks=args.acks == "on",
+        plant=args.plant,
+        ack_timeout_s=args.ack_timeout,
     )
     schedule = make_schedule(
         args.faults, args.seed, kinds, steps=settings.steps, every=settings.every, per_run=PER_RUN, overlap=args.overlap
     )
     started, load, date = time.monotonic(), os.getloadavg()[0], datetime.datetime.now().isoformat(timespec="seconds")
     work = tempfile.mkdtemp(prefix="flowtrain-chaos-")
-    print(f"chaos soak: {args.faults} faults of {len(set(kinds))} kinds in {len(schedule)} runs, seed {args.seed}, "
-          f"{args.storage} storage; work folder {work}", flush=True)
+    print(
+        f"chaos soak: {args.faults} faults of {len(set(kinds))} kinds in {len(schedule)} runs, seed {args.seed}, "
+        f"{args.storage} storage; work folder {work}",
+        flush=True,
+    )
     reports: list[RunReport] = []
     setup_s = reference_s = 0.0
     try:
@@ -93,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  the cluster and the fault-free run: {setup_s:.1f} s (the run: {reference_s:.1f} s)", flush=True)
             for plan in schedule:
                 if args.minutes is not None and time.monotonic() - started > args.minutes * 60:
-                    print(f"  --minutes {args.minutes:g} reached: {len(schedule) - len(reports)} runs not started", flush=True)
+                    print(
+                        f"  --minutes {args.minutes:g} reached: {len(schedule) - len(reports)} runs not started",
+                        flush=True,
+                    )
                     break
                 reports.append(soak.run(plan, reference))
                 if args.fail_fast and reports[-1].broken:
@@ -102,7 +136,14 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     table = summarize(
-        reports, schedule, args, date=date, wall_s=time.monotonic() - started, setup_s=setup_s, reference_s=reference_s, load=load
+        reports,
+        schedule,
+        args,
+        date=date,
+        wall_s=time.monotonic() - started,
+        setup_s=setup_s,
+        reference_s=reference_s,
+        load=load,
     )
     print(markdown(table))
     if args.out is not None:
@@ -113,7 +154,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summarize(
-    reports: list[RunReport], schedule: list, args: argparse.Namespace, *, date: str, wall_s: float, setup_s: float, reference_s: float,
+    reports: list[RunReport],
+    schedule: list,
+    args: argparse.Namespace,
+    *,
+    date: str,
+    wall_s: float,
+    setup_s: float,
+    reference_s: float,
     load: float,
 ) -> dict:
     """The soak's table: per kind, faults planned, injected (fired) and survived (fired in a
@@ -129,7 +177,9 @@ def summarize(
                 kinds[fault.kind]["injected"] += 1
                 kinds[fault.kind]["survived"] += not lines
             fired = ", ".join(f"{f.kind}@{f.step}" for f in segment.fired) or "none"
-            broken += [{"run": segment.run, "segment": segment.index, "fired": fired, "invariant": line} for line in lines]
+            broken += [
+                {"run": segment.run, "segment": segment.index, "fired": fired, "invariant": line} for line in lines
+            ]
     segments = [segment for report in reports for segment, _ in report.segments]
     return {
         "date": date,
@@ -172,7 +222,9 @@ def markdown(table: dict) -> str:
         "| --- | --- | --- | --- | --- |",
     ]
     for name, counts in table["kinds"].items():
-        lines.append(f"| {name} | {counts['planned']} | {counts['injected']} | {counts['survived']} | {KINDS[name].about} |")
+        lines.append(
+            f"| {name} | {counts['planned']} | {counts['injected']} | {counts['survived']} | {KINDS[name].about} |"
+        )
     lines += [
         f"| **all** | {sum(k['planned'] for k in table['kinds'].values())} | {table['injected']} | {table['survived']} | |",
         "",

@@ -61,7 +61,9 @@ def ending(segment: Segment) -> list[str]:
         if segment.ended != "failed":
             return ["a permanent storage error fired, yet fit() finished"]
         if not any(chaos_storage.PERMANENT in line for line in segment.outcome["error"]):
-            return [f"fit() failed with the wrong error after a permanent storage error: {segment.outcome['error'][0][:300]}"]
+            return [
+                f"fit() failed with the wrong error after a permanent storage error: {segment.outcome['error'][0][:300]}"
+            ]
         return []
     if segment.ended == "failed":
         return [f"fit() failed: {' <- '.join(segment.outcome['error'])[:600]}"]
@@ -116,7 +118,9 @@ def lost_reports(rank_lines: list[list[dict[str, Any]]], journal: list[dict[str,
         for key in {(line["attempt"], line["step"]) for line in lines if line["e"] == "returned"}:
             returned[key] = returned.get(key, 0) + 1
     done = {(line["attempt"], line["step"]) for line in journal if line["e"] == "commit"}
-    lost = sorted(key for key, count in returned.items() if count == len(rank_lines) and key not in done and key[0] not in exempt)
+    lost = sorted(
+        key for key, count in returned.items() if count == len(rank_lines) and key not in done and key[0] not in exempt
+    )
     return [
         f"report lost: step {step}{' (with its checkpoint)' if (attempt, step) in checkpointed else ''} returned on every "
         f"rank in attempt {attempt} but was never committed"
@@ -143,17 +147,25 @@ def checkpoints(result: Any, reference: Reference, world_size: int) -> list[str]
                 try:
                     state = torch.load(os.path.join(folder, state_file(rank, step)))
                 except Exception as error:  # noqa: BLE001 - a half-written file fails in many ways
-                    broken.append(f"checkpoint {name}: rank {rank}'s file does not load ({type(error).__name__}: {error})")
+                    broken.append(
+                        f"checkpoint {name}: rank {rank}'s file does not load ({type(error).__name__}: {error})"
+                    )
                     continue
-                own = state.get("step") == step and state.get("weights") == metrics["weights"] == reference.weights.get(step)
+                own = state.get("step") == step and state.get("weights") == metrics["weights"] == reference.weights.get(
+                    step
+                )
                 if rank == 0 and own:
                     own = weights_hash(state["model"]) == metrics["weights"]
                 if not own:
-                    broken.append(f"checkpoint {name}: rank {rank}'s file does not hold the state of step {step}'s report")
+                    broken.append(
+                        f"checkpoint {name}: rank {rank}'s file does not hold the state of step {step}'s report"
+                    )
     return broken
 
 
-def retention(result: Any, fs: pafs.FileSystem, run_path: str, *, steps: int, every: int, num_to_keep: int, tidy: bool) -> list[str]:
+def retention(
+    result: Any, fs: pafs.FileSystem, run_path: str, *, steps: int, every: int, num_to_keep: int, tidy: bool
+) -> list[str]:
     """The kept checkpoints are the best ``num_to_keep`` by score plus the latest; with ``tidy``
     (fit() has finished), the run folder holds nothing else: no orphaned folder, no ``.staging``,
     no lease."""
@@ -197,7 +209,8 @@ def leaks(pids: list[int], timeout_s: float = 20.0) -> list[str]:
     deadline = time.monotonic() + timeout_s
     while True:
         actors = [
-            a for a in ray._private.state.actors().values()
+            a
+            for a in ray._private.state.actors().values()
             if "TrainWorker" in a.get("ActorClassName", "") and a.get("State") != "DEAD"
         ]
         groups = [g for g in placement_group_table().values() if g.get("state") != "REMOVED"]

@@ -34,11 +34,15 @@ class Journal(UserCallback):
     def after_report(self, run_context, metrics, checkpoint):
         step = metrics[0]["step"]
         folder = os.path.basename(checkpoint.path.rstrip("/")) if checkpoint is not None else None
-        chaos_journal.append(self.path, {"e": "commit", "attempt": run_context.attempt, "step": step, "checkpoint": folder})
+        chaos_journal.append(
+            self.path, {"e": "commit", "attempt": run_context.attempt, "step": step, "checkpoint": folder}
+        )
         self._note(self.road.committed(step))
 
     def on_restart(self, run_context, failures, resume_from):
-        described = [{"rank": f.world_rank, "kind": f.kind, "type": f.error_type, "message": f.message[:300]} for f in failures]
+        described = [
+            {"rank": f.world_rank, "kind": f.kind, "type": f.error_type, "message": f.message[:300]} for f in failures
+        ]
         chaos_journal.append(self.path, {"e": "restart", "attempt": run_context.attempt, "failures": described})
 
     def finish(self) -> None:
@@ -46,7 +50,9 @@ class Journal(UserCallback):
 
     def _note(self, fired: list[dict]) -> None:
         for fault in fired:
-            chaos_journal.append(self.path, {"e": "road-fired", "id": fault["id"], "kind": fault["kind"], "rank": fault["rank"]})
+            chaos_journal.append(
+                self.path, {"e": "road-fired", "id": fault["id"], "kind": fault["kind"], "rank": fault["rank"]}
+            )
 
 
 def causes(error: BaseException) -> list[str]:
@@ -64,8 +70,12 @@ def main(spec_path: str) -> None:
         spec = json.load(file)
     storage = spec["storage"]
     fs = chaos_storage.filesystem(
-        storage["kind"], wrapped=storage["wrapped"], endpoint=storage.get("endpoint"), marks=spec["marks"],
-        faults=spec["faults"], plant=spec.get("plant"),
+        storage["kind"],
+        wrapped=storage["wrapped"],
+        endpoint=storage.get("endpoint"),
+        marks=spec["marks"],
+        faults=spec["faults"],
+        plant=spec.get("plant"),
     )
     road = Road(spec["faults"], spec["marks"], acks=spec.get("acks", True), ack_timeout_s=spec.get("ack_timeout_s"))
     journal = Journal(spec["driver_log"], road)

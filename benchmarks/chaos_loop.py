@@ -121,7 +121,9 @@ def chaos_loop(config: dict) -> dict:
                 report(metrics, checkpoint=Checkpoint.from_directory(folder))
         else:
             report(metrics)
-        chaos_journal.append(log, {"e": "returned", "attempt": attempt, "rank": rank, "step": step, "checkpoint": checkpointed})
+        chaos_journal.append(
+            log, {"e": "returned", "attempt": attempt, "rank": rank, "step": step, "checkpoint": checkpointed}
+        )
     return {"weights": weights_hash(module.state_dict())}
 
 

@@ -41,7 +41,9 @@ class Road:
     fault at a time, so a later one waits for the earlier to fire.
     """
 
-    def __init__(self, faults: list[dict], marks: str, *, acks: bool = True, ack_timeout_s: float | None = None) -> None:
+    def __init__(
+        self, faults: list[dict], marks: str, *, acks: bool = True, ack_timeout_s: float | None = None
+    ) -> None:
         self.marks = marks
         self.waiting = [f for f in faults if f["kind"] in HOOK_FAULTS and not chaos_journal.fired(marks, f["id"])]
         self.faults = hook()

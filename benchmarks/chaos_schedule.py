@@ -39,13 +39,21 @@ KINDS: dict[str, Kind] = {
         Kind("raise", "loop", restarts=1, about="the training loop raises on one rank before its report()"),
         Kind("kill-report", "storage", True, restarts=1, about="SIGKILL inside report(): files staged, event not sent"),
         Kind("kill-write", "storage", True, restarts=1, about="SIGKILL half way through writing a checkpoint file"),
-        Kind("driver-kill", "soak", ends="killed", about="SIGKILL of the driver, then a rerun of the same name at once"),
+        Kind(
+            "driver-kill", "soak", ends="killed", about="SIGKILL of the driver, then a rerun of the same name at once"
+        ),
         Kind("node-loss", "soak", restarts=1, about="the node of one rank removed, a new node added"),
         Kind("event-drop", "road", about="a rank's event connection closed by the controller"),
         Kind("event-half-open", "road", about="a rank's event connection left open but never read again"),
         Kind("storage-transient", "storage", True, about="two failed writes of a checkpoint file (upload or commit)"),
         Kind("storage-slow", "storage", True, about="a checkpoint file's write (upload or commit) held 1-2 s"),
-        Kind("storage-permanent", "storage", True, ends="failed", about="writes denied from a checkpoint on, till fit() ends"),
+        Kind(
+            "storage-permanent",
+            "storage",
+            True,
+            ends="failed",
+            about="writes denied from a checkpoint on, till fit() ends",
+        ),
         Kind("snapshot-transient", "storage", True, about="one failed write of run.json, a checkpoint's commit point"),
     )
 }
@@ -130,7 +138,9 @@ def make_schedule(
         rng.shuffle(order)
         sequence.extend(order)
     sequence = sequence[:num_faults]
-    groups = [[k for k in sequence if group(k, overlap=overlap) == name] for name in ("road", "plain", "kill", "storage")]
+    groups = [
+        [k for k in sequence if group(k, overlap=overlap) == name] for name in ("road", "plain", "kill", "storage")
+    ]
     chunks = [_chunk(members, per_run, world_size) for members in groups]
     interleaved = [chunk for turn in itertools.zip_longest(*chunks) for chunk in turn if chunk]
     plans, next_id = [], 0
@@ -157,8 +167,12 @@ def make_schedule(
                 )
             )
             next_id += 1
-        faults = _place_road_faults(sorted(faults, key=lambda f: (f.step, f.id)), rng, world_size, half_open_last=not overlap)
-        plans.append(RunPlan(name=f"run-{index:02d}", wrapped=any(f.kind in WRAPPED for f in faults), faults=tuple(faults)))
+        faults = _place_road_faults(
+            sorted(faults, key=lambda f: (f.step, f.id)), rng, world_size, half_open_last=not overlap
+        )
+        plans.append(
+            RunPlan(name=f"run-{index:02d}", wrapped=any(f.kind in WRAPPED for f in faults), faults=tuple(faults))
+        )
     return plans
 
 
@@ -184,14 +198,19 @@ def _chunk(kinds: list[str], per_run: int, world_size: int) -> list[list[str]]:
     return [chunk for chunk in chunks if chunk]
 
 
-def _place_road_faults(faults: list[Fault], rng: random.Random, world_size: int, *, half_open_last: bool) -> list[Fault]:
+def _place_road_faults(
+    faults: list[Fault], rng: random.Random, world_size: int, *, half_open_last: bool
+) -> list[Fault]:
     """``faults`` (in step order) with the event-road faults on distinct ranks and, with
     ``half_open_last``, a half-open connection moved to the last step (see ``_chunk``; with
     ``overlap`` the faults after it are what it is to meet)."""
     half_open = next((i for i, f in enumerate(faults) if f.kind == "event-half-open"), None)
     if half_open_last and half_open is not None and half_open != len(faults) - 1:
         last, moved = faults[-1], faults[half_open]
-        faults[half_open], faults[-1] = dataclasses.replace(last, step=moved.step), dataclasses.replace(moved, step=last.step)
+        faults[half_open], faults[-1] = (
+            dataclasses.replace(last, step=moved.step),
+            dataclasses.replace(moved, step=last.step),
+        )
     road = [i for i, f in enumerate(faults) if f.kind.startswith("event-")]
     for i, rank in zip(road, rng.sample(range(world_size), len(road)), strict=True):
         faults[i] = dataclasses.replace(faults[i], rank=rank)
@@ -212,4 +231,3 @@ def _detail(kind: str, rng: random.Random) -> float:
     if kind.startswith("event-"):
         return float(rng.randrange(2))
     return 0.0
-

@@ -84,7 +84,9 @@ class Soak:
 
         os.environ.update(RAY_USAGE_STATS_ENABLED="0", DO_NOT_TRACK="1")
         # Ray's workers start with the raylets' environment: they must import benchmarks.chaos_loop.
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
         if self.settings.storage == "s3":
             moto = chaos_storage.moto_s3()
             self.inner, self.endpoint = moto.__enter__()
@@ -111,7 +113,11 @@ class Soak:
 
     def run_path(self, name: str) -> str:
         """The run folder inside ``self.inner`` (the storage without the wrapper)."""
-        return f"{chaos_storage.BUCKET}/runs/{name}" if self.settings.storage == "s3" else str(self.work / "storage" / name)
+        return (
+            f"{chaos_storage.BUCKET}/runs/{name}"
+            if self.settings.storage == "s3"
+            else str(self.work / "storage" / name)
+        )
 
     # -- runs ------------------------------------------------------------------------------------
 
@@ -144,7 +150,9 @@ class Soak:
             broken = self._check(plan, segment, folder, reference)
             report.segments.append((segment, broken))
             fired = ", ".join(f"{f.kind}@{f.step}" for f in segment.fired) or "none"
-            self.say(f"  {plan.name} segment {index}: {segment.ended} in {segment.seconds:.1f} s; fired: {fired}; broken: {len(broken)}")
+            self.say(
+                f"  {plan.name} segment {index}: {segment.ended} in {segment.seconds:.1f} s; fired: {fired}; broken: {len(broken)}"
+            )
             for line in broken:
                 self.say(f"    BROKEN {line}")
             (folder / "marks" / chaos_storage.DENIED).unlink(missing_ok=True)  # the storage recovers once fit() ended
@@ -158,7 +166,12 @@ class Soak:
         faults = [dataclasses.asdict(f) for f in plan.faults]
         spec = {
             "name": plan.name,
-            "storage": {"kind": settings.storage, "wrapped": plan.wrapped or settings.plant is not None, "path": self.storage_path(), "endpoint": self.endpoint},
+            "storage": {
+                "kind": settings.storage,
+                "wrapped": plan.wrapped or settings.plant is not None,
+                "path": self.storage_path(),
+                "endpoint": self.endpoint,
+            },
             "marks": marks,
             "faults": faults,
             "plant": settings.plant,
@@ -169,8 +182,13 @@ class Soak:
             "num_workers": settings.world_size,
             "num_to_keep": settings.num_to_keep,
             "loop": {
-                "seed": settings.seed, "steps": settings.steps, "every": settings.every, "pace_s": settings.pace_s,
-                "log_dir": str(folder / "logs"), "marks": marks, "faults": faults,
+                "seed": settings.seed,
+                "steps": settings.steps,
+                "every": settings.every,
+                "pace_s": settings.pace_s,
+                "log_dir": str(folder / "logs"),
+                "marks": marks,
+                "faults": faults,
             },
         }
         spec_path = folder / f"spec-{index}.json"
@@ -182,7 +200,13 @@ class Soak:
         env = {**os.environ, "RAY_ADDRESS": self.cluster.address}
         start = time.monotonic()
         with open(folder / f"driver-{index}.log", "w") as output:  # the driver keeps its own copy of the handle
-            driver = subprocess.Popen([sys.executable, "-m", "benchmarks.chaos_driver", str(spec_path)], cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
+            driver = subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.chaos_driver", str(spec_path)],
+                cwd=ROOT,
+                env=env,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+            )
         ended, progress, seen, hung = None, start, 0, ""
         try:
             while driver.poll() is None:
@@ -192,7 +216,8 @@ class Soak:
                 if time.monotonic() - start > deadline_s or time.monotonic() - progress > self.stall_s:
                     ended = "deadline"
                     hung = (
-                        f"ran past its deadline of {deadline_s:.0f} s" if time.monotonic() - start > deadline_s
+                        f"ran past its deadline of {deadline_s:.0f} s"
+                        if time.monotonic() - start > deadline_s
                         else f"committed nothing for {self.stall_s:.0f} s"
                     )
                     break
@@ -216,7 +241,11 @@ class Soak:
         if ended is None:
             ended = outcome["status"] if outcome is not None else "crashed"
         if ended in ("killed", "deadline", "failed"):  # the driver died, or gave up the run, under its last attempt
-            started = [line["attempt"] for r in range(settings.world_size) for line in chaos_journal.read(str(folder / "logs" / f"rank{r}.jsonl"))]
+            started = [
+                line["attempt"]
+                for r in range(settings.world_size)
+                for line in chaos_journal.read(str(folder / "logs" / f"rank{r}.jsonl"))
+            ]
             exempt.add(max(started, default=0))
         fired = [f for f in plan.faults if f.id not in already and chaos_journal.fired(marks, f.id)]
         tail = (folder / f"driver-{index}.log").read_text()[-1500:] if ended == "crashed" else hung
@@ -255,12 +284,19 @@ class Soak:
         except Exception as error:  # noqa: BLE001 - the run's folder itself is damaged
             return broken + [f"Result.from_path fails: {type(error).__name__}: {error}"]
         finished = segment.ended == "finished"
-        broken += chaos_check.history(result, reference, steps=settings.steps, finished=finished, outcome=segment.outcome)
+        broken += chaos_check.history(
+            result, reference, steps=settings.steps, finished=finished, outcome=segment.outcome
+        )
         broken += chaos_check.committed(result, chaos_journal.read(str(folder / "driver.jsonl")))
         broken += chaos_check.lost_reports(rank_lines, chaos_journal.read(str(folder / "driver.jsonl")), segment.exempt)
         broken += chaos_check.checkpoints(result, reference, settings.world_size)
         broken += chaos_check.retention(
-            result, self.inner, self.run_path(plan.name), steps=settings.steps, every=settings.every, num_to_keep=settings.num_to_keep,
+            result,
+            self.inner,
+            self.run_path(plan.name),
+            steps=settings.steps,
+            every=settings.every,
+            num_to_keep=settings.num_to_keep,
             tidy=finished,  # a killed driver, or storage that denies writes, may leave what the next fit() tidies
         )
         broken += chaos_check.restarts(segment)

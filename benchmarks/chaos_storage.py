@@ -87,7 +87,9 @@ class ChaosFS(pafs.FileSystemHandler):
     file, so a committed checkpoint lacks it.
     """
 
-    def __init__(self, inner: pafs.FileSystem, *, type_name: str, marks: str, faults: list[dict], plant: str | None = None) -> None:
+    def __init__(
+        self, inner: pafs.FileSystem, *, type_name: str, marks: str, faults: list[dict], plant: str | None = None
+    ) -> None:
         self.inner = inner
         self.type_name = type_name
         self.marks = marks
@@ -147,7 +149,11 @@ class ChaosFS(pafs.FileSystemHandler):
         return self.type_name
 
     def equals(self, other: Any) -> bool:
-        return isinstance(other, pafs.PyFileSystem) and isinstance(other.handler, ChaosFS) and other.handler.__dict__ == self.__dict__
+        return (
+            isinstance(other, pafs.PyFileSystem)
+            and isinstance(other.handler, ChaosFS)
+            and other.handler.__dict__ == self.__dict__
+        )
 
     def normalize_path(self, path: str) -> str:
         return self.inner.normalize_path(path)
@@ -233,10 +239,14 @@ class _DieMidWrite:
             self.closed = True
 
 
-def filesystem(kind: str, *, wrapped: bool, endpoint: str | None, marks: str, faults: list[dict], plant: str | None) -> pafs.FileSystem | None:
+def filesystem(
+    kind: str, *, wrapped: bool, endpoint: str | None, marks: str, faults: list[dict], plant: str | None
+) -> pafs.FileSystem | None:
     """The run's ``storage_filesystem``: None (plain local disk), S3 on ``endpoint``, or either
     behind ``ChaosFS``."""
     inner = s3_filesystem(endpoint) if kind == "s3" else pafs.LocalFileSystem()
     if not wrapped:
         return inner if kind == "s3" else None
-    return pafs.PyFileSystem(ChaosFS(inner, type_name="s3" if kind == "s3" else "chaos", marks=marks, faults=faults, plant=plant))
+    return pafs.PyFileSystem(
+        ChaosFS(inner, type_name="s3" if kind == "s3" else "chaos", marks=marks, faults=faults, plant=plant)
+    )

@@ -42,7 +42,11 @@ def zero_work(stage: int, rank: int, world_size: int) -> dict[str, float]:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1)
+        torch.nn.Linear(FEATURES, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, 1),
     )
     config = {
         "train_batch_size": BATCH * world_size,
@@ -115,8 +119,16 @@ def _fit(impl: str, stage: int, storage: str, name: str, out: str) -> None:
 def _torchrun(stage: int, out: str) -> None:
     """The script launched by hand: ``torchrun --standalone --nproc-per-node 2`` on this module."""
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={NUM_WORKERS}",
-        "-m", "benchmarks.deepspeed_bench", "--raw-worker", str(stage), out,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={NUM_WORKERS}",
+        "-m",
+        "benchmarks.deepspeed_bench",
+        "--raw-worker",
+        str(stage),
+        out,
     ]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}

@@ -35,7 +35,13 @@ GBDT_ROWS = 200_000
 LONG_ROWS = 2_000_000
 GBDT_FEATURES = 20
 ROUNDS = 100
-XGB_PARAMS = {"objective": "binary:logistic", "eval_metric": "logloss", "max_depth": 6, "eta": 0.1, "tree_method": "hist"}
+XGB_PARAMS = {
+    "objective": "binary:logistic",
+    "eval_metric": "logloss",
+    "max_depth": 6,
+    "eta": 0.1,
+    "tree_method": "hist",
+}
 LGB_PARAMS = {"objective": "binary", "metric": "binary_logloss", "num_leaves": 63, "learning_rate": 0.1, "verbose": -1}
 
 
@@ -87,7 +93,9 @@ def _lightgbm_train(config, callback, network, rank, world_size):
     x, y = _shard(config["data"], rank, world_size)
     train = lightgbm.Dataset(x, label=y)
     params = {**LGB_PARAMS, "num_threads": 1, "tree_learner": "data_parallel", **network}
-    return lightgbm.train(params, train, num_boost_round=ROUNDS, valid_sets=[train], valid_names=["train"], callbacks=[callback])
+    return lightgbm.train(
+        params, train, num_boost_round=ROUNDS, valid_sets=[train], valid_names=["train"], callbacks=[callback]
+    )
 
 
 def xgboost_loop_flowtrain(config):
@@ -111,7 +119,9 @@ def lightgbm_loop_flowtrain(config):
     from trainers.lightgbm import RayTrainReportCallback, get_network_params
 
     context = trainers.get_context()
-    _lightgbm_train(config, RayTrainReportCallback(), get_network_params(), context.get_world_rank(), context.get_world_size())
+    _lightgbm_train(
+        config, RayTrainReportCallback(), get_network_params(), context.get_world_rank(), context.get_world_size()
+    )
 
 
 def lightgbm_loop_ray(config):
@@ -119,7 +129,9 @@ def lightgbm_loop_ray(config):
     from ray.train.lightgbm import RayTrainReportCallback, get_network_params
 
     context = ray.train.get_context()
-    _lightgbm_train(config, RayTrainReportCallback(), get_network_params(), context.get_world_rank(), context.get_world_size())
+    _lightgbm_train(
+        config, RayTrainReportCallback(), get_network_params(), context.get_world_rank(), context.get_world_size()
+    )
 
 
 # -- drivers ------------------------------------------------------------------------------------
@@ -132,7 +144,14 @@ def _library_alone(library: str, folder: str) -> None:
 
         train = xgboost.DMatrix(x, label=y)
         log: dict = {}
-        xgboost.train({**XGB_PARAMS, "nthread": NUM_WORKERS}, train, num_boost_round=ROUNDS, evals=[(train, "train")], evals_result=log, verbose_eval=False)
+        xgboost.train(
+            {**XGB_PARAMS, "nthread": NUM_WORKERS},
+            train,
+            num_boost_round=ROUNDS,
+            evals=[(train, "train")],
+            evals_result=log,
+            verbose_eval=False,
+        )
     else:
         import lightgbm
 
@@ -161,7 +180,13 @@ class _RoundMetrics:
 
         class Keep(xgboost.callback.TrainingCallback):
             def after_iteration(self, model, epoch, evals_log):
-                rounds.append({f"{data}-{metric}": values[-1] for data, metrics in evals_log.items() for metric, values in metrics.items()})
+                rounds.append(
+                    {
+                        f"{data}-{metric}": values[-1]
+                        for data, metrics in evals_log.items()
+                        for metric, values in metrics.items()
+                    }
+                )
                 return False
 
         return Keep()
@@ -205,7 +230,8 @@ def _raw_distributed(library: str, folder: str) -> None:
     out = tempfile.mkdtemp(prefix=f"flowtrain-bench-raw-{library}-")
     spawn = multiprocessing.get_context("spawn")
     processes = [
-        spawn.Process(target=_raw_process, args=(library, rank, NUM_WORKERS, network, folder, out)) for rank in range(NUM_WORKERS)
+        spawn.Process(target=_raw_process, args=(library, rank, NUM_WORKERS, network, folder, out))
+        for rank in range(NUM_WORKERS)
     ]
     for process in processes:
         process.start()

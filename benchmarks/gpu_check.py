@@ -45,10 +45,22 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="gpu_check_results", help="folder for gpu_check.json and throughput.json")
-    parser.add_argument("--only", nargs="+", choices=list(CHECKS), metavar="CHECK",
-                        help=f"run only these checks, in the usual order ({', '.join(CHECKS)})")
-    parser.add_argument("--seconds", type=float, default=20.0, help="training seconds per implementation in the throughput comparison")
-    parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="time for the whole run; checks that no longer fit fail as not run")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=list(CHECKS),
+        metavar="CHECK",
+        help=f"run only these checks, in the usual order ({', '.join(CHECKS)})",
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=20.0, help="training seconds per implementation in the throughput comparison"
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=BUDGET_S,
+        help="time for the whole run; checks that no longer fit fail as not run",
+    )
     # Testing only: without a GPU, run the same checks on CPU workers over gloo instead of exiting.
     parser.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--cpu-workers", type=int, default=2, choices=(1, 2), help=argparse.SUPPRESS)
@@ -75,7 +87,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # -- results: ratios, summary, JSON (pure; unit-tested) ----------------------------------------
 
 #: Throughput ratios reported, as (numerator, denominator): above 1 means the numerator is faster.
-RATIO_PAIRS = (("flowtrain", "raw"), ("flowtrain", "ray.train"), ("ray.train", "raw"), ("raw", "raw_single"), ("flowtrain", "raw_single"))
+RATIO_PAIRS = (
+    ("flowtrain", "raw"),
+    ("flowtrain", "ray.train"),
+    ("ray.train", "raw"),
+    ("raw", "raw_single"),
+    ("flowtrain", "raw_single"),
+)
 
 
 def throughput_ratios(samples_per_s: dict[str, float]) -> dict[str, float]:
@@ -102,9 +120,13 @@ def throughput_report(details: dict) -> dict:
 
 def summary_lines(results: list[dict], elapsed_s: float) -> list[str]:
     """One line per check, then the counts."""
-    lines = [f"  {r['status']:<4}  {r['name']:<18} {r['seconds']:7.1f} s  {r.get('error') or ''}".rstrip() for r in results]
+    lines = [
+        f"  {r['status']:<4}  {r['name']:<18} {r['seconds']:7.1f} s  {r.get('error') or ''}".rstrip() for r in results
+    ]
     counts = {status: sum(r["status"] == status for r in results) for status in ("PASS", "FAIL", "SKIP")}
-    lines.append(f"gpu-check: {counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped in {elapsed_s:.1f} s")
+    lines.append(
+        f"gpu-check: {counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped in {elapsed_s:.1f} s"
+    )
     return lines
 
 
@@ -119,7 +141,11 @@ def write_reports(out: str, environment: dict, results: list[dict]) -> list[str]
     """gpu_check.json (environment and every check) and, when the throughput check ran,
     throughput.json. Returns the paths written."""
     os.makedirs(out, exist_ok=True)
-    report = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "environment": environment, "checks": results}
+    report = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "environment": environment,
+        "checks": results,
+    }
     paths = [os.path.join(out, "gpu_check.json")]
     with open(paths[0], "w") as f:
         json.dump(report, f, indent=2, default=str)
@@ -127,8 +153,16 @@ def write_reports(out: str, environment: dict, results: list[dict]) -> list[str]
         if result["name"] == "throughput" and result.get("details"):
             paths.append(os.path.join(out, "throughput.json"))
             with open(paths[-1], "w") as f:
-                json.dump({"date": report["date"], "environment": environment, "status": result["status"],
-                           **throughput_report(result["details"])}, f, indent=2)
+                json.dump(
+                    {
+                        "date": report["date"],
+                        "environment": environment,
+                        "status": result["status"],
+                        **throughput_report(result["details"]),
+                    },
+                    f,
+                    indent=2,
+                )
     return paths
 
 
@@ -143,8 +177,13 @@ def run_child(args: argparse.Namespace) -> int:
     """Run check ``args.child`` and write its result where the parent reads it."""
     from benchmarks.gpu_workloads import CheckFailed, Setup, Skipped
 
-    setup = Setup(use_gpu=args.num_gpus > 0, num_gpus=args.num_gpus, workdir=args.workdir, seconds=args.seconds,
-                  cpu_workers=args.cpu_workers)
+    setup = Setup(
+        use_gpu=args.num_gpus > 0,
+        num_gpus=args.num_gpus,
+        workdir=args.workdir,
+        seconds=args.seconds,
+        cpu_workers=args.cpu_workers,
+    )
     check, _ = CHECKS[args.child]
     started = time.perf_counter()
     result: dict = {"name": args.child, "details": {}}
@@ -200,7 +239,10 @@ def _wait_for_idle_ray(timeout_s: float = 30.0) -> None:
         if all(free.get(k, 0) >= v for k, v in total.items()):
             return
         time.sleep(0.2)
-    print(f"[gpu-check] note: Ray still holds resources after {timeout_s:.0f} s: {ray.available_resources()} of {total}", flush=True)
+    print(
+        f"[gpu-check] note: Ray still holds resources after {timeout_s:.0f} s: {ray.available_resources()} of {total}",
+        flush=True,
+    )
 
 
 def _first_sentence(doc: str | None) -> str:
@@ -208,12 +250,31 @@ def _first_sentence(doc: str | None) -> str:
     return text.split(". ")[0].rstrip(".") + "."
 
 
-def _run_one(name: str, limit_s: float, args: argparse.Namespace, num_gpus: int, workdir: str, ray_address: str) -> dict:
+def _run_one(
+    name: str, limit_s: float, args: argparse.Namespace, num_gpus: int, workdir: str, ray_address: str
+) -> dict:
     """Run check ``name`` in a child process; kill it (and fail the check) after ``limit_s``."""
-    command = [sys.executable, "-m", "benchmarks.gpu_check", "--child", name, "--workdir", workdir,
-               "--num-gpus", str(num_gpus), "--seconds", str(args.seconds), "--cpu-workers", str(args.cpu_workers)]
-    env = dict(os.environ, RAY_ADDRESS=ray_address, PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.gpu_check",
+        "--child",
+        name,
+        "--workdir",
+        workdir,
+        "--num-gpus",
+        str(num_gpus),
+        "--seconds",
+        str(args.seconds),
+        "--cpu-workers",
+        str(args.cpu_workers),
+    ]
+    env = dict(
+        os.environ,
+        RAY_ADDRESS=ray_address,
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p),
+    )
     started = time.perf_counter()
     child = subprocess.Popen(command, env=env, cwd=REPO_ROOT, start_new_session=True)
     try:
@@ -221,12 +282,22 @@ def _run_one(name: str, limit_s: float, args: argparse.Namespace, num_gpus: int,
     except subprocess.TimeoutExpired:
         os.killpg(child.pid, signal.SIGKILL)  # the check and anything it started (torch.multiprocessing)
         child.wait()
-        return {"name": name, "status": "FAIL", "seconds": round(time.perf_counter() - started, 1),
-                "error": f"timed out after {limit_s:.0f} s and was killed", "details": {}}
+        return {
+            "name": name,
+            "status": "FAIL",
+            "seconds": round(time.perf_counter() - started, 1),
+            "error": f"timed out after {limit_s:.0f} s and was killed",
+            "details": {},
+        }
     path = _result_path(workdir, name)
     if not os.path.exists(path):
-        return {"name": name, "status": "FAIL", "seconds": round(time.perf_counter() - started, 1),
-                "error": f"the check's process exited with code {code} without a result", "details": {}}
+        return {
+            "name": name,
+            "status": "FAIL",
+            "seconds": round(time.perf_counter() - started, 1),
+            "error": f"the check's process exited with code {code} without a result",
+            "details": {},
+        }
     with open(path) as f:
         return json.load(f)
 
@@ -242,17 +313,31 @@ def run_checks(args: argparse.Namespace, num_gpus: int) -> list[dict]:
     workdir = tempfile.mkdtemp(prefix="gpu-check-")
     started = time.perf_counter()
     # A small object store: the checks pass no data through it, and it need not fit /dev/shm's default.
-    ray.init(address="local", num_cpus=max(4, os.cpu_count() or 1), num_gpus=num_gpus,
-             object_store_memory=2 * 2**30, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=max(4, os.cpu_count() or 1),
+        num_gpus=num_gpus,
+        object_store_memory=2 * 2**30,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
     address = ray.get_runtime_context().gcs_address
-    print(f"[gpu-check] Ray started in {time.perf_counter() - started:.1f} s at {address}: {ray.cluster_resources()}", flush=True)
+    print(
+        f"[gpu-check] Ray started in {time.perf_counter() - started:.1f} s at {address}: {ray.cluster_resources()}",
+        flush=True,
+    )
     try:
         for name in names:
             check, limit_s = CHECKS[name]
             limit_s = min(limit_s * (1 if use_gpu else CPU_SLOWDOWN), deadline - time.monotonic())
             if limit_s < MIN_CHECK_S:
-                result = {"name": name, "status": "FAIL", "seconds": 0.0, "details": {},
-                          "error": f"not run: the time budget (--budget-s {args.budget_s:.0f}) was used up"}
+                result = {
+                    "name": name,
+                    "status": "FAIL",
+                    "seconds": 0.0,
+                    "details": {},
+                    "error": f"not run: the time budget (--budget-s {args.budget_s:.0f}) was used up",
+                }
             else:
                 print(f"[gpu-check] ---- {name}: {_first_sentence(check.__doc__)} (limit {limit_s:.0f} s)", flush=True)
                 result = _run_one(name, limit_s, args, num_gpus, workdir, address)

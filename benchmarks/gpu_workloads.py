@@ -63,7 +63,7 @@ class Setup:
 
     @property
     def device_type(self) -> str:
-        """"cuda" or "cpu": where the workers train."""
+        """ "cuda" or "cpu": where the workers train."""
         return "cuda" if self.use_gpu else "cpu"
 
     @property
@@ -207,22 +207,26 @@ def placement_loop(config: dict) -> None:
     loss.backward()
     optimizer.step()
     trainers.report({"loss": world_mean(loss)})
-    write_rank_file(config["out"], rank, {
-        "rank": rank,
-        "world": world,
-        "backend": dist.get_backend(),
-        "device": str(device),
-        "devices": [str(d) for d in get_devices()],
-        "sum": summed.tolist(),
-        "sum_device": str(summed.device),
-        "param_devices": sorted({str(p.device) for p in model.parameters()}),
-        "batch_device": str(xb.device),
-        "wrapper": type(model).__name__,
-        "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "accelerator_ids": list(context.accelerator_ids),
-        "current_device": torch.cuda.current_device() if device.type == "cuda" else None,
-        "loss": loss.item(),
-    })
+    write_rank_file(
+        config["out"],
+        rank,
+        {
+            "rank": rank,
+            "world": world,
+            "backend": dist.get_backend(),
+            "device": str(device),
+            "devices": [str(d) for d in get_devices()],
+            "sum": summed.tolist(),
+            "sum_device": str(summed.device),
+            "param_devices": sorted({str(p.device) for p in model.parameters()}),
+            "batch_device": str(xb.device),
+            "wrapper": type(model).__name__,
+            "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "accelerator_ids": list(context.accelerator_ids),
+            "current_device": torch.cuda.current_device() if device.type == "cuda" else None,
+            "loss": loss.item(),
+        },
+    )
 
 
 def _run_placement(setup: Setup, name: str, world: int, backend: str, **scaling: Any) -> list[dict]:
@@ -235,12 +239,21 @@ def _run_placement(setup: Setup, name: str, world: int, backend: str, **scaling:
         expect(info["backend"] == backend, f"{where}: process group backend {info['backend']!r}, expected {backend!r}")
         expect(info["sum"] == [expected_sum] * 4, f"{where}: all_reduce gave {info['sum']}, expected {expected_sum}")
         expect(info["sum_device"] == info["device"], f"{where}: the all_reduce tensor is on {info['sum_device']}")
-        expect(info["device"].startswith(setup.device_type), f"{where}: get_device() is {info['device']}, expected {setup.device_type}")
-        expect(info["param_devices"] == [info["device"]], f"{where}: parameters on {info['param_devices']}, get_device() is {info['device']}")
+        expect(
+            info["device"].startswith(setup.device_type),
+            f"{where}: get_device() is {info['device']}, expected {setup.device_type}",
+        )
+        expect(
+            info["param_devices"] == [info["device"]],
+            f"{where}: parameters on {info['param_devices']}, get_device() is {info['device']}",
+        )
         expect(info["batch_device"] == info["device"], f"{where}: prepare_data_loader batch on {info['batch_device']}")
         expect(math.isfinite(info["loss"]), f"{where}: loss {info['loss']}")
         expected_wrapper = "DistributedDataParallel" if world > 1 else "Sequential"
-        expect(info["wrapper"] == expected_wrapper, f"{where}: prepare_model gave {info['wrapper']}, expected {expected_wrapper}")
+        expect(
+            info["wrapper"] == expected_wrapper,
+            f"{where}: prepare_model gave {info['wrapper']}, expected {expected_wrapper}",
+        )
     return infos
 
 
@@ -339,8 +352,10 @@ def resume_loop(config: dict) -> dict | None:
         metrics = {"step": step, "loss": world_mean(loss), "digest": digest(plain.state_dict())}
         with tempfile.TemporaryDirectory() as folder:
             if rank == 0:
-                torch.save({"model": plain.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
-                           os.path.join(folder, "state.pt"))
+                torch.save(
+                    {"model": plain.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                    os.path.join(folder, "state.pt"),
+                )
             trainers.report(metrics, checkpoint=trainers.Checkpoint.from_directory(folder) if rank == 0 else None)
     return resumed
 
@@ -352,7 +367,10 @@ def check_checkpoint_resume(setup: Setup) -> dict:
 
     marker = os.path.join(setup.folder("resume"), "killed")
     result = flowtrain_fit(
-        resume_loop, {"steps": CKPT_STEPS, "kill_at": KILL_AT, "marker": marker}, setup, "resume",
+        resume_loop,
+        {"steps": CKPT_STEPS, "kill_at": KILL_AT, "marker": marker},
+        setup,
+        "resume",
         run_config={"failure_config": FailureConfig(max_failures=1)},
     )
     expect(os.path.exists(marker), "the worker never killed itself (no marker file)")
@@ -362,19 +380,36 @@ def check_checkpoint_resume(setup: Setup) -> dict:
     resumed = result.return_value
     expect(resumed is not None, "the final attempt did not start from a checkpoint")
     # The killed rank's last report can die with it (queued microseconds before the kill).
-    expect(resumed["from_step"] in (KILL_AT - 1, KILL_AT - 2), f"resumed from step {resumed['from_step']}, expected {KILL_AT - 1} (or {KILL_AT - 2})")
+    expect(
+        resumed["from_step"] in (KILL_AT - 1, KILL_AT - 2),
+        f"resumed from step {resumed['from_step']}, expected {KILL_AT - 1} (or {KILL_AT - 2})",
+    )
     saved = history.loc[history["step"] == resumed["from_step"], "digest"].iloc[-1]
     expect(resumed["digest"] == saved, f"the resumed weights differ from those saved at step {resumed['from_step']}")
-    expect(all(d.startswith(setup.device_type) for d in resumed["loaded_devices"]), f"restored tensors on {resumed['loaded_devices']}")
+    expect(
+        all(d.startswith(setup.device_type) for d in resumed["loaded_devices"]),
+        f"restored tensors on {resumed['loaded_devices']}",
+    )
 
     # The checkpoint file itself holds tensors of the device they were trained on, and the
     # last step's weights.
     with result.checkpoint.as_directory() as folder:
         state = torch.load(os.path.join(folder, "state.pt"), map_location=None if setup.use_gpu else "cpu")
     stored_devices = sorted({str(t.device) for t in state["model"].values()})
-    expect(all(d.startswith(setup.device_type) for d in stored_devices), f"the checkpoint stores tensors on {stored_devices}")
-    expect(digest(state["model"]) == history["digest"].iloc[-1], "the last checkpoint's weights differ from the last step's")
-    return {"resumed_from_step": resumed["from_step"], "restored_on": resumed["loaded_devices"], "stored_on": stored_devices, "steps": steps}
+    expect(
+        all(d.startswith(setup.device_type) for d in stored_devices),
+        f"the checkpoint stores tensors on {stored_devices}",
+    )
+    expect(
+        digest(state["model"]) == history["digest"].iloc[-1],
+        "the last checkpoint's weights differ from the last step's",
+    )
+    return {
+        "resumed_from_step": resumed["from_step"],
+        "restored_on": resumed["loaded_devices"],
+        "stored_on": stored_devices,
+        "steps": steps,
+    }
 
 
 # -- 4: FSDP and AMP ---------------------------------------------------------------------------
@@ -446,13 +481,23 @@ def check_fsdp(setup: Setup) -> dict:
         expect(variant["sharded"], f"{name}: parameters are not DTensors: fully_shard did not apply")
         expect(bool(torch.isfinite(losses).all()), f"{name}: losses {variant['losses']}")
         wanted = "cpu" if name == "cpu_offload" else setup.device_type
-        expect(variant["param_device"].startswith(wanted), f"{name}: parameter shards on {variant['param_device']}, expected {wanted}")
+        expect(
+            variant["param_device"].startswith(wanted),
+            f"{name}: parameter shards on {variant['param_device']}, expected {wanted}",
+        )
         if name == "bf16":
             expect(variant["output_dtype"] == "torch.bfloat16", f"bf16: forward output is {variant['output_dtype']}")
             expect(losses[-1] < 0.5 * losses[0], f"bf16: loss went from {losses[0]:.4f} to {losses[-1]:.4f}")
         else:
-            expect(torch.allclose(losses, reference, **FP32_TOLERANCE), f"{name}: losses {variant['losses']} differ from plain training's {found['reference']}")
-        seen[name] = {"first_loss": variant["losses"][0], "last_loss": variant["losses"][-1], "param_device": variant["param_device"]}
+            expect(
+                torch.allclose(losses, reference, **FP32_TOLERANCE),
+                f"{name}: losses {variant['losses']} differ from plain training's {found['reference']}",
+            )
+        seen[name] = {
+            "first_loss": variant["losses"][0],
+            "last_loss": variant["losses"][-1],
+            "param_device": variant["param_device"],
+        }
     return {"reference_last_loss": found["reference"][-1], "variants": seen}
 
 
@@ -490,20 +535,32 @@ def amp_loop(config: dict) -> dict:
         losses.append(world_mean(loss))
     trainers.report({"loss": losses[-1]})
     scaler = getattr(optimizer, "scaler", None)
-    return {"losses": losses, "output_dtype": str(out.dtype), "scale": scaler.get_scale() if scaler is not None else None}
+    return {
+        "losses": losses,
+        "output_dtype": str(out.dtype),
+        "scale": scaler.get_scale() if scaler is not None else None,
+    }
 
 
 def check_amp(setup: Setup) -> dict:
     """Mixed precision: flowtrain's ``accelerate(amp=True)`` helpers (float16 and a GradScaler on
     GPUs, bfloat16 on CPUs) and bf16 autocast around a prepare_model'd model, both train."""
     seen = {}
-    for mode, dtype in (("accelerate", "torch.float16" if setup.use_gpu else "torch.bfloat16"), ("bf16", "torch.bfloat16")):
+    for mode, dtype in (
+        ("accelerate", "torch.float16" if setup.use_gpu else "torch.bfloat16"),
+        ("bf16", "torch.bfloat16"),
+    ):
         found = flowtrain_fit(amp_loop, {"mode": mode}, setup, f"amp-{mode}").return_value
         losses = found["losses"]
         expect(found["output_dtype"] == dtype, f"{mode}: forward output is {found['output_dtype']}, expected {dtype}")
         expect(all(math.isfinite(v) for v in losses), f"{mode}: losses {losses}")
         expect(losses[-1] < 0.5 * losses[0], f"{mode}: loss went from {losses[0]:.4f} to {losses[-1]:.4f}")
-        seen[mode] = {"output_dtype": found["output_dtype"], "first_loss": losses[0], "last_loss": losses[-1], "grad_scale": found["scale"]}
+        seen[mode] = {
+            "output_dtype": found["output_dtype"],
+            "first_loss": losses[0],
+            "last_loss": losses[-1],
+            "grad_scale": found["scale"],
+        }
     return seen
 
 
@@ -542,8 +599,14 @@ def zero2_loop(config: dict) -> dict:
     param_device = str(next(engine.module.parameters()).device)
     engine.destroy()
     trainers.report({"loss": losses[-1]})
-    return {"losses": losses, "reference": reference, "engine_device": str(engine.device), "param_device": param_device,
-            "worker_device": str(device), "version": deepspeed.__version__}
+    return {
+        "losses": losses,
+        "reference": reference,
+        "engine_device": str(engine.device),
+        "param_device": param_device,
+        "worker_device": str(device),
+        "version": deepspeed.__version__,
+    }
 
 
 def check_deepspeed(setup: Setup) -> dict:
@@ -553,12 +616,25 @@ def check_deepspeed(setup: Setup) -> dict:
     except Exception as error:  # noqa: BLE001 - not installed, or installed but broken for this torch
         raise Skipped(f"deepspeed does not import here ({type(error).__name__}: {error})") from None
     found = flowtrain_fit(zero2_loop, {}, setup, "zero2").return_value
-    expect(found["param_device"].startswith(setup.device_type), f"DeepSpeed's parameters are on {found['param_device']}")
+    expect(
+        found["param_device"].startswith(setup.device_type), f"DeepSpeed's parameters are on {found['param_device']}"
+    )
     if setup.use_gpu:
-        expect(found["engine_device"] == found["worker_device"], f"DeepSpeed trains on {found['engine_device']}, the worker's device is {found['worker_device']}")
+        expect(
+            found["engine_device"] == found["worker_device"],
+            f"DeepSpeed trains on {found['engine_device']}, the worker's device is {found['worker_device']}",
+        )
     losses, reference = torch.tensor(found["losses"]), torch.tensor(found["reference"])
-    expect(torch.allclose(losses, reference, **FP32_TOLERANCE), f"ZeRO-2 losses {found['losses']} differ from plain training's {found['reference']}")
-    return {"deepspeed": found["version"], "device": found["engine_device"], "first_loss": found["losses"][0], "last_loss": found["losses"][-1]}
+    expect(
+        torch.allclose(losses, reference, **FP32_TOLERANCE),
+        f"ZeRO-2 losses {found['losses']} differ from plain training's {found['reference']}",
+    )
+    return {
+        "deepspeed": found["version"],
+        "device": found["engine_device"],
+        "first_loss": found["losses"][0],
+        "last_loss": found["losses"][-1],
+    }
 
 
 # -- 6: throughput: raw torch, flowtrain, ray.train on the same loop -------------------------
@@ -656,7 +732,9 @@ def run_throughput(impl: str, setup: Setup) -> dict:
     started = time.perf_counter()
     if impl == "raw_single":
         world = 1
-        throughput_work(0, 1, torch.device(setup.device_type, 0) if setup.use_gpu else torch.device("cpu"), setup.seconds, out)
+        throughput_work(
+            0, 1, torch.device(setup.device_type, 0) if setup.use_gpu else torch.device("cpu"), setup.seconds, out
+        )
     elif impl == "raw":
         import torch.multiprocessing as mp
 
@@ -678,8 +756,12 @@ def run_throughput(impl: str, setup: Setup) -> dict:
     wall = time.perf_counter() - started
     ranks = read_rank_files(out, world)
     samples = sum(r["steps"] * r["batch"] for r in ranks)
-    return {"samples_per_s": samples / max(r["seconds"] for r in ranks), "workers": world, "wall_s": wall,
-            "steps": ranks[0]["steps"]}
+    return {
+        "samples_per_s": samples / max(r["seconds"] for r in ranks),
+        "workers": world,
+        "wall_s": wall,
+        "steps": ranks[0]["steps"],
+    }
 
 
 THROUGHPUT_IMPLS = ("raw_single", "raw", "flowtrain", "ray.train")
@@ -692,8 +774,11 @@ def check_throughput(setup: Setup) -> dict:
     for impl in THROUGHPUT_IMPLS:
         try:
             measured[impl] = run_throughput(impl, setup)
-            print(f"[gpu-check] throughput {impl}: {measured[impl]['samples_per_s']:.0f} samples/s "
-                  f"({measured[impl]['workers']} worker(s), {measured[impl]['wall_s']:.1f} s in all)", flush=True)
+            print(
+                f"[gpu-check] throughput {impl}: {measured[impl]['samples_per_s']:.0f} samples/s "
+                f"({measured[impl]['workers']} worker(s), {measured[impl]['wall_s']:.1f} s in all)",
+                flush=True,
+            )
         except Exception as error:  # noqa: BLE001 - one implementation failing must not hide the others' numbers
             errors[impl] = f"{type(error).__name__}: {error}"
             print(f"[gpu-check] throughput {impl} failed: {errors[impl]}", flush=True)

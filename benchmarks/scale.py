@@ -86,9 +86,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="a smoke run: 10 reports, 10 MB uploads at the smallest N only, recovery at the largest N given",
     )
     parser.add_argument("--keep", action="store_true", help="keep each run's folders (for debugging)")
-    parser.add_argument("--out", type=pathlib.Path, default=None, help="output stem (default benchmarks/results/scale-<date>)")
     parser.add_argument(
-        "--render", type=pathlib.Path, default=None, help="only rewrite the markdown and plot of this result JSON (no runs)"
+        "--out", type=pathlib.Path, default=None, help="output stem (default benchmarks/results/scale-<date>)"
+    )
+    parser.add_argument(
+        "--render",
+        type=pathlib.Path,
+        default=None,
+        help="only rewrite the markdown and plot of this result JSON (no runs)",
     )
     args = parser.parse_args(argv)
     # Tables put flowtrain first and divide by ray.train, whatever order the command named them in.
@@ -128,7 +133,9 @@ def plan(args: argparse.Namespace) -> list[Spec]:
                 elif variant.startswith("upload") and n in args.upload_workers:
                     groups.append((topology, variant, n, args.upload_mb))
     if "recovery" in args.variants and args.recovery_n > 0:
-        groups += [(t, "recovery", args.recovery_n, args.ckpt_mb) for t in args.recovery_topologies if t in args.topologies]
+        groups += [
+            (t, "recovery", args.recovery_n, args.ckpt_mb) for t in args.recovery_topologies if t in args.topologies
+        ]
     specs = []
     turn = 0
     for _ in range(args.repeats):
@@ -143,7 +150,9 @@ def _child_env() -> dict:
     env = dict(os.environ)
     env.update(RAY_USAGE_STATS_ENABLED="0", DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false")
     # Ray workers inherit this, so they import the training function from benchmarks.scale_run.
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(ROOT)])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(ROOT)]
+    )
     return env
 
 
@@ -289,7 +298,9 @@ def run(args: argparse.Namespace, runner: Callable[[Spec], dict], command: str) 
             "node_cpus": args.node_cpus,
             "repeats": args.repeats,
             "step_s": args.step_s,
-            "mode": "in-process, one Ray per topology (driver CPU includes the memory sampler)" if args.in_process else "a process and a fresh Ray per measurement",
+            "mode": "in-process, one Ray per topology (driver CPU includes the memory sampler)"
+            if args.in_process
+            else "a process and a fresh Ray per measurement",
         },
         "definitions": DEFINITIONS,
         "runs": [],
@@ -298,13 +309,21 @@ def run(args: argparse.Namespace, runner: Callable[[Spec], dict], command: str) 
     for index, spec in enumerate(specs, 1):
         began = time.perf_counter()
         result = runner(spec)
-        report["runs"].append({"spec": dataclasses.asdict(spec), "result": result, "wall_s": time.perf_counter() - began})
+        report["runs"].append(
+            {"spec": dataclasses.asdict(spec), "result": result, "wall_s": time.perf_counter() - began}
+        )
         print(f"[{index}/{len(specs)}] {_line(spec, result)}", flush=True)
     report["took_s"] = (datetime.datetime.now() - started).total_seconds()
     report["summary"] = summarise(report["runs"])
     report["per_extra_worker_mb"] = per_extra_worker(report["summary"])
     report["recovery"] = [
-        {**r["spec"], **{k: r["result"].get(k) for k in ("recovery_s", "recovery_all_ranks_in_s", "resumed_at_step", "last_committed_step", "missing")}}
+        {
+            **r["spec"],
+            **{
+                k: r["result"].get(k)
+                for k in ("recovery_s", "recovery_all_ranks_in_s", "resumed_at_step", "last_committed_step", "missing")
+            },
+        }
         for r in report["runs"]
         if r["spec"]["variant"] == "recovery"
     ]
@@ -315,7 +334,15 @@ def _line(spec: Spec, result: dict) -> str:
     head = f"{spec.impl} {spec.topology} {spec.variant} N={spec.workers}:"
     if result.get("missing"):
         return f"{head} missing ({result.get('reason')})"
-    keys = ("all_ranks_in_s", "first_report_s", "round_ms_p50", "ckpt_blocked_ms_p50", "recovery_s", "peak_pss_mb", "nodes_used")
+    keys = (
+        "all_ranks_in_s",
+        "first_report_s",
+        "round_ms_p50",
+        "ckpt_blocked_ms_p50",
+        "recovery_s",
+        "peak_pss_mb",
+        "nodes_used",
+    )
     shown = " ".join(f"{k}={result[k]:.4g}" for k in keys if isinstance(result.get(k), (int, float)))
     return f"{head} {shown} structure={'ok' if result['structure']['ok'] else result['structure']['problems'][:2]}"
 
@@ -341,7 +368,11 @@ def main(argv: list[str] | None = None, runner: Callable[[Spec], dict] | None = 
         for path in write(report, args.out or args.render.with_suffix("")):
             print(f"wrote {path}")
         return report
-    for name, value in (("RAY_USAGE_STATS_ENABLED", "0"), ("DO_NOT_TRACK", "1"), ("PREFECT_SERVER_ANALYTICS_ENABLED", "false")):
+    for name, value in (
+        ("RAY_USAGE_STATS_ENABLED", "0"),
+        ("DO_NOT_TRACK", "1"),
+        ("PREFECT_SERVER_ANALYTICS_ENABLED", "false"),
+    ):
         os.environ.setdefault(name, value)
     command = "python -m benchmarks.scale " + " ".join(shlex.quote(a) for a in argv)
     own_runner = None

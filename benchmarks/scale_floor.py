@@ -59,7 +59,9 @@ def measure(workers: int) -> dict:
     """One N in a fresh process; its start time and the peak PSS of its process tree."""
     with tempfile.TemporaryDirectory(prefix="flowtrain-floor-") as tmp:
         out = pathlib.Path(tmp) / "out.json"
-        process = subprocess.Popen([sys.executable, "-m", "benchmarks.scale_floor", "--child", str(workers), str(out)], cwd=ROOT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.scale_floor", "--child", str(workers), str(out)], cwd=ROOT
+        )
         sampler = TreeSampler(process.pid).start()
         process.wait(timeout=600)
         memory = sampler.stop()
@@ -89,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         report["runs"][str(n)] = runs
         print(f"bare actors N={n}: {[round(r.get('start_s', float('nan')), 2) for r in runs]} s", flush=True)
     medians = {
-        int(n): {key: statistics.median(r[key] for r in runs if r.get(key) is not None) for key in ("start_s", "peak_pss_mb")}
+        int(n): {
+            key: statistics.median(r[key] for r in runs if r.get(key) is not None) for key in ("start_s", "peak_pss_mb")
+        }
         for n, runs in report["runs"].items()
     }
     report["median"] = medians

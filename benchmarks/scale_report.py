@@ -101,7 +101,9 @@ def summarise(runs: list[dict]) -> dict:
     for (topology, variant, n, impl), results in sorted(grouped.items()):
         done = [r for r in results if not r.get("missing")]
         entry: dict = {"missing": len(results) - len(done), "repeats": len(results)}
-        numeric = sorted({k for r in done for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        numeric = sorted(
+            {k for r in done for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        )
         for k in numeric:
             values = [r[k] for r in done if isinstance(r.get(k), (int, float))]
             if values:
@@ -224,8 +226,16 @@ def markdown(report: dict) -> str:
                 lines.append(f"| {n} | " + " | ".join(cells) + f" | {structure} |")
     lines += _upload_table(summary, impls)
     lines += _recovery_table(report)
-    lines += ["", "## Peak PSS per extra worker (MiB, least-squares slope over the N measured; needs two N or more)", ""]
-    lines.append("| topology | variant | " + " | ".join(LABELS.get(i, i) for i in impls) + (" | ratio |" if len(impls) == 2 else " |"))
+    lines += [
+        "",
+        "## Peak PSS per extra worker (MiB, least-squares slope over the N measured; needs two N or more)",
+        "",
+    ]
+    lines.append(
+        "| topology | variant | "
+        + " | ".join(LABELS.get(i, i) for i in impls)
+        + (" | ratio |" if len(impls) == 2 else " |")
+    )
     lines.append("|---" * (len(impls) + 2 + (len(impls) == 2)) + "|")
     for topology, variants in _ordered(report, report["per_extra_worker_mb"]).items():
         for variant, by_impl in variants.items():
@@ -236,7 +246,11 @@ def markdown(report: dict) -> str:
             lines.append(row + " |")
     problems = [
         f"- {r['spec']['impl']} {r['spec']['topology']} {r['spec']['variant']} N={r['spec']['workers']}: "
-        + ("; ".join(r["result"].get("structure", {}).get("problems", [])[:3]) or r["result"].get("reason") or r["result"].get("error", ""))
+        + (
+            "; ".join(r["result"].get("structure", {}).get("problems", [])[:3])
+            or r["result"].get("reason")
+            or r["result"].get("error", "")
+        )
         for r in report["runs"]
         if r["result"].get("missing") or not r["result"].get("structure", {}).get("ok")
     ]
@@ -268,7 +282,9 @@ def _upload_table(summary: dict, impls: list[str]) -> list[str]:
             for impl in impls:
                 for table in (sync, asyncs):
                     entry = table.get(n, {}).get(impl, {})
-                    cells.append(f"{_fmt(entry.get('ckpt_blocked_ms_p50'), '{:.3g}')} / {_fmt(entry.get('ckpt_blocked_ms_max'), '{:.3g}')}")
+                    cells.append(
+                        f"{_fmt(entry.get('ckpt_blocked_ms_p50'), '{:.3g}')} / {_fmt(entry.get('ckpt_blocked_ms_max'), '{:.3g}')}"
+                    )
             lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return lines
 
@@ -330,7 +346,12 @@ def plot(report: dict, path: str) -> None:
                 xs, ys = zip(*points, strict=True)
                 values_seen += ys
                 ax.plot(
-                    xs, ys, styles.get(topology, ":"), marker="o", color=colours.get(impl), label=f"{LABELS.get(impl, impl)}, {topology}"
+                    xs,
+                    ys,
+                    styles.get(topology, ":"),
+                    marker="o",
+                    color=colours.get(impl),
+                    label=f"{LABELS.get(impl, impl)}, {topology}",
                 )
         ax.set_title(title.format(upload_mb=report["options"]["upload_mb"]), fontsize=10)
         ax.set_xscale("log", base=2)
@@ -343,7 +364,7 @@ def plot(report: dict, path: str) -> None:
         ax.grid(True, alpha=0.3)
         if values_seen:
             ax.legend(fontsize=7, handlelength=3)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     figure.suptitle(f"flowtrain vs ray.train at scale, {report['date']} ({report['machine']['cores']} cores)")
     figure.tight_layout()

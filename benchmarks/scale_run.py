@@ -203,7 +203,8 @@ class _RecorderLogic:
             "pid": os.getpid(),
             "checkpoint": getattr(checkpoint, "path", None) if checkpoint is not None else None,
             "ranks": [
-                [m.get("step"), m.get("pre"), m.get("start"), m.get("pid"), m.get("entry"), m.get("node")] for m in metrics
+                [m.get("step"), m.get("pre"), m.get("start"), m.get("pid"), m.get("entry"), m.get("node")]
+                for m in metrics
             ],
         }
         self._append(event)
@@ -406,7 +407,9 @@ def _quantile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def analyse(spec: Spec, fit_called: float, fit_returned: float, events_path: pathlib.Path, ranks_dir: pathlib.Path) -> dict:
+def analyse(
+    spec: Spec, fit_called: float, fit_returned: float, events_path: pathlib.Path, ranks_dir: pathlib.Path
+) -> dict:
     """Turn the driver-side events and the ranks' own timings into the run's numbers."""
     events = [json.loads(line) for line in events_path.read_text().splitlines()] if events_path.exists() else []
     rounds = [e for e in events if e["kind"] == "round"]
@@ -479,7 +482,9 @@ def analyse(spec: Spec, fit_called: float, fit_returned: float, events_path: pat
         if round_ms:
             numbers["ckpt_round_ms_p50"] = statistics.median(round_ms)
         ckpt_steps = [r["ranks"][0][0] for r in committed]
-        expected = [s for s in (seen_steps if spec.variant == "recovery" else expected_steps) if s % spec.ckpt_every == 0]
+        expected = [
+            s for s in (seen_steps if spec.variant == "recovery" else expected_steps) if s % spec.ckpt_every == 0
+        ]
         if ckpt_steps != expected:
             problems.append(f"committed checkpoints at steps {ckpt_steps}, expected {expected}")
         numbers["checkpoints_committed"] = len(committed)
@@ -523,7 +528,9 @@ def _recovery(spec: Spec, kills, rounds, resumed, rank_records, problems) -> dic
         problems.append("no rank was killed")
         return out
     kill = kills[0]
-    out.update(killed_rank=kill["rank"], killed_after_step=kill["after_step"], last_committed_step=kill["last_committed_step"])
+    out.update(
+        killed_rank=kill["rank"], killed_after_step=kill["after_step"], last_committed_step=kill["last_committed_step"]
+    )
     after = [r for r in resumed if r["t"] >= kill["t"]]
     if not after:
         problems.append("no report of a resumed attempt reached the driver")

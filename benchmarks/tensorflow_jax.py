@@ -187,10 +187,15 @@ def _fit(framework: str, impl: str, storage: str, name: str) -> dict[str, float]
     if impl == "ray.train":
         # As Ray's examples do: ray.train.tensorflow resolves tf.keras when it is imported, before
         # its backend sets TF_USE_LEGACY_KERAS, so without this the workers get Keras 3.
-        run_config = RunConfig(name=name, storage_path=storage, worker_runtime_env={"env_vars": {"TF_USE_LEGACY_KERAS": "1"}})
+        run_config = RunConfig(
+            name=name, storage_path=storage, worker_runtime_env={"env_vars": {"TF_USE_LEGACY_KERAS": "1"}}
+        )
     out = os.path.join(tempfile.mkdtemp(prefix=f"flowtrain-bench-{framework}-"), "metrics.json")
     Trainer(
-        loop, train_loop_config={"out": out}, scaling_config=ScalingConfig(num_workers=NUM_WORKERS), run_config=run_config
+        loop,
+        train_loop_config={"out": out},
+        scaling_config=ScalingConfig(num_workers=NUM_WORKERS),
+        run_config=run_config,
     ).fit()
     with open(out) as f:
         return json.load(f)
@@ -201,7 +206,9 @@ def _fit(framework: str, impl: str, storage: str, name: str) -> dict[str, float]
 
 def _raw_process(framework: str, rank: int, address: str, addresses: list[str], out: str) -> None:
     if framework == "tensorflow":
-        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}})
+        os.environ["TF_CONFIG"] = json.dumps(
+            {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}}
+        )
         os.environ["TF_USE_LEGACY_KERAS"] = "1"
         metrics = keras_work(rank)
     else:
@@ -218,7 +225,8 @@ def _raw(framework: str) -> dict[str, float]:
     out = os.path.join(tempfile.mkdtemp(prefix=f"flowtrain-bench-raw-{framework}-"), "metrics.json")
     spawn = multiprocessing.get_context("spawn")
     processes = [
-        spawn.Process(target=_raw_process, args=(framework, rank, addresses[0], addresses, out)) for rank in range(NUM_WORKERS)
+        spawn.Process(target=_raw_process, args=(framework, rank, addresses[0], addresses, out))
+        for rank in range(NUM_WORKERS)
     ]
     for process in processes:
         process.start()
@@ -245,7 +253,9 @@ def _workload(framework: str) -> Callable[[str, str, int], dict]:
             "wall_s": wall,
         }
 
-    measure.__doc__ = f"{framework} on {NUM_WORKERS} workers: start-up to the first step, steady samples/s, wall seconds."
+    measure.__doc__ = (
+        f"{framework} on {NUM_WORKERS} workers: start-up to the first step, steady samples/s, wall seconds."
+    )
     return measure
 
 

@@ -40,7 +40,13 @@ def _train(rank: int, world_size: int, data_folder: str, out: str, report) -> No
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler)
     model = DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(8, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+        torch.nn.Sequential(
+            torch.nn.Linear(8, 256),
+            torch.nn.ReLU(),
+            torch.nn.Linear(256, 256),
+            torch.nn.ReLU(),
+            torch.nn.Linear(256, 1),
+        )
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     first_step_at, epochs = None, []

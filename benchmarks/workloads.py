@@ -69,7 +69,9 @@ def _flowtrain_fit(loop, storage, name):
     from trainers.torch import TorchTrainer
 
     return TorchTrainer(
-        loop, scaling_config=ScalingConfig(num_workers=NUM_WORKERS), run_config=RunConfig(name=name, storage_path=storage)
+        loop,
+        scaling_config=ScalingConfig(num_workers=NUM_WORKERS),
+        run_config=RunConfig(name=name, storage_path=storage),
     ).fit()
 
 
@@ -343,13 +345,25 @@ def _recovering_loop(report, get_checkpoint, checkpoint_cls, rank, marker_dir):
 def recovery_loop_flowtrain(config):
     import trainers
 
-    _recovering_loop(trainers.report, trainers.get_checkpoint, trainers.Checkpoint, trainers.get_context().get_world_rank(), config["dir"])
+    _recovering_loop(
+        trainers.report,
+        trainers.get_checkpoint,
+        trainers.Checkpoint,
+        trainers.get_context().get_world_rank(),
+        config["dir"],
+    )
 
 
 def recovery_loop_ray(config):
     import ray.train
 
-    _recovering_loop(ray.train.report, ray.train.get_checkpoint, ray.train.Checkpoint, ray.train.get_context().get_world_rank(), config["dir"])
+    _recovering_loop(
+        ray.train.report,
+        ray.train.get_checkpoint,
+        ray.train.Checkpoint,
+        ray.train.get_context().get_world_rank(),
+        config["dir"],
+    )
 
 
 def recovery(impl: str, storage: str, run: int) -> dict:
@@ -364,7 +378,9 @@ def recovery(impl: str, storage: str, run: int) -> dict:
             recovery_loop_flowtrain,
             train_loop_config=config,
             scaling_config=ScalingConfig(num_workers=NUM_WORKERS),
-            run_config=RunConfig(name=f"recovery-{run}", storage_path=storage, failure_config=FailureConfig(max_failures=1)),
+            run_config=RunConfig(
+                name=f"recovery-{run}", storage_path=storage, failure_config=FailureConfig(max_failures=1)
+            ),
         ).fit()
     else:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -374,7 +390,9 @@ def recovery(impl: str, storage: str, run: int) -> dict:
             recovery_loop_ray,
             train_loop_config=config,
             scaling_config=ScalingConfig(num_workers=NUM_WORKERS),
-            run_config=RunConfig(name=f"recovery-{run}", storage_path=storage, failure_config=FailureConfig(max_failures=1)),
+            run_config=RunConfig(
+                name=f"recovery-{run}", storage_path=storage, failure_config=FailureConfig(max_failures=1)
+            ),
         ).fit()
     killed = float(pathlib.Path(marker_dir, "killed.txt").read_text())
     resumed_at, resumed_step = pathlib.Path(marker_dir, "resumed.txt").read_text().split(",")

@@ -46,7 +46,9 @@ def main() -> None:
     print(f"kept checkpoints: {', '.join(summary['kept_checkpoints'])}")
     print(f"run folder (trainers.Result.from_path): {summary['run_path']}")
     flow_run_id = state.state_details.flow_run_id
-    print("\nTo see the run in Prefect's UI (artifacts: metric chart, metrics table, checkpoints kept and why, best checkpoint):")
+    print(
+        "\nTo see the run in Prefect's UI (artifacts: metric chart, metrics table, checkpoints kept and why, best checkpoint):"
+    )
     print(f"  {os.path.dirname(sys.executable)}/prefect server start")
     print(f"  then open http://127.0.0.1:4200/runs/flow-run/{flow_run_id}")
 

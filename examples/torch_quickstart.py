@@ -71,7 +71,9 @@ def main() -> None:
         run_config=RunConfig(
             name="quickstart",
             storage_path=storage_path,
-            checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="loss", checkpoint_score_order="min"),
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=2, checkpoint_score_attribute="loss", checkpoint_score_order="min"
+            ),
             failure_config=FailureConfig(max_failures=2),
         ),
     )

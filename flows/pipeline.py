@@ -61,7 +61,13 @@ def _pipeline(
     run = run.completed(default_name=f"pipeline-{str(flow_run.id)[:8]}")  # the flow run's id: stable across retries
     specs = [ingest(name, source) for name, source in datasets.items()]
     summary = train_with_retries(failures)(
-        training, datasets=specs, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run, tracking=tracking
+        training,
+        datasets=specs,
+        scaling=scaling,
+        checkpointing=checkpointing,
+        failures=failures,
+        run=run,
+        tracking=tracking,
     )
     kept = checkpoints(summary, checkpointing, run)
     return {
@@ -104,10 +110,19 @@ def training_pipeline(
     config = dict(train_loop_config or {})
     expected = next((config[k] for k in _REPORT_COUNT_KEYS if isinstance(config.get(k), int)), None)
     training = TorchTraining(
-        train_loop=train_loop, train_loop_config=config, expected_reports=expected, validation=validation, framework=framework
+        train_loop=train_loop,
+        train_loop_config=config,
+        expected_reports=expected,
+        validation=validation,
+        framework=framework,
     )
     return _pipeline(
-        training, datasets=datasets or {}, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run,
+        training,
+        datasets=datasets or {},
+        scaling=scaling,
+        checkpointing=checkpointing,
+        failures=failures,
+        run=run,
         tracking=tracking,
     )
 
@@ -147,7 +162,13 @@ def _boosting_flow(framework: Literal["xgboost", "lightgbm"]) -> Flow[..., dict[
             framework=framework, label_column=label_column, params=params or {}, num_boost_round=num_boost_round
         )
         return _pipeline(
-            training, datasets=datasets, scaling=scaling, checkpointing=checkpointing, failures=failures, run=run, tracking=tracking
+            training,
+            datasets=datasets,
+            scaling=scaling,
+            checkpointing=checkpointing,
+            failures=failures,
+            run=run,
+            tracking=tracking,
         )
 
     pipeline.__name__ = pipeline.__qualname__ = f"{framework}_pipeline"  # the entrypoint prefect.yaml names

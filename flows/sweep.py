@@ -69,7 +69,9 @@ def sweep(
         scaling=scaling,
         checkpointing=checkpointing,
         failures=failures,
-        run=completed.model_copy(update={"storage_path": completed.run_path}),  # each trial's run sits in the sweep's folder
+        run=completed.model_copy(
+            update={"storage_path": completed.run_path}
+        ),  # each trial's run sits in the sweep's folder
     )
     plan = plan_sweep(name, settings)
     runner: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=plan.max_concurrent_trials)

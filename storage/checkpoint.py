@@ -27,7 +27,9 @@ class Checkpoint:
 
     def __init__(self, path: str | os.PathLike, filesystem: pafs.FileSystem | None = None) -> None:
         if filesystem is None:
-            filesystem, path = resolve_filesystem(os.fspath(path) if "://" in os.fspath(path) else os.path.abspath(path))
+            filesystem, path = resolve_filesystem(
+                os.fspath(path) if "://" in os.fspath(path) else os.path.abspath(path)
+            )
         self.path = os.fspath(path)
         self.filesystem = filesystem
 

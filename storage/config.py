@@ -15,7 +15,9 @@ MIGRATION_GUIDE = "https://github.com/ray-project/ray/issues/49454"
 
 def deprecated(field: str, instead: str) -> DeprecationWarning:
     """The error for a V1 parameter: raised, as Ray raises it, so old code stops where it must change."""
-    return DeprecationWarning(f"{field} is no longer supported (Ray Train V2 dropped it). {instead} More: {MIGRATION_GUIDE}")
+    return DeprecationWarning(
+        f"{field} is no longer supported (Ray Train V2 dropped it). {instead} More: {MIGRATION_GUIDE}"
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -87,8 +87,12 @@ class Lease:
         taken over, or its heartbeat could not be renewed for ``stale_after_s / 2``."""
         silent_s = time.time() - self._renewed
         if self._lost or silent_s >= self.stale_after_s / 2:
-            why = "another driver took the run over" if self._lost else (
-                f"its heartbeat could not be renewed for {silent_s:.0f} s, so another driver may have taken the run over"
+            why = (
+                "another driver took the run over"
+                if self._lost
+                else (
+                    f"its heartbeat could not be renewed for {silent_s:.0f} s, so another driver may have taken the run over"
+                )
             )
             raise RunInProgressError(
                 f"run {self.display}: this driver lost the run's lease ({why}); it writes nothing more. "

@@ -56,7 +56,9 @@ def encode(value: Any) -> Any:
     except Exception as error:  # noqa: BLE001 - pickling raises TypeError, PicklingError, AttributeError, ...
         logger.warning(
             "run.json: a %s value cannot be pickled (%s); its repr is stored instead: %.200r",
-            type(value).__name__, error, value,
+            type(value).__name__,
+            error,
+            value,
         )
         return repr(value)
     return {TAG: "pickle", "value": base64.b64encode(data).decode("ascii"), "repr": repr(value)[:200]}
@@ -86,6 +88,10 @@ def decode(value: Any) -> Any:
         try:
             return pickle.loads(base64.b64decode(inner))
         except Exception as error:  # noqa: BLE001 - e.g. its class is not importable here
-            logger.warning("run.json: a stored metric value cannot be unpickled here (%s); its repr is given: %s", error, value.get("repr"))
+            logger.warning(
+                "run.json: a stored metric value cannot be unpickled here (%s); its repr is given: %s",
+                error,
+                value.get("repr"),
+            )
             return value.get("repr")
     return value  # written by a newer flowtrain: left as it is

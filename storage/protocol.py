@@ -23,8 +23,16 @@ class RunRecord(Protocol):
 
     def start_attempt(self) -> int: ...
     def record_report(
-        self, metrics: dict[str, Any], *, report_index: int, attempt: int, staged: bool, validation: Any = False,
-        dir_name: str | None = None, in_place: bool = False, upload: dict[str, Any] | None = None,
+        self,
+        metrics: dict[str, Any],
+        *,
+        report_index: int,
+        attempt: int,
+        staged: bool,
+        validation: Any = False,
+        dir_name: str | None = None,
+        in_place: bool = False,
+        upload: dict[str, Any] | None = None,
     ) -> Checkpoint | None: ...
     def record_validation(self, dir_name: str, metrics: dict[str, Any], status: str) -> None: ...
     def record_failure(self) -> int: ...

@@ -111,10 +111,14 @@ def _parse(body: Any, name: str) -> RayRun:
     for key, ended in _ENDED_VALIDATIONS.items():
         status.update(dict.fromkeys(body.get(key, []), ended))
     pending = [_record(result)[0] for result in body.get("pending_training_results", [])]
-    validation = dict(zip(pending, body.get("pending_validation_specs", []), strict=True))  # one spec per pending result
+    validation = dict(
+        zip(pending, body.get("pending_validation_specs", []), strict=True)
+    )  # one spec per pending result
 
     snapshot = RunSnapshot(name=name)
-    for seq, (report_index, (dir_name, metrics)) in enumerate(sorted(zip(indices, records, strict=True), key=lambda pair: pair[0])):
+    for seq, (report_index, (dir_name, metrics)) in enumerate(
+        sorted(zip(indices, records, strict=True), key=lambda pair: pair[0])
+    ):
         snapshot.reports.append({"attempt": 0, "report_index": report_index, "metrics": metrics})
         snapshot.checkpoints.append(
             CheckpointRecord(

@@ -40,9 +40,7 @@ def _rank_key(score: Any, order: str) -> tuple[int, float]:
     return (0, -score if order == "max" else score)
 
 
-def rank_best_first(
-    checkpoints: Sequence[tuple[int, dict[str, Any]]], config: CheckpointConfig
-) -> list[int]:
+def rank_best_first(checkpoints: Sequence[tuple[int, dict[str, Any]]], config: CheckpointConfig) -> list[int]:
     """Checkpoint sequence numbers ordered best first.
 
     With a score attribute: by score in ``checkpoint_score_order``, ties to the more recent; NaN,
@@ -88,7 +86,9 @@ def decide(
         elif seq in exempt:
             decided[seq] = Decision(True, "kept: its validation has not ended")
         else:
-            decided[seq] = Decision(False, f"dropped: not among the best {n}" if scored else f"dropped: older than the {n} most recent")
+            decided[seq] = Decision(
+                False, f"dropped: not among the best {n}" if scored else f"dropped: older than the {n} most recent"
+            )
     return decided
 
 

@@ -101,10 +101,13 @@ class RunStorage:
         self._checked("create the run folder", lambda: self.filesystem.create_dir(self.run_path, recursive=True))
         self._take_lease(owner)
         try:
-            found = self._checked("read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri))
+            found = self._checked(
+                "read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri)
+            )
             if found is None:
                 ray_run = self._checked(
-                    "read the ray.train run snapshot", lambda: read_ray_run(self.filesystem, self.run_path, self.name, self.run_uri)
+                    "read the ray.train run snapshot",
+                    lambda: read_ray_run(self.filesystem, self.run_path, self.name, self.run_uri),
                 )
                 found = self._adopt(ray_run) if ray_run is not None else None
             if found is not None:
@@ -155,7 +158,9 @@ class RunStorage:
             raise StorageError(f"no run at {self.run_uri}: it has no run.json.")
         self._take_lease(owner)
         try:
-            found = self._checked("read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri))
+            found = self._checked(
+                "read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri)
+            )
             if found is None:  # removed since it was looked for
                 raise StorageError(f"no run at {self.run_uri}: it has no run.json.")
             self.snapshot = found
@@ -181,7 +186,9 @@ class RunStorage:
         return ray_run.snapshot
 
     def _take_lease(self, owner: str) -> None:
-        lease = Lease(self.filesystem, self.run_path, owner, stale_after_s=self.lease_stale_after_s, display=self.run_uri)
+        lease = Lease(
+            self.filesystem, self.run_path, owner, stale_after_s=self.lease_stale_after_s, display=self.run_uri
+        )
         self._checked("write the run's lease", lease.acquire)
         self._lease = lease
 
@@ -189,9 +196,13 @@ class RunStorage:
         path = f"{self.run_path}/{dir_name}"
         info = self.filesystem.get_file_info(path)
         if info.type != pafs.FileType.Directory:
-            raise StorageError(f"checkpoint {dir_name} is named in {self.run_uri}/run.json but missing at {display_path(self.filesystem, path)}.")
+            raise StorageError(
+                f"checkpoint {dir_name} is named in {self.run_uri}/run.json but missing at {display_path(self.filesystem, path)}."
+            )
         if not is_committed(self.filesystem, path):
-            raise StorageError(f"checkpoint {display_path(self.filesystem, path)} has no commit marker: its upload never finished.")
+            raise StorageError(
+                f"checkpoint {display_path(self.filesystem, path)} has no commit marker: its upload never finished."
+            )
 
     # -- what the controller calls --------------------------------------------------------------
 
@@ -330,8 +341,12 @@ class RunStorage:
         attribute = self.checkpoint_config.checkpoint_score_attribute
         score = flatten(checkpoint.metrics).get(attribute) if attribute is not None else None
         return {
-            "seq": checkpoint.seq, "dir_name": checkpoint.dir_name, "report": checkpoint.report,
-            "score": score, "why": why, "upload": checkpoint.upload,
+            "seq": checkpoint.seq,
+            "dir_name": checkpoint.dir_name,
+            "report": checkpoint.report,
+            "score": score,
+            "why": why,
+            "upload": checkpoint.upload,
         }
 
     def rewind_to_latest_checkpoint(self) -> Checkpoint | None:
@@ -388,7 +403,10 @@ class RunStorage:
             order = [seqs[name] for name in reversed(self.ranked)]
         else:
             order = rank_best_first(self._rankable(), self.checkpoint_config)
-        return [(Checkpoint(self.layout.path_of(records[seq].dir_name), self.filesystem), records[seq].metrics) for seq in order]
+        return [
+            (Checkpoint(self.layout.path_of(records[seq].dir_name), self.filesystem), records[seq].metrics)
+            for seq in order
+        ]
 
     # -- internals --------------------------------------------------------------------------------
 
@@ -413,7 +431,8 @@ class RunStorage:
         for record in self.snapshot.checkpoints:
             path = f"{self.run_path}/{record.dir_name}"
             if record.dir_name in folders and (  # local: committed by an atomic rename, the folder is the proof
-                is_local(self.filesystem) or self._checked("look for a commit marker", functools.partial(is_committed, self.filesystem, path))
+                is_local(self.filesystem)
+                or self._checked("look for a commit marker", functools.partial(is_committed, self.filesystem, path))
             ):
                 present.append(record)
                 continue
@@ -428,14 +447,20 @@ class RunStorage:
     def _remove_untracked(self) -> None:
         named = {c.dir_name for c in self.snapshot.checkpoints}
         for entry in self.filesystem.get_file_info(pafs.FileSelector(self.run_path, allow_not_found=True)):
-            if entry.type == pafs.FileType.Directory and entry.base_name.startswith(CHECKPOINT_PREFIX) and entry.base_name not in named:
+            if (
+                entry.type == pafs.FileType.Directory
+                and entry.base_name.startswith(CHECKPOINT_PREFIX)
+                and entry.base_name not in named
+            ):
                 try_delete(self.filesystem, entry.path)
         try_delete(self.filesystem, self.layout.staging_root)
         self.snapshot.to_delete = [d for d in self.snapshot.to_delete if d not in named]
         self._delete_dropped()
 
     def _delete_dropped(self) -> None:
-        self.snapshot.to_delete = [d for d in self.snapshot.to_delete if not try_delete(self.filesystem, f"{self.run_path}/{d}")]
+        self.snapshot.to_delete = [
+            d for d in self.snapshot.to_delete if not try_delete(self.filesystem, f"{self.run_path}/{d}")
+        ]
 
     def _check_lease(self) -> None:
         """Raise ``RunInProgressError`` when this driver may no longer own the run (``Lease.check``)."""
@@ -448,9 +473,15 @@ class RunStorage:
         try:
             # Retried like a checkpoint's files: run.json is a checkpoint's commit point, and one
             # passing error from the store must not fail a run whose files are all uploaded.
-            retry(lambda: write_snapshot(self.filesystem, self.layout, self.snapshot), destination=where, what="the run snapshot")
+            retry(
+                lambda: write_snapshot(self.filesystem, self.layout, self.snapshot),
+                destination=where,
+                what="the run snapshot",
+            )
         except CheckpointUploadError as error:
-            raise StorageError(f"cannot write the run snapshot at {where} (tries: {error.attempts}): {error.last_error}") from error
+            raise StorageError(
+                f"cannot write the run snapshot at {where} (tries: {error.attempts}): {error.last_error}"
+            ) from error
         except OSError as error:
             raise StorageError(f"cannot write the run snapshot at {where}: {error}") from error
         self._last_write = time.monotonic()

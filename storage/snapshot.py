@@ -96,7 +96,9 @@ class RunSnapshot:
         known = {f.name for f in dataclasses.fields(cls)}
         body = {k: v for k, v in body.items() if k in known}  # newer writers may add fields
         fields = {f.name for f in dataclasses.fields(CheckpointRecord)}
-        body["checkpoints"] = [CheckpointRecord(**{k: v for k, v in c.items() if k in fields}) for c in body.get("checkpoints", [])]
+        body["checkpoints"] = [
+            CheckpointRecord(**{k: v for k, v in c.items() if k in fields}) for c in body.get("checkpoints", [])
+        ]
         return cls(**body)
 
 

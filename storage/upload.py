@@ -61,7 +61,24 @@ PERMANENT_ERRNOS = frozenset(
 #: Error codes of S3 (as pyarrow names them: "AWS Error ACCESS_DENIED during ..."), Google Cloud
 #: Storage and Azure that mean the bucket is missing or the credentials may not write there.
 PERMANENT_CODES = tuple(
-    ["ACCESS_DENIED", "NO_SUCH_BUCKET", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "INVALID_CLIENT_TOKEN_ID", "UNRECOGNIZED_CLIENT", "MISSING_AUTHENTICATION_TOKEN", "AccessDenied", "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch", "PERMISSION_DENIED", "UNAUTHENTICATED", "AuthorizationFailure", "AuthorizationPermissionMismatch", "ContainerNotFound"]
+    [
+        "ACCESS_DENIED",
+        "NO_SUCH_BUCKET",
+        "INVALID_ACCESS_KEY_ID",
+        "SIGNATURE_DOES_NOT_MATCH",
+        "INVALID_CLIENT_TOKEN_ID",
+        "UNRECOGNIZED_CLIENT",
+        "MISSING_AUTHENTICATION_TOKEN",
+        "AccessDenied",
+        "NoSuchBucket",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "PERMISSION_DENIED",
+        "UNAUTHENTICATED",
+        "AuthorizationFailure",
+        "AuthorizationPermissionMismatch",
+        "ContainerNotFound",
+    ]
 )
 _PERMANENT_CODE = re.compile(r"\b(" + "|".join(PERMANENT_CODES) + r")\b")
 #: pyarrow's S3 filesystem says this (no error code) when a bucket is missing.
@@ -90,7 +107,9 @@ class CheckpointUploadError(StorageError):
     """
 
     # Pickled by the exception's own rule: its one positional argument, then these fields.
-    def __init__(self, message: str, *, path: str | None = None, attempts: int = 0, last_error: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, path: str | None = None, attempts: int = 0, last_error: str | None = None
+    ) -> None:
         super().__init__(message)
         self._path = path
         self._attempts = attempts
@@ -227,13 +246,21 @@ def retry(
             wait = policy.delay(attempt)
             logger.warning(
                 "writing %s to %s failed (%s: %s); retry %d of %d in %.2f s",
-                what, destination, type(error).__name__, error, attempt + 1, policy.retries, wait,
+                what,
+                destination,
+                type(error).__name__,
+                error,
+                attempt + 1,
+                policy.retries,
+                wait,
             )
             sleep(wait)
     raise AssertionError("unreachable: the last try returns or raises")  # pragma: no cover
 
 
-def _failure(destination: str, source: str | None, error: OSError, attempts: int, start: float, *, transient: bool) -> CheckpointUploadError:
+def _failure(
+    destination: str, source: str | None, error: OSError, attempts: int, start: float, *, transient: bool
+) -> CheckpointUploadError:
     last = f"{type(error).__name__}: {error}"
     origin = f" from {source}" if source else ""
     if transient:
@@ -242,7 +269,9 @@ def _failure(destination: str, source: str | None, error: OSError, attempts: int
             "budget). Last error"
         )
     else:
-        why = "; not retried, since waiting cannot fix it (a missing bucket or folder, a denied permission, a full disk)"
+        why = (
+            "; not retried, since waiting cannot fix it (a missing bucket or folder, a denied permission, a full disk)"
+        )
     return CheckpointUploadError(
         f"could not copy the checkpoint{origin} to {destination} {why}: {last}. The checkpoint was not "
         "committed; the run's previous checkpoint is kept.",
@@ -286,7 +315,9 @@ def copy_tree(
         remaining = [(path, size) for path, size in plan["files"] if path not in done]
         _copy_files(source_fs, source, dest_fs, dest, remaining, done, policy.threads)
 
-    retries = retry(one_pass, destination=destination, source=display_path(source_fs, source), policy=policy, sleep=sleep)
+    retries = retry(
+        one_pass, destination=destination, source=display_path(source_fs, source), policy=policy, sleep=sleep
+    )
     return UploadStats(bytes=sum(size for _, size in plan["files"]), seconds=time.monotonic() - start, retries=retries)
 
 
@@ -355,7 +386,9 @@ def _copy_files(
                 if not is_transient(error):
                     break
     else:
-        with concurrent.futures.ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="flowtrain-copy") as pool:
+        with concurrent.futures.ThreadPoolExecutor(
+            min(threads, len(names)), thread_name_prefix="flowtrain-copy"
+        ) as pool:
             for future in [pool.submit(copy, relative) for relative in names]:
                 failure = future.exception()
                 if failure is not None:

@@ -157,7 +157,9 @@ def metric_series(history: Sequence[Sequence[dict[str, Any]]], metric: str) -> l
     ]
 
 
-def _same_where_reported(history: Sequence[Sequence[dict[str, Any]]], rank: int, by_rank: list[list[float | None]]) -> bool:
+def _same_where_reported(
+    history: Sequence[Sequence[dict[str, Any]]], rank: int, by_rank: list[list[float | None]]
+) -> bool:
     return all(by_rank[rank][i] == by_rank[0][i] for i, ranks in enumerate(history) if rank < len(ranks))
 
 
@@ -310,7 +312,9 @@ def render_svg(chart: Chart) -> str:
     legend, legend_height = _legend_layout([s.label for s in chart.series])
     values = [v for s in chart.series for v in s.values if v is not None]
     log = wants_log_scale(values)
-    ticks = log_ticks(min(values), max(values)) if log else nice_ticks(min(values, default=0.0), max(values, default=1.0))
+    ticks = (
+        log_ticks(min(values), max(values)) if log else nice_ticks(min(values, default=0.0), max(values, default=1.0))
+    )
     frame = _Frame(num_reports=chart.num_reports, top=40 + legend_height, y_ticks=tuple(ticks), log=log)
     height = frame.bottom + MARGIN_BOTTOM
     parts = [
@@ -368,7 +372,9 @@ def _series_svg(series: Series, colour: str, dash_attr: str, frame: _Frame) -> s
         x, y = frame.x_at(report), frame.y_at(value)
         commands.append(f"{'L' if pen_down else 'M'}{x:.1f},{y:.1f}")
         pen_down = True
-        dots.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}" data-report="{report}" data-value="{value!r}"/>')
+        dots.append(
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}" data-report="{report}" data-value="{value!r}"/>'
+        )
     path = (
         f'<path d="{" ".join(commands)}" fill="none" stroke="{colour}" stroke-width="2"{dash_attr} '
         f"data-metric={quoteattr(series.metric)} data-rank={quoteattr(series.rank)} "
@@ -398,7 +404,6 @@ def charts_markdown(title: str, charts: Sequence[Chart], *, intro: str = "") -> 
         lines += [f"- {describe(s, best=chart.best)}" for s in chart.series]
         lines.append("")
     return "\n".join(lines)
-
 
 
 def trials_chart(metric: str, trials: Sequence[tuple[str, Sequence[dict[str, Any]]]], *, best: str) -> Chart:

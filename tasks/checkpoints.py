@@ -57,7 +57,9 @@ def checkpoints(summary: TrainSummary, checkpointing: Checkpointing, run: RunSet
     )
 
 
-def _best_checkpoint_markdown(summary: TrainSummary, kept: list[str], best_metrics: dict | None, attribute: str | None) -> str:
+def _best_checkpoint_markdown(
+    summary: TrainSummary, kept: list[str], best_metrics: dict | None, attribute: str | None
+) -> str:
     if not kept:
         return f"# {summary.run_name}\n\nThe run reported no checkpoint. Run folder: `{summary.run_path}`\n"
     rank = f"by `{attribute}`" if attribute else "the most recent (no checkpoint_score_attribute set)"
@@ -78,7 +80,10 @@ def checkpoint_rows(snapshot: RunSnapshot, config: CheckpointConfig) -> list[dic
     one, as it ranks now; for a dropped one, as recorded in run.json when it was dropped)."""
     attribute = config.checkpoint_score_attribute
     decided = decide([(c.seq, c.metrics) for c in snapshot.checkpoints], config)
-    found = {c.seq: (c.dir_name, c.report, flatten(c.metrics), c.upload, "kept", decided[c.seq].why) for c in snapshot.checkpoints}
+    found = {
+        c.seq: (c.dir_name, c.report, flatten(c.metrics), c.upload, "kept", decided[c.seq].why)
+        for c in snapshot.checkpoints
+    }
     for dropped in snapshot.dropped:
         report = dropped["report"]
         flat = flatten(snapshot.reports[report]["metrics"]) if 0 <= report < len(snapshot.reports) else {}

@@ -9,8 +9,14 @@ from tasks.params import DatasetSource, DatasetSpec
 from tasks.retries import retry_io_errors
 
 
-@task(name="ingest", task_run_name="ingest {name}", retries=3, retry_delay_seconds=2, retry_condition_fn=retry_io_errors,
-      persist_result=True)
+@task(
+    name="ingest",
+    task_run_name="ingest {name}",
+    retries=3,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_io_errors,
+    persist_result=True,
+)
 def ingest(name: str, source: DatasetSource) -> DatasetSpec:
     """Read the dataset ``name`` from ``source``, check its columns and that it has rows.
 

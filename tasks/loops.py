@@ -75,7 +75,12 @@ def tabular_mlp_loop(config: dict[str, Any]) -> None:
             checkpoint = None
             if trainers.get_context().get_world_rank() == 0:
                 inner = getattr(model, "module", model)
-                state = {"model": inner.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch, "features": features}
+                state = {
+                    "model": inner.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "epoch": epoch,
+                    "features": features,
+                }
                 torch.save(state, os.path.join(folder, "model.pt"))
                 checkpoint = Checkpoint.from_directory(folder)
             trainers.report(metrics, checkpoint=checkpoint, validation=bool(config.get("validate")))
@@ -134,4 +139,8 @@ def _summed(prefix: str, totals: Any) -> dict[str, float]:
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(totals)
     loss_sum, correct, rows = totals.tolist()
-    return {f"{prefix}_loss": loss_sum / max(rows, 1), f"{prefix}_accuracy": correct / max(rows, 1), f"{prefix}_rows": int(rows)}
+    return {
+        f"{prefix}_loss": loss_sum / max(rows, 1),
+        f"{prefix}_accuracy": correct / max(rows, 1),
+        f"{prefix}_rows": int(rows),
+    }

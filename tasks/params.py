@@ -63,7 +63,9 @@ class Scaling(ParamsModel):
     use_gpu: bool = Field(False, description="One GPU per worker, nccl between them.")
     resources_per_worker: dict[str, float] | None = Field(None, description='e.g. {"CPU": 1}')
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
-    accelerator_type: str | None = Field(None, min_length=1, description='Only nodes with this accelerator, e.g. "A100".')
+    accelerator_type: str | None = Field(
+        None, min_length=1, description='Only nodes with this accelerator, e.g. "A100".'
+    )
     min_workers: int | None = Field(
         None,
         ge=1,
@@ -105,7 +107,9 @@ class Checkpointing(ParamsModel):
     """Which checkpoints the run keeps (``CheckpointConfig``)."""
 
     num_to_keep: int | None = Field(None, ge=1, description="Keep the n best (plus the latest); None keeps all.")
-    score_attribute: str | None = Field(None, description='The metric that ranks checkpoints, "outer/inner" for nested.')
+    score_attribute: str | None = Field(
+        None, description='The metric that ranks checkpoints, "outer/inner" for nested.'
+    )
     score_order: Literal["max", "min"] = "max"
 
     def to_config(self) -> CheckpointConfig:
@@ -189,10 +193,18 @@ class Validation(ParamsModel):
     beside training (``trainers.ValidationConfig``); its metrics join that checkpoint's, so
     ``checkpointing.score_attribute`` can rank by them."""
 
-    fn: str = Field(description="The validation function as package.module:function, e.g. 'tasks.loops:tabular_mlp_validation'.")
-    fn_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments the function gets after the checkpoint.")
-    timeout_s: float | None = Field(None, gt=0, description="A validation running longer is stopped and recorded as timed out.")
-    num_cpus: float | None = Field(None, ge=0, description="CPUs the validation task reserves; None: 1 when free, else less.")
+    fn: str = Field(
+        description="The validation function as package.module:function, e.g. 'tasks.loops:tabular_mlp_validation'."
+    )
+    fn_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments the function gets after the checkpoint."
+    )
+    timeout_s: float | None = Field(
+        None, gt=0, description="A validation running longer is stopped and recorded as timed out."
+    )
+    num_cpus: float | None = Field(
+        None, ge=0, description="CPUs the validation task reserves; None: 1 when free, else less."
+    )
 
     @field_validator("fn")
     @classmethod
@@ -207,7 +219,9 @@ class Validation(ParamsModel):
         if not callable(fn):
             raise ValueError(f"validation.fn={self.fn!r} names a {type(fn).__name__}, not a function.")
         remote = {"num_cpus": self.num_cpus} if self.num_cpus is not None else None
-        return ValidationConfig(fn, ValidationTaskConfig(fn_kwargs=dict(self.fn_kwargs), timeout_s=self.timeout_s), remote)
+        return ValidationConfig(
+            fn, ValidationTaskConfig(fn_kwargs=dict(self.fn_kwargs), timeout_s=self.timeout_s), remote
+        )
 
 
 class MLflowTracking(ParamsModel):
@@ -215,19 +229,25 @@ class MLflowTracking(ParamsModel):
     per training run, continued by every restart and retry, linked from the train task run."""
 
     tracking_uri: str | None = Field(
-        None, description="The MLflow tracking server, e.g. http://mlflow:5000. None: $MLFLOW_TRACKING_URI, else a local store."
+        None,
+        description="The MLflow tracking server, e.g. http://mlflow:5000. None: $MLFLOW_TRACKING_URI, else a local store.",
     )
     experiment: str | None = Field(
-        None, description="The MLflow experiment, created when missing. None: $MLFLOW_EXPERIMENT_NAME, else MLflow's default."
+        None,
+        description="The MLflow experiment, created when missing. None: $MLFLOW_EXPERIMENT_NAME, else MLflow's default.",
     )
     tags: dict[str, str] = Field(default_factory=dict, description="Tags to set on the MLflow run.")
-    save_artifact: bool = Field(False, description="Upload the best checkpoint's files to the MLflow run when training ends.")
+    save_artifact: bool = Field(
+        False, description="Upload the best checkpoint's files to the MLflow run when training ends."
+    )
 
 
 class Tracking(ParamsModel):
     """Experiment trackers the run logs every report to (``pip install 'flowtrain[tracking]'``)."""
 
-    mlflow: MLflowTracking | None = Field(None, description='e.g. {"tracking_uri": "http://mlflow:5000", "experiment": "churn"}')
+    mlflow: MLflowTracking | None = Field(
+        None, description='e.g. {"tracking_uri": "http://mlflow:5000", "experiment": "churn"}'
+    )
     tensorboard: bool = Field(False, description="TensorBoard event files in the run folder (local storage only).")
 
 
@@ -253,7 +273,9 @@ class BoostingTraining(ParamsModel):
 
     framework: Literal["xgboost", "lightgbm"]
     label_column: str = Field(description="The column to predict; every other column is a feature.")
-    params: dict[str, Any] = Field(default_factory=dict, description='The library\'s parameters, e.g. {"objective": "binary:logistic"}.')
+    params: dict[str, Any] = Field(
+        default_factory=dict, description='The library\'s parameters, e.g. {"objective": "binary:logistic"}.'
+    )
     num_boost_round: int = Field(10, ge=1, description="Boosting rounds; one report (and checkpoint) per round.")
 
     @property

@@ -38,7 +38,11 @@ def artifact_key(run_name: str, what: str) -> str:
 
 def run_resource(run_name: str, run_path: str) -> dict[str, str]:
     """The Prefect event resource that stands for one training run."""
-    return {"prefect.resource.id": f"flowtrain.run.{run_name}", "prefect.resource.name": run_name, "flowtrain.run-path": run_path}
+    return {
+        "prefect.resource.id": f"flowtrain.run.{run_name}",
+        "prefect.resource.name": run_name,
+        "flowtrain.run-path": run_path,
+    }
 
 
 def json_safe(value: Any) -> Any:
@@ -85,7 +89,9 @@ class PrefectReporter(UserCallback):
             return 0.0
         return min(100.0, 100.0 * self.num_reports / self.expected_reports)
 
-    def after_report(self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None
+    ) -> None:
         self._ranks_by_report[self.num_reports] = list(metrics)
         self.num_reports += 1
         shown = {k: json_safe(v) for k, v in metrics[0].items()}
@@ -102,23 +108,33 @@ class PrefectReporter(UserCallback):
 
     def after_exception(self, run_context: TrainRunContext, worker_exceptions: dict[int, BaseException]) -> None:
         for rank, error in sorted(worker_exceptions.items()):
-            self.logger.error("rank %d failed in attempt %d: %s: %s", rank, run_context.attempt, type(error).__name__, error)
+            self.logger.error(
+                "rank %d failed in attempt %d: %s: %s", rank, run_context.attempt, type(error).__name__, error
+            )
 
     def on_restart(self, run_context: TrainRunContext, failures: list[Any], resume_from: Checkpoint | None) -> None:
         where = resume_from.path if resume_from else "the start"
         self._resume_after(self._reports_at_checkpoint if resume_from else 0)
         causes = "; ".join(f.describe() for f in failures)
-        self.logger.warning("restarting the workers after attempt %d (%s); resuming from %s", run_context.attempt, causes, where)
+        self.logger.warning(
+            "restarting the workers after attempt %d (%s); resuming from %s", run_context.attempt, causes, where
+        )
         emit_event(
             "flowtrain.run.restarted",
             resource=run_resource(run_context.name, run_context.run_path),
-            payload={"attempt": run_context.attempt, "failures": causes, "resume_from": resume_from.path if resume_from else None},
+            payload={
+                "attempt": run_context.attempt,
+                "failures": causes,
+                "resume_from": resume_from.path if resume_from else None,
+            },
         )
 
     def on_resize(self, run_context: TrainRunContext, old_size: int, new_size: int) -> None:
         self._resume_after(self._reports_at_checkpoint)
         where = "resuming from the latest checkpoint"
-        self.logger.info("resizing from %d to %d workers after attempt %d; %s", old_size, new_size, run_context.attempt, where)
+        self.logger.info(
+            "resizing from %d to %d workers after attempt %d; %s", old_size, new_size, run_context.attempt, where
+        )
 
     def _resume_after(self, num_reports: int) -> None:
         """The run goes on from its report ``num_reports``: the later ones are made again."""

@@ -43,7 +43,10 @@ def should_retry(error: BaseException | None) -> bool:
 def _is_ray_system_error(error: BaseException) -> bool:
     """Ray's own failures (lost connection, dead GCS) are driver-level; checked by name so this module
     does not import Ray."""
-    return any(cls.__module__.startswith("ray.") and cls.__name__ in ("RaySystemError", "GetTimeoutError") for cls in type(error).__mro__)
+    return any(
+        cls.__module__.startswith("ray.") and cls.__name__ in ("RaySystemError", "GetTimeoutError")
+        for cls in type(error).__mro__
+    )
 
 
 def failed_with(state: Any) -> BaseException | None:

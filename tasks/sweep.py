@@ -45,10 +45,14 @@ class Distribution(ParamsModel):
     def _bounds(self) -> Distribution:
         if self.kind == "choice":
             if not self.values or self.low is not None or self.high is not None:
-                raise ValueError(f"kind='choice' needs a non-empty 'values' list and no low/high; got values={self.values!r}.")
+                raise ValueError(
+                    f"kind='choice' needs a non-empty 'values' list and no low/high; got values={self.values!r}."
+                )
             return self
         if self.values is not None:
-            raise ValueError(f"kind={self.kind!r} takes low and high, not values={self.values!r}; use kind='choice' for a list.")
+            raise ValueError(
+                f"kind={self.kind!r} takes low and high, not values={self.values!r}; use kind='choice' for a list."
+            )
         if self.low is None or self.high is None or not self.low < self.high:
             raise ValueError(f"kind={self.kind!r} needs low < high; got low={self.low!r}, high={self.high!r}.")
         if self.kind == "loguniform" and self.low <= 0:
@@ -226,7 +230,9 @@ def plan_sweep(sweep_name: str, settings: SweepSettings) -> SweepPlan:
     names = [t.name for t in trials]
     if len(set(names)) != len(names):
         raise ValueError("search: some trials have the same parameters; make the grid values distinct.")
-    get_run_logger().info("sweep %r: %d trial(s), %d at a time", sweep_name, len(trials), min(wanted or holds, len(trials)))
+    get_run_logger().info(
+        "sweep %r: %d trial(s), %d at a time", sweep_name, len(trials), min(wanted or holds, len(trials))
+    )
     return SweepPlan(trials=trials, max_concurrent_trials=max(1, min(wanted or holds, len(trials))))
 
 
@@ -265,8 +271,12 @@ def train_trial(trial: Trial, settings: SweepSettings) -> TrialOutcome:
         training = TorchTraining(train_loop=settings.train_loop, train_loop_config=config, expected_reports=epochs)
         # The pipeline's train stage, run inside this task run: same reporting, same resume.
         train.fn(
-            training, datasets=settings.datasets, scaling=settings.scaling, checkpointing=settings.checkpointing,
-            failures=settings.failures, run=trial_run,
+            training,
+            datasets=settings.datasets,
+            scaling=settings.scaling,
+            checkpointing=settings.checkpointing,
+            failures=settings.failures,
+            run=trial_run,
         )
         found, status = _finished_run(trial_run), "trained"
     else:
@@ -301,7 +311,9 @@ def collect_outcomes(trials: list[Trial], futures: list[Any]) -> list[TrialOutco
             continue
         error = future.result(raise_on_failure=False)
         outcomes.append(
-            TrialOutcome(name=trial.name, params=trial.params, status="failed", error=f"{type(error).__name__}: {error}")
+            TrialOutcome(
+                name=trial.name, params=trial.params, status="failed", error=f"{type(error).__name__}: {error}"
+            )
         )
     return outcomes
 
@@ -336,7 +348,9 @@ def rank_trials(sweep_name: str, search: Search, outcomes: list[TrialOutcome]) -
         raise SweepError(f"sweep {sweep_name!r}: all {len(outcomes)} trial(s) failed; the first: {outcomes[0].error}")
     if not scored:
         keys = sorted({k for o in finished for k in (o.metrics or {})})
-        raise SweepError(f"search.metric={search.metric!r}: no trial reported it; they reported {keys}. Rank by one of those.")
+        raise SweepError(
+            f"search.metric={search.metric!r}: no trial reported it; they reported {keys}. Rank by one of those."
+        )
     return ranked
 
 
@@ -357,7 +371,9 @@ def publish_sweep_chart(sweep_name: str, search: Search, ranked: list[TrialOutco
     stored = [(place, o, path) for place, o in enumerate(ranked, start=1) if (path := o.run_path) is not None]
     stored = stored[:MAX_CHARTED_TRIALS]
     chart = trials_chart(
-        search.metric, [(trial_label(place, o), load_run(path).metrics_history) for place, o, path in stored], best=search.mode
+        search.metric,
+        [(trial_label(place, o), load_run(path).metrics_history) for place, o, path in stored],
+        best=search.mode,
     )
     shown = f"the best {len(stored)} of {len(ranked)}" if len(stored) < len(ranked) else f"all {len(ranked)}"
     intro = f"{search.metric} ({search.mode}) of {shown} trials, ranked as in the `{artifact_key(sweep_name, 'trials')}` table."

@@ -49,7 +49,11 @@ def publish_mlflow_run(run_name: str, logger: MLflowLoggerCallback) -> None:
     if logger.run_url is not None:
         markdown = f"[MLflow run {logger.run_id}]({logger.run_url})"
     else:
-        markdown = f"MLflow run `{logger.run_id}` (experiment `{logger.experiment_id}`) in `{logger.resolved_tracking_uri}`"
+        markdown = (
+            f"MLflow run `{logger.run_id}` (experiment `{logger.experiment_id}`) in `{logger.resolved_tracking_uri}`"
+        )
     create_markdown_artifact(
-        markdown=markdown, key=artifact_key(run_name, "mlflow-run"), description=f"The MLflow run of training run {run_name!r}"
+        markdown=markdown,
+        key=artifact_key(run_name, "mlflow-run"),
+        description=f"The MLflow run of training run {run_name!r}",
     )

@@ -117,7 +117,9 @@ def train(
     if not run.name:
         raise ValueError("run.name: the train stage needs the run's name, so that a retry resumes the same run.")
     logger = get_run_logger()
-    reporter = PrefectReporter(run.name, expected_reports=training.expected_reports, reports_so_far=reports_already_kept(run))
+    reporter = PrefectReporter(
+        run.name, expected_reports=training.expected_reports, reports_so_far=reports_already_kept(run)
+    )
     run_config = RunConfig(
         name=run.name,
         storage_path=run.storage_path,
@@ -139,7 +141,12 @@ def train(
     reporter.finish()
     history = result.metrics_dataframe.to_dict("records") if result.metrics_dataframe is not None else []
     publish_metrics(run.name, history, reporter=reporter, checkpointing=checkpointing)
-    logger.info("run %r finished: %d reports, latest checkpoint %s", run.name, len(history), result.checkpoint and result.checkpoint.path)
+    logger.info(
+        "run %r finished: %d reports, latest checkpoint %s",
+        run.name,
+        len(history),
+        result.checkpoint and result.checkpoint.path,
+    )
     return TrainSummary(
         run_name=run.name,
         run_path=result.uri,  # a URI on object stores: Result.path is inside result.filesystem

@@ -219,7 +219,9 @@ def lightning_sharded_loop(config: dict) -> dict:
     latest = [get_checkpoint()]
     dist.broadcast_object_list(latest, src=0)
     with latest[0].as_directory() as folder:
-        files = sorted(os.path.relpath(os.path.join(root, name), folder) for root, _, names in os.walk(folder) for name in names)
+        files = sorted(
+            os.path.relpath(os.path.join(root, name), folder) for root, _, names in os.walk(folder) for name in names
+        )
         resumed = trainer(config["epochs"] + 1)
         torch.manual_seed(1)  # different initial weights: only the checkpoint makes the losses continue
         resumed.fit(
@@ -272,9 +274,23 @@ def fsdp_kwargs_loop(config: dict) -> dict:
 
 #: The variables TorchXLAConfig's backend sets (besides those every flowtrain worker has).
 XLA_ENV = (
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "ROLE_RANK",
-    "ROLE_WORLD_RANK", "FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_FORK_SAFE", "XLA_TRANSFER_SEED_ASYNC",
-    "NCCL_ASYNC_ERROR_HANDLING", "NEURON_PARALLEL_COMPILE", "PJRT_DEVICE", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_RANK",
+    "FI_PROVIDER",
+    "FI_EFA_USE_DEVICE_RDMA",
+    "FI_EFA_FORK_SAFE",
+    "XLA_TRANSFER_SEED_ASYNC",
+    "NCCL_ASYNC_ERROR_HANDLING",
+    "NEURON_PARALLEL_COMPILE",
+    "PJRT_DEVICE",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
 )
 
 

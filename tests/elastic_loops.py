@@ -57,7 +57,12 @@ def preemption_loop(config):
     saved = False
     while not _stop(config):
         info = trainers.get_preemption_info()
-        metrics = {"step": step, "world_size": context.get_world_size(), "resumed_from": resumed, "preempted_ranks": None}
+        metrics = {
+            "step": step,
+            "world_size": context.get_world_size(),
+            "resumed_from": resumed,
+            "preempted_ranks": None,
+        }
         if info is not None and not saved:
             metrics["preempted_ranks"] = info.preempted_ranks
             metrics["deadline_ms"] = info.deadline_ms

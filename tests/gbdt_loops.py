@@ -11,8 +11,23 @@ import xgboost
 import trainers
 
 LABEL = "target"
-XGB_PARAMS = {"objective": "binary:logistic", "eval_metric": "logloss", "eta": 0.1, "max_depth": 3, "tree_method": "hist", "seed": 0}
-LGB_PARAMS = {"objective": "binary", "metric": "binary_logloss", "learning_rate": 0.1, "num_leaves": 15, "seed": 0, "deterministic": True, "verbose": -1}
+XGB_PARAMS = {
+    "objective": "binary:logistic",
+    "eval_metric": "logloss",
+    "eta": 0.1,
+    "max_depth": 3,
+    "tree_method": "hist",
+    "seed": 0,
+}
+LGB_PARAMS = {
+    "objective": "binary",
+    "metric": "binary_logloss",
+    "learning_rate": 0.1,
+    "num_leaves": 15,
+    "seed": 0,
+    "deterministic": True,
+    "verbose": -1,
+}
 #: Squared error on the 0/1 label: a constant hessian, for which LightGBM's data-parallel learner
 #: is exact (with the binary objective it estimates row counts from hessian sums; see test_lightgbm).
 LGB_L2_PARAMS = {**LGB_PARAMS, "objective": "regression", "metric": "l2"}
@@ -119,7 +134,13 @@ def xgboost_loop(config: dict) -> dict:
     from trainers.xgboost import RayTrainReportCallback
 
     context = trainers.get_context()
-    trainers.report({"world_rank": context.get_world_rank(), "xgb_rank": collective.get_rank(), "xgb_world_size": collective.get_world_size()})
+    trainers.report(
+        {
+            "world_rank": context.get_world_rank(),
+            "xgb_rank": collective.get_rank(),
+            "xgb_world_size": collective.get_world_size(),
+        }
+    )
     booster = None
     checkpoint = trainers.get_checkpoint()
     if checkpoint is not None:
@@ -164,7 +185,11 @@ def lightgbm_loop(config: dict) -> dict:
         valid_sets=[lightgbm.Dataset(*xy(valid), reference=train_set)],
         valid_names=["valid"],
         init_model=booster,
-        callbacks=[tlgb.RayTrainReportCallback(metrics={"loss": f"valid-{params['metric']}"}, frequency=config.get("frequency", 0))],
+        callbacks=[
+            tlgb.RayTrainReportCallback(
+                metrics={"loss": f"valid-{params['metric']}"}, frequency=config.get("frequency", 0)
+            )
+        ],
     )
     return {"resumed_from": done}
 

@@ -88,7 +88,9 @@ def lightning_loop(config: dict) -> dict:
         trainer.fit(model, train_dataloaders=loader)
     else:
         with checkpoint.as_directory() as folder:
-            trainer.fit(model, train_dataloaders=loader, ckpt_path=os.path.join(folder, RayTrainReportCallback.CHECKPOINT_NAME))
+            trainer.fit(
+                model, train_dataloaders=loader, ckpt_path=os.path.join(folder, RayTrainReportCallback.CHECKPOINT_NAME)
+            )
     return {
         "world_size": trainer.world_size,
         "global_rank": trainer.global_rank,
@@ -124,8 +126,13 @@ def transformers_loop(config: dict) -> dict:
     transformers.set_seed(0)
     model = transformers.BertForSequenceClassification(
         transformers.BertConfig(
-            vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=32, max_position_embeddings=16, num_labels=2,
+            vocab_size=32,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=16,
+            num_labels=2,
         )
     )
     args = transformers.TrainingArguments(

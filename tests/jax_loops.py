@@ -41,7 +41,6 @@ def linear_regression_loop(config: dict[str, Any]) -> dict[str, Any]:
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-
     rank = trainers.get_context().get_world_rank()
     mesh = Mesh(np.array(jax.devices()), ("data",))
     sharded, replicated = NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
@@ -79,8 +78,13 @@ def linear_regression_loop(config: dict[str, Any]) -> dict[str, Any]:
             if rank == 0:
                 np.savez(os.path.join(folder, PARAMS_FILE), epoch=epoch, **host)
                 checkpoint = Checkpoint.from_directory(folder)
-            metrics = {"epoch": epoch, "loss": float(loss), "process_count": jax.process_count(),
-                       "process_index": jax.process_index(), "total": float(total.addressable_data(0))}
+            metrics = {
+                "epoch": epoch,
+                "loss": float(loss),
+                "process_count": jax.process_count(),
+                "process_index": jax.process_index(),
+                "total": float(total.addressable_data(0)),
+            }
             trainers.report(metrics, checkpoint=checkpoint)
     return {
         "start_epoch": start,
@@ -112,8 +116,15 @@ def keras3_data_parallel_loop(config: dict[str, Any]) -> dict[str, Any]:
     if saved is not None:
         model.set_weights(saved)
     start = checkpoint.get_metadata()["epoch"] + 1 if checkpoint else 0
-    model.fit(x, y[:, None], batch_size=32, initial_epoch=start, epochs=config["epochs"], verbose=0,
-              callbacks=[ReportCheckpointCallback()])
+    model.fit(
+        x,
+        y[:, None],
+        batch_size=32,
+        initial_epoch=start,
+        epochs=config["epochs"],
+        verbose=0,
+        callbacks=[ReportCheckpointCallback()],
+    )
     return {"backend": keras.backend.backend(), "start_epoch": start, "keras": type(model).__module__.split(".")[0]}
 
 

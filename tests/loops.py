@@ -161,7 +161,10 @@ def resumable_ddp_loop(config: dict) -> dict:
             saved = None
             if rank == 0:
                 module = getattr(model, "module", model)
-                torch.save({"model": module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, os.path.join(folder, "state.pt"))
+                torch.save(
+                    {"model": module.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                    os.path.join(folder, "state.pt"),
+                )
                 saved = Checkpoint.from_directory(folder)
             report({"step": step, "loss": loss.item(), "attempt_pid": os.getpid()}, checkpoint=saved)
     module = getattr(model, "module", model)

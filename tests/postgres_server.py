@@ -48,7 +48,19 @@ def running_postgres() -> Iterator[str]:
     done = run(f"{bin_dir}/initdb", "-D", data, "--auth=trust", "--username=postgres", "--no-sync", "--encoding=UTF8")
     assert done.returncode == 0, done.stdout + done.stderr
     options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
-    done = run(f"{bin_dir}/pg_ctl", "-D", data, "-o", options, "-l", os.path.join(folder, "server.log"), "-w", "-t", "60", "start")
+    done = run(
+        f"{bin_dir}/pg_ctl",
+        "-D",
+        data,
+        "-o",
+        options,
+        "-l",
+        os.path.join(folder, "server.log"),
+        "-w",
+        "-t",
+        "60",
+        "start",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     try:
         yield f"postgresql+asyncpg://postgres@127.0.0.1:{port}/postgres"

@@ -77,7 +77,11 @@ def running_prefect_server(home: pathlib.Path, **settings: str) -> Iterator[dict
     with open(log_path, "w") as log:
         server = subprocess.Popen(
             [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=env,
+            cwd=home,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         api = f"http://127.0.0.1:{port}/api"
         try:
@@ -92,11 +96,11 @@ def running_prefect_server(home: pathlib.Path, **settings: str) -> Iterator[dict
             stop_process_group(server, timeout_s=5)  # a throwaway server: no need to wait out a graceful stop
 
 
-def prefect(env: dict[str, str], *args: str, check: bool = True, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
+def prefect(
+    env: dict[str, str], *args: str, check: bool = True, stdin=subprocess.DEVNULL
+) -> subprocess.CompletedProcess:
     """Run the ``prefect`` CLI from the project folder (where ``prefect.yaml`` is) with stdin closed."""
-    done = subprocess.run(
-        [PREFECT, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, stdin=stdin
-    )
+    done = subprocess.run([PREFECT, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, stdin=stdin)
     if check:
         assert done.returncode == 0, f"prefect {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
     return done

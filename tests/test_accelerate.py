@@ -53,7 +53,9 @@ def test_accelerate_is_told_each_workers_own_gpu(monkeypatch):
     from trainers.torch.config import TorchConfig, _accelerate_env
 
     def worker(rank, node, gpus):
-        return SimpleNamespace(ranks=SimpleNamespace(world_rank=rank), metadata=SimpleNamespace(node_id=node, gpu_ids=gpus))
+        return SimpleNamespace(
+            ranks=SimpleNamespace(world_rank=rank), metadata=SimpleNamespace(node_id=node, gpu_ids=gpus)
+        )
 
     assert _accelerate_env([worker(0, "a", ())], use_gpu=False) == {
         0: {"ACCELERATE_USE_CPU": "true", "ACCELERATE_TORCH_DEVICE": "cpu"}

@@ -153,7 +153,9 @@ def parameter_problems(ray_obj: Any, our_obj: Any, label: str) -> list[str]:
                 mine.POSITIONAL_ONLY,
                 mine.POSITIONAL_OR_KEYWORD,
             ):
-                problems.append(f"{key}: Ray takes it as positional #{positional_index}, ours is {mine.kind.description} #{our_params.index(mine)}")
+                problems.append(
+                    f"{key}: Ray takes it as positional #{positional_index}, ours is {mine.kind.description} #{our_params.index(mine)}"
+                )
             positional_index += 1
         elif mine.kind not in (mine.KEYWORD_ONLY, mine.POSITIONAL_OR_KEYWORD):
             problems.append(f"{key}: Ray takes it by keyword, ours cannot")
@@ -243,5 +245,7 @@ def test_the_recorded_names_are_the_installed_rays_names():
     this fails until tests/ray_train_public_names.json is written again from it."""
     import ray
 
-    assert RECORDED["ray"] == ray.__version__, f"names recorded from Ray {RECORDED['ray']}, Ray {ray.__version__} installed"
+    assert RECORDED["ray"] == ray.__version__, (
+        f"names recorded from Ray {RECORDED['ray']}, Ray {ray.__version__} installed"
+    )
     assert _pairs() == PAIRS

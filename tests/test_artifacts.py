@@ -145,7 +145,9 @@ def test_the_metrics_table_is_rounded_with_report_step_and_score_first(finished_
     for number, (row, metrics) in enumerate(zip(rows, reports, strict=True), start=1):
         assert row["report"] == number and row["epoch"] == metrics["epoch"]
         assert row["valid_loss"] == float(f"{metrics['valid_loss']:.4g}") != metrics["valid_loss"]
-        assert row["eval/accuracy_on_the_held_out_rows"] == float(f"{metrics['eval']['accuracy_on_the_held_out_rows']:.4g}")
+        assert row["eval/accuracy_on_the_held_out_rows"] == float(
+            f"{metrics['eval']['accuracy_on_the_held_out_rows']:.4g}"
+        )
         assert row["rows"] == 256 and isinstance(row["rows"], int)
         assert row["lr"] == (float(f"{metrics['lr']:.4g}") if "lr" in metrics else None)
 
@@ -164,7 +166,9 @@ def test_the_checkpoint_table_says_which_are_kept_and_why(finished_run):
         "latest: resume needs it",
     ]
     assert "keeps the best 2 by valid_loss (min), plus the latest" in artifact.description
-    on_disk = sorted(p.name for p in (finished_run["storage"] / "Charted_Run").iterdir() if p.name.startswith("checkpoint_"))
+    on_disk = sorted(
+        p.name for p in (finished_run["storage"] / "Charted_Run").iterdir() if p.name.startswith("checkpoint_")
+    )
     assert on_disk == [row["checkpoint"] for row in rows if row["status"] == "kept"]
 
 
@@ -184,7 +188,13 @@ def test_a_sweep_charts_its_metric_per_trial_best_first(tmp_path, prefect_harnes
             run.record_report({"epoch": index, "loss": loss}, report_index=index, attempt=attempt, staged=False)
         run.finish()
         outcomes.append(
-            TrialOutcome(name=name, params={"lr": 0.1 if name == "slow" else 0.3}, status="trained", score=values[-1], run_path=run.run_uri)
+            TrialOutcome(
+                name=name,
+                params={"lr": 0.1 if name == "slow" else 0.3},
+                status="trained",
+                score=values[-1],
+                run_path=run.run_uri,
+            )
         )
 
     @flow
@@ -203,13 +213,21 @@ def test_a_sweep_charts_its_metric_per_trial_best_first(tmp_path, prefect_harnes
 
 
 def test_round_sig_keeps_4_significant_digits_and_leaves_ints_alone():
-    assert [round_sig(v) for v in (0.123456, 123456.7, -0.000123456, 2.0, 1e-9 / 3)] == [0.1235, 123500.0, -0.0001235, 2.0, 3.333e-10]
+    assert [round_sig(v) for v in (0.123456, 123456.7, -0.000123456, 2.0, 1e-9 / 3)] == [
+        0.1235,
+        123500.0,
+        -0.0001235,
+        2.0,
+        3.333e-10,
+    ]
     assert round_sig(123456789) == 123456789 and round_sig(True) is True and round_sig("adam") == "adam"
     assert [round_sig(v) for v in (math.nan, math.inf, None)] == [None, None, None]
 
 
 def test_table_rows_line_up_columns_and_flatten_nested_metrics():
-    rows = table_rows([{"loss": 0.123456, "val": {"acc": 0.98765}, "step": 1}, {"step": 2, "loss": math.nan, "extra": 3}], "val/acc")
+    rows = table_rows(
+        [{"loss": 0.123456, "val": {"acc": 0.98765}, "step": 1}, {"step": 2, "loss": math.nan, "extra": 3}], "val/acc"
+    )
     assert rows == [
         {"report": 1, "step": 1, "val/acc": 0.9877, "loss": 0.1235, "extra": None},
         {"report": 2, "step": 2, "val/acc": None, "loss": None, "extra": 3},
@@ -231,7 +249,14 @@ def test_one_series_when_every_rank_agrees_one_per_rank_when_they_differ():
 
 
 def test_missing_nan_and_none_values_break_the_line_and_are_not_drawn():
-    history = [[{"loss": 1.0}], [{"loss": math.nan}], [{"other": 1}], [{"loss": None}], [{"loss": 0.25}], [{"loss": 0.2}]]
+    history = [
+        [{"loss": 1.0}],
+        [{"loss": math.nan}],
+        [{"other": 1}],
+        [{"loss": None}],
+        [{"loss": 0.25}],
+        [{"loss": 0.2}],
+    ]
     (series,) = metric_series(history, "loss")
     assert series.values == (1.0, None, None, None, 0.25, 0.2) and series.num_points == 3
     drawn = lines([ET.fromstring(render_svg(Chart("loss", (series,))))])[("loss", "all")]
@@ -245,7 +270,9 @@ def test_losses_share_a_chart_the_score_gets_its_own_and_steps_are_never_drawn()
     assert plotted_metrics(keys, "acc") == [["train_loss", "valid_loss"], ["acc"]]
     assert plotted_metrics(keys, "valid_loss") == [["train_loss", "valid_loss"]]
     assert plotted_metrics(["epoch", "rows", "score"], None) == [["rows"], ["score"]]
-    charts = run_charts([[{"epoch": 0, "loss": 1.0, "acc": 0.5}], [{"epoch": 1, "loss": 0.5, "acc": 0.7}]], "acc", "max")
+    charts = run_charts(
+        [[{"epoch": 0, "loss": 1.0, "acc": 0.5}], [{"epoch": 1, "loss": 0.5, "acc": 0.7}]], "acc", "max"
+    )
     assert [(c.title, c.best, [s.metric for s in c.series]) for c in charts] == [
         ("loss per report", None, ["loss"]),
         ("acc per report (the score metric)", "max", ["acc"]),
@@ -253,11 +280,11 @@ def test_losses_share_a_chart_the_score_gets_its_own_and_steps_are_never_drawn()
 
 
 def test_a_chart_survives_odd_names_a_single_report_and_a_flat_line():
-    series = (Series("a<b & \"c\"", "all", (2.0,)), Series("flat", "all", (2.0,)))
+    series = (Series('a<b & "c"', "all", (2.0,)), Series("flat", "all", (2.0,)))
     markdown = svg_image_markdown(render_svg(Chart("odd [names]", series)), "odd [names]")
     assert markdown.startswith("![odd (names)](data:image/svg+xml;base64,")
     drawn = lines(svg_images(markdown))
-    assert drawn[("a<b & \"c\"", "all")]["dots"][0][:2] == (1, 2.0)
+    assert drawn[('a<b & "c"', "all")]["dots"][0][:2] == (1, 2.0)
 
 
 def test_checkpoint_rows_without_a_score_keep_the_most_recent(tmp_path):

@@ -78,7 +78,10 @@ def test_async_report_returns_before_the_upload_and_keeps_order(tmp_path):
     handler.gate.set()
     uploader.join(10)
     session.flush()
-    assert [(e.index, e.metrics["step"], e.staged) for e in events if isinstance(e, ReportEvent)] == [(0, 0, True), (1, 1, False)]
+    assert [(e.index, e.metrics["step"], e.staged) for e in events if isinstance(e, ReportEvent)] == [
+        (0, 0, True),
+        (1, 1, False),
+    ]
     staged = tmp_path / "run" / ".staging" / "attempt_0001" / "report_000000" / "model.txt"
     assert staged.read_text() == "zero"
     # The local copy is gone once uploaded.
@@ -121,7 +124,9 @@ def test_one_folder_reused_for_async_checkpoints_commits_each_epoch_whole(tmp_pa
     epochs = 10
     if storage == "s3":
         filesystem = request.getfixturevalue("s3")
-        run_config = RunConfig(name=f"reuse-{tmp_path.name}", storage_path="s3://flowtrain-test/reuse", storage_filesystem=filesystem)
+        run_config = RunConfig(
+            name=f"reuse-{tmp_path.name}", storage_path="s3://flowtrain-test/reuse", storage_filesystem=filesystem
+        )
     else:
         filesystem = pafs.LocalFileSystem()
         run_config = RunConfig(name="reuse", storage_path=str(tmp_path / "runs"))
@@ -159,7 +164,9 @@ def test_failed_async_upload_surfaces_in_the_loop(tmp_path):
 
 def test_unknown_upload_mode_is_named(tmp_path):
     session = make_session(tmp_path, pafs.LocalFileSystem(), [])
-    with pytest.raises(ValueError, match=r"checkpoint_upload_mode='async'\): must be CheckpointUploadMode.SYNC or ASYNC"):
+    with pytest.raises(
+        ValueError, match=r"checkpoint_upload_mode='async'\): must be CheckpointUploadMode.SYNC or ASYNC"
+    ):
         session.report({"step": 0}, None, "async")
 
 

@@ -34,7 +34,11 @@ def soak(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "chaos"
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.chaos", *args, "--out", str(out)],
-        cwd=ROOT, env=os.environ.copy(), capture_output=True, text=True, timeout=SOAK_TIMEOUT_S - 60,
+        cwd=ROOT,
+        env=os.environ.copy(),
+        capture_output=True,
+        text=True,
+        timeout=SOAK_TIMEOUT_S - 60,
     )
     table = tmp_path / "chaos.json"
     assert table.exists(), done.stdout[-3000:] + done.stderr[-3000:]

@@ -83,7 +83,9 @@ def test_in_local_mode_the_calls_return_at_once(tmp_path):
         train_report({"got": broadcast_from_rank_zero({"run": 7})})
 
     result = TorchTrainer(
-        loop, scaling_config=ScalingConfig(num_workers=0), run_config=RunConfig(name="collective-local", storage_path=str(tmp_path))
+        loop,
+        scaling_config=ScalingConfig(num_workers=0),
+        run_config=RunConfig(name="collective-local", storage_path=str(tmp_path)),
     ).fit()
 
     assert result.metrics["got"] == {"run": 7}

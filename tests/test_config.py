@@ -39,7 +39,10 @@ def test_scaling_config_defaults_fill_resources():
     assert ScalingConfig(num_workers=2).total_resources == {"CPU": 2}
     # As Ray: a GPU worker asks for the GPU only, so a GPU node with few CPUs still fits one per GPU.
     assert ScalingConfig(num_workers=2, use_gpu=True).worker_resources == {"GPU": 1}
-    assert ScalingConfig(use_gpu=True, accelerator_type="A100").worker_resources == {"GPU": 1, "accelerator_type:A100": 0.001}
+    assert ScalingConfig(use_gpu=True, accelerator_type="A100").worker_resources == {
+        "GPU": 1,
+        "accelerator_type:A100": 0.001,
+    }
     assert ScalingConfig(use_gpu=True, resources_per_worker={"CPU": 2}).worker_resources == {"CPU": 2, "GPU": 1}
     assert ScalingConfig(resources_per_worker={"custom": 1}).worker_resources == {"custom": 1}
     assert ScalingConfig(resources_per_worker={"CPU": 0, "custom": 2}).worker_resources == {"custom": 2}
@@ -119,7 +122,9 @@ def test_trainer_rejects_bad_arguments():
     with pytest.raises(ValueError, match=r"takes 2 required arguments"):
         TorchTrainer(lambda a, b: None)
     # Accepted with a warning, as Ray accepts it (tests/test_ray_behaviours.py runs one).
-    with pytest.warns(UserWarning, match=r"train_loop_config was given, but train_loop_per_worker .* takes no argument"):
+    with pytest.warns(
+        UserWarning, match=r"train_loop_config was given, but train_loop_per_worker .* takes no argument"
+    ):
         TorchTrainer(lambda: None, train_loop_config={"lr": 1})
     with pytest.raises(TypeError, match=r"scaling_config=\{'num_workers': 2\}: must be a trainers.ScalingConfig"):
         TorchTrainer(lambda: None, scaling_config={"num_workers": 2})
@@ -162,13 +167,21 @@ def test_a_tpu_topology_gives_each_worker_a_whole_host_and_wants_whole_slices():
     assert scaling.worker_resources == {"CPU": 1, "TPU": 4, "accelerator_type:TPU-V4": 0.001}
     assert scaling.tpu_workers_per_slice == 2
     # Ray's own test_tpu_multi_slice_uneven_workers: its error type and first words.
-    with pytest.raises(ValueError, match=r"^The configured `num_workers` \(3\) must be a multiple of 2 for the specified topology \(2x2x2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"^The configured `num_workers` \(3\) must be a multiple of 2 for the specified topology \(2x2x2\)",
+    ):
         ScalingConfig(num_workers=3, topology="2x2x2", **tpu)
-    with pytest.raises(ValueError, match=r"^The configured `num_workers` \(6\) must be a multiple of 4 .*holds 4 workers"):
+    with pytest.raises(
+        ValueError, match=r"^The configured `num_workers` \(6\) must be a multiple of 4 .*holds 4 workers"
+    ):
         ScalingConfig(num_workers=6, topology="2x2x1", resources_per_worker={"TPU": 1}, **tpu)
     with pytest.raises(ValueError, match=r"^The configured `min_workers` \(1\) must be a multiple of 2"):
         ScalingConfig(num_workers=(1, 4), topology="2x2x2", **tpu)
-    with pytest.raises(ValueError, match=r"^Cannot set `label_selector` when `use_tpu=True` because Ray Train .*ScalingConfig: drop label_selector"):
+    with pytest.raises(
+        ValueError,
+        match=r"^Cannot set `label_selector` when `use_tpu=True` because Ray Train .*ScalingConfig: drop label_selector",
+    ):
         ScalingConfig(num_workers=2, topology="2x2x2", label_selector={"zone": "a"}, **tpu)
 
 

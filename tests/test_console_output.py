@@ -31,7 +31,9 @@ def run_pipeline(env: dict[str, str], tmp_path, *, fail: bool = False) -> tuple[
     data = write_classification_parquet(tmp_path / "data")
     name = f"console-{uuid.uuid4().hex[:8]}"
     env = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}
-    args = [sys.executable, str(TESTS / "console_loops.py"), data, str(tmp_path / "runs"), name] + (["fail"] if fail else [])
+    args = [sys.executable, str(TESTS / "console_loops.py"), data, str(tmp_path / "runs"), name] + (
+        ["fail"] if fail else []
+    )
     process = subprocess.Popen(
         args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
@@ -76,11 +78,13 @@ def test_a_failed_rank_s_traceback_is_printed_once(prefect_server, tmp_path):
     name, out, code = run_pipeline(prefect_server, tmp_path, fail=True)
     assert code == 1, out[-5000:]
 
-    rank_traceback = f'raise RuntimeError(WORKER_FAILURE)\nRuntimeError: {WORKER_FAILURE}'
+    rank_traceback = f"raise RuntimeError(WORKER_FAILURE)\nRuntimeError: {WORKER_FAILURE}"
     assert out.count(rank_traceback) == 1, out
     assert out.count("Traceback (most recent call last)") == 2, out  # the rank's, and the flow's own (Prefect's)
     assert not RAY_DATA_PROGRESS.search(out), out
-    assert records_with(flow_run_logs(prefect_server, name), rank_traceback), "the rank's traceback is not in the run's logs"
+    assert records_with(flow_run_logs(prefect_server, name), rank_traceback), (
+        "the rank's traceback is not in the run's logs"
+    )
 
 
 def test_worker_lines_reach_the_sink_of_their_own_run():

@@ -119,10 +119,25 @@ def report(rank, index, staged=False, **metrics):
 
 
 def test_commits_a_round_only_when_every_rank_reported():
-    workers = ScriptedWorkers(2, [[[report(0, 0, True)], [report(1, 0), report(0, 1)], [report(1, 1)], [FinishedEvent(0, 7), FinishedEvent(1, None)]]])
+    workers = ScriptedWorkers(
+        2,
+        [
+            [
+                [report(0, 0, True)],
+                [report(1, 0), report(0, 1)],
+                [report(1, 1)],
+                [FinishedEvent(0, 7), FinishedEvent(1, None)],
+            ]
+        ],
+    )
     store = MemoryStore()
     seen = []
-    controller = Controller(workers=workers, storage=store, policy=policy(max_failures=0), listeners=[Listener(on_report=lambda a, m, c: seen.append((m, c)))])
+    controller = Controller(
+        workers=workers,
+        storage=store,
+        policy=policy(max_failures=0),
+        listeners=[Listener(on_report=lambda a, m, c: seen.append((m, c)))],
+    )
     assert controller.step() is State.RUNNING
     assert controller.step() is State.RUNNING and store.reports == []
     controller.step()
@@ -137,7 +152,14 @@ def test_commits_a_round_only_when_every_rank_reported():
 def test_a_barrier_releases_every_rank_with_rank_0s_data_only_once_all_arrived_and_in_order():
     workers = ScriptedWorkers(
         2,
-        [[[SyncEvent(1, 0)], [SyncEvent(0, 0, "run-7")], [SyncEvent(0, 1), SyncEvent(1, 1)], [FinishedEvent(0, None), FinishedEvent(1, None)]]],
+        [
+            [
+                [SyncEvent(1, 0)],
+                [SyncEvent(0, 0, "run-7")],
+                [SyncEvent(0, 1), SyncEvent(1, 1)],
+                [FinishedEvent(0, None), FinishedEvent(1, None)],
+            ]
+        ],
     )
     controller = Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=0))
     controller.step()  # launch
@@ -171,18 +193,27 @@ def test_failure_restarts_from_latest_checkpoint_within_budget():
     store = MemoryStore()
     restarts = []
     controller = Controller(
-        workers=workers, storage=store, policy=policy(max_failures=1), listeners=[Listener(on_restart=lambda a, f, c: restarts.append((a, f, c)))]
+        workers=workers,
+        storage=store,
+        policy=policy(max_failures=1),
+        listeners=[Listener(on_restart=lambda a, f, c: restarts.append((a, f, c)))],
     )
     assert controller.run() == "done"
     assert workers.launched == [(1, None), (2, "checkpoint@1/0")]
     assert store.num_failures == 1 and store.rewinds == 1
-    (attempt, failures, checkpoint), = restarts
+    ((attempt, failures, checkpoint),) = restarts
     assert attempt == 1 and checkpoint == "checkpoint@1/0"
     assert failures[0].world_rank == 1 and failures[0].node_ip == "10.0.0.1" and failures[0].error_type == "ValueError"
 
 
 def test_budget_exhausted_raises_with_rank_node_traceback_attempt():
-    failing = [[FailedEvent(0, RuntimeError("oom"), "Traceback (most recent call last):\n  line 1\nRuntimeError: oom", kind="died")]]
+    failing = [
+        [
+            FailedEvent(
+                0, RuntimeError("oom"), "Traceback (most recent call last):\n  line 1\nRuntimeError: oom", kind="died"
+            )
+        ]
+    ]
     workers = ScriptedWorkers(2, [failing, failing, failing])
     store = MemoryStore()
     controller = Controller(workers=workers, storage=store, policy=policy(max_failures=2))
@@ -214,14 +245,21 @@ def test_ranks_that_did_not_fail_say_what_they_were_doing():
     timeout = [[FailedEvent(0, RuntimeError("gloo: Timed out waiting 3000ms for recv"), "tb0")]]
     with pytest.raises(WorkerGroupError) as info:
         Controller(workers=ScriptedWorkers(2, [timeout]), storage=MemoryStore(), policy=policy(max_failures=0)).run()
-    assert "rank 1 on node 10.0.0.1 had not failed; it was running train.py:7 in loop: time.sleep(60)" in str(info.value)
+    assert "rank 1 on node 10.0.0.1 had not failed; it was running train.py:7 in loop: time.sleep(60)" in str(
+        info.value
+    )
 
 
 def test_a_rank_that_stops_reporting_is_hung_after_the_report_timeout():
     now = [0.0]
     events = [[report(0, 0)], [], [], []]
     workers = ScriptedWorkers(2, [events])
-    controller = Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=0, report_timeout_s=30), settings=ControllerSettings(clock=lambda: now[0]))
+    controller = Controller(
+        workers=workers,
+        storage=MemoryStore(),
+        policy=policy(max_failures=0, report_timeout_s=30),
+        settings=ControllerSettings(clock=lambda: now[0]),
+    )
     controller.step()  # launch
     controller.step()  # rank 0 reports step 0 at t=0
     now[0] = 29.0
@@ -236,7 +274,12 @@ def test_a_rank_that_stops_reporting_is_hung_after_the_report_timeout():
 def test_a_rank_that_never_reaches_a_barrier_is_hung_after_the_report_timeout():
     now = [0.0]
     workers = ScriptedWorkers(2, [[[SyncEvent(1, 0)], [], []]])
-    controller = Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=0, report_timeout_s=30), settings=ControllerSettings(clock=lambda: now[0]))
+    controller = Controller(
+        workers=workers,
+        storage=MemoryStore(),
+        policy=policy(max_failures=0, report_timeout_s=30),
+        settings=ControllerSettings(clock=lambda: now[0]),
+    )
     controller.step()  # launch
     controller.step()  # rank 1 waits at barrier 0 from t=0
     now[0] = 29.0
@@ -273,7 +316,9 @@ def test_launch_failure_counts_as_a_failure_and_is_retried():
 
 def test_launch_failure_over_budget_names_the_group():
     workers = ScriptedWorkers(1, [[]], fail_launch={1})
-    with pytest.raises(WorkerGroupError, match="the worker group failed to start: RuntimeError: placement group timed out") as info:
+    with pytest.raises(
+        WorkerGroupError, match="the worker group failed to start: RuntimeError: placement group timed out"
+    ) as info:
         Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=0)).run()
     assert LAUNCH in info.value.worker_failures
 
@@ -308,7 +353,9 @@ def test_setup_clashes_restart_without_spending_the_budget_a_few_times():
     # A clash beside a real error is a real failure; and free restarts are limited.
     mixed = [[FailedEvent(0, OSError("Binding port 1 failed"), "tb"), FailedEvent(1, ValueError("boom"), "tb")]]
     with pytest.raises(WorkerGroupError, match="boom"):
-        Controller(workers=ScriptedWorkers(2, [mixed]), storage=MemoryStore(), policy=policy(is_clash, max_failures=0)).run()
+        Controller(
+            workers=ScriptedWorkers(2, [mixed]), storage=MemoryStore(), policy=policy(is_clash, max_failures=0)
+        ).run()
     endless = ScriptedWorkers(2, [clash(0)] * (SETUP_CLASH_RESTARTS + 1))
     with pytest.raises(WorkerGroupError, match="Binding port"):
         Controller(workers=endless, storage=MemoryStore(), policy=policy(is_clash, max_failures=0)).run()
@@ -320,6 +367,11 @@ def test_callbacks_see_the_dead_rank_first_whatever_order_failures_arrive_in():
     workers = ScriptedWorkers(2, [attempt1, [[FinishedEvent(0, None), FinishedEvent(1, None)]]])
     workers.dead = {1}
     restarts = []
-    Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=1), listeners=[Listener(on_restart=lambda a, f, c: restarts.append(f))]).run()
+    Controller(
+        workers=workers,
+        storage=MemoryStore(),
+        policy=policy(max_failures=1),
+        listeners=[Listener(on_restart=lambda a, f, c: restarts.append(f))],
+    ).run()
     (failures,) = restarts
     assert [(f.world_rank, f.kind) for f in failures][0] == (1, "died") and len(failures) == 2

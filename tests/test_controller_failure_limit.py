@@ -52,7 +52,10 @@ def test_fit_alone_warns_that_it_does_not_retry_and_a_second_fit_resumes(tmp_pat
         callbacks=[FailsOnce()],
     )
     trainer = DataParallelTrainer(
-        counting_loop, train_loop_config={"epochs": 3}, scaling_config=ScalingConfig(num_workers=0), run_config=run_config
+        counting_loop,
+        train_loop_config={"epochs": 3},
+        scaling_config=ScalingConfig(num_workers=0),
+        run_config=run_config,
     )
     with pytest.warns(UserWarning, match=r"controller_failure_limit=2\) has no effect on fit\(\) itself"):
         with pytest.raises(ControllerError, match="injected driver failure"):
@@ -67,7 +70,10 @@ def test_fit_alone_warns_that_it_does_not_retry_and_a_second_fit_resumes(tmp_pat
 def test_fit_with_the_default_limit_does_not_warn(tmp_path, recwarn):
     run_config = RunConfig(name="quiet", storage_path=str(tmp_path))
     DataParallelTrainer(
-        counting_loop, train_loop_config={"epochs": 1}, scaling_config=ScalingConfig(num_workers=0), run_config=run_config
+        counting_loop,
+        train_loop_config={"epochs": 1},
+        scaling_config=ScalingConfig(num_workers=0),
+        run_config=run_config,
     ).fit()
     assert not [w for w in recwarn if "controller_failure_limit" in str(w.message)]
 

@@ -77,7 +77,9 @@ def test_execution_options_per_dataset_and_the_driver_defaults_for_the_rest(driv
         datasets={"train": train, "valid": valid},
         dataset_config=DataConfig(
             datasets_to_split=["train"],
-            execution_options={"train": ExecutionOptions(preserve_order=True, resource_limits=ExecutionResources(cpu=1))},
+            execution_options={
+                "train": ExecutionOptions(preserve_order=True, resource_limits=ExecutionResources(cpu=1))
+            },
         ),
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
         run_config=RunConfig(name="options", storage_path=str(tmp_path), callbacks=[seen]),
@@ -108,7 +110,9 @@ def test_more_workers_than_rows_get_empty_shards_with_a_warning(ray_local, tmp_p
 
     seen = Rounds()
     # Shards are equal (as in Ray Train): 1 row over 2 workers leaves each of them none.
-    with pytest.warns(UserWarning, match=r"datasets\['train'\] has 1 row\(s\) for 2 workers: .* every worker gets an empty shard"):
+    with pytest.warns(
+        UserWarning, match=r"datasets\['train'\] has 1 row\(s\) for 2 workers: .* every worker gets an empty shard"
+    ):
         DataParallelTrainer(
             ids_loop,
             datasets={"train": ray.data.range(1)},

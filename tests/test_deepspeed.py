@@ -75,7 +75,9 @@ def test_killed_zero3_worker_resumes_from_the_last_deepspeed_checkpoint(tmp_path
     assert list(history["global_steps"]) == list(range(1, STEPS + 1))
     assert result.return_value == {"global_steps": STEPS}
     # The resumed run ends where an unbroken run ends.
-    torch.testing.assert_close(torch.tensor(list(history["loss"])), torch.tensor(compared["losses"]["zero3"]), **TOLERANCE)
+    torch.testing.assert_close(
+        torch.tensor(list(history["loss"])), torch.tensor(compared["losses"]["zero3"]), **TOLERANCE
+    )
 
     with result.checkpoint.as_directory() as folder:
         tag = pathlib.Path(folder, "latest").read_text().strip()

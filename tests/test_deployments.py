@@ -35,8 +35,12 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 def deployment_names() -> list[str]:
     """``flow-name/deployment-name`` of every deployment in prefect.yaml."""
     config = yaml.safe_load((ROOT / "prefect.yaml").read_text())
-    flows = {"training_pipeline": "flowtrain-pipeline", "xgboost_pipeline": "flowtrain-xgboost",
-             "lightgbm_pipeline": "flowtrain-lightgbm", "sweep": "flowtrain-sweep"}
+    flows = {
+        "training_pipeline": "flowtrain-pipeline",
+        "xgboost_pipeline": "flowtrain-xgboost",
+        "lightgbm_pipeline": "flowtrain-lightgbm",
+        "sweep": "flowtrain-sweep",
+    }
     return [f"{flows[d['entrypoint'].rpartition(':')[2]]}/{d['name']}" for d in config["deployments"]]
 
 
@@ -45,8 +49,12 @@ def operator_home(tmp_path_factory):
     """The HOME of the worker: the example data where prefect.yaml looks for it."""
     home = tmp_path_factory.mktemp("operator-home")
     done = subprocess.run(
-        [sys.executable, "-m", "tasks.example_data"], cwd=ROOT, env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "tasks.example_data"],
+        cwd=ROOT,
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert (home / "flowtrain_data" / "breast_cancer" / "train.parquet").is_file()
@@ -83,7 +91,11 @@ def running_worker(env: dict[str, str], operator_home: pathlib.Path, results: pa
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             [PREFECT, "worker", "start", "--pool", "flowtrain", "--limit", "1"],
-            env=worker_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=worker_env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
         try:
@@ -105,6 +117,7 @@ def flow_run(env, flow_run_id: str) -> dict:
 
 def wait_for_final_state(worker, flow_run_id: str) -> dict:
     """The flow run once it is final; fails with the worker's output if it is not in time."""
+
     def final():
         assert worker["process"].poll() is None, worker["log"].read_text()[-5000:]
         run = flow_run(worker["env"], flow_run_id)
@@ -147,8 +160,13 @@ def test_deploy_all_on_a_terminal_asks_nothing(deployed):
     env, _ = deployed
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
-        [PREFECT, "deploy", "--all"], env=dict(env, COLUMNS="120"), cwd=ROOT,
-        stdin=terminal, stdout=terminal, stderr=terminal, start_new_session=True,
+        [PREFECT, "deploy", "--all"],
+        env=dict(env, COLUMNS="120"),
+        cwd=ROOT,
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        start_new_session=True,
     )
     os.close(terminal)
     output = b""
@@ -187,17 +205,31 @@ def test_tabular_mlp_refuses_bad_params_and_runs_with_params_and_job_variables(w
 
     env = worker["env"]
     # The server checks --param against the flow's parameter models before making a run.
-    refused = prefect(env, "deployment", "run", "flowtrain-pipeline/tabular-mlp", "--param", 'scaling={"num_workers": -1}', check=False)
+    refused = prefect(
+        env,
+        "deployment",
+        "run",
+        "flowtrain-pipeline/tabular-mlp",
+        "--param",
+        'scaling={"num_workers": -1}',
+        check=False,
+    )
     assert refused.returncode != 0 and "num_workers" in refused.stdout + refused.stderr
 
     data = write_classification_parquet(tmp_path / "data")
     storage = tmp_path / "results"
     run_deployment(
-        worker, "flowtrain-pipeline/tabular-mlp",
-        "--param", "datasets=" + json.dumps({"train": {"uri": data, "required_columns": {"label": "int"}}, "valid": {"uri": data}}),
-        "--param", "train_loop_config=" + json.dumps({"label_column": "label", "epochs": 2}),
-        "--param", "run=" + json.dumps({"name": "deployed"}),
-        "--job-variable", "env=" + json.dumps({"FLOWTRAIN_STORAGE_PATH": str(storage)}),
+        worker,
+        "flowtrain-pipeline/tabular-mlp",
+        "--param",
+        "datasets="
+        + json.dumps({"train": {"uri": data, "required_columns": {"label": "int"}}, "valid": {"uri": data}}),
+        "--param",
+        "train_loop_config=" + json.dumps({"label_column": "label", "epochs": 2}),
+        "--param",
+        "run=" + json.dumps({"name": "deployed"}),
+        "--job-variable",
+        "env=" + json.dumps({"FLOWTRAIN_STORAGE_PATH": str(storage)}),
     )
     snapshot = json.loads((storage / "deployed" / "run.json").read_text())
     assert [r["metrics"]["epoch"] for r in snapshot["reports"]] == [0, 1]
@@ -239,16 +271,22 @@ FEW_EPOCHS = {"label_column": "target", "epochs": 2}
 
 def test_keras_deployment_runs_its_loop_under_tensorflow_trainer(worker):
     """The tabular-keras deployment: a Keras loop named by import path, on 2 TensorFlow workers."""
-    run = run_deployment(worker, "flowtrain-pipeline/tabular-keras", "--param", "train_loop_config=" + json.dumps(FEW_EPOCHS))
+    run = run_deployment(
+        worker, "flowtrain-pipeline/tabular-keras", "--param", "train_loop_config=" + json.dumps(FEW_EPOCHS)
+    )
     _, snapshot = _run_folder(worker, run)
     assert [r["metrics"]["epoch"] for r in snapshot["reports"]] == list(range(FEW_EPOCHS["epochs"]))
     assert all("val_loss" in c["metrics"] for c in snapshot["checkpoints"]) and snapshot["checkpoints"]
 
 
 def test_sweep_deployment_runs_as_defined(worker):
-    run = run_deployment(worker, "flowtrain-sweep/tabular-mlp-sweep", "--param", "train_loop_config=" + json.dumps(FEW_EPOCHS))
+    run = run_deployment(
+        worker, "flowtrain-sweep/tabular-mlp-sweep", "--param", "train_loop_config=" + json.dumps(FEW_EPOCHS)
+    )
     sweep = worker["results"] / "tabular-mlp-sweep"
-    trials = [json.loads((folder / "run.json").read_text()) for folder in sweep.iterdir() if (folder / "run.json").is_file()]
+    trials = [
+        json.loads((folder / "run.json").read_text()) for folder in sweep.iterdir() if (folder / "run.json").is_file()
+    ]
     assert len(trials) == 4, run
     assert all(len(t["reports"]) == FEW_EPOCHS["epochs"] for t in trials)
 
@@ -265,9 +303,12 @@ def test_nightly_deployment_runs_when_its_schedule_fires_on_postgres(operator_ho
     from postgres_server import running_postgres
     from prefect_server import running_prefect_server
 
-    with running_postgres() as url, running_prefect_server(
-        tmp_path_factory.mktemp("prefect-postgres-home"), PREFECT_SERVER_DATABASE_CONNECTION_URL=url
-    ) as env:
+    with (
+        running_postgres() as url,
+        running_prefect_server(
+            tmp_path_factory.mktemp("prefect-postgres-home"), PREFECT_SERVER_DATABASE_CONNECTION_URL=url
+        ) as env,
+    ):
         prefect(env, "work-pool", "create", "flowtrain", "--type", "process")
         with running_worker(env, operator_home, tmp_path_factory.mktemp("results-postgres")) as started:
             assert_schedule_fires(started)
@@ -284,8 +325,16 @@ def assert_schedule_fires(worker) -> None:
     while True:
         fires_at = (_now() + datetime.timedelta(seconds=lead_s)).replace(microsecond=0)
         prefect(
-            env, "deploy", "--name", "tabular-mlp-nightly", "--interval", "3600", "--anchor-date", fires_at.isoformat(),
-            "--param", "train_loop_config=" + json.dumps(FEW_EPOCHS),
+            env,
+            "deploy",
+            "--name",
+            "tabular-mlp-nightly",
+            "--interval",
+            "3600",
+            "--anchor-date",
+            fires_at.isoformat(),
+            "--param",
+            "train_loop_config=" + json.dumps(FEW_EPOCHS),
         )
         if fires_at - _now() >= datetime.timedelta(seconds=SCHEDULER_MARGIN_S):
             break
@@ -302,7 +351,9 @@ def assert_schedule_fires(worker) -> None:
         return due[0] if due else None
 
     try:
-        run = wait_until(scheduled_run, timeout_s=60, what=f"the scheduler creating a run of {deployment}", interval_s=1)
+        run = wait_until(
+            scheduled_run, timeout_s=60, what=f"the scheduler creating a run of {deployment}", interval_s=1
+        )
     except AssertionError as error:
         log = (worker_server_log(env) or "")[-3000:]
         raise AssertionError(f"{error}; the server's log ends:\n{log}") from None

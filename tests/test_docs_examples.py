@@ -35,7 +35,7 @@ def runnable_blocks(path: pathlib.Path) -> tuple[list[tuple[int, str]], list[str
         if fence is not None:
             if match and match.group(1) == fence and not match.group(2).strip():
                 if runnable:
-                    blocks.append((start, "\n".join(lines[start:number - 1]) + "\n"))
+                    blocks.append((start, "\n".join(lines[start : number - 1]) + "\n"))
                 fence, runnable = None, False
             continue
         if match:
@@ -67,11 +67,11 @@ def test_markers_sit_on_python_blocks():
 def test_marker_parsing(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(
-        "text\n<!-- runnable -->\n```python\nx = 1\n```\n"      # runnable
-        "```python\ny = 2\n```\n"                                  # not marked
+        "text\n<!-- runnable -->\n```python\nx = 1\n```\n"  # runnable
+        "```python\ny = 2\n```\n"  # not marked
         "````markdown\n<!-- runnable -->\n```python\nz\n```\n````\n"  # a marker shown as an example
-        "<!-- runnable -->\n```bash\nls\n```\n"                    # wrong language
-        "<!-- runnable -->\n\n```python\nw\n```\n"                 # not right before the fence
+        "<!-- runnable -->\n```bash\nls\n```\n"  # wrong language
+        "<!-- runnable -->\n\n```python\nw\n```\n"  # not right before the fence
     )
     blocks, problems = runnable_blocks(page)
     assert blocks == [(3, "x = 1\n")]

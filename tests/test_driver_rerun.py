@@ -88,7 +88,9 @@ def test_rerun_right_after_the_driver_is_killed_resumes_at_once(tmp_path):
     with open(log, "w") as out:
         driver = subprocess.Popen(
             [sys.executable, __file__, str(tmp_path), "run", str(EPOCHS), str(HOLD_AFTER)],
-            env=env, stdout=out, stderr=subprocess.STDOUT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
         wait_for_commits(driver, run_dir, HOLD_AFTER + 1, log)
@@ -106,7 +108,9 @@ def test_rerun_right_after_the_driver_is_killed_resumes_at_once(tmp_path):
 
     assert reports.epochs == list(range(HOLD_AFTER + 1, EPOCHS))  # from the checkpoint's next epoch
     assert list(result.metrics_dataframe["epoch"]) == list(range(EPOCHS))  # no epoch lost or repeated
-    assert list(result.metrics_dataframe["start"]) == [0] * (HOLD_AFTER + 1) + [HOLD_AFTER + 1] * (EPOCHS - HOLD_AFTER - 1)
+    assert list(result.metrics_dataframe["start"]) == [0] * (HOLD_AFTER + 1) + [HOLD_AFTER + 1] * (
+        EPOCHS - HOLD_AFTER - 1
+    )
     assert not list(run_dir.glob("lease.*.json"))
 
 

@@ -40,7 +40,10 @@ def test_a_running_elastic_group_grows_only_when_more_fit_and_at_most_once_an_in
     free = {"a": {}}
     now = [100.0]
     sizer = ElasticSizer(
-        ScalingConfig(num_workers=(1, 4), elastic_resize_monitor_interval_s=10), free=lambda: free, labels=None, clock=lambda: now[0]
+        ScalingConfig(num_workers=(1, 4), elastic_resize_monitor_interval_s=10),
+        free=lambda: free,
+        labels=None,
+        clock=lambda: now[0],
     )
     held = {"a": {"CPU": 1.0}}  # the attempt's own worker
     assert sizer.resize_to(1, held, started_at=95.0) is None  # 5 s into the attempt: too early
@@ -70,7 +73,10 @@ def test_elastic_feasibility_fails_only_when_no_node_shape_could_ever_hold_min_w
     nodes = [{"CPU": 2.0}, {"CPU": 2.0}]
     # As in Ray, an elastic run waits for nodes to join: 5 do not fit now, but 2-CPU nodes may join.
     check_feasible(ScalingConfig(num_workers=(5, 16)), nodes)
-    with pytest.raises(InsufficientResourcesError, match=r"5 workers \(min_workers of num_workers=\(5, 16\)\).*no node holds one worker"):
+    with pytest.raises(
+        InsufficientResourcesError,
+        match=r"5 workers \(min_workers of num_workers=\(5, 16\)\).*no node holds one worker",
+    ):
         check_feasible(ScalingConfig(num_workers=(5, 16), resources_per_worker={"CPU": 3}), nodes)
     with pytest.raises(InsufficientResourcesError, match="STRICT_PACK needs every worker on one node"):
         check_feasible(ScalingConfig(num_workers=(3, 4), placement_strategy="STRICT_PACK"), nodes)
@@ -90,7 +96,9 @@ def test_a_resize_restarts_from_the_latest_checkpoint_without_a_failure_or_on_re
     resized, restarts = [], []
 
     controller = Controller(
-        workers=workers, storage=store, policy=policy(max_failures=0),
+        workers=workers,
+        storage=store,
+        policy=policy(max_failures=0),
         listeners=[Listener(on_resize=lambda *a: resized.append(a), on_restart=lambda *a: restarts.append(a))],
     )
     assert controller.step() is State.RUNNING
@@ -121,7 +129,9 @@ def test_an_elastic_worker_no_node_shape_can_hold_fails_before_any_worker_starts
         scaling_config=ScalingConfig(num_workers=(2, 4), resources_per_worker={"CPU": 64}),
         run_config=RunConfig(name="too-big", storage_path=str(tmp_path)),
     )
-    with pytest.raises(InsufficientResourcesError, match="min_workers of num_workers=\\(2, 4\\).*no node holds one worker"):
+    with pytest.raises(
+        InsufficientResourcesError, match="min_workers of num_workers=\\(2, 4\\).*no node holds one worker"
+    ):
         trainer.fit()
     assert_no_leaks()
 
@@ -171,7 +181,9 @@ def test_an_elastic_run_waits_for_nodes_to_join_until_min_workers_fit(one_node, 
         elastic_loops.elastic_loop,
         train_loop_config={"stop_file": str(stop), "sleep_s": 0.1},
         scaling_config=ScalingConfig(num_workers=(2, 4)),
-        run_config=RunConfig(name="waits", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=0), callbacks=[sizes]),
+        run_config=RunConfig(
+            name="waits", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=0), callbacks=[sizes]
+        ),
     )
     with LogLine("trainers._internal.elastic", "for the cluster to hold min_workers=2 worker(s)") as waiting:
         thread, outcome = fit_in_background(trainer)
@@ -196,7 +208,9 @@ def test_elastic_run_shrinks_on_a_lost_node_and_grows_when_a_node_joins(two_node
         train_loop_config={"stop_file": str(stop), "sleep_s": 0.1},
         scaling_config=ScalingConfig(num_workers=(1, 2), elastic_resize_monitor_interval_s=0.5),
         # No failure allowed: an elastic run shrinks past a lost node, and grows, at no cost.
-        run_config=RunConfig(name="elastic", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=0), callbacks=[sizes]),
+        run_config=RunConfig(
+            name="elastic", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=0), callbacks=[sizes]
+        ),
     )
     thread, outcome = fit_in_background(trainer)
     try:
@@ -216,6 +230,8 @@ def test_elastic_run_shrinks_on_a_lost_node_and_grows_when_a_node_joins(two_node
     assert reports[shrunk - 1]["world_size"] == 2
     assert reports[grown]["resumed_from"] == reports[grown - 1]["step"] == reports[grown]["step"] - 1
     assert reports[grown - 1]["world_size"] == 1
-    assert [[f.kind for f in failures] for failures in sizes.restarts] == [["died"]]  # the lost node; the growth was no failure
+    assert [[f.kind for f in failures] for failures in sizes.restarts] == [
+        ["died"]
+    ]  # the lost node; the growth was no failure
     history = outcome["result"].metrics_dataframe
     assert list(history["step"]) == list(range(len(history)))  # every step exactly once

@@ -49,7 +49,7 @@ def test_sigkill_of_a_rank_resumes_from_the_last_checkpoint_with_identical_weigh
     result, recorder = fit(tmp_path, "killed", 2, kill_at=7, kill_rank=1, marker=str(marker))
 
     assert marker.exists()
-    (rounds_before, failures), = recorder.restarts
+    ((rounds_before, failures),) = recorder.restarts
     assert failures[0].world_rank == 1 and failures[0].kind == "died"
     # The step after the last committed checkpoint is the first one the new group reports.
     assert recorder.steps[:rounds_before] == list(range(rounds_before))
@@ -87,7 +87,7 @@ def test_a_rank_that_hangs_before_a_collective_is_named_within_the_timeout(tmp_p
     # Rank 1 was still in its 120 s sleep when the group was torn down: the collective timeout
     # ended the run, not the sleep.
     assert "rank 1 on node" in message and "had not failed; it was running loops.py" in message
-    assert "time.sleep(config[\"sleep_s\"])" in message
+    assert 'time.sleep(config["sleep_s"])' in message
 
 
 def test_a_rank_that_stops_reporting_is_named_after_the_report_timeout(tmp_path):
@@ -96,8 +96,10 @@ def test_a_rank_that_stops_reporting_is_named_after_the_report_timeout(tmp_path)
             loops.stuck_rank_loop,
             train_loop_config={"stuck": 0, "sleep_s": 120},
             scaling_config=ScalingConfig(num_workers=2),
-            run_config=RunConfig(name="stuck", storage_path=str(tmp_path), failure_config=FailureConfig(report_timeout_s=3)),
+            run_config=RunConfig(
+                name="stuck", storage_path=str(tmp_path), failure_config=FailureConfig(report_timeout_s=3)
+            ),
         ).fit()
     message = str(info.value)
     assert "rank 0 on node" in message and "hung: TimeoutError: rank 0 has not reported step 1" in message
-    assert "it is running loops.py" in message and "time.sleep(config[\"sleep_s\"])" in message
+    assert "it is running loops.py" in message and 'time.sleep(config["sleep_s"])' in message

@@ -248,7 +248,11 @@ def test_normalize_pandas_for_lightgbm_makes_arrow_columns_acceptable():
         lightgbm.Dataset(frame.drop(columns="s"), label=np.arange(20) % 2, params={"verbose": -1}).construct()
     normal = normalize_pandas_for_lightgbm(frame)
     assert {c: str(t) for c, t in normal.dtypes.items()} == {
-        "i": "Int32", "u": "UInt8", "b": "boolean", "f": "float64", "s": "string[pyarrow]"
+        "i": "Int32",
+        "u": "UInt8",
+        "b": "boolean",
+        "f": "float64",
+        "s": "string[pyarrow]",
     }
     assert np.shares_memory(normal["f"].to_numpy(), frame["f"].to_numpy())  # NumPy columns are not copied
     lightgbm.Dataset(normal.drop(columns="s"), label=np.arange(20) % 2, params={"verbose": -1}).construct()
@@ -290,7 +294,9 @@ def lightning_validated_loop(config):
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(integration_loops.lightning_regressor()(), train_dataloaders=DataLoader(TensorDataset(x, y), batch_size=32))
+    trainer.fit(
+        integration_loops.lightning_regressor()(), train_dataloaders=DataLoader(TensorDataset(x, y), batch_size=32)
+    )
 
 
 def epoch_in_checkpoint(checkpoint) -> dict:
@@ -345,7 +351,12 @@ def test_torch_xla_config_takes_rays_parameters(tmp_path, monkeypatch):
     (tmp_path / "torch_xla" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     config = TorchXLAConfig()
-    assert (config.backend, config.init_method, config.timeout_s, config.neuron_parallel_compile) == (None, "env", 1800, False)
+    assert (config.backend, config.init_method, config.timeout_s, config.neuron_parallel_compile) == (
+        None,
+        "env",
+        1800,
+        False,
+    )
     positional = TorchXLAConfig(None, "env", 60, True)  # Ray's order
     assert positional.timeout_s == 60 and positional.neuron_parallel_compile is True
     assert isinstance(config, TorchConfig) and config.backend_cls is TorchXLABackend
@@ -413,9 +424,10 @@ def test_torch_xla_env_decisions():
     compile_env = _xla_env(8, 2, master, extract_graphs=True, neuron=True)
     assert compile_env["GROUP_WORLD_SIZE"] == "2" and compile_env["ROLE_WORLD_SIZE"] == "8"
     assert compile_env["PJRT_DEVICE"] == "NEURON"
-    assert {k: compile_env[k] for k in ("NEURON_PARALLEL_COMPILE", "NEURON_EXTRACT_GRAPHS_ONLY", "NEURON_FALL_BACK_TO_NULL_NEFF")} == {
-        "NEURON_PARALLEL_COMPILE": "1", "NEURON_EXTRACT_GRAPHS_ONLY": "1", "NEURON_FALL_BACK_TO_NULL_NEFF": "1"
-    }
+    assert {
+        k: compile_env[k]
+        for k in ("NEURON_PARALLEL_COMPILE", "NEURON_EXTRACT_GRAPHS_ONLY", "NEURON_FALL_BACK_TO_NULL_NEFF")
+    } == {"NEURON_PARALLEL_COMPILE": "1", "NEURON_EXTRACT_GRAPHS_ONLY": "1", "NEURON_FALL_BACK_TO_NULL_NEFF": "1"}
     plain = _xla_env(2, 1, master, extract_graphs=False)
     assert "PJRT_DEVICE" not in plain and "NEURON_PARALLEL_COMPILE" not in plain
 

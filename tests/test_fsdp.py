@@ -93,14 +93,21 @@ def test_rays_fsdp1_kwargs_train_on_cpu_like_ddp(tmp_path):
         "use_orig_params": True,
         "device_id": torch.device("cpu"),
     }
-    variants = [("ray_style", ray_style), ("hybrid", {"sharding_strategy": ShardingStrategy.HYBRID_SHARD}),
-                ("no_shard", {"sharding_strategy": ShardingStrategy.NO_SHARD})]
-    result = TorchTrainer(
-        deepspeed_loops.fsdp_kwargs_loop,
-        train_loop_config={"steps": 6, "variants": variants},
-        scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(name="fsdp1-kwargs", storage_path=str(tmp_path)),
-    ).fit().return_value
+    variants = [
+        ("ray_style", ray_style),
+        ("hybrid", {"sharding_strategy": ShardingStrategy.HYBRID_SHARD}),
+        ("no_shard", {"sharding_strategy": ShardingStrategy.NO_SHARD}),
+    ]
+    result = (
+        TorchTrainer(
+            deepspeed_loops.fsdp_kwargs_loop,
+            train_loop_config={"steps": 6, "variants": variants},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(name="fsdp1-kwargs", storage_path=str(tmp_path)),
+        )
+        .fit()
+        .return_value
+    )
 
     losses = result["losses"]
     assert losses["ddp"][-1] < 0.2 * losses["ddp"][0]

@@ -23,8 +23,14 @@ REPO = str(ROOT)
 def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
     out = tmp_path / "results"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--out", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_check", "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == gpu_check.NO_GPU_MESSAGE
     assert not out.exists()  # nothing ran, nothing written
@@ -45,7 +51,10 @@ def test_arguments():
 def test_ratios_summary_and_exit_code():
     samples = {"raw_single": 1000.0, "raw": 900.0, "flowtrain": 891.0, "ray.train": 810.0}
     assert gpu_check.throughput_ratios(samples) == {
-        "flowtrain/raw": 0.99, "flowtrain/ray.train": 1.1, "ray.train/raw": 0.9, "raw/raw_single": 0.9,
+        "flowtrain/raw": 0.99,
+        "flowtrain/ray.train": 1.1,
+        "ray.train/raw": 0.9,
+        "raw/raw_single": 0.9,
         "flowtrain/raw_single": 0.891,
     }
     # A peer that failed (missing) or measured nothing (0) gives no ratio.
@@ -65,12 +74,19 @@ def test_ratios_summary_and_exit_code():
 
 
 def test_reports_written_as_json(tmp_path):
-    measured = {impl: {"samples_per_s": rate, "workers": 1, "wall_s": 30.0, "steps": 100}
-                for impl, rate in (("raw", 2000.0), ("flowtrain", 1980.0))}
+    measured = {
+        impl: {"samples_per_s": rate, "workers": 1, "wall_s": 30.0, "steps": 100}
+        for impl, rate in (("raw", 2000.0), ("flowtrain", 1980.0))
+    }
     results = [
         {"name": "nccl", "status": "PASS", "seconds": 3.0, "details": {"backend": "nccl"}},
-        {"name": "throughput", "status": "FAIL", "seconds": 80.0, "error": "throughput: ray.train failed (...)",
-         "details": {"measured": measured, "errors": {"ray.train": "RuntimeError: ..."}, "seconds_per_run": 20.0}},
+        {
+            "name": "throughput",
+            "status": "FAIL",
+            "seconds": 80.0,
+            "error": "throughput: ray.train failed (...)",
+            "details": {"measured": measured, "errors": {"ray.train": "RuntimeError: ..."}, "seconds_per_run": 20.0},
+        },
     ]
     environment = {"torch": "2.11.0", "gpus": ["NVIDIA H100"]}
     paths = gpu_check.write_reports(str(tmp_path / "out"), environment, results)
@@ -85,11 +101,22 @@ def test_reports_written_as_json(tmp_path):
     assert throughput["errors"] == {"ray.train": "RuntimeError: ..."} and throughput["seconds_per_run"] == 20.0
 
     # Without the throughput check only gpu_check.json is written.
-    assert gpu_check.write_reports(str(tmp_path / "two"), environment, results[:1]) == [str(tmp_path / "two" / "gpu_check.json")]
+    assert gpu_check.write_reports(str(tmp_path / "two"), environment, results[:1]) == [
+        str(tmp_path / "two" / "gpu_check.json")
+    ]
 
 
 def test_every_check_fits_the_budget_alone_and_names_itself():
-    assert list(CHECKS) == ["nccl", "shared_gpu_gloo", "placement", "checkpoint_resume", "fsdp", "amp", "deepspeed", "throughput"]
+    assert list(CHECKS) == [
+        "nccl",
+        "shared_gpu_gloo",
+        "placement",
+        "checkpoint_resume",
+        "fsdp",
+        "amp",
+        "deepspeed",
+        "throughput",
+    ]
     for check, limit_s in CHECKS.values():
         assert check.__doc__ and gpu_check.MIN_CHECK_S < limit_s <= gpu_check.BUDGET_S
 

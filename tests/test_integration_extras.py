@@ -27,7 +27,10 @@ def test_missing_framework_names_the_install_command():
 
 @pytest.mark.parametrize(
     ("package", "blocked", "extra"),
-    [("trainers.lightning", "lightning", "lightning"), ("trainers.huggingface.transformers", "transformers", "transformers")],
+    [
+        ("trainers.lightning", "lightning", "lightning"),
+        ("trainers.huggingface.transformers", "transformers", "transformers"),
+    ],
 )
 def test_integration_without_its_framework_raises_import_error(package, blocked, extra):
     # A fresh interpreter where the framework cannot be imported (a None entry in sys.modules).
@@ -58,7 +61,9 @@ def test_transformers_prepare_trainer_names_a_world_size_mismatch(tmp_path, monk
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model = transformers.BertForSequenceClassification(
-        transformers.BertConfig(vocab_size=8, hidden_size=4, num_hidden_layers=1, num_attention_heads=1, intermediate_size=4)
+        transformers.BertConfig(
+            vocab_size=8, hidden_size=4, num_hidden_layers=1, num_attention_heads=1, intermediate_size=4
+        )
     )
     # Arguments built where no process group exists (world size 1), used by a 2-worker run.
     args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
@@ -66,7 +71,9 @@ def test_transformers_prepare_trainer_names_a_world_size_mismatch(tmp_path, monk
     storage = StorageInfo(str(tmp_path), str(tmp_path), str(tmp_path), pyarrow.fs.LocalFileSystem())
     _set_context(TrainContext("run", 2, 0, 0, 2, 0, storage))
     try:
-        with pytest.raises(RuntimeError, match=r"world size of 1, but 2 workers train; create TrainingArguments inside"):
+        with pytest.raises(
+            RuntimeError, match=r"world size of 1, but 2 workers train; create TrainingArguments inside"
+        ):
             prepare_trainer(trainer)
     finally:
         _set_context(None)

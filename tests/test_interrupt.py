@@ -43,8 +43,12 @@ def test_ctrl_c_tears_everything_down(tmp_path):
     pid_dir.mkdir()
     env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)  # fit() joins this cluster
     driver = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, str(tmp_path), str(pid_dir)], env=env, cwd=ROOT,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, "-c", DRIVER, str(tmp_path), str(pid_dir)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         # Both ranks are in their training loop and their reports reach the driver: then Ctrl-C.

@@ -94,7 +94,10 @@ def test_a_selector_no_node_can_satisfy_fails_before_anything_is_reserved(two_no
     assert "label_selector {'zone': 'c'} (for every worker) matches none of the cluster's 2 live node(s)" in message
     assert "{'zone': 'a'}" in message and "{'tier': 'gold', 'zone': 'b'}" in message
     # Node b alone matches, and its 2 CPUs cannot hold 3 one-CPU workers (the cluster's 4 could).
-    with pytest.raises(InsufficientResourcesError, match=r"3 workers x \{CPU: 1\}.* on 1 node\(s\) matching label_selector \{'zone': 'b'\}"):
+    with pytest.raises(
+        InsufficientResourcesError,
+        match=r"3 workers x \{CPU: 1\}.* on 1 node\(s\) matching label_selector \{'zone': 'b'\}",
+    ):
         DataParallelTrainer(
             where_loop,
             scaling_config=ScalingConfig(num_workers=3, label_selector={"zone": "b"}),

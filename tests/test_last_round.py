@@ -78,9 +78,13 @@ def test_a_slow_last_report_of_an_ended_rank_is_still_committed():
     # Rank 0 reports round 0 and fails; rank 1 did the same, but its report reaches the driver
     # only after a few empty polls, later than drain_timeout_s allows for a rank still training.
     late = [[], [], [ReportEvent(1, 0, {"round": 0}, True), FailedEvent(1, RuntimeError("boom"), "")]]
-    workers = EndedWorkers(2, [[[ReportEvent(0, 0, {"round": 0}, True), FailedEvent(0, RuntimeError("boom"), "")], *late]])
+    workers = EndedWorkers(
+        2, [[[ReportEvent(0, 0, {"round": 0}, True), FailedEvent(0, RuntimeError("boom"), "")], *late]]
+    )
     store = MemoryStore()
-    controller = Controller(workers=workers, storage=store, policy=policy(max_failures=0), settings=ControllerSettings(drain_timeout_s=0.0))
+    controller = Controller(
+        workers=workers, storage=store, policy=policy(max_failures=0), settings=ControllerSettings(drain_timeout_s=0.0)
+    )
     with pytest.raises(WorkerGroupError):
         controller.run()
     assert store.reports == [(1, 0, {"round": 0}, True)]
@@ -91,7 +95,12 @@ def test_a_rank_still_training_does_not_hold_up_the_failure():
     workers = ScriptedWorkers(2, [[[ReportEvent(0, 0, {"round": 0}, True), FailedEvent(0, RuntimeError("boom"), "")]]])
     store = MemoryStore()
     with pytest.raises(WorkerGroupError):
-        Controller(workers=workers, storage=store, policy=policy(max_failures=0), settings=ControllerSettings(drain_timeout_s=0.0)).run()
+        Controller(
+            workers=workers,
+            storage=store,
+            policy=policy(max_failures=0),
+            settings=ControllerSettings(drain_timeout_s=0.0),
+        ).run()
     assert store.reports == []  # rank 1 never reported round 0: nothing to commit
 
 

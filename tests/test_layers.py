@@ -90,7 +90,9 @@ def layer_violations(root: pathlib.Path) -> list[str]:
             low = next((layer for layer in ("trainers/_internal/", "storage/") if where.startswith(layer)), None)
             for line, modules in imports(path, root):
                 if not inside_trainers and (module := next((m for m in modules if _within(m, (INTERNAL,))), None)):
-                    found.append(f"{where}:{line} imports {module} (outside trainers/: use a public module of trainers)")
+                    found.append(
+                        f"{where}:{line} imports {module} (outside trainers/: use a public module of trainers)"
+                    )
                 elif low and (module := next((m for m in modules if _upper(m)), None)):
                     found.append(f"{where}:{line} imports {module} ({low} is below {_upper(module)})")
     return sorted(found)
@@ -101,7 +103,9 @@ def test_package_imports_only_lower_layers(package):
     files = sorted((ROOT / package).rglob("*.py"))
     assert files, f"{package}/ has no modules"
     offenders = {
-        str(path.relative_to(ROOT)): sorted({m.split(".")[0] for _, ms in imports(path, ROOT) for m in ms} & FORBIDDEN[package])
+        str(path.relative_to(ROOT)): sorted(
+            {m.split(".")[0] for _, ms in imports(path, ROOT) for m in ms} & FORBIDDEN[package]
+        )
         for path in files
     }
     offenders = {path: bad for path, bad in offenders.items() if bad}
@@ -190,7 +194,9 @@ def import_circles(root: pathlib.Path) -> list[list[str]]:
 
 def test_no_import_circles():
     circles = import_circles(ROOT)
-    assert not circles, "modules that import each other (move the shared part down a floor):\n" + "\n".join(map(str, circles))
+    assert not circles, "modules that import each other (move the shared part down a floor):\n" + "\n".join(
+        map(str, circles)
+    )
 
 
 def test_circle_scan_finds_a_planted_circle(tmp_path):

@@ -163,7 +163,9 @@ def read(where: dict, name: str) -> bytes:
 def claims(where: dict) -> list[dict]:
     """The claims on the raced run's lease: its holder's while it is held, else none."""
     listed = where["fs"].get_file_info(pafs.FileSelector(f"{where['root']}/{RUN}", allow_not_found=True))
-    return [json.loads(read_bytes(where["fs"], e.path)) for e in listed if re.fullmatch(r"lease\..*\.json", e.base_name)]
+    return [
+        json.loads(read_bytes(where["fs"], e.path)) for e in listed if re.fullmatch(r"lease\..*\.json", e.base_name)
+    ]
 
 
 def check_no_overlap(events: list[str]) -> None:

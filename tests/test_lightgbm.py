@@ -57,7 +57,9 @@ def test_two_workers_grow_the_trees_of_lightgbm_alone(frames, tmp_path):
     frame = result.metrics_dataframe
     assert len(frame) == ROUNDS  # one row per round
     assert {"train-l2", "valid-l2"} <= set(frame.columns)
-    print(f"validation l2 after {ROUNDS} rounds: lightgbm alone {curve[-1]:.6f}, 2 workers {frame['valid-l2'].iloc[-1]:.6f}")
+    print(
+        f"validation l2 after {ROUNDS} rounds: lightgbm alone {curve[-1]:.6f}, 2 workers {frame['valid-l2'].iloc[-1]:.6f}"
+    )
     # Shared bins (trainers.lightgbm.shared_bins): every round equals the single process. With
     # LightGBM's own per-worker bins the same run is 2-7% off.
     np.testing.assert_allclose(frame["valid-l2"], curve, rtol=1e-6)
@@ -96,7 +98,7 @@ def test_a_port_taken_before_lightgbm_binds_it_restarts_on_new_ports_for_free(tm
         run_config=RunConfig(name="thief", storage_path=str(tmp_path), callbacks=[recorder]),  # max_failures=0
     ).fit()
     assert marker.exists()
-    (_, failures), = recorder.restarts
+    ((_, failures),) = recorder.restarts
     assert failures[0].world_rank == 0 and "Binding port" in failures[0].message
     assert get_model(result.checkpoint).current_iteration() == 5
     assert len(result.metrics_dataframe) == 5
@@ -115,7 +117,7 @@ def test_sigkill_of_a_rank_resumes_boosting_from_the_last_checkpoint(frames, tmp
         callbacks=[loops.LightGBMKillOnce(at=12, rank=1, marker=str(marker))],
     )
     assert marker.exists()
-    (rounds_before, failures), = recorder.restarts
+    ((rounds_before, failures),) = recorder.restarts
     # Rank 0 may fail too (its peer's socket reset); the killed rank is listed first.
     assert failures[0].world_rank == 1 and failures[0].kind == "died"
     assert 0 < rounds_before <= 12
@@ -123,7 +125,9 @@ def test_sigkill_of_a_rank_resumes_boosting_from_the_last_checkpoint(frames, tmp
     frame = result.metrics_dataframe
     assert len(frame) == ROUNDS  # every round once
     # Resuming from the checkpoint's model boosts exactly as the run that was not killed.
-    np.testing.assert_allclose(frame["valid-binary_logloss"], binary_two_workers.metrics_dataframe["valid-binary_logloss"], rtol=1e-6)
+    np.testing.assert_allclose(
+        frame["valid-binary_logloss"], binary_two_workers.metrics_dataframe["valid-binary_logloss"], rtol=1e-6
+    )
 
 
 def test_training_function_form_with_shared_bins_resumes_a_rerun(frames, tmp_path):

@@ -43,7 +43,10 @@ def trainer(tmp_path, name, callback, max_failures):
         train_loop_config={"steps": 10, "every": 1, "sleep_s": 0.2},
         scaling_config=ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"),
         run_config=RunConfig(
-            name=name, storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=max_failures), callbacks=[callback]
+            name=name,
+            storage_path=str(tmp_path),
+            failure_config=FailureConfig(max_failures=max_failures),
+            callbacks=[callback],
         ),
     )
 

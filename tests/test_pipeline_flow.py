@@ -44,7 +44,9 @@ def artifacts(flow_run_id) -> dict[str, object]:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
     return {a.key: a for a in found}
 
 
@@ -68,7 +70,9 @@ def flowtrain_events(run_name: str, expected: int, timeout_s: float = 20.0) -> l
     from prefect.events.worker import EventsWorker
 
     EventsWorker.drain_all(timeout=10)
-    query = EventFilter(event=EventNameFilter(prefix=["flowtrain."]), resource=EventResourceFilter(id=[f"flowtrain.run.{run_name}"]))
+    query = EventFilter(
+        event=EventNameFilter(prefix=["flowtrain."]), resource=EventResourceFilter(id=[f"flowtrain.run.{run_name}"])
+    )
     deadline = time.monotonic() + timeout_s
     while True:
         with get_client(sync_client=True) as client:
@@ -112,7 +116,9 @@ def test_pipeline_trains_publishes_artifacts_and_keeps_the_best_checkpoint(tmp_p
 
     found = artifacts(_flow_run_id(state))
     table = json.loads(found["mlp-metrics"].data)
-    assert [row["valid_loss"] for row in table] == [float(f"{m['valid_loss']:.4g}") for m in history]  # 4 significant digits
+    assert [row["valid_loss"] for row in table] == [
+        float(f"{m['valid_loss']:.4g}") for m in history
+    ]  # 4 significant digits
     assert found["mlp-progress"].data == 100.0
     assert summary["best_checkpoint"] in found["mlp-best-checkpoint"].data
     assert "valid_loss" in found["mlp-best-checkpoint"].data
@@ -150,7 +156,9 @@ def test_a_killed_worker_resumes_inside_the_same_task_run(tmp_path, data):
     assert len(train_runs) == 1 and train_runs[0].run_count == 1  # no Prefect retry was needed
     logs = log_text(_flow_run_id(state))
     assert "restarting the workers after attempt 1" in logs and "rank 1" in logs
-    assert flowtrain_events("killed", expected=4) == ["flowtrain.checkpoint.committed"] * 3 + ["flowtrain.run.restarted"]
+    assert flowtrain_events("killed", expected=4) == ["flowtrain.checkpoint.committed"] * 3 + [
+        "flowtrain.run.restarted"
+    ]
 
 
 def test_a_driver_failure_is_retried_by_prefect_and_resumes_from_the_snapshot(tmp_path, data):
@@ -199,7 +207,9 @@ def test_the_prefect_reporter_forgets_the_reports_a_resize_makes_again(tmp_path)
         reporter.after_report(told, [{"epoch": 1}], None)
         reporter.on_resize(told, 1, 2)
         for epoch in (1, 2, 3):
-            reporter.after_report(TrainRunContext("resized", str(tmp_path), 2, None, None, None), [{"epoch": epoch}] * 2, None)
+            reporter.after_report(
+                TrainRunContext("resized", str(tmp_path), 2, None, None, None), [{"epoch": epoch}] * 2, None
+            )
         return reporter
 
     reporter = watch_a_resize()
@@ -223,7 +233,9 @@ def test_bad_parameters_fail_at_once_without_retry(tmp_path, data):
         return_state=True,
     )
     assert state.is_failed()
-    with pytest.raises(ValueError, match=r"train_loop='pipeline_loops:no_such_loop': module 'pipeline_loops' has no 'no_such_loop'"):
+    with pytest.raises(
+        ValueError, match=r"train_loop='pipeline_loops:no_such_loop': module 'pipeline_loops' has no 'no_such_loop'"
+    ):
         state.result()
     train_runs = task_runs(_flow_run_id(state))["train"]
     assert len(train_runs) == 1 and train_runs[0].run_count == 1  # retries were allowed, none was made

@@ -14,8 +14,18 @@ from test_pipeline_flow import artifacts
 pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_local")
 
 CASES = {
-    "xgboost": ("flows.pipeline:xgboost_pipeline", {"objective": "binary:logistic", "eval_metric": "logloss", "max_depth": 3}, "valid-logloss", "model.ubj"),
-    "lightgbm": ("flows.pipeline:lightgbm_pipeline", {"objective": "binary", "metric": "binary_logloss", "num_leaves": 15, "verbose": -1}, "valid-binary_logloss", "model.txt"),
+    "xgboost": (
+        "flows.pipeline:xgboost_pipeline",
+        {"objective": "binary:logistic", "eval_metric": "logloss", "max_depth": 3},
+        "valid-logloss",
+        "model.ubj",
+    ),
+    "lightgbm": (
+        "flows.pipeline:lightgbm_pipeline",
+        {"objective": "binary", "metric": "binary_logloss", "num_leaves": 15, "verbose": -1},
+        "valid-binary_logloss",
+        "model.txt",
+    ),
 }
 
 

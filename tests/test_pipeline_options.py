@@ -52,6 +52,9 @@ def test_a_validation_function_that_cannot_be_imported_fails_before_training(tmp
         return_state=True,
     )
     assert state.is_failed()
-    with pytest.raises(ValueError, match=r"validation.fn='tasks.loops:no_such_function': module 'tasks.loops' has no 'no_such_function'"):
+    with pytest.raises(
+        ValueError,
+        match=r"validation.fn='tasks.loops:no_such_function': module 'tasks.loops' has no 'no_such_function'",
+    ):
         state.result()
     assert not (tmp_path / "results" / "bad-validation" / "checkpoint_000000").exists()

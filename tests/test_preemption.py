@@ -35,7 +35,10 @@ def preempted(rank):
 
 
 def test_preempted_deaths_spend_the_preemption_budget_not_max_failures():
-    attempt1 = [[report(0, 0, True), report(1, 0)], [preempted(1), FailedEvent(0, RuntimeError("gloo: connection reset"), "")]]
+    attempt1 = [
+        [report(0, 0, True), report(1, 0)],
+        [preempted(1), FailedEvent(0, RuntimeError("gloo: connection reset"), "")],
+    ]
     attempt3 = [[FinishedEvent(0, "done"), FinishedEvent(1, None)]]
     workers = ScriptedWorkers(2, [attempt1, [[preempted(0)]], attempt3])
     store = MemoryStore()
@@ -47,7 +50,9 @@ def test_preempted_deaths_spend_the_preemption_budget_not_max_failures():
 
 def test_a_spent_preemption_budget_raises_preemption_error_naming_the_node_and_ranks():
     workers = ScriptedWorkers(2, [[[preempted(1)]], [[preempted(1)]]])
-    controller = Controller(workers=workers, storage=MemoryStore(), policy=policy(max_failures=5, max_preemption_failures=1))
+    controller = Controller(
+        workers=workers, storage=MemoryStore(), policy=policy(max_failures=5, max_preemption_failures=1)
+    )
     with pytest.raises(PreemptionError) as caught:
         controller.run()
     error = caught.value
@@ -55,7 +60,9 @@ def test_a_spent_preemption_budget_raises_preemption_error_naming_the_node_and_r
     assert error.preemption_info == PreemptionInfo(None, {"node-1": [1]})
     assert "max_preemption_failures" in str(error)
     again = pickle.loads(pickle.dumps(error))
-    assert type(again) is PreemptionError and again.preemption_info == error.preemption_info and str(again) == str(error)
+    assert (
+        type(again) is PreemptionError and again.preemption_info == error.preemption_info and str(again) == str(error)
+    )
 
 
 def test_workers_still_running_at_the_deadline_plus_grace_are_stopped():
@@ -63,7 +70,9 @@ def test_workers_still_running_at_the_deadline_plus_grace_are_stopped():
     workers = ScriptedWorkers(2, [[[PreemptionNotice(info)], [report(0, 0, True), report(1, 0)], [], []]])
     now = [990.0]
     controller = Controller(
-        workers=workers, storage=MemoryStore(), policy=policy(max_failures=0, max_preemption_failures=0, preemption_grace_s=5.0),
+        workers=workers,
+        storage=MemoryStore(),
+        policy=policy(max_failures=0, max_preemption_failures=0, preemption_grace_s=5.0),
         settings=ControllerSettings(wall_clock=lambda: now[0]),
     )
     controller.step()  # launch
@@ -124,7 +133,12 @@ def test_a_drained_nodes_workers_see_the_preemption_save_and_the_run_resumes_on_
         train_loop_config={"stop_file": str(stop), "sleep_s": 0.1},
         scaling_config=ScalingConfig(num_workers=(1, 2), elastic_resize_monitor_interval_s=0.5),
         # No failure allowed at all: the preemption must not count as one.
-        run_config=RunConfig(name="preempted", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=0), callbacks=[reports]),
+        run_config=RunConfig(
+            name="preempted",
+            storage_path=str(tmp_path),
+            failure_config=FailureConfig(max_failures=0),
+            callbacks=[reports],
+        ),
     )
     thread, outcome = fit_in_background(trainer)
     try:
@@ -142,7 +156,9 @@ def test_a_drained_nodes_workers_see_the_preemption_save_and_the_run_resumes_on_
     assert jit["preempted_ranks"] == [1] and jit["deadline_ms"] > time.time() * 1000
     assert reports.checkpoints[saved] is not None
     assert reports.reports[resumed]["resumed_from"] == jit["step"]
-    assert [[f.world_rank for f in failures] for failures in reports.restarts] == [[1]]  # one restart, for rank 1's node, though max_failures=0
+    assert [[f.world_rank for f in failures] for failures in reports.restarts] == [
+        [1]
+    ]  # one restart, for rank 1's node, though max_failures=0
 
 
 def test_a_preemption_over_budget_raises_preemption_error_once_the_deadline_passes(two_nodes, tmp_path):
@@ -153,7 +169,9 @@ def test_a_preemption_over_budget_raises_preemption_error_once_the_deadline_pass
         train_loop_config={"stop_file": str(tmp_path / "never"), "sleep_s": 0.1},
         scaling_config=ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"),
         run_config=RunConfig(
-            name="over-budget", storage_path=str(tmp_path), callbacks=[reports],
+            name="over-budget",
+            storage_path=str(tmp_path),
+            callbacks=[reports],
             failure_config=FailureConfig(max_failures=3, max_preemption_failures=0),
         ),
     )
@@ -177,7 +195,9 @@ def test_relaxed_collectives_commit_the_survivors_checkpoint_without_the_preempt
     store = MemoryStore()
     workers = ScriptedWorkers(2, [[[PreemptionNotice(info)], [report(0, 0, True)], [report(1, 0)], []]])
     controller = Controller(
-        workers=workers, storage=store, policy=policy(max_failures=0, relax_collectives_on_preemption=relax),
+        workers=workers,
+        storage=store,
+        policy=policy(max_failures=0, relax_collectives_on_preemption=relax),
         settings=ControllerSettings(wall_clock=lambda: 990.0),
     )
     controller.step()  # launch
@@ -193,7 +213,9 @@ def test_rank_0_being_preempted_relaxes_nothing():
     store = MemoryStore()
     workers = ScriptedWorkers(2, [[[PreemptionNotice(info)], [report(1, 0, True)], []]])
     controller = Controller(
-        workers=workers, storage=store, policy=policy(max_failures=0, relax_collectives_on_preemption=True),
+        workers=workers,
+        storage=store,
+        policy=policy(max_failures=0, relax_collectives_on_preemption=True),
         settings=ControllerSettings(wall_clock=lambda: 990.0),
     )
     for _ in range(3):

@@ -61,7 +61,9 @@ def test_tune_only_context_methods_raise_deprecation_warning(method, tmp_path):
             return str(error)
         return "no error"
 
-    result = DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=0), run_config=RunConfig(storage_path=str(tmp_path))).fit()
+    result = DataParallelTrainer(
+        loop, scaling_config=ScalingConfig(num_workers=0), run_config=RunConfig(storage_path=str(tmp_path))
+    ).fit()
     assert method in result.return_value and "ray.tune.get_context()" in result.return_value
 
 
@@ -94,7 +96,9 @@ def test_elastic_sizes_are_checked_and_read_as_ray_reads_them():
             ScalingConfig(num_workers=bad)
     with pytest.raises(ValueError, match=r"label_selector has 1 entries for 4 workers"):
         ScalingConfig(num_workers=(2, 4), label_selector=[{"zone": "a"}])
-    assert ScalingConfig(num_workers=2, label_selector={"zone": "a"}).label_selector_per_worker(2) == [{"zone": "a"}] * 2
+    assert (
+        ScalingConfig(num_workers=2, label_selector={"zone": "a"}).label_selector_per_worker(2) == [{"zone": "a"}] * 2
+    )
 
 
 # -- a training function without a config parameter ------------------------------------------------

@@ -87,7 +87,10 @@ def test_shards_are_rebuilt_after_a_restart(two_cpus, tmp_path):
             datasets={"train": dataset},
             scaling_config=ScalingConfig(num_workers=2),
             run_config=RunConfig(
-                name="restart", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=1), callbacks=[seen]
+                name="restart",
+                storage_path=str(tmp_path),
+                failure_config=FailureConfig(max_failures=1),
+                callbacks=[seen],
             ),
         ).fit()
     assert marker.exists()
@@ -166,7 +169,10 @@ def test_iter_torch_batches_trains_like_a_dataloader(two_cpus, tmp_path):
 def test_workers_that_would_take_every_cpu_fail_at_once_saying_what_to_change(two_cpus, tmp_path):
     import ray.data
 
-    with pytest.raises(InsufficientResourcesError, match=r"Ray Data needs at least 1 CPU beside the training workers, but 2 workers take 2 of the cluster's 2 CPUs") as info:
+    with pytest.raises(
+        InsufficientResourcesError,
+        match=r"Ray Data needs at least 1 CPU beside the training workers, but 2 workers take 2 of the cluster's 2 CPUs",
+    ) as info:
         TorchTrainer(
             loops.collect_ids_loop,
             datasets={"train": ray.data.range(10)},
@@ -183,7 +189,9 @@ def test_dataset_errors_are_clear(two_cpus, tmp_path):
         TorchTrainer(loops.collect_ids_loop, datasets={"train": [1, 2, 3]})
     # An empty dataset, or fewer rows than workers, trains with a warning as in Ray Train: see
     # test_data_parity.py.
-    with pytest.raises(WorkerGroupError, match=r"get_dataset_shard\('valid'\): no dataset of that name; the trainer has 'train'"):
+    with pytest.raises(
+        WorkerGroupError, match=r"get_dataset_shard\('valid'\): no dataset of that name; the trainer has 'train'"
+    ):
         TorchTrainer(
             loops.ask_for_unknown_dataset,
             datasets={"train": ray.data.range(4)},

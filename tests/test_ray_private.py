@@ -39,7 +39,8 @@ def private_use(name: str):
 
 def test_every_private_use_has_its_test():
     uses = [
-        name for name, value in vars(ray_private).items()
+        name
+        for name, value in vars(ray_private).items()
         if not name.startswith("_") and callable(value) and getattr(value, "__module__", None) == ray_private.__name__
     ]
     assert len(uses) >= 9, uses
@@ -63,7 +64,9 @@ def test_wrap_worker_line_printer(ray_local):
 
     with private_use("wrap_worker_line_printer"):
         names = [name for name, _ in dispatcher.handlers]
-        assert ray_private.WORKER_LINE_PRINTER in names, f"no handler named {ray_private.WORKER_LINE_PRINTER!r} among {names}"
+        assert ray_private.WORKER_LINE_PRINTER in names, (
+            f"no handler named {ray_private.WORKER_LINE_PRINTER!r} among {names}"
+        )
         printer = dict(dispatcher.handlers)[ray_private.WORKER_LINE_PRINTER]
         seen = []
         ray_private.wrap_worker_line_printer(lambda handler: seen.append(handler) or handler)
@@ -113,8 +116,12 @@ def test_ray_console_handlers(ray_local):
     with private_use("ray_console_handlers"):
         handlers = ray_private.ray_console_handlers()
         owners = {name for name in ("ray", "ray.data") for h in logging.getLogger(name).handlers if h in handlers}
-        assert owners == {"ray", "ray.data"}, f"Ray's console handlers found on {owners}, not on both 'ray' and 'ray.data'"
-        assert all(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in handlers), handlers
+        assert owners == {"ray", "ray.data"}, (
+            f"Ray's console handlers found on {owners}, not on both 'ray' and 'ray.data'"
+        )
+        assert all(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in handlers), (
+            handlers
+        )
 
 
 # -- the cluster -----------------------------------------------------------------------------
@@ -124,7 +131,9 @@ def test_available_resources_per_node(ray_local):
     with private_use("available_resources_per_node"):
         nodes = {node["NodeID"]: node["Resources"] for node in ray.nodes() if node["Alive"]}
         free = ray_private.available_resources_per_node()
-        assert isinstance(free, dict) and set(free) == set(nodes), f"{sorted(free)} are not the live nodes {sorted(nodes)}"
+        assert isinstance(free, dict) and set(free) == set(nodes), (
+            f"{sorted(free)} are not the live nodes {sorted(nodes)}"
+        )
         for node, amounts in free.items():
             assert isinstance(amounts, dict) and all(isinstance(v, float) for v in amounts.values()), amounts
             assert 0 <= amounts.get("CPU", 0.0) <= nodes[node]["CPU"], (amounts, nodes[node])
@@ -167,7 +176,9 @@ def test_right_size_footer_readers(ray_local, tmp_path):
     with private_use("right_size_footer_readers"):
         ray_private.right_size_footer_readers(dataset)
         (indexer,) = [
-            op.file_indexer for op in ray_private._operators(dataset._logical_plan.dag) if getattr(op, "file_indexer", None)
+            op.file_indexer
+            for op in ray_private._operators(dataset._logical_plan.dag)
+            if getattr(op, "file_indexer", None)
         ]
         assert type(indexer).__name__ == "RightSizedFooterIndexer", f"the listing's indexer is {type(indexer)}"
         assert isinstance(indexer._num_actors, int) and isinstance(indexer._footer_batch_size, int)
@@ -175,7 +186,9 @@ def test_right_size_footer_readers(ray_local, tmp_path):
         blob = cloudpickle.dumps(indexer)
         assert b"_iter_file_infos_for_list" not in blob and type(cloudpickle.loads(blob)) is type(indexer)
         # The pool is sized from the files Ray Data lists first ...
-        files = list(indexer._iter_file_infos_for_list(pa.array([str(tmp_path)]), filesystem=pyarrow.fs.LocalFileSystem()))
+        files = list(
+            indexer._iter_file_infos_for_list(pa.array([str(tmp_path)]), filesystem=pyarrow.fs.LocalFileSystem())
+        )
         assert len(files) == 3 and indexer._num_actors == 1, (files, indexer._num_actors)
         # ... which must come before Ray Data starts the pool.
         source = inspect.getsource(type(indexer).__base__.list_files)

@@ -113,7 +113,10 @@ def test_ray_train_checkpoints_count_as_committed_on_object_stores(ray_run):
     names = [e["checkpoint_dir_name"] for e in json.loads((pristine / RAY_SNAPSHOT).read_text())["checkpoint_results"]]
     with moto_s3() as s3:  # the bucket is flowtrain-test
         pafs.copy_files(
-            str(pristine), "flowtrain-test/runs/ray-train-user", source_filesystem=pafs.LocalFileSystem(), destination_filesystem=s3
+            str(pristine),
+            "flowtrain-test/runs/ray-train-user",
+            source_filesystem=pafs.LocalFileSystem(),
+            destination_filesystem=s3,
         )
         storage = RunStorage("s3://flowtrain-test/runs", "ray-train-user", filesystem=s3)
         storage.open("me")
@@ -127,8 +130,14 @@ def test_ray_train_checkpoints_count_as_committed_on_object_stores(ray_run):
 @pytest.mark.parametrize(
     "snapshot, names",
     [
-        ({"ray_version": "3.1.0", "checkpoint_results": [{"version": 1, "checkpoint_dir_name": "checkpoint_a", "metrics": {}}],
-          "checkpoint_report_indices": [0]}, ["Ray 3.1.0", "checkpoint record version 1"]),
+        (
+            {
+                "ray_version": "3.1.0",
+                "checkpoint_results": [{"version": 1, "checkpoint_dir_name": "checkpoint_a", "metrics": {}}],
+                "checkpoint_report_indices": [0],
+            },
+            ["Ray 3.1.0", "checkpoint record version 1"],
+        ),
         ({"checkpoints": []}, ["an unknown Ray version", "'ray_version'"]),
     ],
 )

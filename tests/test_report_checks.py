@@ -37,7 +37,10 @@ def good_rounds_then(config) -> None:
         with tempfile.TemporaryDirectory() as folder:
             with open(os.path.join(folder, "step.txt"), "w") as file:
                 file.write(str(step))
-            trainers.report({"step": step, "loss": 1.0 / (step + 1), "val": {"acc": 0.5}}, checkpoint=Checkpoint.from_directory(folder))
+            trainers.report(
+                {"step": step, "loss": 1.0 / (step + 1), "val": {"acc": 0.5}},
+                checkpoint=Checkpoint.from_directory(folder),
+            )
     with tempfile.TemporaryDirectory() as folder:
         trainers.report(config["bad"](), checkpoint=Checkpoint.from_directory(folder))
 
@@ -51,7 +54,9 @@ def fit_with_bad_report(tmp_path, bad, num_workers: int = 0) -> tuple[BaseExcept
         run_config=RunConfig(
             name="bad-report",
             storage_path=str(tmp_path),
-            checkpoint_config=CheckpointConfig(num_to_keep=GOOD_ROUNDS, checkpoint_score_attribute="loss", checkpoint_score_order="min"),
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=GOOD_ROUNDS, checkpoint_score_attribute="loss", checkpoint_score_order="min"
+            ),
         ),
     )
     with pytest.raises(WorkerGroupError) as caught:
@@ -75,9 +80,21 @@ def _unpicklable():
 @pytest.mark.parametrize(
     "bad, error_type, names",
     [
-        pytest.param(lambda: {"step": 9, "loss": None}, TypeError, ["'loss'", "NoneType", "checkpoint_score_attribute"], id="score-none"),
-        pytest.param(lambda: {"step": 9, "loss": "low"}, TypeError, ["'loss'", "str", "checkpoint_score_attribute"], id="score-string"),
-        pytest.param(lambda: {"step": 9}, ValueError, ["'loss'", "checkpoint_score_attribute", "['step']"], id="score-missing"),
+        pytest.param(
+            lambda: {"step": 9, "loss": None},
+            TypeError,
+            ["'loss'", "NoneType", "checkpoint_score_attribute"],
+            id="score-none",
+        ),
+        pytest.param(
+            lambda: {"step": 9, "loss": "low"},
+            TypeError,
+            ["'loss'", "str", "checkpoint_score_attribute"],
+            id="score-string",
+        ),
+        pytest.param(
+            lambda: {"step": 9}, ValueError, ["'loss'", "checkpoint_score_attribute", "['step']"], id="score-missing"
+        ),
         pytest.param(_unpicklable, TypeError, ["'val/lock'", "_thread.lock", "cannot be pickled"], id="unpicklable"),
     ],
 )
@@ -102,7 +119,9 @@ def test_single_element_arrays_and_tensors_are_reported_as_numbers():
 
     from trainers._internal.session import plain_metrics
 
-    metrics = plain_metrics({"a": np.array(2.5), "b": torch.tensor([3.0]), "c": np.array([[4]]), "v": {"d": torch.tensor(1)}})
+    metrics = plain_metrics(
+        {"a": np.array(2.5), "b": torch.tensor([3.0]), "c": np.array([[4]]), "v": {"d": torch.tensor(1)}}
+    )
     assert metrics == {"a": 2.5, "b": 3.0, "c": 4, "v": {"d": 1}}
 
 

@@ -39,7 +39,9 @@ def run_dir(config):
 def local_fit(loop, tmp_path, name="run", **run):
     """One run in this process (num_workers=0): the controller, storage and commits are the real ones."""
     return DataParallelTrainer(
-        loop, scaling_config=ScalingConfig(num_workers=0), run_config=RunConfig(name=name, storage_path=str(tmp_path), **run)
+        loop,
+        scaling_config=ScalingConfig(num_workers=0),
+        run_config=RunConfig(name=name, storage_path=str(tmp_path), **run),
     ).fit()
 
 
@@ -79,17 +81,25 @@ def test_checkpoint_dir_name_names_the_committed_folder_and_get_checkpoint_sees_
     run = tmp_path / "run"
     assert result.return_value == [str(run / "epoch_0"), str(run / "checkpoint_000001"), str(run / "epoch_2")]
     assert sorted(p.name for p in run.iterdir() if p.is_dir() and not p.name.startswith(".")) == [
-        "checkpoint_000001", "epoch_0", "epoch_2"
+        "checkpoint_000001",
+        "epoch_0",
+        "epoch_2",
     ]
     assert result.checkpoint.path == str(run / "epoch_2") and read(result.checkpoint) == "step 2"
-    assert sorted(os.path.basename(c.path) for c, _ in result.best_checkpoints) == ["checkpoint_000001", "epoch_0", "epoch_2"]
+    assert sorted(os.path.basename(c.path) for c, _ in result.best_checkpoints) == [
+        "checkpoint_000001",
+        "epoch_0",
+        "epoch_2",
+    ]
     # A later fit() of the same run resumes from the named folder.
     assert train.Result.from_path(str(run)).checkpoint.path == str(run / "epoch_2")
 
 
 def reuse_loop(config):
     for step in range(2):
-        train.report({"step": step}, checkpoint=write(os.path.join(config["scratch"], str(step))), checkpoint_dir_name="same")
+        train.report(
+            {"step": step}, checkpoint=write(os.path.join(config["scratch"], str(step))), checkpoint_dir_name="same"
+        )
 
 
 def test_a_checkpoint_dir_name_used_twice_is_refused(tmp_path):
@@ -107,7 +117,9 @@ def test_a_checkpoint_dir_name_used_twice_is_refused(tmp_path):
 
 
 def stage(storage, attempt, index, tmp_path):
-    upload_directory(str(write(str(tmp_path / f"src{index}")).path), storage.filesystem, storage.layout.staging_path(attempt, index))
+    upload_directory(
+        str(write(str(tmp_path / f"src{index}")).path), storage.filesystem, storage.layout.staging_path(attempt, index)
+    )
 
 
 def test_storage_refuses_a_kept_name_and_default_names_skip_taken_ones(tmp_path):
@@ -117,7 +129,9 @@ def test_storage_refuses_a_kept_name_and_default_names_skip_taken_ones(tmp_path)
     stage(storage, attempt, 0, tmp_path)
     storage.record_report({"i": 0}, report_index=0, attempt=attempt, staged=True, dir_name="checkpoint_000001")
     stage(storage, attempt, 1, tmp_path)
-    assert storage.record_report({"i": 1}, report_index=1, attempt=attempt, staged=True).path.endswith("checkpoint_000002")
+    assert storage.record_report({"i": 1}, report_index=1, attempt=attempt, staged=True).path.endswith(
+        "checkpoint_000002"
+    )
     stage(storage, attempt, 2, tmp_path)
     with pytest.raises(ValueError, match="already keeps a checkpoint of that name"):
         storage.record_report({"i": 2}, report_index=2, attempt=attempt, staged=True, dir_name="checkpoint_000001")
@@ -292,11 +306,17 @@ def two_rank_loop(config):
     # Step 0: both ranks upload, default name. Step 1: both upload, rank 0's name counts.
     for step, name in enumerate([None, "named_1"]):
         checkpoint = write(os.path.join(config["scratch"], f"{rank}_{step}"), name=f"shard_{rank}.txt")
-        train.report({"step": step}, checkpoint=checkpoint, checkpoint_dir_name=name if rank == 0 else f"ignored_{step}")
+        train.report(
+            {"step": step}, checkpoint=checkpoint, checkpoint_dir_name=name if rank == 0 else f"ignored_{step}"
+        )
         seen.append(os.path.basename(train.get_checkpoint().path))
     # Step 2: rank 0 uploads, rank 1 writes straight into the run folder: one checkpoint of both.
     if rank == 0:
-        train.report({"step": 2}, checkpoint=write(os.path.join(config["scratch"], "0_2"), name="shard_0.txt"), checkpoint_dir_name="mixed_2")
+        train.report(
+            {"step": 2},
+            checkpoint=write(os.path.join(config["scratch"], "0_2"), name="shard_0.txt"),
+            checkpoint_dir_name="mixed_2",
+        )
     else:
         placed = write(os.path.join(run_dir(config), "mixed_2"), name="shard_1.txt")
         train.report({"step": 2}, checkpoint=placed, checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)

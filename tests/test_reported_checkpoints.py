@@ -93,7 +93,9 @@ def test_get_all_reported_checkpoints_after_a_restart_includes_the_first_attempt
     result = DataParallelTrainer(
         report_fail_once_then_read,
         scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(name="restarted", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=1)),
+        run_config=RunConfig(
+            name="restarted", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=1)
+        ),
         validation_config=ValidationConfig(double_step),
     ).fit()
     committed, validated = result.return_value

@@ -17,7 +17,9 @@ from trainers import CheckpointConfig, DataParallelTrainer, Result, RunConfig, S
 
 def test_result_takes_rays_constructor_parameters_and_repr():
     fs = pafs.LocalFileSystem()
-    result = Result({"iter": 0, "metric": 1.0}, Checkpoint("/bucket/path/ckpt0"), None, "/bucket/path", None, None, fs, 7)
+    result = Result(
+        {"iter": 0, "metric": 1.0}, Checkpoint("/bucket/path/ckpt0"), None, "/bucket/path", None, None, fs, 7
+    )
     assert result.filesystem is fs and result.return_value == 7
     text = repr(result)
     assert "Checkpoint(filesystem=local, path=/bucket/path/ckpt0)" in text
@@ -112,7 +114,9 @@ def test_best_checkpoints_are_listed_as_ray_lists_them_the_best_last(tmp_path, s
     for listed in (result.best_checkpoints, Result.from_path(result.path).best_checkpoints):
         assert [m["loss"] for _, m in listed] == losses_in_order
     if score is None:
-        assert [os.path.basename(c.path) for c, _ in result.best_checkpoints] == [f"checkpoint_00000{i}" for i in range(4)]
+        assert [os.path.basename(c.path) for c, _ in result.best_checkpoints] == [
+            f"checkpoint_00000{i}" for i in range(4)
+        ]
     else:  # of the two 0.2 losses the later report is listed last
         assert os.path.basename(result.best_checkpoints[-1][0].path) == "checkpoint_000003"
 

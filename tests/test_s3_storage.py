@@ -25,7 +25,9 @@ def listing(fs, path):
 
 
 def test_run_storage_commits_with_marker_on_s3(s3, tmp_path):
-    storage = RunStorage("s3://flowtrain-test/unit", "run", filesystem=s3, checkpoint_config=CheckpointConfig(num_to_keep=1))
+    storage = RunStorage(
+        "s3://flowtrain-test/unit", "run", filesystem=s3, checkpoint_config=CheckpointConfig(num_to_keep=1)
+    )
     assert storage.run_uri == "s3://flowtrain-test/unit/run"
     storage.open("me")
     attempt = storage.start_attempt()

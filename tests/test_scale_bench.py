@@ -57,7 +57,8 @@ def test_every_planned_measurement_finished_and_passed_its_structure_check(bench
     measured = sorted((r["spec"]["topology"], r["spec"]["variant"], r["spec"]["workers"]) for r in report["runs"])
 
     assert measured == sorted(
-        [(t, v, n) for t in ("single", "multi") for v in ("metrics", "ckpt") for n in (2, 4)] + [("single", "recovery", 4)]
+        [(t, v, n) for t in ("single", "multi") for v in ("metrics", "ckpt") for n in (2, 4)]
+        + [("single", "recovery", 4)]
     )
     for run in report["runs"]:
         result = run["result"]
@@ -115,17 +116,43 @@ def test_json_markdown_and_plot_are_written_with_the_expected_content(bench):
     markdown = stem.with_suffix(".md").read_text()
     png = stem.with_suffix(".png").read_bytes()
 
-    assert {"command", "date", "machine", "versions", "options", "definitions", "runs", "summary", "per_extra_worker_mb", "recovery"} <= set(written)
+    assert {
+        "command",
+        "date",
+        "machine",
+        "versions",
+        "options",
+        "definitions",
+        "runs",
+        "summary",
+        "per_extra_worker_mb",
+        "recovery",
+    } <= set(written)
     assert {"cores", "memory_gib", "load_1m", "python"} <= set(written["machine"])
     assert {"ray", "torch"} <= set(written["versions"])
     entry = written["summary"]["single"]["metrics"]["4"]["flowtrain"]
-    assert {"all_ranks_in_s", "first_report_s", "round_ms_p50", "round_ms_p90", "driver_cpu_ms_per_round", "peak_pss_mb", "procs_at_peak"} <= set(entry)
+    assert {
+        "all_ranks_in_s",
+        "first_report_s",
+        "round_ms_p50",
+        "round_ms_p90",
+        "driver_cpu_ms_per_round",
+        "peak_pss_mb",
+        "procs_at_peak",
+    } <= set(entry)
     assert entry["structure_ok"] is True
     ckpt = written["summary"]["multi"]["ckpt"]["2"]["flowtrain"]
     assert {"ckpt_commit_ms_p50", "ckpt_blocked_ms_p50", "ckpt_round_ms_p50"} <= set(ckpt)
     assert isinstance(written["per_extra_worker_mb"]["single"]["metrics"]["flowtrain"], float)
     assert written["command"].startswith("python -m benchmarks.scale --impls flowtrain")
-    for heading in ("## single, metrics", "## single, ckpt", "## multi, metrics", "## multi, ckpt", "## Recovery", "## Definitions"):
+    for heading in (
+        "## single, metrics",
+        "## single, ckpt",
+        "## multi, metrics",
+        "## multi, ckpt",
+        "## Recovery",
+        "## Definitions",
+    ):
         assert heading in markdown
     assert written["command"] in markdown
     assert "| 4 |" in markdown
@@ -139,7 +166,9 @@ def test_the_structure_check_notices_a_rank_missing_from_a_checkpoint(tmp_path):
     problems = _folder_problems(tmp_path, 3, 1000)
 
     assert problems == [f"{tmp_path.name}: no files from rank(s) [1]"]
-    assert _folder_problems(tmp_path, 3, 999)[1] == f"{tmp_path.name}: rank(s) [0, 2] wrote a file that is not 999 bytes"
+    assert (
+        _folder_problems(tmp_path, 3, 999)[1] == f"{tmp_path.name}: rank(s) [0, 2] wrote a file that is not 999 bytes"
+    )
 
 
 def test_implementations_take_turns_going_first_and_the_memory_slope_is_least_squares():

@@ -33,18 +33,28 @@ NODE = {"CPU": 4.0, "memory": 1e9}
 def test_feasible_requests_pass():
     check_feasible(ScalingConfig(num_workers=4), [NODE])
     check_feasible(ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"), [NODE, NODE])
-    check_feasible(ScalingConfig(num_workers=2, resources_per_worker={"CPU": 2}, placement_strategy="STRICT_PACK"), [NODE])
+    check_feasible(
+        ScalingConfig(num_workers=2, resources_per_worker={"CPU": 2}, placement_strategy="STRICT_PACK"), [NODE]
+    )
     check_feasible(ScalingConfig(num_workers=4, accelerator_type="A100"), [{**NODE, "accelerator_type:A100": 1.0}])
 
 
 @pytest.mark.parametrize(
     "scaling, nodes, message",
     [
-        (ScalingConfig(num_workers=5), [NODE], r"5 workers x \{CPU: 1\} = \{CPU: 5\}, but the cluster has \{CPU: 4, GPU: 0\}"),
+        (
+            ScalingConfig(num_workers=5),
+            [NODE],
+            r"5 workers x \{CPU: 1\} = \{CPU: 5\}, but the cluster has \{CPU: 4, GPU: 0\}",
+        ),
         (ScalingConfig(num_workers=1, use_gpu=True), [NODE], r"no node has 'GPU'"),
         (ScalingConfig(resources_per_worker={"neuron_cores": 1}), [NODE], r"no node has 'neuron_cores'"),
         (ScalingConfig(num_workers=1, accelerator_type="A100"), [NODE], r"no node has 'accelerator_type:A100'"),
-        (ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"), [NODE], r"STRICT_SPREAD needs one node per worker"),
+        (
+            ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"),
+            [NODE],
+            r"STRICT_SPREAD needs one node per worker",
+        ),
         (
             ScalingConfig(num_workers=2, resources_per_worker={"CPU": 3}, placement_strategy="STRICT_PACK"),
             [NODE, NODE],

@@ -124,7 +124,10 @@ def test_report_lacking_the_score_attribute_leaves_no_staging(tmp_path, kept):
     run_dir = tmp_path / "run"
     assert not (run_dir / ".staging").exists()
     assert history(run_dir) == [0, 1]
-    assert sorted(p for p in os.listdir(run_dir) if p.startswith("checkpoint_")) == ["checkpoint_000000", "checkpoint_000001"]
+    assert sorted(p for p in os.listdir(run_dir) if p.startswith("checkpoint_")) == [
+        "checkpoint_000000",
+        "checkpoint_000001",
+    ]
     kept()
 
 
@@ -146,7 +149,10 @@ def test_report_whose_checkpoint_fails_to_store_leaves_no_staging(tmp_path, kept
     assert any("report_000002" in path or "checkpoint_000002" in path for _, path in handler.ops)
     assert not (run_dir / ".staging").exists()
     assert history(run_dir) == [0, 1]
-    assert sorted(p for p in os.listdir(run_dir) if p.startswith("checkpoint_")) == ["checkpoint_000000", "checkpoint_000001"]
+    assert sorted(p for p in os.listdir(run_dir) if p.startswith("checkpoint_")) == [
+        "checkpoint_000000",
+        "checkpoint_000001",
+    ]
     kept()
 
 

@@ -57,7 +57,9 @@ def test_never_more_than_n_plus_one_and_best_and_latest_survive():
 
 
 def test_missing_attribute_lists_reported_keys():
-    with pytest.raises(KeyError, match=r"checkpoint_score_attribute='val/acc' was not reported.*\['loss', 'val/loss'\]"):
+    with pytest.raises(
+        KeyError, match=r"checkpoint_score_attribute='val/acc' was not reported.*\['loss', 'val/loss'\]"
+    ):
         score_of({"loss": 1, "val": {"loss": 2}}, "val/acc")
 
 

@@ -81,7 +81,9 @@ def test_snapshot_is_written_before_anything_is_deleted(tmp_path):
     handler.ops.clear()
     report(storage, attempt, 1, {"step": 1}, checkpoint=True)
     snapshot_moves = [i for i, (op, path) in enumerate(handler.ops) if op == "move" and path.endswith("/run.json")]
-    deletions = [i for i, (op, path) in enumerate(handler.ops) if op == "delete_dir" and path.endswith("checkpoint_000000")]
+    deletions = [
+        i for i, (op, path) in enumerate(handler.ops) if op == "delete_dir" and path.endswith("checkpoint_000000")
+    ]
     assert snapshot_moves and deletions
     assert snapshot_moves[0] < deletions[0]
     names = [c["dir_name"] for c in json.loads((tmp_path / "run" / "run.json").read_text())["checkpoints"]]
@@ -91,7 +93,9 @@ def test_snapshot_is_written_before_anything_is_deleted(tmp_path):
 
 def test_failed_deletion_is_retried_later_and_never_fatal(tmp_path):
     blocked = {"on": True}
-    fs, _ = faulty_fs(fail_when=lambda op, path: blocked["on"] and op == "delete_dir" and path.endswith("checkpoint_000000"))
+    fs, _ = faulty_fs(
+        fail_when=lambda op, path: blocked["on"] and op == "delete_dir" and path.endswith("checkpoint_000000")
+    )
     storage = RunStorage(str(tmp_path), "run", filesystem=fs, checkpoint_config=CheckpointConfig(num_to_keep=1))
     storage.open("me")
     attempt = storage.start_attempt()
@@ -142,8 +146,10 @@ def test_a_report_from_an_old_attempt_cannot_commit(tmp_path):
 def test_a_checkpoint_that_failed_mid_commit_is_never_named_or_restored(tmp_path, local, monkeypatch):
     # Dies half way: the rename fails, or (object-store style) one file of two is copied.
     fs, _ = faulty_fs(
-        fail_when=lambda op, path: (op == "move" and path.endswith("checkpoint_000001"))
-        or (op == "copy_file" and path.endswith("checkpoint_000001/optimizer.txt"))
+        fail_when=lambda op, path: (
+            (op == "move" and path.endswith("checkpoint_000001"))
+            or (op == "copy_file" and path.endswith("checkpoint_000001/optimizer.txt"))
+        )
     )
     if local:  # take the local-disk commit path (rename), still through the faulty handler
         from storage import commit as commit_module
@@ -163,8 +169,6 @@ def test_a_checkpoint_that_failed_mid_commit_is_never_named_or_restored(tmp_path
     assert [c.dir_name for c in resumed.snapshot.checkpoints] == ["checkpoint_000000"]
     assert not (tmp_path / "run" / ".staging").exists()  # half-done uploads are cleaned up
     assert folders(tmp_path / "run") == ["checkpoint_000000"]  # the partial folder is gone
-
-
 
 
 def test_untracked_checkpoint_folders_are_removed_on_open(tmp_path):
@@ -365,7 +369,9 @@ def test_a_lasting_error_writing_run_json_fails_at_once_naming_the_file(tmp_path
     attempt = storage.start_attempt()
     stage(storage, attempt, 0, "step 0")
     armed, seen = True, len(handler.ops)
-    with pytest.raises(StorageError, match=r"cannot write the run snapshot at .*run/run.json \(tries: 1\): PermissionError"):
+    with pytest.raises(
+        StorageError, match=r"cannot write the run snapshot at .*run/run.json \(tries: 1\): PermissionError"
+    ):
         storage.record_report({"step": 0}, report_index=0, attempt=attempt, staged=True)
     refused = [path for op, path in handler.ops[seen:] if op == "write" and path.endswith("run.json.new")]
     assert len(refused) == 1  # not retried: waiting cannot fix a denied permission

@@ -33,7 +33,9 @@ def _trial_task_runs(sweep_name: str) -> list:
     from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
 
     with get_client(sync_client=True) as client:
-        return client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=f"trial {sweep_name}-")))
+        return client.read_task_runs(
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=f"trial {sweep_name}-"))
+        )
 
 
 def _snapshots(folder: pathlib.Path) -> dict[str, bytes]:
@@ -105,9 +107,13 @@ def test_bad_sweep_parameters_fail_before_any_worker_starts(tmp_path):
         sweep(search={"metric": "loss"}, **common)
     with pytest.raises(Exception, match=r"kind='uniform' needs low < high; got low=1.0, high=0.0"):
         sweep(search={"metric": "loss", "random": {"lr": {"kind": "uniform", "low": 1, "high": 0}}}, **common)
-    state = sweep(search={**SEARCH, "max_concurrent_trials": 9}, scaling={"num_workers": 1}, return_state=True, **common)
+    state = sweep(
+        search={**SEARCH, "max_concurrent_trials": 9}, scaling={"num_workers": 1}, return_state=True, **common
+    )
     assert state.is_failed()
-    with pytest.raises(ValueError, match=r"search.max_concurrent_trials=9: the Ray cluster holds only 4 trial\(s\) .* lower it"):
+    with pytest.raises(
+        ValueError, match=r"search.max_concurrent_trials=9: the Ray cluster holds only 4 trial\(s\) .* lower it"
+    ):
         state.result()
     state = sweep(search=SEARCH, scaling={"num_workers": 9}, return_state=True, **common)
     with pytest.raises(ValueError, match=r"ScalingConfig asks for 9 workers"):
@@ -120,7 +126,10 @@ def test_search_proposes_the_same_trials_every_time():
     search = Search(
         metric="loss",
         grid={"hidden": [8, 16]},
-        random={"lr": {"kind": "loguniform", "low": 1e-4, "high": 1e-1}, "act": {"kind": "choice", "values": ["relu", "tanh"]}},
+        random={
+            "lr": {"kind": "loguniform", "low": 1e-4, "high": 1e-1},
+            "act": {"kind": "choice", "values": ["relu", "tanh"]},
+        },
         num_samples=3,
         seed=7,
     )
@@ -190,6 +199,8 @@ def test_a_failed_trial_is_ranked_last_with_its_error_and_the_others_still_count
     assert "WorkerGroupError" in trials[1]["error"] and "Invalid learning rate" in trials[1]["error"]
     runs = {run.name: run.run_count for run in _trial_task_runs("half-bad")}
     assert runs[f"trial {trials[1]['name']}"] == 1  # a spent worker budget is not retried by Prefect
-    assert trials[0]["name"] == trial_name("half-bad", "tune_loops:regression_loop", {"epochs": 1, "lr": 0.1}, Scaling(num_workers=1))
+    assert trials[0]["name"] == trial_name(
+        "half-bad", "tune_loops:regression_loop", {"epochs": 1, "lr": 0.1}, Scaling(num_workers=1)
+    )
     table = _table("half-bad-trials")
     assert [row["status"] for row in table] == ["trained", "failed"] and table[1]["rank"] is None

@@ -46,7 +46,9 @@ def keras_run(_ray_session, tmp_path_factory):
         run_config=RunConfig(
             name="keras-mwms",
             storage_path=str(storage),
-            checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="loss", checkpoint_score_order="min"),
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=2, checkpoint_score_attribute="loss", checkpoint_score_order="min"
+            ),
             failure_config=FailureConfig(max_failures=1),
             callbacks=[recorder],
         ),
@@ -70,7 +72,7 @@ def test_keras_trains_on_both_workers_and_reports_every_epoch(ray_local, keras_r
 def test_a_worker_killed_mid_epoch_resumes_from_the_last_checkpoint_with_no_epoch_repeated(ray_local, keras_run):
     result, recorder, marker = keras_run
     assert marker.exists()
-    (reports_before, failures), = recorder.restarts
+    ((reports_before, failures),) = recorder.restarts
     assert failures[0].world_rank == 1 and failures[0].kind == "died"
     # Killed during epoch KILL_EPOCH: every epoch before it was reported once, and the new group
     # started right after the last committed checkpoint.

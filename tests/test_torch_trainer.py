@@ -125,7 +125,9 @@ def test_every_report_is_a_row_and_checkpoints_are_committed(tmp_path, upload_mo
         loops.checkpointing_loop,
         train_loop_config={"steps": 7, "every": 3, "upload_mode": upload_mode},
         scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(name="ckpt", storage_path=str(tmp_path), checkpoint_config=CheckpointConfig(num_to_keep=2)),
+        run_config=RunConfig(
+            name="ckpt", storage_path=str(tmp_path), checkpoint_config=CheckpointConfig(num_to_keep=2)
+        ),
     ).fit()
     assert list(result.metrics_dataframe["step"]) == list(range(7))
     assert result.checkpoint is not None
@@ -167,13 +169,16 @@ def test_restart_resumes_from_latest_checkpoint(tmp_path):
         train_loop_config={"steps": 8, "every": 2, "fail_at": 5, "fail_rank": 1, "fail_marker": str(marker)},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(
-            name="restart", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=1), callbacks=[recorder]
+            name="restart",
+            storage_path=str(tmp_path),
+            failure_config=FailureConfig(max_failures=1),
+            callbacks=[recorder],
         ),
     ).fit()
     assert marker.exists()
     # Every step's metrics appear exactly once in the run's history, resumed or not.
     assert list(result.metrics_dataframe["step"]) == list(range(8))
-    (rounds_before, failures, resume_from), = recorder.restarts
+    ((rounds_before, failures, resume_from),) = recorder.restarts
     assert [f.world_rank for f in failures] == [1] and "injected failure at step 5" in failures[0].message
     with resume_from.as_directory() as folder:
         checkpointed = int(pathlib.Path(folder, "step.txt").read_text())
@@ -188,7 +193,9 @@ def test_infeasible_scaling_config_fails_fast_naming_resources(tmp_path):
     from ray.util import placement_group_table
 
     groups_before = set(placement_group_table())
-    with pytest.raises(InsufficientResourcesError, match=r"64 workers x \{CPU: 1\} = \{CPU: 64\}, but the cluster has \{CPU: 4"):
+    with pytest.raises(
+        InsufficientResourcesError, match=r"64 workers x \{CPU: 1\} = \{CPU: 64\}, but the cluster has \{CPU: 4"
+    ):
         TorchTrainer(
             loops.no_arg_loop,
             scaling_config=ScalingConfig(num_workers=64),

@@ -24,9 +24,18 @@ def tpu_host(slice_name: str, worker_id: str) -> dict:
     return {
         "num_cpus": 1,
         "resources": resources,
-        "labels": {"ray.io/tpu-slice-name": slice_name, "ray.io/tpu-worker-id": worker_id, "ray.io/tpu-pod-type": POD_TYPE},
+        "labels": {
+            "ray.io/tpu-slice-name": slice_name,
+            "ray.io/tpu-worker-id": worker_id,
+            "ray.io/tpu-pod-type": POD_TYPE,
+        },
         # Ray finds a host's slice name in TPU_NAME (as on KubeRay).
-        "env_vars": {"TPU_NAME": slice_name, "TPU_WORKER_ID": worker_id, "TPU_ACCELERATOR_TYPE": POD_TYPE, "TPU_TOPOLOGY": TOPOLOGY},
+        "env_vars": {
+            "TPU_NAME": slice_name,
+            "TPU_WORKER_ID": worker_id,
+            "TPU_ACCELERATOR_TYPE": POD_TYPE,
+            "TPU_TOPOLOGY": TOPOLOGY,
+        },
     }
 
 
@@ -54,7 +63,9 @@ def test_four_workers_take_a_host_each_across_two_slices_with_rays_megascale_var
         jax_loops.tpu_placement_loop,
         scaling_config=ScalingConfig(use_tpu=True, accelerator_type="TPU-V4", topology=TOPOLOGY, num_workers=4),
         run_config=RunConfig(
-            name="tpu", storage_path=str(tmp_path), callbacks=[seen],
+            name="tpu",
+            storage_path=str(tmp_path),
+            callbacks=[seen],
             worker_runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu"}},  # the chips are fake
         ),
     ).fit()

@@ -75,7 +75,9 @@ def trainer(storage: str, markers: str, tracking_uri: str) -> DataParallelTraine
             checkpoint_config=CheckpointConfig(checkpoint_score_attribute="score"),
             failure_config=FailureConfig(max_failures=1),
             callbacks=[
-                MLflowLoggerCallback(tracking_uri, experiment_name=EXPERIMENT, tags={"team": "tests"}, save_artifact=True),
+                MLflowLoggerCallback(
+                    tracking_uri, experiment_name=EXPERIMENT, tags={"team": "tests"}, save_artifact=True
+                ),
                 TensorBoardLoggerCallback(),
             ],
         ),
@@ -93,9 +95,25 @@ def mlflow_server(tmp_path_factory):
     log = home / "server.log"
     with open(log, "w") as out:
         server = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
-             "--default-artifact-root", str(home / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{home}/mlflow.db",
+                "--default-artifact-root",
+                str(home / "artifacts"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         deadline = time.monotonic() + 300  # importing the server takes long on a busy machine
@@ -174,7 +192,10 @@ def test_a_killed_worker_and_a_killed_driver_leave_one_mlflow_run_with_every_ste
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
     with open(log, "w") as out:
         driver = subprocess.Popen(
-            [sys.executable, __file__, str(tmp_path), str(markers), mlflow_server], env=env, stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, __file__, str(tmp_path), str(markers), mlflow_server],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
         wait_for_steps(client, run_dir, HOLD_AFTER + 1, driver, log)
@@ -191,16 +212,25 @@ def test_a_killed_worker_and_a_killed_driver_leave_one_mlflow_run_with_every_ste
     assert run.info.status == "FINISHED" and run.info.run_name == "run"
     for key, value_of in (("epoch", float), ("score", lambda epoch: float(-abs(epoch - 3)))):
         assert steps_and_values(client, run.info.run_id, key) == [(step, value_of(step)) for step in range(EPOCHS)]
-    assert run.data.params == {"epochs": str(EPOCHS), "kill_at": str(KILL_AT), "hold_after": str(HOLD_AFTER), "marker_dir": str(markers)}
+    assert run.data.params == {
+        "epochs": str(EPOCHS),
+        "kill_at": str(KILL_AT),
+        "hold_after": str(HOLD_AFTER),
+        "marker_dir": str(markers),
+    }
     best = result.get_best_checkpoint("score", "max")
-    assert (run_dir / "checkpoint_000001" / "epoch.txt").read_text() == "3" and best.path == str(run_dir / "checkpoint_000001")
+    assert (run_dir / "checkpoint_000001" / "epoch.txt").read_text() == "3" and best.path == str(
+        run_dir / "checkpoint_000001"
+    )
     assert run.data.tags[BEST_CHECKPOINT_TAG] == best.path
     assert run.data.tags[RUN_PATH_TAG] == str(run_dir) and run.data.tags["team"] == "tests"
     [artifact] = client.list_artifacts(run.info.run_id, "checkpoints/checkpoint_000001")
     assert artifact.path == "checkpoints/checkpoint_000001/epoch.txt"
     assert json.loads((run_dir / "run.json").read_text())["tracking"]["mlflow"]["run_id"] == run.info.run_id
 
-    assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 2  # the killed driver's and the rerun's
+    assert (
+        len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    )  # the killed driver's and the rerun's
     assert tensorboard_steps(run_dir, "epoch") == list(range(EPOCHS))
     assert tensorboard_steps(run_dir, "score") == list(range(EPOCHS))
 
@@ -242,9 +272,13 @@ def test_the_pipeline_keeps_one_mlflow_run_through_a_task_retry_and_links_it(tmp
     assert run.data.tags["prefect.flow_run_id"] == str(state.state_details.flow_run_id)
     assert tensorboard_steps(storage / "tracked", "epoch") == [0, 1, 2]
     with get_client(sync_client=True) as prefect:
-        links = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["tracked-mlflow-run"])))
+        links = prefect.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["tracked-mlflow-run"]))
+        )
     page = f"{mlflow_server}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
-    assert [link.data for link in links] == [f"[MLflow run {run.info.run_id}]({page})"] * 2  # each try of the task linked the same run
+    assert [link.data for link in links] == [
+        f"[MLflow run {run.info.run_id}]({page})"
+    ] * 2  # each try of the task linked the same run
 
 
 def loop_with_setup_mlflow(config: dict) -> None:
@@ -264,13 +298,20 @@ def test_setup_mlflow_logs_to_the_callbacks_run_and_finds_it_again_on_a_rerun(tm
             loop_with_setup_mlflow,
             train_loop_config={"uri": mlflow_server},
             scaling_config=ScalingConfig(num_workers=0),
-            run_config=RunConfig(name="loop", storage_path=str(tmp_path), callbacks=[MLflowLoggerCallback(mlflow_server, experiment_name="in-loop")]),
+            run_config=RunConfig(
+                name="loop",
+                storage_path=str(tmp_path),
+                callbacks=[MLflowLoggerCallback(mlflow_server, experiment_name="in-loop")],
+            ),
         ).fit()
     client = MlflowClient(mlflow_server)
     run = the_only_run(client, "in-loop")
     assert run.data.params == {"uri": mlflow_server}
     assert steps_and_values(client, run.info.run_id, "x") == [(0, 1.0)]  # the rerun's report 0 was logged already
-    assert steps_and_values(client, run.info.run_id, "from_loop") == [(0, 1.0), (0, 1.0)]  # the loop's own logging repeats
+    assert steps_and_values(client, run.info.run_id, "from_loop") == [
+        (0, 1.0),
+        (0, 1.0),
+    ]  # the loop's own logging repeats
 
 
 def test_tensorboard_refuses_a_run_folder_on_an_object_store():

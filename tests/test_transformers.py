@@ -62,8 +62,12 @@ def test_transformers_trainer_takes_a_ray_data_shard_through_prepare_trainer(tmp
     for name, value in OFFLINE.items():
         monkeypatch.setenv(name, value)
     data = integration_loops.TokenData()
-    rows = [{"input_ids": ids.numpy(), "labels": int(label)} for ids, label in zip(data.input_ids, data.labels, strict=True)]
-    result = fit(tmp_path, max_steps=4, name="ray-data", config={"ray_data": True}, datasets={"train": ray.data.from_items(rows)})
+    rows = [
+        {"input_ids": ids.numpy(), "labels": int(label)} for ids, label in zip(data.input_ids, data.labels, strict=True)
+    ]
+    result = fit(
+        tmp_path, max_steps=4, name="ray-data", config={"ray_data": True}, datasets={"train": ray.data.from_items(rows)}
+    )
 
     assert result.error is None
     assert result.return_value["global_step"] == 4 and result.return_value["world_size"] == 2

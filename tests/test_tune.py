@@ -133,7 +133,9 @@ def test_helpers_reject_bad_arguments_and_use_outside_tune():
 
 
 def test_trial_resources_reserve_the_trial_and_each_worker():
-    factory = trial_resources(ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}, placement_strategy="SPREAD"))
+    factory = trial_resources(
+        ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}, placement_strategy="SPREAD")
+    )
     assert factory.bundles == [{"CPU": 1}, {"CPU": 0.5}, {"CPU": 0.5}]
     assert factory.strategy == "SPREAD"
     assert factory.required_resources == {"CPU": 2.0}
@@ -164,7 +166,10 @@ def test_a_trial_tune_restarts_resumes_its_run_from_the_latest_checkpoint(tmp_pa
         param_space={"lr": 0.1, "epochs": 3, "storage_path": str(tmp_path / "runs"), "fail_once_marker": str(marker)},
         tune_config=tune.TuneConfig(metric="loss", mode="min"),
         run_config=tune.RunConfig(
-            name="restart", storage_path=str(tmp_path / "tune"), verbose=0, failure_config=tune.FailureConfig(max_failures=1)
+            name="restart",
+            storage_path=str(tmp_path / "tune"),
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=1),
         ),
     )
     grid = tuner.fit()

@@ -168,7 +168,13 @@ def test_storage_that_keeps_failing_ends_the_run_naming_the_path_and_keeps_the_p
     log = str(tmp_path / "events.log")
     fs, _ = make_faulty_s3(s3, log, broken=("/report_000001/",))  # from the second checkpoint on
     with pytest.raises(CheckpointUploadError) as caught:
-        fit("broken", fs, f"s3://{BUCKET}/retries", steps=3, worker_env={**FAST_RETRIES, "FLOWTRAIN_UPLOAD_RETRIES": "2"})
+        fit(
+            "broken",
+            fs,
+            f"s3://{BUCKET}/retries",
+            steps=3,
+            worker_env={**FAST_RETRIES, "FLOWTRAIN_UPLOAD_RETRIES": "2"},
+        )
     error = caught.value
     assert isinstance(error, WorkerGroupError)  # what any spent worker budget raises, too
     staging = f"s3://{BUCKET}/retries/broken/.staging/attempt_0001/report_000001"
@@ -181,7 +187,13 @@ def test_storage_that_keeps_failing_ends_the_run_naming_the_path_and_keeps_the_p
     assert not listing(s3, f"{run}/.staging")  # the failed upload's files are gone
     restored = Result.from_path(f"s3://{run}", storage_filesystem=s3)
     assert restored.checkpoint.path == f"{run}/checkpoint_000000"
-    assert listing(s3, restored.checkpoint.path) == [".committed", "rank_0.bin", "rank_0.txt", "rank_1.bin", "rank_1.txt"]
+    assert listing(s3, restored.checkpoint.path) == [
+        ".committed",
+        "rank_0.bin",
+        "rank_0.txt",
+        "rank_1.bin",
+        "rank_1.txt",
+    ]
     assert "injected failure" in load_run(f"s3://{run}", s3).snapshot.error
 
     resumed = fit("broken", s3, f"s3://{BUCKET}/retries", steps=3)  # the storage is well again
@@ -205,7 +217,13 @@ def test_an_async_report_returns_before_its_slow_upload_and_the_commit_waits_for
         written = [i for i, e in enumerate(events) if e.startswith("written ") and f"/report_000000/rank_{rank}." in e]
         assert len(written) == 2, events
         assert returned < min(written) and max(written) < committed, events
-    assert listing(s3, f"{BUCKET}/retries/slow/checkpoint_000000") == [".committed", "rank_0.bin", "rank_0.txt", "rank_1.bin", "rank_1.txt"]
+    assert listing(s3, f"{BUCKET}/retries/slow/checkpoint_000000") == [
+        ".committed",
+        "rank_0.bin",
+        "rank_0.txt",
+        "rank_1.bin",
+        "rank_1.txt",
+    ]
 
 
 # -- what is recorded ------------------------------------------------------------------------------
@@ -306,7 +324,9 @@ def test_the_policy_is_read_from_the_environment_when_used(monkeypatch):
 
 
 def test_the_run_error_pickles_and_is_caught_as_either_type():
-    upload = CheckpointUploadError("could not copy", path="s3://b/run/.staging/x", attempts=5, last_error="OSError: 503")
+    upload = CheckpointUploadError(
+        "could not copy", path="s3://b/run/.staging/x", attempts=5, last_error="OSError: 503"
+    )
     error_type = errors.run_error_type(WorkerGroupError, [upload])
     error = error_type("Training failed", {1: upload}, attempt=1)
     again = pickle.loads(pickle.dumps(error))
@@ -326,6 +346,11 @@ def test_a_users_upload_function_is_called_once_and_its_error_passes_through(tmp
     layout = RunLayout(str(tmp_path / "run"))
     with pytest.raises(ConnectionResetError):
         checkpoint_upload.persist(
-            source, staging=layout.staging_path(1, 0), layout=layout, filesystem=pafs.LocalFileSystem(), dir_name=None, upload_fn=upload_fn
+            source,
+            staging=layout.staging_path(1, 0),
+            layout=layout,
+            filesystem=pafs.LocalFileSystem(),
+            dir_name=None,
+            upload_fn=upload_fn,
         )
     assert calls == [".staging/attempt_0001/report_000000"]

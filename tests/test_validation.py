@@ -109,7 +109,9 @@ def test_validation_metrics_drive_best_checkpoints_and_retention_while_training_
                     num_to_keep=1, checkpoint_score_attribute="val_score", checkpoint_score_order="max"
                 ),
             ),
-            validation_config=ValidationConfig(gated_score, task_config=ValidationTaskConfig(fn_kwargs={"gate_name": gate_name})),
+            validation_config=ValidationConfig(
+                gated_score, task_config=ValidationTaskConfig(fn_kwargs={"gate_name": gate_name})
+            ),
         )
         result = trainer.fit()
         # A validation was running while the training loop made its third report and opened the gate.
@@ -121,7 +123,8 @@ def test_validation_metrics_drive_best_checkpoints_and_retention_while_training_
     assert [(m["step"], m["val_score"]) for _, m in result.best_checkpoints] == [(3, 0.0), (1, 5.0)]  # the best last
     assert _step_of(result.get_best_checkpoint("val_score", "max")) == 1
     assert sorted(p.name for p in (tmp_path / "validated").iterdir() if p.name.startswith("checkpoint_")) == [
-        "checkpoint_000001", "checkpoint_000003",
+        "checkpoint_000001",
+        "checkpoint_000003",
     ]
     record = json.loads((tmp_path / "validated" / "run.json").read_text())
     assert [c["status"] for c in record["checkpoints"]] == ["VALIDATED", "VALIDATED"]
@@ -141,7 +144,11 @@ def judge(checkpoint, mode: str = "ok") -> dict:
 
 def report_failing_timing_out_and_good(config):
     trainers.report({"step": 0}, checkpoint=_save_step(0), validation=ValidationTaskConfig(fn_kwargs={"mode": "raise"}))
-    trainers.report({"step": 1}, checkpoint=_save_step(1), validation=ValidationTaskConfig(fn_kwargs={"mode": "hang"}, timeout_s=0.5))
+    trainers.report(
+        {"step": 1},
+        checkpoint=_save_step(1),
+        validation=ValidationTaskConfig(fn_kwargs={"mode": "hang"}, timeout_s=0.5),
+    )
     trainers.report({"step": 2}, checkpoint=_save_step(2), validation=True)
     return "trained"
 
@@ -173,7 +180,9 @@ def test_validation_without_a_validation_config_names_the_trainer_parameter(tmp_
         report_with_validation,
         train_loop_config={},
         scaling_config=ScalingConfig(num_workers=0),
-        run_config=RunConfig(name="no-config", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=0)),
+        run_config=RunConfig(
+            name="no-config", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=0)
+        ),
     )
     with pytest.raises(TrainingFailedError, match="validation_config=trainers.ValidationConfig"):
         trainer.fit()
@@ -192,7 +201,9 @@ def test_validation_with_no_checkpoint_on_any_rank_fails_as_ray_fails_it(ray_loc
     trainer = DataParallelTrainer(
         validation_with_and_without_checkpoints,
         scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(name="nothing-to-validate", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=0)),
+        run_config=RunConfig(
+            name="nothing-to-validate", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=0)
+        ),
         validation_config=ValidationConfig(judge, ray_remote_kwargs={"num_cpus": 0}),
     )
     with pytest.raises(WorkerGroupError, match="Validation requires a checkpoint to be provided.") as caught:
@@ -210,7 +221,9 @@ def score(checkpoint, threshold: float = 0.5) -> dict:
 
 
 def test_fn_kwargs_the_validation_function_does_not_take_fail_clearly(ray_local, tmp_path):
-    with pytest.raises(TypeError, match=r"fn_kwargs.*score\(checkpoint, threshold.*unexpected keyword argument 'treshold'"):
+    with pytest.raises(
+        TypeError, match=r"fn_kwargs.*score\(checkpoint, threshold.*unexpected keyword argument 'treshold'"
+    ):
         ValidationConfig(score, task_config=ValidationTaskConfig(fn_kwargs={"treshold": 1}))
     with pytest.raises(ValueError, match=r"timeout_s=0\): must be None"):
         ValidationTaskConfig(timeout_s=0)
@@ -222,10 +235,14 @@ def test_fn_kwargs_the_validation_function_does_not_take_fail_clearly(ray_local,
         report_with_validation,
         train_loop_config={"validation": ValidationTaskConfig(fn_kwargs={"treshold": 1})},
         scaling_config=ScalingConfig(num_workers=0),
-        run_config=RunConfig(name="bad-kwargs", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=0)),
+        run_config=RunConfig(
+            name="bad-kwargs", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=0)
+        ),
         validation_config=ValidationConfig(score),
     )
-    with pytest.raises(TrainingFailedError, match=r"report\(validation=ValidationTaskConfig\(fn_kwargs=\.\.\.\)\).*'treshold'"):
+    with pytest.raises(
+        TrainingFailedError, match=r"report\(validation=ValidationTaskConfig\(fn_kwargs=\.\.\.\)\).*'treshold'"
+    ):
         trainer.fit()
 
 
@@ -238,7 +255,9 @@ def _crashed_run_with_a_pending_validation(tmp_path, name: str) -> None:
     os.makedirs(staged)
     with open(os.path.join(staged, "step.txt"), "w") as f:
         f.write("7")
-    storage.record_report({"step": 7}, report_index=0, attempt=attempt, staged=True, validation={"fn_kwargs": {}, "timeout_s": None})
+    storage.record_report(
+        {"step": 7}, report_index=0, attempt=attempt, staged=True, validation={"fn_kwargs": {}, "timeout_s": None}
+    )
     storage.close()  # no finish(): the driver is gone
 
 

@@ -11,7 +11,10 @@ from trainers._internal.progress import ProgressLine
 from trainers._internal.session import plain_metrics
 
 
-@pytest.mark.parametrize("call", [lambda: trainers.report({"a": 1}), trainers.get_checkpoint, trainers.get_context, trainers.get_dataset_shard])
+@pytest.mark.parametrize(
+    "call",
+    [lambda: trainers.report({"a": 1}), trainers.get_checkpoint, trainers.get_context, trainers.get_dataset_shard],
+)
 def test_loop_functions_outside_a_loop_say_where_they_work(call):
     with pytest.raises(RuntimeError, match=r"works only inside train_loop_per_worker"):
         call()
@@ -21,7 +24,9 @@ def test_metrics_become_plain_python_numbers():
     import numpy as np
     import torch
 
-    metrics = plain_metrics({"t": torch.tensor(1.5), "n": np.float32(2.0), "i": np.int64(3), "nested": {"x": torch.tensor([4])}, "s": "ok"})
+    metrics = plain_metrics(
+        {"t": torch.tensor(1.5), "n": np.float32(2.0), "i": np.int64(3), "nested": {"x": torch.tensor([4])}, "s": "ok"}
+    )
     assert metrics == {"t": 1.5, "n": 2.0, "i": 3, "nested": {"x": 4}, "s": "ok"}
     assert type(metrics["t"]) is float and type(metrics["i"]) is int
 

@@ -89,14 +89,16 @@ def test_sigkill_of_a_rank_resumes_boosting_from_the_last_checkpoint(frames, tmp
         callbacks=[loops.XGBoostKillOnce(at=12, rank=1, marker=str(marker))],
     )
     assert marker.exists()  # the kill fired, once: the second attempt ran past round 12
-    (rounds_before, failures), = recorder.restarts
+    ((rounds_before, failures),) = recorder.restarts
     assert failures[0].world_rank == 1 and failures[0].kind == "died"
     assert 0 < rounds_before <= 12
     model = get_model(result.checkpoint)
     assert model.num_boosted_rounds() == ROUNDS  # continued from the checkpoint, not from round 0
     # Every round's metrics exactly once, and the same boosting as without the kill.
     assert len(result.metrics_dataframe) == ROUNDS
-    np.testing.assert_allclose(result.metrics_dataframe["valid-logloss"], two_workers.metrics_dataframe["valid-logloss"], rtol=1e-5)
+    np.testing.assert_allclose(
+        result.metrics_dataframe["valid-logloss"], two_workers.metrics_dataframe["valid-logloss"], rtol=1e-5
+    )
 
 
 def test_training_function_form_ranks_and_resuming_a_rerun(frames, tmp_path, alone):
@@ -137,7 +139,10 @@ def test_local_mode_trains_in_this_process(frames, tmp_path, alone):
 def test_report_callback_selects_renames_and_checkpoints_every_frequency_rounds(tmp_path):
     result = XGBoostTrainer(
         loops.xgboost_callback_loop,
-        train_loop_config={"rounds": 10, "callback": {"metrics": {"loss": "valid-logloss"}, "frequency": 3, "filename": "m.json"}},
+        train_loop_config={
+            "rounds": 10,
+            "callback": {"metrics": {"loss": "valid-logloss"}, "frequency": 3, "filename": "m.json"},
+        },
         scaling_config=ScalingConfig(num_workers=0),
         run_config=RunConfig(name="callback", storage_path=str(tmp_path)),
     ).fit()
@@ -161,7 +166,9 @@ def test_report_callback_selects_renames_and_checkpoints_every_frequency_rounds(
 def test_report_callback_names_the_metrics_it_knows(tmp_path):
     from trainers import WorkerGroupError
 
-    with pytest.raises(WorkerGroupError, match=r"no metric 'valid-auc'; it reported \['train-logloss', 'valid-logloss'\]"):
+    with pytest.raises(
+        WorkerGroupError, match=r"no metric 'valid-auc'; it reported \['train-logloss', 'valid-logloss'\]"
+    ):
         XGBoostTrainer(
             loops.xgboost_callback_loop,
             train_loop_config={"rounds": 2, "callback": {"metrics": ["valid-auc"]}},

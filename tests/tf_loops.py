@@ -56,14 +56,26 @@ def keras_mwms_loop(config: dict[str, Any]) -> dict[str, Any]:
     class KillOnce(tf.keras.callbacks.Callback):
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             marker = config.get("marker")
-            if self.epoch == config.get("kill_epoch") and batch == 3 and rank == config.get("kill_rank") and marker and not os.path.exists(marker):
+            if (
+                self.epoch == config.get("kill_epoch")
+                and batch == 3
+                and rank == config.get("kill_rank")
+                and marker
+                and not os.path.exists(marker)
+            ):
                 open(marker, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self.epoch = epoch
 
-    model.fit(data, initial_epoch=start, epochs=config["epochs"], verbose=0, callbacks=[ReportCheckpointCallback(), KillOnce()])
+    model.fit(
+        data,
+        initial_epoch=start,
+        epochs=config["epochs"],
+        verbose=0,
+        callbacks=[ReportCheckpointCallback(), KillOnce()],
+    )
     return {"start_epoch": start, "keras": type(model).__module__.split(".")[0]}
 
 
@@ -91,7 +103,9 @@ def tf_dataset_sum_loop(config: dict[str, Any]) -> None:
             "rows": count,
             "task_index": tf_config["task"]["index"],
             "cluster": tf_config["cluster"]["worker"],
-            "auto_shard": tf.data.experimental.AutoShardPolicy(data.options().experimental_distribute.auto_shard_policy).name,
+            "auto_shard": tf.data.experimental.AutoShardPolicy(
+                data.options().experimental_distribute.auto_shard_policy
+            ).name,
             "legacy_keras": os.environ.get("TF_USE_LEGACY_KERAS"),
         }
     )

@@ -19,7 +19,14 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "storage": ("Checkpoint", "CheckpointConfig"),
     "trainers.backend": ("Backend", "BackendConfig"),
     "trainers.callback": ("TrainRunContext", "UserCallback"),
-    "trainers.config": ("TRAIN_DATASET_KEY", "DataConfig", "FailureConfig", "LoggingConfig", "RunConfig", "ScalingConfig"),
+    "trainers.config": (
+        "TRAIN_DATASET_KEY",
+        "DataConfig",
+        "FailureConfig",
+        "LoggingConfig",
+        "RunConfig",
+        "ScalingConfig",
+    ),
     "trainers.context": ("TrainContext", "get_context"),
     "trainers.data_parallel_trainer": ("DataParallelTrainer",),
     "trainers.errors": (
@@ -34,7 +41,13 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "trainers.preemption": ("PreemptionInfo",),
     "trainers.report_config": ("CheckpointUploadMode",),
     "trainers.result": ("Result",),
-    "trainers.train_fn": ("get_all_reported_checkpoints", "get_checkpoint", "get_dataset_shard", "get_preemption_info", "report"),
+    "trainers.train_fn": (
+        "get_all_reported_checkpoints",
+        "get_checkpoint",
+        "get_dataset_shard",
+        "get_preemption_info",
+        "report",
+    ),
     "trainers.validation": (
         "CheckpointConsistencyMode",
         "ReportedCheckpoint",

@@ -95,12 +95,16 @@ class ScalingConfig:
                 )
         else:
             check_int(
-                "ScalingConfig.num_workers", workers, minimum=0,
+                "ScalingConfig.num_workers",
+                workers,
+                minimum=0,
                 allowed="an integer >= 0, or a (min_workers, max_workers) pair for elastic training",
             )
         interval = self.elastic_resize_monitor_interval_s
         check_number("ScalingConfig.elastic_resize_monitor_interval_s", interval, minimum=0, allowed="seconds >= 0")
-        if self.accelerator_type is not None and (not isinstance(self.accelerator_type, str) or not self.accelerator_type):
+        if self.accelerator_type is not None and (
+            not isinstance(self.accelerator_type, str) or not self.accelerator_type
+        ):
             raise ValueError(
                 f"ScalingConfig.accelerator_type={self.accelerator_type!r}: must be a name such as 'A100', or None."
             )
@@ -115,15 +119,21 @@ class ScalingConfig:
                 )
             for name, amount in self.resources_per_worker.items():
                 if not isinstance(name, str) or not name:
-                    raise ValueError(f"ScalingConfig.resources_per_worker: resource name {name!r} must be a non-empty string.")
+                    raise ValueError(
+                        f"ScalingConfig.resources_per_worker: resource name {name!r} must be a non-empty string."
+                    )
                 _check_builtin_spelling(name)
-                check_number(f"ScalingConfig.resources_per_worker[{name!r}]", amount, minimum=0, allowed="a number >= 0")
+                check_number(
+                    f"ScalingConfig.resources_per_worker[{name!r}]", amount, minimum=0, allowed="a number >= 0"
+                )
         self._check_accelerators()
         self._check_label_selector()
 
     def _check_accelerators(self) -> None:
         if self.use_gpu and self.use_tpu:
-            raise ValueError("ScalingConfig: use_gpu=True and use_tpu=True together; a worker trains on one kind of accelerator.")
+            raise ValueError(
+                "ScalingConfig: use_gpu=True and use_tpu=True together; a worker trains on one kind of accelerator."
+            )
         for flag, kind in (("use_gpu", "GPU"), ("use_tpu", "TPU")):
             amount = (self.resources_per_worker or {}).get(kind)
             if getattr(self, flag) and amount == 0:
@@ -176,7 +186,9 @@ class ScalingConfig:
             return
         selectors = selector if isinstance(selector, list) else [selector]
         for item in selectors:
-            if not isinstance(item, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in item.items()):
+            if not isinstance(item, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in item.items()
+            ):
                 raise TypeError(
                     f"ScalingConfig.label_selector={selector!r}: must be a dict of label name to value "
                     "(e.g. {'ray.io/market-type': 'spot'}), or a list with one such dict per worker."
@@ -341,12 +353,19 @@ class FailureConfig:
                 "for a tune.Tuner instead.",
             )
         for field in ("max_failures", "controller_failure_limit", "max_preemption_failures"):
-            check_int(f"FailureConfig.{field}", getattr(self, field), minimum=-1, allowed="an integer >= -1 (-1 means unlimited)")
+            check_int(
+                f"FailureConfig.{field}",
+                getattr(self, field),
+                minimum=-1,
+                allowed="an integer >= -1 (-1 means unlimited)",
+            )
         check_bool("FailureConfig.relax_collectives_on_preemption", self.relax_collectives_on_preemption)
         check_number("FailureConfig.preemption_grace_s", self.preemption_grace_s, minimum=0, allowed="seconds >= 0")
         timeout = self.report_timeout_s
         if timeout is not None:
-            check_number("FailureConfig.report_timeout_s", timeout, minimum=0, strict=True, allowed="None or seconds > 0")
+            check_number(
+                "FailureConfig.report_timeout_s", timeout, minimum=0, strict=True, allowed="None or seconds > 0"
+            )
 
 
 #: The dataset name Ray Train's trainers treat as the training set (``datasets={"train": ds}``).
@@ -484,7 +503,11 @@ class RunConfig:
                 f"RunConfig.storage_filesystem={self.storage_filesystem!r}: must be a pyarrow.fs.FileSystem "
                 "(wrap an fsspec filesystem with pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)))."
             )
-        configs = (("failure_config", FailureConfig), ("checkpoint_config", CheckpointConfig), ("logging_config", LoggingConfig))
+        configs = (
+            ("failure_config", FailureConfig),
+            ("checkpoint_config", CheckpointConfig),
+            ("logging_config", LoggingConfig),
+        )
         for field, kind in configs:
             value = getattr(self, field)
             if value is not None and not isinstance(value, kind):

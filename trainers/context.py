@@ -128,7 +128,5 @@ def get_context() -> TrainContext:
         RuntimeError: when called outside ``train_loop_per_worker``.
     """
     if _current is None:
-        raise RuntimeError(
-            "get_context() works only inside train_loop_per_worker, while a trainer's fit() runs."
-        )
+        raise RuntimeError("get_context() works only inside train_loop_per_worker, while a trainer's fit() runs.")
     return _current

@@ -292,12 +292,16 @@ class DataParallelTrainer(TuneTrainableAttributes):
             LocalWorkers(spec) if scaling.max_workers == 0 else RayWorkers(spec),
             storage=storage,
             policy=FailurePolicy(
-                run_config.failure_config or FailureConfig(), elastic=scaling.elasticity_enabled, is_setup_clash=backend.is_setup_clash
+                run_config.failure_config or FailureConfig(),
+                elastic=scaling.elasticity_enabled,
+                is_setup_clash=backend.is_setup_clash,
             ),
             listeners=[progress, *(run_config.callbacks or [])],  # the driver's own, then Prefect's, Tune's, the user's
             validations=validations,
             settings=ControllerSettings(
-                run_context=TrainRunContext(name, storage.run_uri, 0, run_config, scaling, self.train_loop_config, _run_record=storage),
+                run_context=TrainRunContext(
+                    name, storage.run_uri, 0, run_config, scaling, self.train_loop_config, _run_record=storage
+                ),
                 collective_backend=backend.collective_backend(scaling.use_gpu),
             ),
         )

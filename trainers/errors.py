@@ -121,7 +121,9 @@ class CheckpointUploadFailedError(WorkerGroupError, CheckpointUploadError):
         return WorkerGroupError.__reduce__(self)  # the worker failures carry the upload's details
 
 
-def run_error_type(error_type: type[WorkerGroupError], worker_errors: Iterable[BaseException]) -> type[WorkerGroupError]:
+def run_error_type(
+    error_type: type[WorkerGroupError], worker_errors: Iterable[BaseException]
+) -> type[WorkerGroupError]:
     """The type of the error that ends a run: ``CheckpointUploadFailedError`` when a rank failed
     because its checkpoint could not be uploaded, so ``except CheckpointUploadError`` around
     ``fit()`` catches it; otherwise ``error_type`` as it is (an ``NCCLHangError`` stays one)."""

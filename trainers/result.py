@@ -86,7 +86,12 @@ class Result:
         )
 
     def __repr__(self) -> str:
-        shown = {"metrics": self.metrics, "path": self.path, "filesystem": self.filesystem.type_name, "checkpoint": self.checkpoint}
+        shown = {
+            "metrics": self.metrics,
+            "path": self.path,
+            "filesystem": self.filesystem.type_name,
+            "checkpoint": self.checkpoint,
+        }
         if self.error is not None:
             shown = {"error": type(self.error).__name__, **shown}
         body = ",\n".join(f"  {key}={value!r}" for key, value in shown.items())

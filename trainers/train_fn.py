@@ -93,8 +93,7 @@ def get_dataset_shard(dataset_name: str | None = None) -> Any:
     shards = session.dataset_shards
     if not shards:
         raise ValueError(
-            "get_dataset_shard(): this trainer was given no datasets; pass datasets={'train': ds} "
-            "to the trainer."
+            "get_dataset_shard(): this trainer was given no datasets; pass datasets={'train': ds} to the trainer."
         )
     if dataset_name is None:
         if len(shards) != 1:

@@ -26,8 +26,7 @@ if TYPE_CHECKING:
 class ValidationFn(Protocol):
     """A function that scores a checkpoint: ``fn(checkpoint, **fn_kwargs) -> dict of metrics``."""
 
-    def __call__(self, checkpoint: Checkpoint, **kwargs: Any) -> dict:
-        ...
+    def __call__(self, checkpoint: Checkpoint, **kwargs: Any) -> dict: ...
 
 
 @dataclasses.dataclass
@@ -62,8 +61,12 @@ class ValidationTaskConfig:
                 "function."
             ) from error
         timeout = self.timeout_s
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
-            raise ValueError(f"ValidationTaskConfig(timeout_s={timeout!r}): must be None (no limit) or a number of seconds > 0.")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+        ):
+            raise ValueError(
+                f"ValidationTaskConfig(timeout_s={timeout!r}): must be None (no limit) or a number of seconds > 0."
+            )
 
 
 class ValidationConfig:
@@ -84,11 +87,15 @@ class ValidationConfig:
         ray_remote_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if not callable(fn):
-            raise TypeError(f"ValidationConfig(fn={fn!r}): must be a function taking the checkpoint and returning a dict of metrics.")
+            raise TypeError(
+                f"ValidationConfig(fn={fn!r}): must be a function taking the checkpoint and returning a dict of metrics."
+            )
         if task_config is None:
             task_config = ValidationTaskConfig()
         if not isinstance(task_config, ValidationTaskConfig):
-            raise TypeError(f"ValidationConfig(task_config={task_config!r}): must be a trainers.ValidationTaskConfig or None.")
+            raise TypeError(
+                f"ValidationConfig(task_config={task_config!r}): must be a trainers.ValidationTaskConfig or None."
+            )
         if ray_remote_kwargs is None:
             ray_remote_kwargs = {}
         if not isinstance(ray_remote_kwargs, dict):
@@ -100,7 +107,12 @@ class ValidationConfig:
         self.task_config = task_config
         self.ray_remote_kwargs = ray_remote_kwargs
         # Partial: a report's own fn_kwargs may supply the rest.
-        check_fn_kwargs(fn, task_config.fn_kwargs or {}, "ValidationConfig(task_config=ValidationTaskConfig(fn_kwargs=...))", partial=True)
+        check_fn_kwargs(
+            fn,
+            task_config.fn_kwargs or {},
+            "ValidationConfig(task_config=ValidationTaskConfig(fn_kwargs=...))",
+            partial=True,
+        )
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", repr(self.fn))
@@ -178,7 +190,9 @@ def resolve_request(validation: Any, config: ValidationConfig | None) -> bool | 
             "validation_config=...)), or drop validation= from report()."
         )
     overrides = (validation.fn_kwargs or {}) if isinstance(validation, ValidationTaskConfig) else {}
-    where = "report(validation=ValidationTaskConfig(fn_kwargs=...))" if overrides else f"report(validation={validation!r})"
+    where = (
+        "report(validation=ValidationTaskConfig(fn_kwargs=...))" if overrides else f"report(validation={validation!r})"
+    )
     check_fn_kwargs(config.fn, {**(config.task_config.fn_kwargs or {}), **overrides}, where)
     return validation
 

@@ -64,7 +64,9 @@ class RunSpec:
     validation_config: Any = None
 
 
-def _session_args(spec: RunSpec, context: TrainContext, attempt: int, checkpoint: Checkpoint | None, shards: dict) -> dict:
+def _session_args(
+    spec: RunSpec, context: TrainContext, attempt: int, checkpoint: Checkpoint | None, shards: dict
+) -> dict:
     return dict(
         context=context,
         attempt=attempt,
@@ -88,7 +90,9 @@ class RayWorkers:
         # An elastic run sizes each attempt by what is free, except inside a Tune trial, whose
         # group already holds max_workers bundles for it.
         self.sizer = (
-            ElasticSizer(spec.scaling) if spec.scaling.elasticity_enabled and capturing_placement_group() is None else None
+            ElasticSizer(spec.scaling)
+            if spec.scaling.elasticity_enabled and capturing_placement_group() is None
+            else None
         )
         self._started_at = 0.0
         #: What the last stopped group held per node: the next elastic count waits to see it free.
@@ -143,7 +147,12 @@ class RayWorkers:
             visible = assign_visible_devices(
                 [list(w.metadata.gpu_ids) for w in group.workers], [w.metadata.node_id for w in group.workers]
             )
-            ray.get([w.actor.set_env.remote({"CUDA_VISIBLE_DEVICES": v}) for w, (v, _) in zip(group.workers, visible, strict=True)])
+            ray.get(
+                [
+                    w.actor.set_env.remote({"CUDA_VISIBLE_DEVICES": v})
+                    for w, (v, _) in zip(group.workers, visible, strict=True)
+                ]
+            )
             accelerators = [ids for _, ids in visible]
         if spec.log_level is not None:
             from trainers._internal.log_level import apply_log_level
@@ -167,7 +176,11 @@ class RayWorkers:
         ray.get(installed)  # the training function must find the driver's DataContext from its first line
         self.backend.on_training_start(group, spec.backend_config)
         group.start_training(
-            spec.train_fn, spec.train_loop_config, spec.takes_config, session_args, spec.backend_config.train_func_context
+            spec.train_fn,
+            spec.train_loop_config,
+            spec.takes_config,
+            session_args,
+            spec.backend_config.train_func_context,
         )
 
     def poll(self, timeout_s: float) -> list[Event | PreemptionNotice]:

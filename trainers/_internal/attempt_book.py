@@ -145,7 +145,8 @@ class AttemptBook:
         for round_ in self.pending.values():
             if failed <= set(round_):
                 missing.update(
-                    rank for rank in range(world_size)
+                    rank
+                    for rank in range(world_size)
                     if rank not in round_ and rank not in self.failed and rank not in self.finished
                 )
         return missing

@@ -80,7 +80,10 @@ def check_request(
                 "first, or report it with CheckpointUploadMode.SYNC to have it copied there."
             )
         return
-    if delete_local and relative_inside(filesystem, layout.run_path, checkpoint.filesystem, checkpoint.path) is not None:
+    if (
+        delete_local
+        and relative_inside(filesystem, layout.run_path, checkpoint.filesystem, checkpoint.path) is not None
+    ):
         raise ValueError(
             f"report(delete_local_checkpoint_after_upload=True): the run folder {layout.run_path} is inside the "
             f"checkpoint folder {checkpoint.path}, which would be deleted after the upload. Save the checkpoint "
@@ -137,7 +140,9 @@ def _check_uploaded(folder: str, filesystem: pafs.FileSystem, staging: str) -> N
         return
     prefix = staging.rstrip("/") + "/"
     listed = filesystem.get_file_info(pafs.FileSelector(staging, recursive=True, allow_not_found=True))
-    present = {info.path[len(prefix):] for info in listed if info.type == pafs.FileType.File and info.path.startswith(prefix)}
+    present = {
+        info.path[len(prefix) :] for info in listed if info.type == pafs.FileType.File and info.path.startswith(prefix)
+    }
     missing = sorted(expected - present)
     if missing:
         where = display_path(filesystem, staging)

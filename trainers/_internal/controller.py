@@ -227,14 +227,18 @@ class Controller:
                 self._refuse_validation_without_checkpoint(index, round_)
                 return
             # As in Ray Train, the validation asked by the first rank that passed a checkpoint.
-            validation = next((round_[r].validation for r in sorted(round_) if round_[r].staged), False) if staged else False
+            validation = (
+                next((round_[r].validation for r in sorted(round_) if round_[r].staged), False) if staged else False
+            )
             extra = {"validation": request_to_json(validation)} if validation else {}
             extra.update(checkpoint_placement(list(round_.values())) if staged else {})
             # Bytes summed over the ranks, the slowest rank's seconds; beside the metrics in run.json.
             upload = UploadStats.combine(event.upload for event in round_.values()) if staged else None
             if upload is not None:
                 extra["upload"] = upload.to_record()
-            checkpoint = self.storage.record_report(metrics[0], report_index=index, attempt=self.attempt, staged=staged, **extra)
+            checkpoint = self.storage.record_report(
+                metrics[0], report_index=index, attempt=self.attempt, staged=staged, **extra
+            )
             for listener in self.listeners:
                 listener.after_report(self.run_context, metrics, checkpoint)
 
@@ -314,12 +318,17 @@ class Controller:
     def _fail(self) -> None:
         self.workers.shutdown()
         # A dead process is the likely root cause of the others' errors: listeners see it first too.
-        failures = sorted((self._describe(e) for e in self.book.failed.values()), key=lambda f: (f.kind not in DEATHS, f.world_rank))
+        failures = sorted(
+            (self._describe(e) for e in self.book.failed.values()), key=lambda f: (f.kind not in DEATHS, f.world_rank)
+        )
         errors = {rank: event.error for rank, event in self.book.failed.items()}
         for listener in self.listeners:
             listener.after_exception(self.run_context, errors)
         charge = self.policy.charge(
-            failures, list(errors.values()), preemption=self._preemption, setup_clashes=self.setup_clash_restarts,
+            failures,
+            list(errors.values()),
+            preemption=self._preemption,
+            setup_clashes=self.setup_clash_restarts,
             node_left=self.workers.lost_a_node,
         )
         if charge is Charge.PREEMPTION:
@@ -419,7 +428,8 @@ class Controller:
         if first.traceback:
             lines.append(f"Traceback of rank {first.world_rank}:\n{first.traceback.rstrip()}")
         error_type = run_error_type(
-            worker_group_error_type(failures, self.settings.collective_backend), [e.error for e in self.book.failed.values()]
+            worker_group_error_type(failures, self.settings.collective_backend),
+            [e.error for e in self.book.failed.values()],
         )
         return error_type(
             "\n".join(lines),

@@ -26,8 +26,14 @@ class DataConfig(Protocol):
     @property
     def enable_shard_locality(self) -> bool: ...
 
-    def configure(self, datasets: dict[str, Any], world_size: int, worker_handles: Any = None,
-                  worker_node_ids: list[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]: ...
+    def configure(
+        self,
+        datasets: dict[str, Any],
+        world_size: int,
+        worker_handles: Any = None,
+        worker_node_ids: list[str] | None = None,
+        **kwargs: Any,
+    ) -> list[dict[str, Any]]: ...
 
 
 def is_dataset(value: Any) -> bool:
@@ -58,7 +64,9 @@ def resolve_datasets(datasets: dict[str, Any] | None) -> dict[str, Any]:
     for name, value in (datasets or {}).items():
         dataset = value if is_dataset(value) else value()
         if not is_dataset(dataset):
-            raise TypeError(f"datasets[{name!r}]: the function returned {type(dataset).__name__}, not a ray.data.Dataset.")
+            raise TypeError(
+                f"datasets[{name!r}]: the function returned {type(dataset).__name__}, not a ray.data.Dataset."
+            )
         right_size_footer_readers(dataset)
         resolved[name] = dataset
     return resolved

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 
-def assign_visible_devices(gpu_ids_by_worker: list[list[str]], node_of_worker: list[str]) -> list[tuple[str, tuple[int, ...]]]:
+def assign_visible_devices(
+    gpu_ids_by_worker: list[list[str]], node_of_worker: list[str]
+) -> list[tuple[str, tuple[int, ...]]]:
     """Per worker: the ``CUDA_VISIBLE_DEVICES`` to set, and its own GPUs as indices into that list.
 
     Every worker on a node sees all GPUs given to that node's workers (sorted), so NCCL can use
     peer-to-peer copies between them; each worker then trains on its own ones by index (its
     ``TrainContext.accelerator_ids``).
     """
+
     def order(gpu: str) -> tuple[int, str]:
         return (int(gpu), gpu) if gpu.isdigit() else (1 << 30, gpu)
 

@@ -56,7 +56,8 @@ def count_workers(scaling: ScalingConfig, nodes: NodeResources, labels: dict[str
     selectors = scaling.label_selector_per_worker(scaling.max_workers) or []
     if selectors and labels is not None:
         nodes = {
-            node: free for node, free in nodes.items()
+            node: free
+            for node, free in nodes.items()
             if any(label_matches(selector, labels.get(node, {})) for selector in selectors)
         }
     per_node = [bundles_that_fit(free, bundle) for free in nodes.values()]
@@ -132,8 +133,11 @@ class ElasticSizer:
                     "Waiting up to %g s for the cluster to hold min_workers=%d worker(s) x %s of "
                     "ScalingConfig(num_workers=%r): it has room for %d now. The run starts once they "
                     "fit (nodes joining, other work ending).",
-                    deadline - now, self.scaling.min_workers, format_resources(self.scaling.worker_resources),
-                    self.scaling.num_workers, size,
+                    deadline - now,
+                    self.scaling.min_workers,
+                    format_resources(self.scaling.worker_resources),
+                    self.scaling.num_workers,
+                    size,
                 )
             time.sleep(WAIT_POLL_S)
 
@@ -160,7 +164,8 @@ def wait_released(held: NodeResources, timeout_s: float = RELEASE_WAIT_S) -> Non
         free = free_per_node()
         if all(
             free[node].get(name, 0.0) + 1e-9 >= amount
-            for node, amounts in held.items() if node in free
+            for node, amounts in held.items()
+            if node in free
             for name, amount in amounts.items()
         ):
             return

@@ -161,7 +161,9 @@ class ChannelAddress:
     """Where the controller listens, the token a worker proves itself with, and how the worker
     treats acknowledgements (sent over Ray)."""
 
-    def __init__(self, host: str, port: int, token: bytes, ack_timeout_s: float = ACK_TIMEOUT_S, acks: bool = True) -> None:
+    def __init__(
+        self, host: str, port: int, token: bytes, ack_timeout_s: float = ACK_TIMEOUT_S, acks: bool = True
+    ) -> None:
         self.host = host
         self.port = port
         self.token = token
@@ -421,7 +423,9 @@ class EventListener:
             if not length:
                 asked = True
             else:
-                events.append((conn.rank, number, cloudpickle.loads(memoryview(conn.buffer)[offset + _HEADER.size : end])))
+                events.append(
+                    (conn.rank, number, cloudpickle.loads(memoryview(conn.buffer)[offset + _HEADER.size : end]))
+                )
                 conn.read = number
                 if FAULTS.armed and (fault := FAULTS._fire(conn.rank)) is not None:
                     self._fault(conn, fault)

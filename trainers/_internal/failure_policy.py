@@ -39,7 +39,11 @@ class FailurePolicy:
     ``is_setup_clash`` is the backend's test for an error a restart cures."""
 
     def __init__(
-        self, config: FailureConfig, *, elastic: bool = False, is_setup_clash: Callable[[BaseException], bool] = lambda error: False
+        self,
+        config: FailureConfig,
+        *,
+        elastic: bool = False,
+        is_setup_clash: Callable[[BaseException], bool] = lambda error: False,
     ) -> None:
         self.config = config
         self.elastic = elastic

@@ -40,7 +40,9 @@ def deadline_passed(info: PreemptionInfo, noticed_at_s: float, grace_s: float, n
 
     A drain without a deadline gets ``PREEMPTION_DEFAULT_DEADLINE_S`` from when it was noticed.
     """
-    deadline_s = info.deadline_ms / 1000 if info.deadline_ms is not None else noticed_at_s + PREEMPTION_DEFAULT_DEADLINE_S
+    deadline_s = (
+        info.deadline_ms / 1000 if info.deadline_ms is not None else noticed_at_s + PREEMPTION_DEFAULT_DEADLINE_S
+    )
     return now_s >= deadline_s + grace_s
 
 

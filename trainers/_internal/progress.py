@@ -52,7 +52,9 @@ class ProgressLine(UserCallback):
             self.stream.flush()
             self._shown = False
 
-    def after_report(self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None
+    ) -> None:
         if checkpoint is not None:
             logger.debug("%s: committed %s (attempt %d)", self.name, checkpoint.path, run_context.attempt)
         self.update(run_context.attempt, metrics[0])
@@ -64,7 +66,9 @@ class ProgressLine(UserCallback):
 
     def on_resize(self, run_context: TrainRunContext, old_size: int, new_size: int) -> None:
         attempt = run_context.attempt
-        logger.info("%s: more workers fit; restarting attempt %d's %d workers as %d", self.name, attempt, old_size, new_size)
+        logger.info(
+            "%s: more workers fit; restarting attempt %d's %d workers as %d", self.name, attempt, old_size, new_size
+        )
         self.note(f"resizing from {old_size} to {new_size} workers; resuming from the latest checkpoint")
 
     def close(self) -> None:

@@ -15,7 +15,9 @@ class Ranks:
     local_world_size: int
 
 
-def assign_ranks(node_ids: list[str], first_node: str | None = None, node_order: list[str] | None = None) -> list[Ranks]:
+def assign_ranks(
+    node_ids: list[str], first_node: str | None = None, node_order: list[str] | None = None
+) -> list[Ranks]:
     """Ranks for workers placed on ``node_ids`` (one entry per worker, in start order).
 
     Nodes in ``node_order`` come first, in that order (TPU hosts, slice by slice), then

@@ -33,6 +33,7 @@ class QueryingSession(Protocol):
     stop_requested: threading.Event
     filesystem: Any
 
+
 #: What the controller sends back: (path inside the run's filesystem, metrics, status) per kept
 #: checkpoint, in report order.
 Answer = list[tuple[str, dict[str, Any], str]]
@@ -70,7 +71,10 @@ class PendingQueries:
                 continue
             del self._waiting[key]
             if answer is None:  # the run's kept checkpoints, oldest first
-                answer = [(storage.layout.path_of(c.dir_name), dict(c.metrics), c.status) for c in storage.snapshot.checkpoints]
+                answer = [
+                    (storage.layout.path_of(c.dir_name), dict(c.metrics), c.status)
+                    for c in storage.snapshot.checkpoints
+                ]
             send(query.world_rank, query.query_id, answer)
 
 
@@ -107,7 +111,9 @@ def read(session: QueryingSession, consistency_mode: Any, timeout_s: float | Non
     if timeout_s is not None and (
         isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or math.isnan(timeout_s) or timeout_s < 0
     ):
-        raise ValueError(f"get_all_reported_checkpoints(timeout_s={timeout_s!r}): must be None (wait as long as it takes) or seconds >= 0.")
+        raise ValueError(
+            f"get_all_reported_checkpoints(timeout_s={timeout_s!r}): must be None (wait as long as it takes) or seconds >= 0."
+        )
     session.uploader.flush()  # reports still uploading in the background are sent first, so they count
     answers = session.answers
     query_id = answers.next_id
@@ -124,7 +130,9 @@ def read(session: QueryingSession, consistency_mode: Any, timeout_s: float | Non
     while True:
         if session.stop_requested.is_set():
             raise TrainingInterrupted("the controller stopped this attempt")
-        left = STOP_CHECK_S if deadline is None or asked_now else max(0.0, min(STOP_CHECK_S, deadline - time.monotonic()))
+        left = (
+            STOP_CHECK_S if deadline is None or asked_now else max(0.0, min(STOP_CHECK_S, deadline - time.monotonic()))
+        )
         answer = answers.take(query_id, left)
         if answer is not None:
             break

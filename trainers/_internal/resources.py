@@ -53,8 +53,7 @@ def check_feasible(scaling: ScalingConfig, nodes: list[dict[str, float]], *, hel
     unknown = [name for name in bundle if total.get(name, 0) <= 0]
     if unknown:
         raise InsufficientResourcesError(
-            f"ScalingConfig asks for {request}, but no node has {', '.join(repr(u) for u in unknown)}; "
-            f"{have}. {fix}"
+            f"ScalingConfig asks for {request}, but no node has {', '.join(repr(u) for u in unknown)}; {have}. {fix}"
         )
     per_node = [bundles_that_fit(node, bundle) for node in nodes]
     strategy = scaling.placement_strategy
@@ -143,7 +142,7 @@ def enclosing_placement_group(scaling: ScalingConfig) -> tuple[PlacementGroup, i
     own = 1 if any(ray.get_runtime_context().get_assigned_resources().values()) else 0
     if len(bundles) <= own:
         return None  # the trial reserved only its own process (tune.with_resources(fn, {"CPU": 1})): a group of our own
-    small = [i for i, b in enumerate(bundles[max(first, 0):], start=max(first, 0)) if bundles_that_fit(b, worker) < 1]
+    small = [i for i, b in enumerate(bundles[max(first, 0) :], start=max(first, 0)) if bundles_that_fit(b, worker) < 1]
     if first < own or small:
         raise InsufficientResourcesError(
             f"This trainer runs inside a placement group (a Ray Tune trial) with bundles {[_fmt(b) for b in bundles]}, "

@@ -106,8 +106,13 @@ class WorkerSession:
             delete_local, asynchronous=upload_mode is CheckpointUploadMode.ASYNC, no_upload=no_upload
         )
         checkpoint_upload.check_request(
-            checkpoint, no_upload=no_upload, dir_name=dir_name, upload_fn=upload_fn, delete_local=delete_local,
-            layout=self.layout, filesystem=self.filesystem,
+            checkpoint,
+            no_upload=no_upload,
+            dir_name=dir_name,
+            upload_fn=upload_fn,
+            delete_local=delete_local,
+            layout=self.layout,
+            filesystem=self.filesystem,
         )
         if checkpoint is not None and dir_name is not None and not no_upload:
             if dir_name in self._dir_names:
@@ -125,7 +130,9 @@ class WorkerSession:
         self.num_reports += 1
         event = ReportEvent(self.context.world_rank, index, plain, checkpoint is not None, validation, dir_name)
         staging = self.layout.staging_path(self.attempt, index)
-        persist = dict(staging=staging, layout=self.layout, filesystem=self.filesystem, dir_name=dir_name, upload_fn=upload_fn)
+        persist = dict(
+            staging=staging, layout=self.layout, filesystem=self.filesystem, dir_name=dir_name, upload_fn=upload_fn
+        )
         if checkpoint is not None and upload_mode is CheckpointUploadMode.ASYNC:
             # The upload works from a private copy taken now; the reported folder is never
             # touched after report() returns (the loop may be writing its next checkpoint there).
@@ -135,10 +142,16 @@ class WorkerSession:
 
             def upload_then_report() -> None:
                 try:
-                    placement = checkpoint_upload.persist(Checkpoint(local_copy, pyarrow.fs.LocalFileSystem()), **persist)
+                    placement = checkpoint_upload.persist(
+                        Checkpoint(local_copy, pyarrow.fs.LocalFileSystem()), **persist
+                    )
                 finally:
                     shutil.rmtree(local_copy, ignore_errors=True)
-                self.emit(dataclasses.replace(event, dir_name=placement.dir_name, in_place=placement.in_place, upload=placement.upload))
+                self.emit(
+                    dataclasses.replace(
+                        event, dir_name=placement.dir_name, in_place=placement.in_place, upload=placement.upload
+                    )
+                )
 
             self.uploader.submit(upload_then_report)
             return
@@ -152,7 +165,9 @@ class WorkerSession:
             if delete_local:
                 kept = checkpoint_upload.uploaded(placement, staging, self.layout, self.filesystem)
                 checkpoint_upload.delete_source(checkpoint, keep=kept)
-            event = dataclasses.replace(event, dir_name=placement.dir_name, in_place=placement.in_place, upload=placement.upload)
+            event = dataclasses.replace(
+                event, dir_name=placement.dir_name, in_place=placement.in_place, upload=placement.upload
+            )
             self._unseen_commit = self.num_reports
         self.emit(event)
 
@@ -203,7 +218,10 @@ class WorkerSession:
             if size > BROADCAST_WARN_BYTES:
                 logger.warning(
                     "%s: %d bytes pickled; it is meant for small values (under %d bytes). Send tensors "
-                    "with your framework's collectives.", caller, size, BROADCAST_WARN_BYTES,
+                    "with your framework's collectives.",
+                    caller,
+                    size,
+                    BROADCAST_WARN_BYTES,
                 )
         if self.context.world_size == 1:
             return data
@@ -325,7 +343,5 @@ def set_session(session: WorkerSession | None) -> None:
 
 def get_session(caller: str) -> WorkerSession:
     if _session is None:
-        raise RuntimeError(
-            f"{caller}() works only inside train_loop_per_worker, while a trainer's fit() runs."
-        )
+        raise RuntimeError(f"{caller}() works only inside train_loop_per_worker, while a trainer's fit() runs.")
     return _session

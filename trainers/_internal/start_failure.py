@@ -50,7 +50,9 @@ def describe_nodes() -> str:
     return "; ".join(lines) if lines else "no live nodes"
 
 
-def describe_unstarted(placed: dict[int, str], first_bundle: int, silent: list[int], failed: dict[int, BaseException]) -> str:
+def describe_unstarted(
+    placed: dict[int, str], first_bundle: int, silent: list[int], failed: dict[int, BaseException]
+) -> str:
     """Which workers did not start and on which node: ``placed`` maps bundle index to the node it
     was reserved on (worker i sits in bundle ``first_bundle + i``), ``silent`` lists the workers
     that never answered and ``failed`` maps workers whose actor died to the error."""

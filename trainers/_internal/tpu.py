@@ -17,7 +17,9 @@ SLICE_NAME_LABEL = "ray.io/tpu-slice-name"
 WORKER_ID_LABEL = "ray.io/tpu-worker-id"
 
 
-def slice_shape(topology: str, accelerator_type: str, resources_per_worker: dict | None) -> tuple[int, dict[str, float]]:
+def slice_shape(
+    topology: str, accelerator_type: str, resources_per_worker: dict | None
+) -> tuple[int, dict[str, float]]:
     """How many workers one slice of ``topology`` holds, and what each worker reserves (a whole
     host's chips and 1 CPU unless ``resources_per_worker`` says otherwise). ``ValueError`` when
     Ray cannot read the topology for that accelerator."""
@@ -25,7 +27,10 @@ def slice_shape(topology: str, accelerator_type: str, resources_per_worker: dict
 
     try:
         return get_tpu_worker_resources(
-            topology=topology, accelerator_type=accelerator_type, resources_per_worker=resources_per_worker, num_slices=1
+            topology=topology,
+            accelerator_type=accelerator_type,
+            resources_per_worker=resources_per_worker,
+            num_slices=1,
         )
     except Exception as error:  # noqa: BLE001 - Ray's parser raises many kinds; all mean the same bad topology
         raise ValueError(
@@ -41,8 +46,15 @@ def num_slices(num_workers: int, workers_per_slice: int) -> int:
 
 
 def reserve_slices(
-    topology: str, accelerator_type: str, *, num_workers: int, workers_per_slice: int,
-    resources: dict[str, float], strategy: str, name: str, timeout_s: float,
+    topology: str,
+    accelerator_type: str,
+    *,
+    num_workers: int,
+    workers_per_slice: int,
+    resources: dict[str, float],
+    strategy: str,
+    name: str,
+    timeout_s: float,
 ) -> Any:
     """Reserve the slices ``num_workers`` workers fill: a ``ray.util.tpu.SlicePlacementGroup``
     whose ``placement_group`` holds one bundle of ``resources`` per worker, slice after slice.

@@ -160,8 +160,11 @@ class TrainWorker:
             try:
                 self._outbox.connect(channel, run_context.world_rank)
             except OSError as error:
-                print(f"flowtrain: cannot reach the controller at {channel.host}:{channel.port} ({error}); "
-                      "reports go through Ray instead", file=sys.stderr)
+                print(
+                    f"flowtrain: cannot reach the controller at {channel.host}:{channel.port} ({error}); "
+                    "reports go through Ray instead",
+                    file=sys.stderr,
+                )
         self._session = WorkerSession(emit=self._outbox.put, **session_args)
         self._thread = threading.Thread(
             target=run_training_function,

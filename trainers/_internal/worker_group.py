@@ -155,7 +155,9 @@ class RayWorkerGroup:
         actors = [
             remote_cls.options(
                 max_concurrency=4,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=first_bundle + i),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=first_bundle + i
+                ),
                 runtime_env=self.runtime_env,
                 **_kwargs_for_worker(bundle),
             ).remote()
@@ -231,9 +233,14 @@ class RayWorkerGroup:
         assert scaling.topology is not None and scaling.accelerator_type is not None and scaling.tpu_workers_per_slice
         try:
             self._slices = reserve_slices(
-                scaling.topology, scaling.accelerator_type, num_workers=self.world_size,
-                workers_per_slice=scaling.tpu_workers_per_slice, resources=scaling.worker_resources,
-                strategy=scaling.placement_strategy, name=name, timeout_s=max(0.0, deadline - time.monotonic()),
+                scaling.topology,
+                scaling.accelerator_type,
+                num_workers=self.world_size,
+                workers_per_slice=scaling.tpu_workers_per_slice,
+                resources=scaling.worker_resources,
+                strategy=scaling.placement_strategy,
+                name=name,
+                timeout_s=max(0.0, deadline - time.monotonic()),
             )
         except Exception as error:  # TimeoutError: no free slice head in time; RuntimeError: none of that type
             raise WorkerStartError(
@@ -247,7 +254,11 @@ class RayWorkerGroup:
         assert self._pg is not None  # start() reserved it
         if not self._pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):
             state = placement_group_table(self._pg).get("state", "?")
-            labels = f" on nodes matching label_selector {self.scaling.label_selector!r}" if self.scaling.label_selector else ""
+            labels = (
+                f" on nodes matching label_selector {self.scaling.label_selector!r}"
+                if self.scaling.label_selector
+                else ""
+            )
             raise WorkerStartError(
                 f"could not reserve {self.world_size} x {self.scaling.worker_resources} ({self.scaling.placement_strategy}){labels} "
                 f"within {self.start_timeout_s:g} s (placement group {state}): other work holds the resources, "

@@ -67,13 +67,17 @@ def _check_args(owner: str, metrics: Any, filename: Any, frequency: Any, checkpo
     if not isinstance(filename, str) or not filename or os.sep in filename:
         raise ValueError(f"{owner}(filename={filename!r}): must be a file name such as 'model.ubj'.")
     if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 0:
-        raise ValueError(f"{owner}(frequency={frequency!r}): must be 0 (no checkpoints while training) or an integer >= 1.")
+        raise ValueError(
+            f"{owner}(frequency={frequency!r}): must be 0 (no checkpoints while training) or an integer >= 1."
+        )
     if not isinstance(checkpoint_at_end, bool):
         raise TypeError(f"{owner}(checkpoint_at_end={checkpoint_at_end!r}): must be True or False.")
     return metrics
 
 
-def _select_metrics(owner: str, reported: dict[str, float], metrics: list[str] | dict[str, str] | None) -> dict[str, float]:
+def _select_metrics(
+    owner: str, reported: dict[str, float], metrics: list[str] | dict[str, str] | None
+) -> dict[str, float]:
     if not metrics:
         return dict(reported)
     wanted = metrics.items() if isinstance(metrics, dict) else ((m, m) for m in metrics)

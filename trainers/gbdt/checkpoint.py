@@ -18,7 +18,9 @@ class GBDTCheckpoint(FrameworkCheckpoint):
     _load_model: ClassVar[staticmethod[[str], Any]]
 
     @classmethod
-    def from_model(cls, booster: Any, *, preprocessor: Any | None = None, path: str | os.PathLike | None = None) -> Self:
+    def from_model(
+        cls, booster: Any, *, preprocessor: Any | None = None, path: str | os.PathLike | None = None
+    ) -> Self:
         """A checkpoint of ``booster`` saved into ``path`` (an existing, preferably empty folder;
         a new temporary one by default), with ``preprocessor`` if given.
 

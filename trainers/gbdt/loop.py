@@ -24,7 +24,9 @@ def train_fn_per_worker(form: ParamForm) -> None:
         booster = library.report_callback.get_model(checkpoint)
         done = library.num_rounds(booster)
     if done >= form.num_boost_round:
-        logger.info("the checkpoint holds %d rounds, num_boost_round=%d: nothing left to train", done, form.num_boost_round)
+        logger.info(
+            "the checkpoint holds %d rounds, num_boost_round=%d: nothing left to train", done, form.num_boost_round
+        )
         return
     train_kwargs = dict(form.train_kwargs)
     callbacks = list(train_kwargs.pop("callbacks", None) or [])

@@ -42,8 +42,12 @@ class GBDTTrainer(DataParallelTrainer):
         ``DataParallelTrainer`` as they are."""
         library, name = self._library, type(self).__name__
         if backend_config is not None and not isinstance(backend_config, library.config_cls):
-            raise TypeError(f"{library.name}_config={backend_config!r}: must be a trainers.{library.name}.{library.config_cls.__name__}.")
-        param_args: dict[str, Any] = dict(label_column=label_column, params=params, num_boost_round=num_boost_round, dmatrix_params=dmatrix_params)
+            raise TypeError(
+                f"{library.name}_config={backend_config!r}: must be a trainers.{library.name}.{library.config_cls.__name__}."
+            )
+        param_args: dict[str, Any] = dict(
+            label_column=label_column, params=params, num_boost_round=num_boost_round, dmatrix_params=dmatrix_params
+        )
         self._param_form: ParamForm | None = None
         if check_forms(name, train_loop_per_worker, train_loop_config, param_args, train_kwargs):
             param_args["num_boost_round"] = 10 if num_boost_round is None else num_boost_round  # Ray Train's default

@@ -123,7 +123,8 @@ class MLflowLoggerCallback(UserCallback):
                 experiment_id, run_name=run_context.name, tags={RUN_PATH_TAG: run_context.run_path, RANK_TAG: "0"}
             )
             run_context.save_tracking(
-                TRACKER, {"run_id": run.info.run_id, "experiment_id": experiment_id, "tracking_uri": client.tracking_uri}
+                TRACKER,
+                {"run_id": run.info.run_id, "experiment_id": experiment_id, "tracking_uri": client.tracking_uri},
             )
         elif run.info.status != "RUNNING":
             client.update_run(run.info.run_id, status="RUNNING")
@@ -186,7 +187,9 @@ class MLflowLoggerCallback(UserCallback):
         for start in range(0, max(len(points), 1), MAX_METRICS_PER_BATCH):
             final = start + MAX_METRICS_PER_BATCH >= len(points)
             tags = [RunTag(LAST_STEP_TAG, str(last_step))] if final else []
-            self._client.log_batch(self.run_id, metrics=points[start : start + MAX_METRICS_PER_BATCH], tags=tags, synchronous=True)
+            self._client.log_batch(
+                self.run_id, metrics=points[start : start + MAX_METRICS_PER_BATCH], tags=tags, synchronous=True
+            )
         self._last_step = last_step
 
 
@@ -259,7 +262,11 @@ def setup_mlflow(
     if registry_uri is not None:
         mlflow.set_registry_uri(registry_uri)
     experiment = experiment_id_for(
-        client, experiment_id, experiment_name, create=create_experiment_if_not_exists, artifact_location=artifact_location
+        client,
+        experiment_id,
+        experiment_name,
+        create=create_experiment_if_not_exists,
+        artifact_location=artifact_location,
     )
     run_tags = {k: str(v) for k, v in (tags or {}).items()}
     found = None
@@ -268,7 +275,9 @@ def setup_mlflow(
         key = {RUN_PATH_TAG: context.get_storage().experiment_path, RANK_TAG: str(rank)}
         found = _find_run(client, experiment, key)
         run_tags.update(key)
-        run_name = run_name or (context.get_experiment_name() if rank == 0 else f"{context.get_experiment_name()}-rank{rank}")
+        run_name = run_name or (
+            context.get_experiment_name() if rank == 0 else f"{context.get_experiment_name()}-rank{rank}"
+        )
     if mlflow.active_run() is None:
         if found is not None:
             mlflow.start_run(run_id=found)
@@ -290,7 +299,12 @@ def connect(tracking_uri: str | None, registry_uri: str | None, tracking_token: 
 
 
 def experiment_id_for(
-    client: Any, experiment_id: str | None, experiment_name: str | None, *, create: bool, artifact_location: str | None = None
+    client: Any,
+    experiment_id: str | None,
+    experiment_name: str | None,
+    *,
+    create: bool,
+    artifact_location: str | None = None,
 ) -> str:
     """The experiment to log to: ``experiment_id`` when it exists, else ``experiment_name`` (or
     ``$MLFLOW_EXPERIMENT_NAME``), created when ``create``; MLflow's default experiment when neither
@@ -304,7 +318,9 @@ def experiment_id_for(
             return client.get_experiment(experiment_id).experiment_id
         except MlflowException:
             if experiment_name is None:
-                raise ValueError(f"experiment_id={experiment_id!r}: there is no MLflow experiment with that id at {client.tracking_uri}.") from None
+                raise ValueError(
+                    f"experiment_id={experiment_id!r}: there is no MLflow experiment with that id at {client.tracking_uri}."
+                ) from None
     given = experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
     name = given or Experiment.DEFAULT_EXPERIMENT_NAME
     found = client.get_experiment_by_name(name)
@@ -367,7 +383,9 @@ def _existing_run(client: Any, run_id: str) -> Any:
 def _find_run(client: Any, experiment_id: str, tags: dict[str, str]) -> str | None:
     """The id of the oldest live MLflow run of the experiment with all of ``tags``, or None."""
     where = " and ".join(f"tags.`{key}` = '{value}'" for key, value in tags.items())
-    runs = client.search_runs([experiment_id], filter_string=where, max_results=1, order_by=["attributes.start_time ASC"])
+    runs = client.search_runs(
+        [experiment_id], filter_string=where, max_results=1, order_by=["attributes.start_time ASC"]
+    )
     return runs[0].info.run_id if runs else None
 
 

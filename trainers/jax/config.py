@@ -46,7 +46,9 @@ class JaxConfig(BackendConfig):
         check_bool("JaxConfig.use_tpu", self.use_tpu)
         check_bool("JaxConfig.use_gpu", self.use_gpu)
         if self.use_tpu and self.use_gpu:
-            raise ValueError("JaxConfig: use_tpu=True and use_gpu=True together; a worker trains on one kind of accelerator.")
+            raise ValueError(
+                "JaxConfig: use_tpu=True and use_gpu=True together; a worker trains on one kind of accelerator."
+            )
         check_number("JaxConfig.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0")
 
     # BackendConfig's hooks, filled in as every framework's config fills them in.
@@ -119,7 +121,12 @@ class JaxBackend(Backend[JaxConfig]):
         ray.get(
             [
                 w.actor.execute.remote(
-                    _initialize, coordinator, len(workers), w.ranks.world_rank, backend_config.platform(), backend_config.timeout_s
+                    _initialize,
+                    coordinator,
+                    len(workers),
+                    w.ranks.world_rank,
+                    backend_config.platform(),
+                    backend_config.timeout_s,
                 )
                 for w in workers
             ],

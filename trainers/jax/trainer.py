@@ -52,12 +52,21 @@ class JaxTrainer(DataParallelTrainer):
             scaling = scaling_config if isinstance(scaling_config, ScalingConfig) else ScalingConfig()
             jax_config = JaxConfig(use_tpu=scaling.use_tpu, use_gpu=scaling.use_gpu)
         super().__init__(  # every argument as it came, as in every framework's trainer
-            train_loop_per_worker, train_loop_config=train_loop_config, backend_config=jax_config,
-            scaling_config=scaling_config, run_config=run_config, datasets=datasets, dataset_config=dataset_config,
-            validation_config=validation_config, metadata=metadata, resume_from_checkpoint=resume_from_checkpoint,
+            train_loop_per_worker,
+            train_loop_config=train_loop_config,
+            backend_config=jax_config,
+            scaling_config=scaling_config,
+            run_config=run_config,
+            datasets=datasets,
+            dataset_config=dataset_config,
+            validation_config=validation_config,
+            metadata=metadata,
+            resume_from_checkpoint=resume_from_checkpoint,
         )
         if jax_config.use_gpu and not self.scaling_config.use_gpu:
-            raise ValueError("JaxConfig(use_gpu=True) needs GPUs reserved: set ScalingConfig(use_gpu=True), or use_gpu=False.")
+            raise ValueError(
+                "JaxConfig(use_gpu=True) needs GPUs reserved: set ScalingConfig(use_gpu=True), or use_gpu=False."
+            )
         if jax_config.use_tpu and not self.scaling_config.use_tpu:
             raise ValueError(
                 "JaxConfig(use_tpu=True) needs TPUs reserved: set ScalingConfig(use_tpu=True, topology=..., "

@@ -23,8 +23,19 @@ import numpy as np
 _SAMPLE_ALIASES = ("bin_construct_sample_cnt", "subsample_for_bin")
 _DEFAULT_SAMPLE = 200_000
 #: Network parameters: not for a Dataset (the reference is built before the network is up).
-_NETWORK_KEYS = {"machines", "machine_list_filename", "machine_list_file", "machine_list", "mlist",
-                 "local_listen_port", "local_port", "port", "num_machines", "num_machine", "time_out"}
+_NETWORK_KEYS = {
+    "machines",
+    "machine_list_filename",
+    "machine_list_file",
+    "machine_list",
+    "mlist",
+    "local_listen_port",
+    "local_port",
+    "port",
+    "num_machines",
+    "num_machine",
+    "time_out",
+}
 
 _exchanges = itertools.count()
 #: This worker's handle on its attempt's rendezvous actor, by name.

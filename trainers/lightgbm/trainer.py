@@ -27,14 +27,22 @@ def _boost(form: Any, shards: Shards, booster: Any, num_boost_round: int, callba
 
     def dataset(name: str, reference: Any) -> lightgbm.Dataset:
         x, y = frames[name]
-        return lightgbm.Dataset(x, label=y, reference=reference, feature_name=features, **form.dmatrix_params.get(name, {}))
+        return lightgbm.Dataset(
+            x, label=y, reference=reference, feature_name=features, **form.dmatrix_params.get(name, {})
+        )
 
     train_set = dataset(TRAIN, shared_bins(frames[TRAIN][0], params, feature_name=features))
     valid_sets = [train_set] + [dataset(name, train_set) for name in frames if name != TRAIN]
     params.update(get_network_params())  # last: this frees the port LightGBM binds next
     lightgbm.train(
-        params, train_set, num_boost_round=num_boost_round, valid_sets=valid_sets, valid_names=list(frames),
-        init_model=booster, callbacks=callbacks, **train_kwargs,
+        params,
+        train_set,
+        num_boost_round=num_boost_round,
+        valid_sets=valid_sets,
+        valid_names=list(frames),
+        init_model=booster,
+        callbacks=callbacks,
+        **train_kwargs,
     )
 
 
@@ -77,8 +85,13 @@ class LightGBMTrainer(GBDTTrainer):
 
     #: This library as GBDTTrainer uses it (XGBoostTrainer fills in the same fields for xgboost).
     _library = Library(
-        name="lightgbm", config_cls=LightGBMConfig, train=lightgbm.train, feature_dtype=np.float64,
-        report_callback=RayTrainReportCallback, num_rounds=methodcaller("current_iteration"), boost=_boost,
+        name="lightgbm",
+        config_cls=LightGBMConfig,
+        train=lightgbm.train,
+        feature_dtype=np.float64,
+        report_callback=RayTrainReportCallback,
+        num_rounds=methodcaller("current_iteration"),
+        boost=_boost,
         reserved=("params", "train_set", "num_boost_round", "valid_sets", "valid_names", "init_model"),
     )
 
@@ -106,9 +119,19 @@ class LightGBMTrainer(GBDTTrainer):
     ) -> None:
         # Every argument goes on to GBDTTrainer as it came, as in every framework's trainer.
         super().__init__(
-            train_loop_per_worker, train_loop_config=train_loop_config, backend_config=lightgbm_config,
-            scaling_config=scaling_config, run_config=run_config, datasets=datasets, dataset_config=dataset_config,
-            validation_config=validation_config, metadata=metadata, resume_from_checkpoint=resume_from_checkpoint,
-            label_column=label_column, params=params, num_boost_round=num_boost_round, dmatrix_params=dmatrix_params,
+            train_loop_per_worker,
+            train_loop_config=train_loop_config,
+            backend_config=lightgbm_config,
+            scaling_config=scaling_config,
+            run_config=run_config,
+            datasets=datasets,
+            dataset_config=dataset_config,
+            validation_config=validation_config,
+            metadata=metadata,
+            resume_from_checkpoint=resume_from_checkpoint,
+            label_column=label_column,
+            params=params,
+            num_boost_round=num_boost_round,
+            dmatrix_params=dmatrix_params,
             train_kwargs=train_kwargs,
         )

@@ -173,7 +173,9 @@ class RayDeepSpeedStrategy(_OnFlowtrainWorker, DeepSpeedStrategy):
         self.set_world_ranks()
         self._init_deepspeed_distributed()
 
-    def _setup_model_and_optimizer(self, model: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None) -> tuple[Any, Any]:
+    def _setup_model_and_optimizer(
+        self, model: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None
+    ) -> tuple[Any, Any]:
         """``deepspeed.initialize`` on the model; on CPU without a device index (a CPU has none)."""
         if self.root_device.type != "cpu":
             return super()._setup_model_and_optimizer(model, optimizer, lr_scheduler)
@@ -208,5 +210,8 @@ class RayDeepSpeedStrategy(_OnFlowtrainWorker, DeepSpeedStrategy):
         # DeepSpeed saves the weights and optimizer state itself, sharded; the rest rides along.
         client_state = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
         self.deepspeed_engine.save_checkpoint(
-            filepath, client_state=client_state, tag="checkpoint", exclude_frozen_parameters=self.exclude_frozen_parameters
+            filepath,
+            client_state=client_state,
+            tag="checkpoint",
+            exclude_frozen_parameters=self.exclude_frozen_parameters,
         )

@@ -87,4 +87,7 @@ class TensorflowBackend(Backend[TensorflowConfig]):
         ports = worker_group.execute(free_port, timeout_s=TENSORFLOW_SETUP_TIMEOUT_S)
         addresses = [address(w.metadata.node_ip, port) for w, port in zip(workers, ports, strict=True)]
         # One call per worker with its own index, all sent before waiting on any.
-        ray.get([w.actor.execute.remote(_set_environment, addresses, w.ranks.world_rank) for w in workers], timeout=TENSORFLOW_SETUP_TIMEOUT_S)
+        ray.get(
+            [w.actor.execute.remote(_set_environment, addresses, w.ranks.world_rank) for w in workers],
+            timeout=TENSORFLOW_SETUP_TIMEOUT_S,
+        )

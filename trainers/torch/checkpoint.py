@@ -63,7 +63,9 @@ class TorchCheckpoint(FrameworkCheckpoint):
             DeprecationWarning,
             stacklevel=2,
         )
-        return cls._from_saved(lambda path: torch.save(model, path), preprocessor=preprocessor, path=None, method="from_model")
+        return cls._from_saved(
+            lambda path: torch.save(model, path), preprocessor=preprocessor, path=None, method="from_model"
+        )
 
     def get_model(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
         """The model stored in this checkpoint, on the CPU.

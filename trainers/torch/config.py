@@ -181,8 +181,13 @@ class TorchBackend(Backend[TorchConfig]):
         ports = worker_group.execute(_import_torch_and_free_port, timeout_s=backend_config.timeout_s + 30)
         env = {"MASTER_ADDR": master.metadata.node_ip, "MASTER_PORT": str(ports[0])}
         worker_group.execute(
-            _init_process_group, env, backend, backend_config.timeout_s, _per_rank_env(worker_group.workers, use_gpu),
-            backend_config.init_method, timeout_s=backend_config.timeout_s + 30,
+            _init_process_group,
+            env,
+            backend,
+            backend_config.timeout_s,
+            _per_rank_env(worker_group.workers, use_gpu),
+            backend_config.init_method,
+            timeout_s=backend_config.timeout_s + 30,
         )
 
     def on_shutdown(self, worker_group: Any, backend_config: TorchConfig) -> None:

@@ -71,7 +71,9 @@ class FSDPPlan:
 
 
 def _error(name: str, value: Any, why: str) -> ValueError:
-    return ValueError(f"prepare_model(parallel_strategy='fsdp', parallel_strategy_kwargs={{{name!r}: {value!r}}}): {why}")
+    return ValueError(
+        f"prepare_model(parallel_strategy='fsdp', parallel_strategy_kwargs={{{name!r}: {value!r}}}): {why}"
+    )
 
 
 def _enum_name(name: str, value: Any, enum: type[Enum]) -> str:
@@ -111,7 +113,8 @@ def plan_fsdp(kwargs: dict[str, Any], device: torch.device) -> FSDPPlan:
     if group is not None:
         if isinstance(group, tuple):
             raise _error(
-                "process_group", group,
+                "process_group",
+                group,
                 "a (intra-node, inter-node) pair of groups has no fully_shard form: pass "
                 "device_mesh=init_device_mesh(device_type, (num_replicas, shard_size), "
                 "mesh_dim_names=('replicate', 'shard')) instead.",
@@ -130,7 +133,8 @@ def plan_fsdp(kwargs: dict[str, Any], device: torch.device) -> FSDPPlan:
             mesh = shard.get("mesh")
             if mesh is not None and mesh.ndim != 2:
                 raise _error(
-                    "sharding_strategy", kwargs["sharding_strategy"],
+                    "sharding_strategy",
+                    kwargs["sharding_strategy"],
                     "needs a 2-D (replicate, shard) device_mesh; the mesh given has "
                     f"{mesh.ndim} dimension(s). Pass a 2-D device_mesh or leave it out.",
                 )
@@ -145,13 +149,15 @@ def plan_fsdp(kwargs: dict[str, Any], device: torch.device) -> FSDPPlan:
     if precision is not None:
         if precision.buffer_dtype is not None:
             raise _error(
-                "mixed_precision", precision,
+                "mixed_precision",
+                precision,
                 "buffer_dtype has no FSDP2 equivalent (fully_shard leaves buffers alone): cast the "
                 "buffers yourself, e.g. model.my_buffer = model.my_buffer.to(dtype), and leave buffer_dtype unset.",
             )
         if precision.keep_low_precision_grads:
             raise _error(
-                "mixed_precision", precision,
+                "mixed_precision",
+                precision,
                 "keep_low_precision_grads=True has no FSDP2 equivalent: gradients are reduced in "
                 "reduce_dtype and kept in the parameters' dtype. Leave it False.",
             )
@@ -170,39 +176,47 @@ def plan_fsdp(kwargs: dict[str, Any], device: torch.device) -> FSDPPlan:
 
     if kwargs.get("param_init_fn") is not None:
         raise _error(
-            "param_init_fn", kwargs["param_init_fn"],
+            "param_init_fn",
+            kwargs["param_init_fn"],
             "fully_shard has no init hook: build the model on the meta device, call prepare_model, "
             "then model.to_empty(device=trainers.torch.get_device()) and initialise the parameters yourself.",
         )
     device_id = kwargs.get("device_id")
     if device_id is not None:
         wanted = torch.device(device.type, device_id) if isinstance(device_id, int) else torch.device(device_id)
-        if wanted.type != device.type or (wanted.index is not None and device.index is not None and wanted.index != device.index):
+        if wanted.type != device.type or (
+            wanted.index is not None and device.index is not None and wanted.index != device.index
+        ):
             raise _error(
-                "device_id", device_id,
+                "device_id",
+                device_id,
                 f"this worker trains on {device}; prepare_model moves the model there itself. Leave device_id out.",
             )
     prefetch = kwargs.get("backward_prefetch", BackwardPrefetch.BACKWARD_PRE)
     if prefetch is None or _enum_name("backward_prefetch", prefetch, BackwardPrefetch) != "BACKWARD_PRE":
         raise _error(
-            "backward_prefetch", prefetch,
+            "backward_prefetch",
+            prefetch,
             "FSDP2 always prefetches the next module's parameters before the current gradient "
             "computation (BackwardPrefetch.BACKWARD_PRE); other choices have no equivalent. Leave it out.",
         )
     if kwargs.get("limit_all_gathers", True) is not True:
         raise _error(
-            "limit_all_gathers", kwargs["limit_all_gathers"],
+            "limit_all_gathers",
+            kwargs["limit_all_gathers"],
             "FSDP2 always bounds the memory of in-flight all-gathers; it cannot be turned off. Leave it out.",
         )
     if kwargs.get("use_orig_params", True) is not True:
         raise _error(
-            "use_orig_params", kwargs["use_orig_params"],
+            "use_orig_params",
+            kwargs["use_orig_params"],
             "FSDP2 always exposes the original parameters (as DTensor shards), never flat ones. Leave it out.",
         )
     policy = kwargs.get("auto_wrap_policy")
     if policy is not None and not callable(policy) and not hasattr(policy, "_run_policy"):
         raise _error(
-            "auto_wrap_policy", policy,
+            "auto_wrap_policy",
+            policy,
             "must be an FSDP1 wrap policy: a function policy(module, recurse, nonwrapped_numel) -> bool, "
             "or a torch.distributed.fsdp.wrap.ModuleWrapPolicy / CustomPolicy.",
         )

@@ -155,11 +155,25 @@ def _with_distributed_sampler(loader: DataLoader, world_size: int, rank: int) ->
     seed = 0
     if isinstance(sampler, RandomSampler) and sampler.generator is not None:
         seed = int(sampler.generator.initial_seed())
-    distributed: DistributedSampler[Any] = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
-    kept = ("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn",
-            "multiprocessing_context", "generator", "persistent_workers")  # the loader's settings, all but its sampler
+    distributed: DistributedSampler[Any] = DistributedSampler(
+        loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed
+    )
+    kept = (
+        "batch_size",
+        "num_workers",
+        "collate_fn",
+        "pin_memory",
+        "drop_last",
+        "timeout",
+        "worker_init_fn",
+        "multiprocessing_context",
+        "generator",
+        "persistent_workers",
+    )  # the loader's settings, all but its sampler
     return DataLoader(
-        loader.dataset, sampler=distributed, prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
+        loader.dataset,
+        sampler=distributed,
+        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
         **{name: getattr(loader, name) for name in kept},
     )
 
@@ -179,4 +193,3 @@ def enable_reproducibility(seed: int = 0) -> None:
     torch.backends.cudnn.benchmark = False
     # cuBLAS needs a fixed workspace to be deterministic on CUDA >= 10.2.
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-

@@ -49,7 +49,9 @@ class TuneReportCallback(UserCallback):
     def __init__(self) -> None:
         require_tune_trial("TuneReportCallback()")
 
-    def after_report(self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
+    def after_report(
+        self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None
+    ) -> None:
         from ray import tune
 
         reported = dict(metrics[0])

@@ -31,9 +31,7 @@ def _check_driver(driver_resources: Any) -> dict[str, float]:
     return {name: amount for name, amount in driver_resources.items() if amount}
 
 
-def trial_resources(
-    scaling_config: ScalingConfig, *, driver_resources: dict[str, float] | None = None
-) -> Any:
+def trial_resources(scaling_config: ScalingConfig, *, driver_resources: dict[str, float] | None = None) -> Any:
     """The ``tune.PlacementGroupFactory`` of one trial that trains with ``scaling_config``.
 
     Its first bundle is the trial's own process (``driver_resources``, default one CPU; ``{}``

@@ -20,10 +20,19 @@ from trainers.xgboost.config import XGBoostConfig
 def _boost(form: Any, shards: Shards, booster: Any, num_boost_round: int, callbacks: list, train_kwargs: dict) -> None:
     """The parameter form's boosting: a DMatrix of each shard, then ``xgboost.train``."""
     feature_names = list(form.features)
-    evals = [(xgboost.DMatrix(x, label=y, feature_names=feature_names, **form.dmatrix_params.get(name, {})), name) for name, x, y in shards]
+    evals = [
+        (xgboost.DMatrix(x, label=y, feature_names=feature_names, **form.dmatrix_params.get(name, {})), name)
+        for name, x, y in shards
+    ]
     train_kwargs.setdefault("verbose_eval", False)  # the reports show every round
     xgboost.train(
-        form.params, evals[0][0], num_boost_round=num_boost_round, evals=evals, xgb_model=booster, callbacks=callbacks, **train_kwargs
+        form.params,
+        evals[0][0],
+        num_boost_round=num_boost_round,
+        evals=evals,
+        xgb_model=booster,
+        callbacks=callbacks,
+        **train_kwargs,
     )
 
 
@@ -64,8 +73,13 @@ class XGBoostTrainer(GBDTTrainer):
 
     #: This library as GBDTTrainer uses it (LightGBMTrainer fills in the same fields for LightGBM).
     _library = Library(
-        name="xgboost", config_cls=XGBoostConfig, train=xgboost.train, feature_dtype=np.float32,
-        report_callback=RayTrainReportCallback, num_rounds=methodcaller("num_boosted_rounds"), boost=_boost,
+        name="xgboost",
+        config_cls=XGBoostConfig,
+        train=xgboost.train,
+        feature_dtype=np.float32,
+        report_callback=RayTrainReportCallback,
+        num_rounds=methodcaller("num_boosted_rounds"),
+        boost=_boost,
         reserved=("params", "dtrain", "num_boost_round", "evals", "xgb_model"),
     )
 
@@ -93,9 +107,19 @@ class XGBoostTrainer(GBDTTrainer):
     ) -> None:
         # Every argument goes on to GBDTTrainer as it came, as in every framework's trainer.
         super().__init__(
-            train_loop_per_worker, train_loop_config=train_loop_config, backend_config=xgboost_config,
-            scaling_config=scaling_config, run_config=run_config, datasets=datasets, dataset_config=dataset_config,
-            validation_config=validation_config, metadata=metadata, resume_from_checkpoint=resume_from_checkpoint,
-            label_column=label_column, params=params, num_boost_round=num_boost_round, dmatrix_params=dmatrix_params,
+            train_loop_per_worker,
+            train_loop_config=train_loop_config,
+            backend_config=xgboost_config,
+            scaling_config=scaling_config,
+            run_config=run_config,
+            datasets=datasets,
+            dataset_config=dataset_config,
+            validation_config=validation_config,
+            metadata=metadata,
+            resume_from_checkpoint=resume_from_checkpoint,
+            label_column=label_column,
+            params=params,
+            num_boost_round=num_boost_round,
+            dmatrix_params=dmatrix_params,
             train_kwargs=train_kwargs,
         )

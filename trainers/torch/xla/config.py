@@ -91,7 +91,9 @@ class TorchXLAConfig(TorchConfig):
             )
         # Not super().__post_init__(): TorchConfig's backend check knows only gloo and nccl.
         check_choice("TorchXLAConfig.init_method", self.init_method, INIT_METHODS)
-        check_number("TorchXLAConfig.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0")
+        check_number(
+            "TorchXLAConfig.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0"
+        )
         if not isinstance(self.neuron_parallel_compile, bool):
             raise ValueError(
                 f"TorchXLAConfig.neuron_parallel_compile={self.neuron_parallel_compile!r}: must be True or False."
@@ -187,7 +189,10 @@ class TorchXLABackend(Backend[TorchXLAConfig]):
         if backend_config.neuron_parallel_compile:
             logger.info("TorchXLAConfig(neuron_parallel_compile=True): this run extracts graphs for Neuron")
         worker_group.execute(
-            _init_xla_process_group, env, backend_config.timeout_s, backend_config.init_method,
+            _init_xla_process_group,
+            env,
+            backend_config.timeout_s,
+            backend_config.init_method,
             timeout_s=backend_config.timeout_s + 30,
         )
 
