@@ -283,27 +283,35 @@ class DataParallelTrainer(TuneTrainableAttributes):
             validation_config=self.validation_config,
         )
 
+    def _failure_policy(self, scaling: ScalingConfig) -> FailurePolicy:
+        """What a failure costs and whether the run may restart after it (``FailureConfig``'s budgets)."""
+        return FailurePolicy(
+            self.run_config.failure_config or FailureConfig(),
+            elastic=scaling.elasticity_enabled,
+            is_setup_clash=self.backend_config.is_setup_clash,
+        )
+
+    def _controller_settings(self, name: str, storage: RunStorage, scaling: ScalingConfig) -> ControllerSettings:
+        """The run as listeners see it, and the collective backend a hang report names."""
+        context = TrainRunContext(
+            name, storage.run_uri, 0, self.run_config, scaling, self.train_loop_config, _run_record=storage
+        )
+        return ControllerSettings(
+            run_context=context, collective_backend=self.backend_config.collective_backend(scaling.use_gpu)
+        )
+
     def _run(self, name: str, storage: RunStorage, scaling: ScalingConfig, datasets: dict[str, Any]) -> Result:
-        run_config, backend = self.run_config, self.backend_config
+        run_config = self.run_config
         spec = self._run_spec(name, storage, scaling, datasets)
         progress = ProgressLine(name)
         validations = make_runner(self.validation_config, storage, scaling, run_config.worker_runtime_env)
         controller = Controller(
             LocalWorkers(spec) if scaling.max_workers == 0 else RayWorkers(spec),
             storage=storage,
-            policy=FailurePolicy(
-                run_config.failure_config or FailureConfig(),
-                elastic=scaling.elasticity_enabled,
-                is_setup_clash=backend.is_setup_clash,
-            ),
+            policy=self._failure_policy(scaling),
             listeners=[progress, *(run_config.callbacks or [])],  # the driver's own, then Prefect's, Tune's, the user's
             validations=validations,
-            settings=ControllerSettings(
-                run_context=TrainRunContext(
-                    name, storage.run_uri, 0, run_config, scaling, self.train_loop_config, _run_record=storage
-                ),
-                collective_backend=backend.collective_backend(scaling.use_gpu),
-            ),
+            settings=self._controller_settings(name, storage, scaling),
         )
         hooks = RunHooks(name, list(run_config.callbacks or []), controller, storage)
         try:
