@@ -27,10 +27,11 @@ $(STAMP): pyproject.toml constraints.txt
 	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(PY) -m pip install --quiet --no-cache-dir --no-build-isolation -c constraints.txt deepspeed
 	touch $(STAMP)
 
-# Modules run in parallel, three at a time (pytest-xdist; tests/conftest.py keeps a module on one
-# worker and starts the longest first): most tests wait on processes starting, not on the CPU.
 # The 25 slowest tests are listed at the end so that what makes the suite slow stays in sight.
-PYTEST_ARGS ?= -n 3 --dist loadgroup --durations=25
+# Modules can run in parallel (pytest-xdist; tests/conftest.py keeps a module on one worker and
+# starts the longest first): make test PYTEST_ARGS="-n 3 --dist loadgroup --durations=25". Not
+# the default yet: a first full parallel run on 2 cores had failures still to be understood.
+PYTEST_ARGS ?= --durations=25
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -40,8 +40,8 @@ TEST_NUM_CPUS = 4
 
 
 #: Modules that take longest (minutes: soaks, real Prefect workers, benchmarks, many clusters),
-#: longest first. `make test` runs modules in parallel (pytest-xdist, one module per worker at a
-#: time); starting these first keeps a long one from being the last to begin.
+#: longest first. With pytest-xdist (`make test PYTEST_ARGS="-n 3 --dist loadgroup"`) starting
+#: these first keeps a long one from being the last to begin.
 LONGEST_FIRST = (
     "test_chaos",
     "test_deployments",
@@ -77,13 +77,13 @@ ON_THEIR_OWN = (
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist names each test's group in its id
 def pytest_collection_modifyitems(config, items):
-    """Run the longest modules first (the order inside a module is kept); under pytest-xdist's
-    ``--dist loadgroup`` a module's tests stay on one worker, so its module-scoped Ray, cluster or
-    server starts once, except the tests in ``ON_THEIR_OWN``."""
+    """Under pytest-xdist's ``--dist loadgroup``: run the longest modules first (the order inside
+    a module is kept) and keep a module's tests on one worker, so its module-scoped Ray, cluster
+    or server starts once, except the tests in ``ON_THEIR_OWN``."""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return  # one process: the modules in their usual order
     rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.module.__name__, len(rank)) if item.module else len(rank))
-    if getattr(config.option, "dist", "no") != "loadgroup":
-        return
     for item in items:
         own = any(item.nodeid.endswith(name) for name in ON_THEIR_OWN)
         item.add_marker(pytest.mark.xdist_group(item.nodeid if own else item.module.__name__))
