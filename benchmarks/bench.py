@@ -25,7 +25,7 @@ import tempfile
 import benchmarks.gbdt  # each of these three registers its workloads
 import benchmarks.tensorflow_jax
 import benchmarks.training  # noqa: F401 - imported for the workloads it registers
-from benchmarks.workloads import OPT_IN, WORKLOADS
+from benchmarks.workloads import OPT_IN, OWN_PROCESS, WORKLOADS
 
 RESULTS = pathlib.Path(__file__).with_name("results")
 
@@ -54,9 +54,13 @@ def run(names: list[str], repeats: int) -> dict:
         # A fresh Ray per workload: what one workload leaves behind (ray.train's controller
         # actors, the log monitor's growing list of worker logs, Ray Data's pools) must not
         # weigh on the next, so a workload measures the same alone (--only) as in a full run.
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+        # One that measures in processes of its own needs neither Ray here nor a warm-up.
+        here = name not in OWN_PROCESS
+        if here:
+            ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
         try:
-            workload(impls[0], storage, -1)  # warm-up: imports, Ray worker pool
+            if here:
+                workload(impls[0], storage, -1)  # warm-up: imports, Ray worker pool
             samples: dict[str, list[dict]] = {impl: [] for impl in impls}
             for repeat in range(repeats):
                 for impl in rotated(impls, repeat):
@@ -64,7 +68,8 @@ def run(names: list[str], repeats: int) -> dict:
                     print(f"{name} {impl} #{repeat}: {samples[impl][-1]}", flush=True)
             report["workloads"][name] = summarise(samples)
         finally:
-            ray.shutdown()
+            if here:
+                ray.shutdown()
     return report
 
 

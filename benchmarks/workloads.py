@@ -7,12 +7,16 @@ same threads per worker for every implementation.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import pathlib
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 NUM_WORKERS = 2
 NUM_REPORTS = 200
 #: ray.train's report() waits on its controller's 2 s poll: 200 calls would take ~7 min per
@@ -102,18 +106,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def startup(impl: str, storage: str, run: int) -> dict:
-    """Wall time of a trivial 2-worker run (one report), Ray already started."""
-    start = time.perf_counter()
+def run_trivial_job(impl: str, storage: str, name: str) -> None:
+    """The start-up workload's job: 2 workers that report once (raw torch: join gloo, one barrier)."""
     if impl == "flowtrain":
-        _flowtrain_fit(report_once_flowtrain, storage, f"startup-{run}")
+        _flowtrain_fit(report_once_flowtrain, storage, name)
     elif impl == "ray.train":
-        _ray_fit(report_once_ray, storage, f"startup-{run}")
+        _ray_fit(report_once_ray, storage, name)
     else:
         import torch.multiprocessing as mp
 
         mp.spawn(_raw_worker, args=(NUM_WORKERS, free_port()), nprocs=NUM_WORKERS, join=True)
-    return {"wall_s": time.perf_counter() - start}
+
+
+def startup(impl: str, storage: str, run: int) -> dict:
+    """The first trivial 2-worker run of a fresh process (Ray already started in it), and the
+    peak PSS of its process tree (``benchmarks.startup``, in a process of its own)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.startup", impl],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"benchmarks.startup {impl} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
 
 
 def report_latency(impl: str, storage: str, run: int) -> dict:
@@ -139,6 +156,9 @@ WORKLOADS = {
 }
 #: Workloads a default run leaves out because they are long; ``--only`` names them.
 OPT_IN: set[str] = set()
+#: Workloads that measure in processes of their own: the harness starts no Ray and runs no
+#: warm-up for them.
+OWN_PROCESS = {"startup"}
 
 
 # -- Ray Data ingestion -------------------------------------------------------------------------

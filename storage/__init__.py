@@ -5,30 +5,50 @@ always be resumed from what its snapshot (``run.json``) names; a folder ``ray.tr
 read and resumed from Ray's own snapshot. Imports neither ``trainers`` nor Prefect nor Ray.
 """
 
-from storage.checkpoint import Checkpoint
-from storage.config import CheckpointConfig
-from storage.errors import RunInProgressError, SnapshotCorruptError, StorageError
-from storage.filesystem import download_directory, resolve_filesystem
-from storage.layout import RunLayout
-from storage.protocol import RunRecord
-from storage.ray_run_format import RayRunFormatError
-from storage.run_storage import RunStorage, load_run
-from storage.snapshot import RunSnapshot
-from storage.upload import upload_directory
+from __future__ import annotations
 
-__all__ = [
-    "Checkpoint",
-    "CheckpointConfig",
-    "RayRunFormatError",
-    "RunInProgressError",
-    "RunLayout",
-    "RunRecord",
-    "RunSnapshot",
-    "RunStorage",
-    "SnapshotCorruptError",
-    "StorageError",
-    "download_directory",
-    "load_run",
-    "resolve_filesystem",
-    "upload_directory",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: Where each public name lives, imported on first use: a training worker needs ``Checkpoint``
+#: and the run's layout, not the driver's ``RunStorage`` (snapshot, lease, commit, retention).
+_HOMES: dict[str, tuple[str, ...]] = {
+    "storage.checkpoint": ("Checkpoint",),
+    "storage.config": ("CheckpointConfig",),
+    "storage.errors": ("RunInProgressError", "SnapshotCorruptError", "StorageError"),
+    "storage.filesystem": ("download_directory", "resolve_filesystem"),
+    "storage.layout": ("RunLayout",),
+    "storage.protocol": ("RunRecord",),
+    "storage.ray_run_format": ("RayRunFormatError",),
+    "storage.run_storage": ("RunStorage", "load_run"),
+    "storage.snapshot": ("RunSnapshot",),
+    "storage.upload": ("upload_directory",),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+__all__ = sorted(_HOME_OF)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME_OF:
+        raise AttributeError(f"module 'storage' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME_OF[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time the names load on first use
+    from storage.checkpoint import Checkpoint
+    from storage.config import CheckpointConfig
+    from storage.errors import RunInProgressError, SnapshotCorruptError, StorageError
+    from storage.filesystem import download_directory, resolve_filesystem
+    from storage.layout import RunLayout
+    from storage.protocol import RunRecord
+    from storage.ray_run_format import RayRunFormatError
+    from storage.run_storage import RunStorage, load_run
+    from storage.snapshot import RunSnapshot
+    from storage.upload import upload_directory

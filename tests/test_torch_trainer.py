@@ -221,3 +221,18 @@ def test_no_argument_loop_and_return_value(tmp_path):
     ).fit()
     assert result.return_value == "no-arg"
     assert result.metrics == {"ok": 1}
+
+
+def test_a_worker_imports_neither_the_driver_side_nor_torch_trainer():
+    """What a worker unpickles to start (its actor class, the torch backend's set-up functions)
+    must not pull in the driver's modules: every worker paid their import at start-up (issue 36)."""
+    import subprocess
+    import sys
+
+    driver_side = ("trainers.data_parallel_trainer", "trainers._internal.controller", "storage.run_storage", "pandas")
+    code = (
+        "import sys, trainers._internal.worker, trainers.torch.config; "
+        f"print(sorted(m for m in {driver_side!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

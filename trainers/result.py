@@ -32,6 +32,30 @@ def metrics_frame(history: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.json_normalize(history, sep="/")
 
 
+class _History(list):
+    """Report history waiting to become ``Result.metrics_dataframe`` when it is first read."""
+
+
+class _LazyFrame:
+    """The ``metrics_dataframe`` field: a DataFrame, or a ``_History`` turned into one when first
+    read. Building it imports pandas, about 0.3 s and 30 MB in a process that had not, which a
+    ``fit()`` whose caller never looks at the frame should not pay."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = f"_{name}"
+
+    def __get__(self, result: Any, owner: type | None = None) -> Any:
+        if result is None:
+            return None  # the dataclass field's default
+        value = result.__dict__.get(self._slot)
+        if isinstance(value, _History):
+            value = result.__dict__[self._slot] = metrics_frame(value)
+        return value
+
+    def __set__(self, result: Any, value: Any) -> None:
+        result.__dict__[self._slot] = value
+
+
 @dataclasses.dataclass
 class Result:
     """The outcome of ``fit()``.
@@ -61,7 +85,7 @@ class Result:
     checkpoint: Checkpoint | None
     error: TrainingFailedError | None
     path: str
-    metrics_dataframe: pd.DataFrame | None = None
+    metrics_dataframe: pd.DataFrame | None = _LazyFrame()  # type: ignore[assignment]  # a descriptor: None until set
     best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] | None = None
     _storage_filesystem: pyarrow.fs.FileSystem | None = None
     return_value: Any = None
@@ -151,7 +175,7 @@ class Result:
             checkpoint=run.committed_checkpoint,
             error=error,
             path=run.run_path,
-            metrics_dataframe=metrics_frame(history),
+            metrics_dataframe=_History(history),  # type: ignore[arg-type]  # _LazyFrame makes it a DataFrame when read
             best_checkpoints=run.best_checkpoints[::-1],  # storage ranks best first; Ray lists the best last
             _storage_filesystem=run.filesystem,
             return_value=return_value,
