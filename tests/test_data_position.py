@@ -72,7 +72,7 @@ def resumable_loop(config: dict) -> None:
         rows = state["rows"].setdefault(str(epoch), [])
         items = state["items"].setdefault(str(epoch), [])
         # A resumed epoch's steps count from 0 again: the loop need not know where it resumed.
-        for step, (batch, item_batch) in enumerate(zip(shard.iter_batches(batch_size=BATCH), loader)):
+        for step, (batch, item_batch) in enumerate(zip(shard.iter_batches(batch_size=BATCH), loader, strict=True)):
             if rank == 1:
                 _fail_once(config, epoch, step)
             rows.extend(int(i) for i in batch["id"])
@@ -137,9 +137,7 @@ def test_a_killed_worker_and_a_driver_rerun_resume_mid_epoch_so_each_rank_trains
         for epoch in (0, 1):
             assert state["items"][str(epoch)] == sampler_order(rank, epoch)
     record = json.loads((tmp_path / "position" / "run.json").read_text())
-    assert [
-        (r["attempt"], r["exact"], r["datasets"], r["loaders"]) for r in record["data_resumes"]
-    ] == [
+    assert [(r["attempt"], r["exact"], r["datasets"], r["loaders"]) for r in record["data_resumes"]] == [
         (2, True, {"train": {"epoch": 0, "rows_skipped": 96}}, [{"epoch": 0, "samples_skipped": 96}]),
         (3, True, {"train": {"epoch": 1, "rows_skipped": 48}}, [{"epoch": 1, "samples_skipped": 48}]),
     ]
@@ -179,7 +177,9 @@ def test_a_resume_that_cannot_be_exact_warns_naming_the_setting_and_records_what
     # Three workers now: each skips a third of what the two had handed out.
     plan = plan_resume(saved, world_size=3, ordered={"train": True}, split={"train"})
     assert plan.warning is not None and "the run has 3 worker(s) and had 2" in plan.warning
-    assert plan.starts == [{"datasets": {"train": {"epoch": 1, "rows": 26}}, "loaders": [{"epoch": 1, "samples": 26}]}] * 3
+    assert (
+        plan.starts == [{"datasets": {"train": {"epoch": 1, "rows": 26}}, "loaders": [{"epoch": 1, "samples": 26}]}] * 3
+    )
     assert plan.note["exact"] is False and plan.note["datasets"]["train"]["rows_skipped"] == 78
 
     exact = plan_resume(saved, world_size=2, ordered={"train": True}, split={"train"})

@@ -199,7 +199,8 @@ def skip_rows(bundles: Iterator[Any], rows: int) -> Iterator[Any]:
             if rows > 0:
                 accessor = BlockAccessor.for_block(block if block is not None else ray.get(entry.ref))
                 tail = accessor.slice(rows, accessor.num_rows(), copy=True)
-                entry = BlockEntry(ref=ray.put(tail), metadata=BlockAccessor.for_block(tail).get_metadata())
+                ref: Any = ray.put(tail)  # ray.put's ObjectRef class is the one ray.types names, by another path
+                entry = BlockEntry(ref=ref, metadata=BlockAccessor.for_block(tail).get_metadata())
                 rows = 0
             kept.append(entry)
         if kept:
