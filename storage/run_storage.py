@@ -224,6 +224,7 @@ class RunStorage:
         dir_name: str | None = None,
         in_place: bool = False,
         upload: dict[str, Any] | None = None,
+        data_position: dict[str, Any] | None = None,
     ) -> Checkpoint | None:
         """Record one report (rank 0's metrics); with ``staged`` commit its checkpoint and return it.
 
@@ -238,6 +239,7 @@ class RunStorage:
 
         ``upload`` (``{"bytes", "seconds", "retries"}`` of the ranks' uploads) is kept in the
         checkpoint's record, beside its metrics; the commit's own retries are added to its count.
+        ``data_position`` (JSON) is kept with the checkpoint too: where the workers' data stood.
         """
         if attempt != self.snapshot.attempt:
             raise StorageError(
@@ -275,6 +277,7 @@ class RunStorage:
                 report=len(self.snapshot.reports) - 1,
                 **({"status": PENDING_VALIDATION, "validation": validation} if validation else {}),
                 upload=upload,
+                data_position=data_position,
             )
         )
         self.snapshot.next_seq = seq + 1
@@ -361,6 +364,14 @@ class RunStorage:
         self.snapshot.tracking[tracker] = state
         self._write()
 
+    def record_data_resume(self, note: dict[str, Any]) -> None:
+        """Note (JSON values) how this attempt resumed the data position of the checkpoint it
+        starts from: what was skipped, and whether that is exact."""
+        latest = max(self.snapshot.checkpoints, key=lambda c: c.seq, default=None)
+        checkpoint = latest.dir_name if latest is not None else None
+        self.snapshot.data_resumes.append({"attempt": self.snapshot.attempt, "checkpoint": checkpoint, **note})
+        self._write()
+
     def record_failure(self) -> int:
         """Count a worker-group failure in the snapshot (so a driver restart does not reset it);
         return the count."""
@@ -384,6 +395,13 @@ class RunStorage:
         """What the next attempt starts from: the newest committed checkpoint, or, while the run
         has none, the trainer's ``resume_from_checkpoint`` (None for a fresh start)."""
         return self.committed_checkpoint or self.resume_from_checkpoint
+
+    @property
+    def latest_data_position(self) -> dict[str, Any] | None:
+        """The data position kept with the newest committed checkpoint (None without one, or
+        when none was kept): what the next attempt resumes with ``latest_checkpoint``."""
+        latest = max(self.snapshot.checkpoints, key=lambda c: c.seq, default=None)
+        return latest.data_position if latest is not None else None
 
     @property
     def committed_checkpoint(self) -> Checkpoint | None:

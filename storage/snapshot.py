@@ -48,6 +48,9 @@ class CheckpointRecord:
     #: the ranks, "seconds": the slowest rank's upload, "retries": tries made again, the ranks'
     #: and the commit's}``; None when nothing was uploaded (NO_UPLOAD, or written before this field).
     upload: dict[str, Any] | None = None
+    #: Where the workers' data iterators stood when it was reported, so a resume starts the epoch
+    #: there: ``{"world_size", "ranks": [one JSON position per rank, or None]}``; None when not kept.
+    data_position: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass
@@ -76,6 +79,9 @@ class RunSnapshot:
     #: What experiment trackers keep about the run, by tracker (``{"mlflow": {"run_id": ...}}``),
     #: so a resumed run logs on into the same tracked run.
     tracking: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Each start from a checkpoint's data position: {"attempt", "checkpoint", "exact", "why",
+    #: "datasets": {name: {"epoch", "rows_skipped"}}, "loaders": [{"epoch", "samples_skipped"}]}.
+    data_resumes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def rewind(self) -> None:
         """Forget the reports made after the latest checkpoint (every report while there is none)."""

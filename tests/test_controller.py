@@ -20,18 +20,24 @@ class MemoryStore:
         self.reports = []  # (attempt, index, metrics, staged)
         self.num_failures = 0
         self.latest_checkpoint = None
+        self.latest_data_position = None
+        self.data_resumes = []
         self.rewinds = 0
 
     def start_attempt(self):
         self.attempts += 1
         return self.attempts
 
-    def record_report(self, metrics, *, report_index, attempt, staged):
+    def record_report(self, metrics, *, report_index, attempt, staged, data_position=None):
         self.reports.append((attempt, report_index, metrics, staged))
         if staged:
             self.latest_checkpoint = f"checkpoint@{attempt}/{report_index}"
+            self.latest_data_position = data_position
             return self.latest_checkpoint
         return None
+
+    def record_data_resume(self, note):
+        self.data_resumes.append(note)
 
     def record_failure(self):
         self.num_failures += 1
@@ -56,13 +62,16 @@ class ScriptedWorkers:
         self.released = []
         self.sizes = []  # what resize_to() answers, one per running step (then None)
         self.lost_nodes = set()  # the nodes lost_a_node() finds gone
+        self.data_positions = []  # the data position each launch was given
         self._script = []
 
-    def launch(self, attempt, checkpoint):
+    def launch(self, attempt, checkpoint, data_position=None):
         self.launched.append((attempt, checkpoint))
+        self.data_positions.append(data_position)
         if attempt in self.fail_launch:
             raise RuntimeError("placement group timed out")
         self._script = list(self.attempts[len(self.launched) - 1])
+        return {"resumed": data_position} if data_position is not None else None
 
     def poll(self, timeout_s):
         return self._script.pop(0) if self._script else []
@@ -204,6 +213,25 @@ def test_failure_restarts_from_latest_checkpoint_within_budget():
     ((attempt, failures, checkpoint),) = restarts
     assert attempt == 1 and checkpoint == "checkpoint@1/0"
     assert failures[0].world_rank == 1 and failures[0].node_ip == "10.0.0.1" and failures[0].error_type == "ValueError"
+
+
+def test_every_ranks_data_position_is_committed_with_the_checkpoint_and_given_to_the_next_attempt():
+    def at(rank, index, rows, staged=False):
+        position = {"datasets": {"train": {"epoch": 0, "rows": rows}}}
+        return ReportEvent(rank, index, {"i": index}, staged, data_position=position)
+
+    attempt1 = [
+        # Only rank 0 passes the checkpoint; rank 1's position goes with it all the same.
+        [at(0, 0, 8, staged=True), at(1, 0, 8)],
+        [at(0, 1, 16), at(1, 1, 16)],  # no checkpoint: its positions are not kept
+        [FailedEvent(1, ValueError("boom"), "")],
+    ]
+    workers = ScriptedWorkers(2, [attempt1, [[FinishedEvent(0, None), FinishedEvent(1, None)]]])
+    store = MemoryStore()
+    Controller(workers=workers, storage=store, policy=policy(max_failures=1)).run()
+    saved = {"world_size": 2, "ranks": [{"datasets": {"train": {"epoch": 0, "rows": 8}}}] * 2}
+    assert workers.data_positions == [None, saved]
+    assert store.data_resumes == [{"resumed": saved}]
 
 
 def test_budget_exhausted_raises_with_rank_node_traceback_attempt():

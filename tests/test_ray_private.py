@@ -197,6 +197,45 @@ def test_right_size_footer_readers(ray_local, tmp_path):
         )
 
 
+def test_counting_iterator(ray_local):
+    import pickle
+
+    import ray.data
+
+    from trainers._internal.data_position import ShardPosition
+
+    dataset = ray.data.range(30, override_num_blocks=3)
+    with private_use("counting_iterator"):
+        position = ShardPosition.resumed({"epoch": 0, "rows": 12})
+        iterator = ray_private.counting_iterator(dataset.iterator(), position)
+        assert isinstance(iterator, ray.data.DataIterator)
+        batches = [list(b["id"]) for b in iterator.iter_batches(batch_size=5)]  # starts after row 12
+        assert sum(batches, []) == list(range(12, 30)) and position.to_record() == {"epoch": 1, "rows": 0}
+        rows = iterator.iter_rows()
+        for row in rows:
+            if row["id"] == 3:
+                break
+        assert position.to_record() == {"epoch": 1, "rows": 4}  # counted one by one, as handed out
+        torch_ids = [int(i) for b in iterator.iter_torch_batches(batch_size=None) for i in b["id"]]
+        assert torch_ids == list(range(30)) and position.to_record() == {"epoch": 3, "rows": 0}
+        assert type(pickle.loads(pickle.dumps(iterator))) is type(dataset.iterator())  # elsewhere: the plain shard
+
+
+def test_skip_rows(ray_local):
+    import ray.data
+
+    dataset = ray.data.range(30, override_num_blocks=3)  # blocks of 10 rows
+    with private_use("skip_rows"):
+        bundles, _, executor = dataset.iterator()._to_ref_bundle_iterator()
+        try:
+            kept = list(ray_private.skip_rows(bundles, 13))
+        finally:
+            executor.shutdown(force=True)
+        blocks = [ray.get(ref) for bundle in kept for ref in bundle.block_refs]
+        assert [list(block["id"].to_pylist()) for block in blocks] == [list(range(13, 20)), list(range(20, 30))]
+        assert [m.num_rows for bundle in kept for m in bundle.metadata] == [7, 10]
+
+
 def test_default_ingest_options_use_no_deprecated_ray_data_option(monkeypatch):
     import copy
 

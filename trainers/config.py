@@ -387,6 +387,12 @@ class DataConfig:
     execution_options: Any = None
     #: Let each worker's shard prefer data blocks that sit on that worker's node.
     enable_shard_locality: bool = True
+    #: Save where each worker's data stands in its epoch with every checkpoint (the rows its
+    #: ``get_dataset_shard`` iterators handed out, the samples of its ``prepare_data_loader``
+    #: loaders' ``DistributedSampler``), in the run's record, and start a resumed epoch there
+    #: instead of at its beginning. Exact with ``ExecutionOptions(preserve_order=True)`` and the
+    #: same number of workers. False: a resumed run replays its epoch from the start, as Ray Train does.
+    checkpoint_data_position: bool = True
 
     def __post_init__(self) -> None:
         value = self.datasets_to_split
@@ -402,6 +408,7 @@ class DataConfig:
                 "ray.data.ExecutionOptions."
             )
         check_bool("DataConfig.enable_shard_locality", self.enable_shard_locality)
+        check_bool("DataConfig.checkpoint_data_position", self.checkpoint_data_position)
 
     def configure(
         self,

@@ -12,6 +12,7 @@ import queue
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,8 @@ import pyarrow.fs
 
 from storage import Checkpoint
 from storage.layout import RunLayout
-from trainers._internal.data import install_data_context, split_datasets
+from trainers._internal.data import execution_options_for, install_data_context, names_to_split, split_datasets
+from trainers._internal.data_position import DataPositions, ResumePlan, plan_resume
 from trainers._internal.devices import assign_visible_devices
 from trainers._internal.elastic import ElasticSizer, NodeResources, wait_released
 from trainers._internal.events import Event, FailedEvent, take_events
@@ -64,8 +66,28 @@ class RunSpec:
     validation_config: Any = None
 
 
+def _resume_plan(spec: RunSpec, world_size: int, saved: dict[str, Any] | None) -> ResumePlan | None:
+    """Where each rank's data starts (None: positions are not kept); warns, in the driver, when
+    resuming ``saved`` is not exact."""
+    config = spec.dataset_config
+    if not config.checkpoint_data_position:
+        return None
+    if not saved:
+        return ResumePlan([None] * world_size)
+    ordered = {name: bool(execution_options_for(config, name).preserve_order) for name in spec.datasets}
+    plan = plan_resume(saved, world_size=world_size, ordered=ordered, split=names_to_split(spec.datasets, config))
+    if plan.warning is not None:
+        warnings.warn(plan.warning, UserWarning, stacklevel=4)
+    return plan
+
+
 def _session_args(
-    spec: RunSpec, context: TrainContext, attempt: int, checkpoint: Checkpoint | None, shards: dict
+    spec: RunSpec,
+    context: TrainContext,
+    attempt: int,
+    checkpoint: Checkpoint | None,
+    shards: dict,
+    plan: ResumePlan | None,
 ) -> dict:
     return dict(
         context=context,
@@ -76,6 +98,7 @@ def _session_args(
         dataset_shards=shards,
         score_attribute=spec.score_attribute,
         validation_config=spec.validation_config,
+        data_position=DataPositions(plan.starts[context.world_rank]) if plan is not None else None,
     )
 
 
@@ -100,7 +123,9 @@ class RayWorkers:
         self._drain: DrainWatch | None = None
         self._nodes: dict[int, tuple[str, str]] = {}
 
-    def launch(self, attempt: int, checkpoint: Checkpoint | None) -> None:
+    def launch(
+        self, attempt: int, checkpoint: Checkpoint | None, data_position: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
         spec = self.spec
         shards: list[dict[str, Any]] = []
 
@@ -159,6 +184,7 @@ class RayWorkers:
 
             group.execute(apply_log_level, spec.log_level)
         self.backend.on_start(group, spec.backend_config)
+        plan = _resume_plan(spec, self.world_size, data_position)
         session_args = []
         for worker, ids, shard in zip(group.workers, accelerators, shards, strict=True):
             context = TrainContext(
@@ -172,7 +198,7 @@ class RayWorkers:
                 accelerator_ids=tuple(ids),
                 metadata=spec.metadata,
             )
-            session_args.append(_session_args(spec, context, attempt, checkpoint, shard))
+            session_args.append(_session_args(spec, context, attempt, checkpoint, shard, plan))
         ray.get(installed)  # the training function must find the driver's DataContext from its first line
         self.backend.on_training_start(group, spec.backend_config)
         group.start_training(
@@ -182,6 +208,7 @@ class RayWorkers:
             session_args,
             spec.backend_config.train_func_context,
         )
+        return plan.note if plan is not None else None
 
     def poll(self, timeout_s: float) -> list[Event | PreemptionNotice]:
         events: list[Event | PreemptionNotice] = [*self.group.poll(timeout_s)] if self.group is not None else []
@@ -264,7 +291,9 @@ class LocalWorkers:
         self._events: queue.Queue[Event] = queue.Queue()
         self._session: WorkerSession | None = None
 
-    def launch(self, attempt: int, checkpoint: Checkpoint | None) -> None:
+    def launch(
+        self, attempt: int, checkpoint: Checkpoint | None, data_position: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
         spec = self.spec
         self._events = queue.Queue()
         context = TrainContext(
@@ -278,7 +307,8 @@ class LocalWorkers:
             metadata=spec.metadata,
         )
         shards = split_datasets(spec.datasets, spec.dataset_config, 1)[0]
-        args = _session_args(spec, context, attempt, checkpoint, shards)
+        plan = _resume_plan(spec, 1, data_position)
+        args = _session_args(spec, context, attempt, checkpoint, shards, plan)
         self._session = WorkerSession(emit=self._events.put, **args)
         threading.Thread(
             target=run_training_function,
@@ -293,6 +323,7 @@ class LocalWorkers:
             name="train_loop_per_worker",
             daemon=True,
         ).start()
+        return plan.note if plan is not None else None
 
     def poll(self, timeout_s: float) -> list[Event]:
         return take_events(self._events, timeout_s)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from storage import Checkpoint, RunRecord
 from storage.upload import UploadStats
 from trainers._internal.attempt_book import LAUNCH, AttemptBook
+from trainers._internal.data_position import round_position
 from trainers._internal.events import NOT_TRAINING, CheckpointsQuery, Event, FailedEvent, checkpoint_placement
 from trainers._internal.failure_policy import Charge, FailurePolicy
 from trainers._internal.preemption_watch import PreemptionNotice, deadline_passed
@@ -47,7 +48,12 @@ class Workers(Protocol):
 
     world_size: int
 
-    def launch(self, attempt: int, checkpoint: Checkpoint | None) -> None: ...
+    def launch(
+        self, attempt: int, checkpoint: Checkpoint | None, data_position: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """Start the attempt's workers from ``checkpoint`` and the data position kept with it;
+        return how that position was resumed (for the run's record), or None."""
+
     def poll(self, timeout_s: float) -> Sequence[Event | PreemptionNotice]: ...
     def release(self, index: int, data: Any) -> None: ...
     def answer_checkpoints(self, rank: int, query_id: int, answer: Any) -> None: ...
@@ -174,13 +180,17 @@ class Controller:
         self._preemption = None
         self._queries.clear()
         try:
-            self.workers.launch(self.attempt, self.storage.latest_checkpoint)
+            resumed = self.workers.launch(
+                self.attempt, self.storage.latest_checkpoint, self.storage.latest_data_position
+            )
         except (ValueError, TypeError):
             raise  # a configuration mistake: restarting cannot help
         except Exception as error:  # noqa: BLE001 - any other start failure is an attempt's failure, which the policy may retry
             self.book.failed[LAUNCH] = FailedEvent(LAUNCH, error, traceback.format_exc(), kind="failed to start")
             self._fail()
             return
+        if resumed is not None:
+            self.storage.record_data_resume(resumed)
         self.state = State.RUNNING
 
     def _handle(self, events: Sequence[Event | PreemptionNotice]) -> None:
@@ -232,6 +242,10 @@ class Controller:
             )
             extra = {"validation": request_to_json(validation)} if validation else {}
             extra.update(checkpoint_placement(list(round_.values())) if staged else {})
+            if staged and (
+                position := round_position([round_[r].data_position if r in round_ else None for r in range(size)])
+            ):
+                extra["data_position"] = position
             # Bytes summed over the ranks, the slowest rank's seconds; beside the metrics in run.json.
             upload = UploadStats.combine(event.upload for event in round_.values()) if staged else None
             if upload is not None:

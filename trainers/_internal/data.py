@@ -25,6 +25,8 @@ class DataConfig(Protocol):
     def execution_options(self) -> Any: ...
     @property
     def enable_shard_locality(self) -> bool: ...
+    @property
+    def checkpoint_data_position(self) -> bool: ...
 
     def configure(
         self,
@@ -72,13 +74,14 @@ def resolve_datasets(datasets: dict[str, Any] | None) -> dict[str, Any]:
     return resolved
 
 
-def _names_to_split(datasets: dict[str, Any], config: DataConfig) -> set[str]:
+def names_to_split(datasets: dict[str, Any], config: DataConfig) -> set[str]:
+    """The names of the datasets streamed to the workers in shards (the others reach each whole)."""
     return set(datasets) if config.datasets_to_split == "all" else set(config.datasets_to_split)
 
 
 def check_datasets_to_split(datasets: dict[str, Any], config: DataConfig) -> None:
     """``DataConfig.datasets_to_split`` names only datasets the trainer was given."""
-    unknown = _names_to_split(datasets, config) - set(datasets)
+    unknown = names_to_split(datasets, config) - set(datasets)
     if unknown:
         raise ValueError(
             f"DataConfig.datasets_to_split names {sorted(unknown)}, which the trainer was not given; "
@@ -96,7 +99,7 @@ def check_row_counts(datasets: dict[str, Any], config: DataConfig, world_size: i
     so say it now.
     """
     check_datasets_to_split(datasets, config)
-    to_split = _names_to_split(datasets, config)
+    to_split = names_to_split(datasets, config)
     for name, dataset in datasets.items():
         rows = dataset.count()
         if rows == 0:
@@ -179,7 +182,7 @@ def configure(
     prefers blocks on its worker's node (``worker_node_ids``, in rank order). The others reach every
     rank whole. ``worker_handles`` and ``kwargs`` are accepted for Ray's signature and not used.
     """
-    to_split = _names_to_split(datasets, config)
+    to_split = names_to_split(datasets, config)
     hints = list(worker_node_ids) if config.enable_shard_locality and worker_node_ids else None
     shards: list[dict[str, Any]] = [{} for _ in range(world_size)]
     for name, dataset in datasets.items():

@@ -30,6 +30,8 @@ class ReportEvent:
     in_place: bool = False
     #: What this rank's upload of the checkpoint took (a ``storage.upload.UploadStats``), or None.
     upload: Any = None
+    #: Where this rank's data iterators stood when it reported (``DataPositions.record``), or None.
+    data_position: dict[str, Any] | None = None
 
 
 def checkpoint_placement(round_: list[ReportEvent]) -> dict[str, Any]:

@@ -147,6 +147,163 @@ def right_size_footer_readers(dataset: Any) -> None:
             indexer.__class__ = right_sized
 
 
+def counting_iterator(inner: Any, position: Any) -> Any:
+    """``inner`` (a Ray Data ``DataIterator``, a worker's shard) as a ``DataIterator`` that tells
+    ``position`` what it hands to the training loop (``trainers._internal.data_position``).
+
+    Each pass over it (an ``iter_batches``/``iter_torch_batches``/``iter_rows``/``to_tf``...
+    loop, or ``materialize``) calls ``position.start_pass()``, which answers how many rows the
+    pass skips (a resumed epoch); each batch or row handed out calls
+    ``position.handed_out(rows)``; a pass that runs to its end calls ``position.end_pass()``.
+    Skipped rows are dropped before their blocks are fetched: whole blocks by their metadata, and
+    the first rows of one block by slicing it (``skip_rows``). Sent to another process (pickled),
+    it is ``inner`` again.
+
+    Uses ``DataIterator``'s hooks ``_to_ref_bundle_iterator``, ``_iter_batches``,
+    ``_on_iteration_end`` and ``_get_dataset_tag`` (every public iteration method of Ray 2.60
+    goes through the first two). Public replacement: none; Ray Data has no iterator position and
+    no way to start a pass mid-way (Ray's issues 37633 and 46814).
+    """
+    return _counting_iterator_class()(inner, position)
+
+
+def skip_rows(bundles: Iterator[Any], rows: int) -> Iterator[Any]:
+    """The ``RefBundle`` stream ``bundles`` without its first ``rows`` rows.
+
+    Whole blocks are dropped by their metadata's row count (never fetched); the block the cut
+    falls in is fetched, sliced and put back. Counted in whole blocks, as Ray Data's batching
+    reads them (it ignores a bundle's ``slices``).
+
+    Uses ``RefBundle``, ``BlockEntry`` (``ray.data._internal.execution.interfaces.ref_bundle``)
+    and ``BlockAccessor``. Public replacement: none (``Dataset.limit`` keeps the first rows; there
+    is no offset).
+    """
+    import ray
+    from ray.data._internal.execution.interfaces.ref_bundle import BlockEntry, RefBundle
+    from ray.data.block import BlockAccessor
+
+    for bundle in bundles:
+        if rows <= 0:
+            yield bundle
+            continue
+        kept = []
+        for entry in bundle.blocks:
+            count = entry.metadata.num_rows
+            block = None
+            if count is None:
+                block = ray.get(entry.ref)
+                count = BlockAccessor.for_block(block).num_rows()
+            if rows >= count:
+                rows -= count
+                continue
+            if rows > 0:
+                accessor = BlockAccessor.for_block(block if block is not None else ray.get(entry.ref))
+                tail = accessor.slice(rows, accessor.num_rows(), copy=True)
+                ref: Any = ray.put(tail)  # ray.put's ObjectRef class is the one ray.types names, by another path
+                entry = BlockEntry(ref=ref, metadata=BlockAccessor.for_block(tail).get_metadata())
+                rows = 0
+            kept.append(entry)
+        if kept:
+            yield RefBundle(blocks=tuple(kept), schema=bundle.schema, owns_blocks=False)
+
+
+@functools.cache
+def _counting_iterator_class() -> type:
+    """Built on first use: importing this module (every worker does) must not import Ray Data."""
+    from ray.data import DataIterator
+
+    class CountingIterator(DataIterator):
+        def __init__(self, inner: Any, position: Any) -> None:
+            self._inner = inner
+            self._position = position
+            self._rows_one_by_one = False
+
+        def __reduce__(self) -> Any:
+            return (_same, (self._inner,))
+
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("__") or name in ("_inner", "_position"):
+                raise AttributeError(name)
+            return getattr(self._inner, name)  # world_size() and the like of the inner iterator
+
+        def __repr__(self) -> str:
+            return repr(self._inner)
+
+        def _to_ref_bundle_iterator(self) -> Any:
+            skip = self._position.start_pass()
+            bundles, stats, executor = self._inner._to_ref_bundle_iterator()
+            return (skip_rows(bundles, skip) if skip else bundles), stats, executor
+
+        def _on_iteration_end(self, executor: Any) -> None:
+            self._inner._on_iteration_end(executor)
+
+        def _get_dataset_tag(self) -> Any:
+            return self._inner._get_dataset_tag()
+
+        def stats(self) -> str:
+            return self._inner.stats()
+
+        def schema(self) -> Any:
+            return self._inner.schema()
+
+        def get_context(self) -> Any:
+            return self._inner.get_context()
+
+        def _iter_batches(self, **kwargs: Any) -> Any:
+            batches = super()._iter_batches(**kwargs)
+            if self._rows_one_by_one:  # iter_rows counts its rows itself
+                return batches
+            size = kwargs.get("batch_size", 256)
+            return _Passes(batches, self._position, lambda batch: size if size is not None else _rows_in(batch))
+
+        def iter_rows(self) -> Any:
+            self._rows_one_by_one = True  # Ray's iter_rows calls _iter_batches at once, not lazily
+            try:
+                rows = super().iter_rows()
+            finally:
+                self._rows_one_by_one = False
+            return _Passes(rows, self._position, lambda row: 1)
+
+    CountingIterator.__qualname__ = CountingIterator.__name__
+    return CountingIterator
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+class _Passes:
+    """An iterable of passes (each ``iter()`` is one) that counts the items it hands out."""
+
+    def __init__(self, items: Any, position: Any, rows_of: Callable[[Any], int]) -> None:
+        self._items, self._position, self._rows_of = items, position, rows_of
+
+    def __iter__(self) -> Iterator[Any]:
+        items = iter(self._items)
+        try:
+            for item in items:
+                self._position.handed_out(self._rows_of(item))
+                yield item
+            self._position.end_pass()
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:  # a loop that breaks off ends Ray's pass now, not when collected
+                close()
+
+
+def _rows_in(batch: Any) -> int:
+    """Rows in a whole-block batch (``batch_size=None``): a dict of columns, a table, an array."""
+    if isinstance(batch, dict) and batch:
+        batch = next(iter(batch.values()))
+    rows = getattr(batch, "num_rows", None)
+    if isinstance(rows, int):
+        return rows
+    shape = getattr(batch, "shape", None)
+    if shape:
+        return int(shape[0])
+    return len(batch)
+
+
 def _operators(op: Any) -> Iterator[Any]:
     seen: set[int] = set()
     pending = [op] if op is not None else []

@@ -21,6 +21,7 @@ from storage import Checkpoint
 from storage.layout import RunLayout
 from storage.retention import flatten
 from trainers._internal import checkpoint_upload
+from trainers._internal.data_position import DataPositions
 from trainers._internal.events import Event, ReportEvent, SyncEvent, TrainingInterrupted
 from trainers._internal.reported_checkpoints import Answer, Answers
 from trainers._internal.uploader import OrderedUploader
@@ -48,13 +49,18 @@ class WorkerSession:
         emit: Callable[[Event], None],
         score_attribute: str | None = None,
         validation_config: Any = None,
+        data_position: DataPositions | None = None,
     ) -> None:
         self.context = context
         self.attempt = attempt
         self.layout = layout
         self.filesystem = filesystem
         self.checkpoint = checkpoint
-        self.dataset_shards = dataset_shards
+        #: Where this worker's data iterators stand (None: ``DataConfig(checkpoint_data_position=False)``).
+        self.data_position = data_position
+        self.dataset_shards = (
+            data_position.track_shards(dataset_shards) if data_position is not None else dataset_shards
+        )
         self.emit = emit
         #: ``CheckpointConfig.checkpoint_score_attribute``: checked in every report with a checkpoint.
         self.score_attribute = score_attribute
@@ -128,7 +134,16 @@ class WorkerSession:
             check_score(plain, self.score_attribute, required=self.context.world_rank == 0 and not validation)
         index = self.num_reports
         self.num_reports += 1
-        event = ReportEvent(self.context.world_rank, index, plain, checkpoint is not None, validation, dir_name)
+        event = ReportEvent(
+            self.context.world_rank,
+            index,
+            plain,
+            checkpoint is not None,
+            validation,
+            dir_name,
+            # Taken now, with every report: the rank that passes the checkpoint cannot tell the others.
+            data_position=self.data_position.record() if self.data_position is not None else None,
+        )
         staging = self.layout.staging_path(self.attempt, index)
         persist = dict(
             staging=staging, layout=self.layout, filesystem=self.filesystem, dir_name=dir_name, upload_fn=upload_fn
@@ -339,6 +354,11 @@ def set_session(session: WorkerSession | None) -> None:
     global _session
     _session = session
     _set_context(session.context if session is not None else None)
+
+
+def current_data_positions() -> DataPositions | None:
+    """The data positions of the session running here (None outside one, or when turned off)."""
+    return _session.data_position if _session is not None else None
 
 
 def get_session(caller: str) -> WorkerSession:

@@ -18,9 +18,12 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 from trainers import context as _context
+from trainers._internal.data_position import DataPositions
+from trainers._internal.session import current_data_positions
 from trainers.torch.amp import autocast_model, current_amp
 from trainers.torch.devices import get_device
 from trainers.torch.fsdp_options import apply_fsdp, plan_fsdp
+from trainers.torch.sampler_position import PositionedLoader, PositionedSampler
 
 PARALLEL_STRATEGIES = ("ddp", "fsdp", None)
 
@@ -125,19 +128,39 @@ def prepare_data_loader(
     With several workers and no ``DistributedSampler`` yet, the loader is rebuilt with one
     (``shuffle`` kept: it shuffles when the loader did), so each worker sees a disjoint part.
     Call ``loader.sampler.set_epoch(epoch)`` each epoch for a new shuffle, as with plain DDP.
+
+    With several workers the sampler's place in its epoch (the epoch set with ``set_epoch`` and
+    the samples the loop received in it) is saved with every checkpoint, and after a restart the
+    epoch resumes where the checkpoint left it, unless ``DataConfig(checkpoint_data_position=False)``.
     """
     current_amp()  # as in Ray Train: accelerate() must come before this
     world_size, rank = _world()
     loader = data_loader
+    positions = current_data_positions() if world_size > 1 else None
     if add_dist_sampler and world_size > 1 and not isinstance(loader.sampler, DistributedSampler):
-        loader = _with_distributed_sampler(loader, world_size, rank)
+        loader = _with_distributed_sampler(loader, world_size, rank, positions)
+    elif positions is not None and type(loader.sampler) is DistributedSampler:
+        given = loader.sampler
+        sampler = _sampler(
+            loader.dataset,
+            positions,
+            num_replicas=given.num_replicas,
+            rank=given.rank,
+            shuffle=given.shuffle,
+            seed=given.seed,
+            drop_last=given.drop_last,
+        )
+        sampler.set_epoch(given.epoch)
+        loader = _rebuild(loader, sampler)
     device = get_device()
     if move_to_device and device.type != "cpu":
         return _DeviceLoader(loader, device)  # type: ignore[return-value]  # passes for the DataLoader, whose attributes it forwards (as in Ray Train)
     return loader
 
 
-def _with_distributed_sampler(loader: DataLoader, world_size: int, rank: int) -> DataLoader:
+def _with_distributed_sampler(
+    loader: DataLoader, world_size: int, rank: int, positions: DataPositions | None
+) -> DataLoader:
     sampler = loader.sampler
     if not isinstance(sampler, (RandomSampler, SequentialSampler)):
         warnings.warn(
@@ -155,9 +178,21 @@ def _with_distributed_sampler(loader: DataLoader, world_size: int, rank: int) ->
     seed = 0
     if isinstance(sampler, RandomSampler) and sampler.generator is not None:
         seed = int(sampler.generator.initial_seed())
-    distributed: DistributedSampler[Any] = DistributedSampler(
-        loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed
-    )
+    distributed = _sampler(loader.dataset, positions, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
+    return _rebuild(loader, distributed)
+
+
+def _sampler(dataset: Any, positions: DataPositions | None, **settings: Any) -> DistributedSampler[Any]:
+    """A ``DistributedSampler``; one whose position is kept when ``positions`` keeps them."""
+    if positions is None:
+        return DistributedSampler(dataset, **settings)
+    sampler: PositionedSampler = PositionedSampler(dataset, resume=positions.next_loader_start(), **settings)
+    positions.add_loader(sampler)
+    return sampler
+
+
+def _rebuild(loader: DataLoader, sampler: DistributedSampler[Any]) -> DataLoader:
+    """``loader`` with ``sampler`` instead of its own, every other setting kept."""
     kept = (
         "batch_size",
         "num_workers",
@@ -169,10 +204,11 @@ def _with_distributed_sampler(loader: DataLoader, world_size: int, rank: int) ->
         "multiprocessing_context",
         "generator",
         "persistent_workers",
-    )  # the loader's settings, all but its sampler
-    return DataLoader(
+    )
+    loader_class = PositionedLoader if isinstance(sampler, PositionedSampler) else DataLoader
+    return loader_class(
         loader.dataset,
-        sampler=distributed,
+        sampler=sampler,
         prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
         **{name: getattr(loader, name) for name in kept},
     )

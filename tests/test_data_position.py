@@ -1,0 +1,217 @@
+"""The data position is saved with each checkpoint and a resumed epoch starts there (issue 37.1).
+
+A 2-worker loop trains on a Ray Data shard of numbered rows and on a ``prepare_data_loader``
+loader (a ``DistributedSampler``) of numbered items, step by step. What it trained on (the ids,
+per epoch) is the loop's own state: checkpointed every few steps and at each epoch's end, and
+restored from ``get_checkpoint()``, so the run's final checkpoint holds every id the run trained
+on as many times as it trained on it. A worker is SIGKILLed mid-epoch, another fails later and
+the driver reruns the run: each epoch still holds every row and item exactly once. With
+``DataConfig(checkpoint_data_position=False)`` the same loop shows the replay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import types
+
+import pytest
+
+from trainers import (
+    Checkpoint,
+    DataConfig,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    TrainingFailedError,
+    get_checkpoint,
+    get_context,
+    get_dataset_shard,
+    report,
+)
+from trainers._internal.attempt import _resume_plan
+from trainers._internal.data_position import ShardPosition, plan_resume
+
+#: 10 batches per rank and epoch, a checkpoint after every third and at each epoch's end.
+NUM_IDS, BATCH, EVERY, EPOCHS = 160, 8, 3, 2
+
+
+def _save(state: dict, rank: int, epoch: int) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
+            json.dump(state, f)
+        report({"epoch": epoch}, checkpoint=Checkpoint.from_directory(folder))
+
+
+def _fail_once(config: dict, epoch: int, step: int) -> None:
+    for at_epoch, at_step, how, marker in config["failures"]:
+        if (epoch, step) == (at_epoch, at_step) and not os.path.exists(marker):
+            open(marker, "w").close()
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"planned failure at epoch {epoch}, step {step}")
+
+
+def resumable_loop(config: dict) -> None:
+    from torch.utils.data import DataLoader
+
+    from trainers.torch import prepare_data_loader
+
+    rank = get_context().get_world_rank()
+    shard = get_dataset_shard("train")
+    loader = prepare_data_loader(DataLoader(list(range(NUM_IDS)), batch_size=BATCH, shuffle=True))
+    state: dict = {"epoch": 0, "rows": {}, "items": {}}
+    checkpoint = get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder, open(os.path.join(folder, f"rank{rank}.json")) as f:
+            state = json.load(f)
+    for epoch in range(state["epoch"], EPOCHS):
+        loader.sampler.set_epoch(epoch)
+        rows = state["rows"].setdefault(str(epoch), [])
+        items = state["items"].setdefault(str(epoch), [])
+        # A resumed epoch's steps count from 0 again: the loop need not know where it resumed.
+        for step, (batch, item_batch) in enumerate(zip(shard.iter_batches(batch_size=BATCH), loader, strict=True)):
+            if rank == 1:
+                _fail_once(config, epoch, step)
+            rows.extend(int(i) for i in batch["id"])
+            items.extend(item_batch.tolist())
+            if (step + 1) % EVERY == 0:
+                _save(state, rank, epoch)
+        state["epoch"] = epoch + 1
+        _save(state, rank, epoch)
+
+
+def trainer(tmp_path, *, keep_position: bool, failures: list, max_failures: int = 1):
+    import ray.data
+
+    from trainers.torch import TorchTrainer
+
+    return TorchTrainer(
+        resumable_loop,
+        train_loop_config={"failures": failures},
+        datasets={"train": ray.data.range(NUM_IDS, override_num_blocks=4)},
+        dataset_config=DataConfig(
+            execution_options=ray.data.ExecutionOptions(preserve_order=True),
+            checkpoint_data_position=keep_position,
+        ),
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(
+            name="position", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=max_failures)
+        ),
+    )
+
+
+def trained_on(result) -> list[dict]:
+    """Each rank's state in the run's final checkpoint: the ids it trained on, per epoch."""
+    with result.checkpoint.as_directory() as folder:
+        return [json.loads(open(os.path.join(folder, f"rank{rank}.json")).read()) for rank in (0, 1)]
+
+
+def sampler_order(rank: int, epoch: int) -> list[int]:
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(list(range(NUM_IDS)), num_replicas=2, rank=rank, shuffle=True, seed=0)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_killed_worker_and_a_driver_rerun_resume_mid_epoch_so_each_rank_trains_on_its_shard_once(tmp_path):
+    failures = [
+        (0, 7, "kill", str(tmp_path / "killed")),  # after the checkpoint of step 5: 6 batches a rank
+        (1, 4, "raise", str(tmp_path / "raised")),  # after the checkpoint of step 2; the budget is spent
+    ]
+    with pytest.raises(TrainingFailedError, match="planned failure at epoch 1, step 4"):
+        trainer(tmp_path, keep_position=True, failures=failures).fit()
+    result = trainer(tmp_path, keep_position=True, failures=failures).fit()  # the driver reruns the run
+
+    states = trained_on(result)
+    for epoch in ("0", "1"):
+        assert sorted(states[0]["rows"][epoch] + states[1]["rows"][epoch]) == list(range(NUM_IDS))
+        assert sorted(states[0]["items"][epoch] + states[1]["items"][epoch]) == list(range(NUM_IDS))
+    for rank, state in enumerate(states):
+        # preserve_order: a rank's shard is the same rows in the same order in every epoch and attempt.
+        assert state["rows"]["0"] == state["rows"]["1"] and len(state["rows"]["0"]) == NUM_IDS // 2
+        for epoch in (0, 1):
+            assert state["items"][str(epoch)] == sampler_order(rank, epoch)
+    record = json.loads((tmp_path / "position" / "run.json").read_text())
+    assert [(r["attempt"], r["exact"], r["datasets"], r["loaders"]) for r in record["data_resumes"]] == [
+        (2, True, {"train": {"epoch": 0, "rows_skipped": 96}}, [{"epoch": 0, "samples_skipped": 96}]),
+        (3, True, {"train": {"epoch": 1, "rows_skipped": 48}}, [{"epoch": 1, "samples_skipped": 48}]),
+    ]
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_without_the_position_a_restarted_epoch_replays_what_was_trained_on(tmp_path):
+    failures = [(0, 7, "kill", str(tmp_path / "killed"))]
+    result = trainer(tmp_path, keep_position=False, failures=failures).fit()
+
+    for state in trained_on(result):
+        for seen in (state["rows"]["0"], state["items"]["0"]):
+            # The 6 batches before the checkpoint, then the whole shard again.
+            assert len(seen) == 6 * BATCH + NUM_IDS // 2 and len(set(seen)) == NUM_IDS // 2
+    record = json.loads((tmp_path / "position" / "run.json").read_text())
+    assert record["data_resumes"] == []
+    assert all(c["data_position"] is None for c in record["checkpoints"])
+
+
+def test_a_resume_that_cannot_be_exact_warns_naming_the_setting_and_records_what_it_skipped():
+    import ray.data
+
+    saved = {
+        "world_size": 2,
+        "ranks": [{"datasets": {"train": {"epoch": 1, "rows": 40}}, "loaders": [{"epoch": 1, "samples": 40}]}] * 2,
+    }
+    spec = types.SimpleNamespace(
+        datasets={"train": None},
+        dataset_config=DataConfig(execution_options=ray.data.ExecutionOptions(preserve_order=False)),
+    )
+    with pytest.warns(UserWarning, match=r"datasets\['train'\] runs without ExecutionOptions.preserve_order") as seen:
+        plan = _resume_plan(spec, 2, saved)  # type: ignore[arg-type]  # what it reads of a RunSpec
+    assert "checkpoint_data_position=False" in str(seen[0].message)
+    assert plan.starts == saved["ranks"]  # the same count is skipped
+    assert plan.note["exact"] is False and plan.note["datasets"] == {"train": {"epoch": 1, "rows_skipped": 80}}
+
+    # Three workers now: each skips a third of what the two had handed out.
+    plan = plan_resume(saved, world_size=3, ordered={"train": True}, split={"train"})
+    assert plan.warning is not None and "the run has 3 worker(s) and had 2" in plan.warning
+    assert (
+        plan.starts == [{"datasets": {"train": {"epoch": 1, "rows": 26}}, "loaders": [{"epoch": 1, "samples": 26}]}] * 3
+    )
+    assert plan.note["exact"] is False and plan.note["datasets"]["train"]["rows_skipped"] == 78
+
+    exact = plan_resume(saved, world_size=2, ordered={"train": True}, split={"train"})
+    assert exact.warning is None and exact.note["exact"] is True
+
+
+def test_a_shard_position_counts_a_pass_as_an_epoch_and_skips_only_in_the_resumed_one():
+    position = ShardPosition.resumed({"epoch": 3, "rows": 40})
+    assert position.to_record() == {"epoch": 3, "rows": 40}  # a checkpoint before the loop iterates again
+    assert position.start_pass() == 40
+    position.handed_out(8)
+    assert position.to_record() == {"epoch": 3, "rows": 48}
+    position.end_pass()
+    assert position.to_record() == {"epoch": 4, "rows": 0}  # an epoch's end: the next one is next
+    assert position.start_pass() == 0
+    position.handed_out(8)
+    assert position.start_pass() == 0 and position.to_record() == {"epoch": 5, "rows": 0}  # a pass broken off
+
+
+def test_a_positioned_sampler_starts_only_its_saved_epoch_mid_way():
+    from trainers.torch.sampler_position import PositionedSampler
+
+    def sampler(resume):
+        return PositionedSampler(list(range(20)), num_replicas=2, rank=0, shuffle=True, seed=0, resume=resume)
+
+    whole = sampler(None)
+    whole.set_epoch(2)
+    order = list(whole)
+    resumed = sampler({"epoch": 2, "samples": 4})
+    resumed.set_epoch(2)
+    assert list(resumed) == order[4:] and resumed.position() == {"epoch": 2, "samples": 4}
+    assert list(resumed) == order  # the next pass of the same epoch is whole
+    later = sampler({"epoch": 2, "samples": 4})
+    later.set_epoch(3)  # the loop resumes at the next epoch: nothing to skip
+    assert len(list(later)) == 10

@@ -1,0 +1,214 @@
+"""Where a worker's data stands in its epoch: saved with each checkpoint, resumed from after a restart.
+
+A worker's dataset shards (``get_dataset_shard``) and the loaders ``prepare_data_loader`` gave a
+``DistributedSampler`` count what they handed to the training loop in the current epoch. Every
+``report()`` carries those counts (``DataPositions.record``, a few numbers); the controller
+commits them with the round's checkpoint in run.json, never in the user's files. The next attempt
+(a worker restart, a rerun of the same run) gives each rank the position of the checkpoint it
+resumes from (``plan_resume``), and the first pass of that epoch skips what was handed out.
+
+Exact when each rank gets the same rows in the same order again: the dataset runs with
+``ExecutionOptions(preserve_order=True)`` and the world size is the one the checkpoint was saved
+with (a ``DistributedSampler``'s order is fixed by its seed). Otherwise the same number of rows is
+skipped, a warning says why that is not exact, and the run's record notes what was skipped.
+``DataConfig(checkpoint_data_position=False)`` turns all of it off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any, Protocol
+
+
+@dataclasses.dataclass
+class ShardPosition:
+    """One dataset shard's place: the epoch (pass) under way and the rows handed out in it.
+
+    Each pass over the shard is one epoch; one that runs to its end moves the position to the
+    start of the next, so a checkpoint saved after an epoch resumes at the next one.
+    """
+
+    epoch: int = 0
+    rows: int = 0
+    #: Rows the next pass skips: those the checkpoint this attempt resumed from had handed out.
+    skip: int = 0
+    #: A pass of ``epoch`` began in this attempt: the next pass is a new epoch.
+    started: bool = False
+
+    @classmethod
+    def resumed(cls, record: dict[str, int]) -> ShardPosition:
+        return cls(epoch=record["epoch"], rows=record["rows"], skip=record["rows"])
+
+    def start_pass(self) -> int:
+        """A pass begins; return the rows it skips."""
+        if self.started:
+            self.epoch, self.rows, self.skip = self.epoch + 1, 0, 0
+        self.started = True
+        skip, self.skip = self.skip, 0
+        return skip
+
+    def handed_out(self, rows: int) -> None:
+        self.rows += rows
+
+    def end_pass(self) -> None:
+        self.epoch, self.rows, self.started = self.epoch + 1, 0, False
+
+    def to_record(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "rows": self.rows}
+
+
+class LoaderPosition(Protocol):
+    """A prepared loader's sampler (``trainers.torch``'s ``PositionedSampler``)."""
+
+    def position(self) -> dict[str, int]: ...
+
+
+class DataPositions:
+    """This worker's positions: its dataset shards by name, its prepared loaders in the order the
+    loop prepared them. ``start`` is this rank's position to resume from (``plan_resume``)."""
+
+    def __init__(self, start: dict[str, Any] | None = None) -> None:
+        self._start = start or {}
+        self.shards: dict[str, ShardPosition] = {}
+        self.loaders: list[LoaderPosition] = []
+
+    def track_shards(self, shards: dict[str, Any]) -> dict[str, Any]:
+        """``shards`` with every Ray Data iterator among them counting into a position of its own."""
+        if "ray.data" not in sys.modules:
+            return shards  # no Ray Data iterator can be among them
+        from ray.data import DataIterator
+
+        from trainers._internal.ray_private import counting_iterator
+
+        tracked = {}
+        for name, shard in shards.items():
+            if not isinstance(shard, DataIterator):
+                tracked[name] = shard
+                continue
+            saved = self._start.get("datasets", {}).get(name)
+            position = self.shards[name] = ShardPosition.resumed(saved) if saved else ShardPosition()
+            tracked[name] = counting_iterator(shard, position)
+        return tracked
+
+    def next_loader_start(self) -> dict[str, int] | None:
+        """Where the next loader the loop prepares resumes (loaders are matched by their order)."""
+        saved = self._start.get("loaders", [])
+        index = len(self.loaders)
+        return saved[index] if index < len(saved) else None
+
+    def add_loader(self, loader: LoaderPosition) -> None:
+        self.loaders.append(loader)
+
+    def record(self) -> dict[str, Any] | None:
+        """What a report carries: ``{"datasets": {name: {"epoch", "rows"}}, "loaders": [{"epoch",
+        "samples"}]}``, or None while nothing is tracked."""
+        record: dict[str, Any] = {}
+        if self.shards:
+            record["datasets"] = {name: position.to_record() for name, position in self.shards.items()}
+        if self.loaders:
+            record["loaders"] = [loader.position() for loader in self.loaders]
+        return record or None
+
+
+def round_position(positions: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """What run.json keeps with one round's checkpoint: every rank's position (None for a rank
+    that tracked nothing or did not report the round), and the world size they belong to."""
+    if all(position is None for position in positions):
+        return None
+    return {"world_size": len(positions), "ranks": positions}
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePlan:
+    """Where each rank starts, and what is said about it."""
+
+    #: One start per rank (None: from the beginning).
+    starts: list[dict[str, Any] | None]
+    #: For the run's record: {"exact", "why", "datasets": {name: {"epoch", "rows_skipped"}},
+    #: "loaders": [{"epoch", "samples_skipped"}]}; None when nothing is resumed.
+    note: dict[str, Any] | None = None
+    #: Why the resume is not exact, for a warning at start; None when it is.
+    warning: str | None = None
+
+
+def plan_resume(
+    saved: dict[str, Any] | None, *, world_size: int, ordered: dict[str, bool], split: set[str]
+) -> ResumePlan:
+    """Each rank's start from the position ``saved`` with a checkpoint.
+
+    ``ordered``: whether each dataset runs with ``preserve_order`` (its rows come in the same
+    order every time); ``split``: the datasets split between the ranks (the others reach every
+    rank whole). With the world size the checkpoint was saved with, each rank resumes its own
+    position. With another, every rank skips an equal part of what all ranks had handed out of a
+    split dataset (of a whole one, what rank 0 had), and of each loader's epoch.
+    """
+    if not saved or not any(saved["ranks"]):
+        return ResumePlan([None] * world_size)
+    ranks: list[dict[str, Any] | None] = saved["ranks"]
+    why = []
+    if saved["world_size"] == world_size:
+        starts = list(ranks)
+        missing = [rank for rank, start in enumerate(ranks) if start is None]
+        if missing:
+            why.append(
+                f"rank(s) {missing} did not report the step the checkpoint was saved at, so they start "
+                "their epoch from its beginning"
+            )
+    else:
+        starts = [_divided(ranks, world_size, split)] * world_size
+        why.append(
+            f"the run has {world_size} worker(s) and had {saved['world_size']} when the checkpoint was saved, so "
+            "each shard holds other rows: every rank skips an equal part of what all ranks had handed out"
+        )
+    datasets: dict[str, dict[str, int]] = {}
+    loaders: list[dict[str, int]] = []
+    for start in starts:
+        for name, position in (start or {}).get("datasets", {}).items():
+            entry = datasets.setdefault(name, {"epoch": position["epoch"], "rows_skipped": 0})
+            entry["rows_skipped"] += position["rows"]
+        for index, position in enumerate((start or {}).get("loaders", [])):
+            if index == len(loaders):
+                loaders.append({"epoch": position["epoch"], "samples_skipped": 0})
+            loaders[index]["samples_skipped"] += position["samples"]
+    for name, entry in sorted(datasets.items()):
+        if entry["rows_skipped"] and not ordered.get(name, False):
+            why.append(
+                f"datasets[{name!r}] runs without ExecutionOptions.preserve_order, so its rows reach the ranks in "
+                f"another order in every attempt: the {entry['rows_skipped']} rows skipped in epoch {entry['epoch']} "
+                "are not exactly the rows trained on (some may be seen twice, others not at all)"
+            )
+    note = {"exact": not why, "why": why, "datasets": datasets, "loaders": loaders}
+    warning = None
+    if why:
+        warning = (
+            "The data position saved with the checkpoint is resumed, but not exactly: "
+            + "; ".join(why)
+            + ". For an exact resume run the datasets with ray.data.ExecutionOptions(preserve_order=True) in "
+            "DataConfig(execution_options=...) and keep the number of workers; to replay the epoch from its start "
+            "instead, pass DataConfig(checkpoint_data_position=False)."
+        )
+    return ResumePlan(starts, note, warning)
+
+
+def _divided(ranks: list[dict[str, Any] | None], world_size: int, split: set[str]) -> dict[str, Any]:
+    """One rank's share, among ``world_size``, of what the saved ``ranks`` had handed out."""
+    known = [rank for rank in ranks if rank]
+    datasets: dict[str, dict[str, int]] = {}
+    for name in known[0].get("datasets", {}):
+        positions = [rank["datasets"][name] for rank in known if name in rank.get("datasets", {})]
+        epoch = max(position["epoch"] for position in positions)
+        rows = [position["rows"] for position in positions if position["epoch"] == epoch]
+        datasets[name] = {"epoch": epoch, "rows": sum(rows) // world_size if name in split else rows[0]}
+    loaders = []
+    for index in range(min(len(rank.get("loaders", [])) for rank in known)):
+        positions = [rank["loaders"][index] for rank in known]
+        epoch = max(position["epoch"] for position in positions)
+        samples = sum(position["samples"] for position in positions if position["epoch"] == epoch)
+        loaders.append({"epoch": epoch, "samples": samples // world_size})
+    divided: dict[str, Any] = {}
+    if datasets:
+        divided["datasets"] = datasets
+    if loaders:
+        divided["loaders"] = loaders
+    return divided

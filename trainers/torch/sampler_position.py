@@ -1,0 +1,55 @@
+"""A ``DistributedSampler`` whose place in its epoch is saved with each checkpoint.
+
+``prepare_data_loader`` builds its loader from these two when the data position is kept
+(``DataConfig(checkpoint_data_position=True)``, the default): the loader counts the samples of
+each batch it hands to the loop, the sampler answers its position at every ``report()`` and,
+after a restart, starts the epoch the checkpoint was saved in where that checkpoint left it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+class PositionedSampler(DistributedSampler):
+    """A ``DistributedSampler`` that knows how many samples of its epoch (``set_epoch``) the loop
+    received, and starts the epoch it resumes from ``resume`` (``{"epoch", "samples"}``) mid-way."""
+
+    def __init__(self, *args: Any, resume: dict[str, int] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.received = 0
+        self._resume = resume
+
+    def __iter__(self) -> Iterator[Any]:
+        indices = super().__iter__()
+        skip = 0
+        if self._resume is not None:
+            # Only the first pass, and only in the epoch saved: a loop that resumes at the next
+            # epoch (its checkpoint came at an epoch's end) skips nothing.
+            if self._resume["epoch"] == self.epoch:
+                skip = self._resume["samples"]
+            self._resume = None
+        self.received = skip
+        return itertools.islice(indices, skip, None)
+
+    def position(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "samples": min(self.received, self.num_samples)}
+
+
+class PositionedLoader(DataLoader):
+    """A ``DataLoader`` over a ``PositionedSampler`` that tells it what each batch handed out held.
+
+    Counted as the loop receives batches, not as the loader's workers prefetch them.
+    """
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator over DataLoader's own iterator
+        sampler = self.sampler
+        assert isinstance(sampler, PositionedSampler)
+        per_batch = self.batch_size or 1
+        for batch in super().__iter__():
+            sampler.received += per_batch
+            yield batch
