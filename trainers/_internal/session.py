@@ -144,11 +144,15 @@ class WorkerSession:
             # Taken now, with every report: the rank that passes the checkpoint cannot tell the others.
             data_position=self.data_position.record() if self.data_position is not None else None,
         )
+        if checkpoint is None:  # metrics only: the common report, kept short
+            self.uploader.flush()  # earlier background uploads (if any) come first; re-raises their errors
+            self.emit(event)
+            return
         staging = self.layout.staging_path(self.attempt, index)
         persist = dict(
             staging=staging, layout=self.layout, filesystem=self.filesystem, dir_name=dir_name, upload_fn=upload_fn
         )
-        if checkpoint is not None and upload_mode is CheckpointUploadMode.ASYNC:
+        if upload_mode is CheckpointUploadMode.ASYNC:
             # The upload works from a private copy taken now; the reported folder is never
             # touched after report() returns (the loop may be writing its next checkpoint there).
             local_copy = checkpoint_upload.take_for_upload(
@@ -171,11 +175,11 @@ class WorkerSession:
             self.uploader.submit(upload_then_report)
             return
         self.uploader.flush()  # earlier background uploads (if any) come first; re-raises their errors
-        if checkpoint is not None and no_upload:
+        if no_upload:
             name = self.layout.checkpoint_dir_name(self.filesystem, checkpoint.filesystem, checkpoint.path)
             event = dataclasses.replace(event, dir_name=name, in_place=True)
             self.checkpoint, self._unseen_commit = checkpoint, None  # already where it stays, as in Ray Train
-        elif checkpoint is not None:
+        else:
             placement = checkpoint_upload.persist(checkpoint, **persist)
             if delete_local:
                 kept = checkpoint_upload.uploaded(placement, staging, self.layout, self.filesystem)
