@@ -7,8 +7,9 @@ read and resumed from Ray's own snapshot. Imports neither ``trainers`` nor Prefe
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from storage.lazy_names import lazy_names
 
 #: Where each public name lives, imported on first use: a training worker needs ``Checkpoint``
 #: and the run's layout, not the driver's ``RunStorage`` (snapshot, lease, commit, retention).
@@ -24,21 +25,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "storage.snapshot": ("RunSnapshot",),
     "storage.upload": ("upload_directory",),
 }
-_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
-
-__all__ = sorted(_HOME_OF)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME_OF:
-        raise AttributeError(f"module 'storage' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME_OF[name]), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_names("storage", _HOMES, globals())
 
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time the names load on first use

@@ -8,8 +8,9 @@ A Ray Train script changes only its imports::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from storage.lazy_names import lazy_names
 
 #: Where each public name lives. They are imported on first use, not here: every worker process
 #: imports this package (its actor class lives in ``trainers._internal``), and loading the whole
@@ -57,23 +58,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "ValidationTaskConfig",
     ),
 }
-_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
-
-__all__ = sorted([*_HOME_OF, "collective"])
-
-
-def __getattr__(name: str) -> Any:
-    if name == "collective":
-        return importlib.import_module("trainers.collective")
-    if name not in _HOME_OF:
-        raise AttributeError(f"module 'trainers' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME_OF[name]), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_names("trainers", _HOMES, globals(), submodules=("collective",))
 
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time the names load on first use

@@ -6,8 +6,9 @@ Same names as ``ray.train.torch``; ``trainers.torch.xla`` holds ``TorchXLAConfig
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from storage.lazy_names import lazy_names
 
 #: Where each public name lives, imported on first use as in ``trainers``: every worker imports
 #: this package (the backend's set-up functions live in ``trainers.torch.config``), and loading
@@ -21,21 +22,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "trainers.torch.train_loop_utils": ("enable_reproducibility", "prepare_data_loader", "prepare_model"),
     "trainers.torch.trainer": ("TorchTrainer",),
 }
-_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
-
-__all__ = sorted(_HOME_OF)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME_OF:
-        raise AttributeError(f"module 'trainers.torch' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME_OF[name]), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_names("trainers.torch", _HOMES, globals())
 
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time the names load on first use
