@@ -197,7 +197,19 @@ def test_right_size_footer_readers(ray_local, tmp_path):
         )
 
 
-def test_counting_iterator(ray_local):
+@pytest.fixture
+def blocks_in_order():
+    """Ray Data hands blocks out as they finish unless told to keep their order; these tests name
+    which rows come first, so they run with ``preserve_order`` (as an exact resume does)."""
+    import ray.data
+
+    options = ray.data.DataContext.get_current().execution_options
+    before, options.preserve_order = options.preserve_order, True
+    yield
+    options.preserve_order = before
+
+
+def test_counting_iterator(ray_local, blocks_in_order):
     import pickle
 
     import ray.data
@@ -221,7 +233,7 @@ def test_counting_iterator(ray_local):
         assert type(pickle.loads(pickle.dumps(iterator))) is type(dataset.iterator())  # elsewhere: the plain shard
 
 
-def test_skip_rows(ray_local):
+def test_skip_rows(ray_local, blocks_in_order):
     import ray.data
 
     dataset = ray.data.range(30, override_num_blocks=3)  # blocks of 10 rows
