@@ -1,7 +1,7 @@
 """The chaos soak: faults at seeded random points of real training runs, and the invariants
 that must hold after every one.
 
-    python -m benchmarks.chaos --faults 30 --seed 1                   # the short schedule (the suite runs it)
+    python -m benchmarks.chaos --faults 32 --seed 1 --per-run 10 --ack-timeout 3   # the suite's short schedule
     python -m benchmarks.chaos --faults 300 --seed 7 --out benchmarks/results/chaos-<date>
     python -m benchmarks.chaos --faults 30 --seed 1 --storage s3       # S3 on a moto server
     python -m benchmarks.chaos --faults 30 --seed 1 --acks off         # a planted defect: must break
@@ -27,7 +27,7 @@ import tempfile
 import time
 
 from benchmarks import chaos_road
-from benchmarks.chaos_schedule import KINDS, make_schedule
+from benchmarks.chaos_schedule import KINDS, checkpoint_steps, make_schedule
 from benchmarks.chaos_soak import RunReport, Settings, Soak
 
 #: Faults planned per run (one name): each run costs a driver's start, as a restart costs a group's.
@@ -69,6 +69,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fail-fast", action="store_true", help="stop after the first run that breaks an invariant")
     parser.add_argument("--steps", type=int, default=Settings.steps, help="steps per run (default %(default)s)")
     parser.add_argument(
+        "--per-run",
+        type=int,
+        default=PER_RUN,
+        help="faults planned per run at most (default %(default)s; at most the checkpoints a run takes)",
+    )
+    parser.add_argument(
         "--ack-timeout", type=float, default=None, help="the event channel's ACK_TIMEOUT_S in the drivers"
     )
     parser.add_argument("--out", type=pathlib.Path, default=None, help="write the table to OUT.json and OUT.md")
@@ -93,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         raise SystemExit(f"--kinds: unknown {unknown}; choose from {sorted(KINDS)}")
+    if not 1 <= args.per_run < len(checkpoint_steps(args.steps, Settings.every)):
+        raise SystemExit(
+            f"--per-run {args.per_run}: between 1 and {len(checkpoint_steps(args.steps, Settings.every)) - 1}, the "
+            f"checkpoints a run of --steps {args.steps} takes before its last (a storage fault strikes one each)"
+        )
     if (args.acks == "off" or any(k.startswith("event-") for k in kinds)) and not chaos_road.available():
         raise SystemExit(
             "the event-road faults and --acks off need the event channel's fault hook, which this tree lacks"
@@ -106,7 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         ack_timeout_s=args.ack_timeout,
     )
     schedule = make_schedule(
-        args.faults, args.seed, kinds, steps=settings.steps, every=settings.every, per_run=PER_RUN, overlap=args.overlap
+        args.faults,
+        args.seed,
+        kinds,
+        steps=settings.steps,
+        every=settings.every,
+        per_run=args.per_run,
+        overlap=args.overlap,
     )
     started, load, date = time.monotonic(), os.getloadavg()[0], datetime.datetime.now().isoformat(timespec="seconds")
     work = tempfile.mkdtemp(prefix="flowtrain-chaos-")

@@ -107,21 +107,32 @@ def _ray_session():
 
 
 @pytest.fixture(scope="session")
-def prefect_harness():
-    """A temporary Prefect server and database for flow tests, started once per session."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
-@pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
     """A real Prefect server (SQLite, scheduler on) for the session: the environment for its CLI and workers."""
     from prefect_server import running_prefect_server
 
     with running_prefect_server(tmp_path_factory.mktemp("prefect-server-home")) as env:
         yield env
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(prefect_server):
+    """Flows called in this process report to the session's Prefect server, the one its CLI and
+    workers use: one server start (about 22 s of CPU here) serves both kinds of test."""
+    import prefect.context
+    import prefect.settings
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    url = prefect.settings.PREFECT_API_URL
+    with prefect.settings.temporary_settings(updates={url: prefect_server["PREFECT_API_URL"]}):
+        # As prefect_test_harness does: code running in a context copied before this fixture (a
+        # thread's) must see the server too, not start an ephemeral one of its own.
+        with prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()):
+            yield
+            # Logs and events still queued go out while the server is up.
+            APILogWorker.drain_all(timeout=10)
+            EventsWorker.drain_all(timeout=10)
 
 
 @pytest.fixture
