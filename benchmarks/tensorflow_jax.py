@@ -1,8 +1,8 @@
 """TensorFlow (Keras, MultiWorkerMirroredStrategy) and JAX (jax.distributed) on 2 workers: flowtrain
 next to the same work started by hand, and ray.train's TensorflowTrainer.
 
-    python -m benchmarks.tensorflow_jax                  # both workloads, 5 repetitions
-    python -m benchmarks.tensorflow_jax --quick          # one repetition, a smoke run
+    python -m benchmarks.bench --only tensorflow jax            # both workloads, 5 repetitions
+    python -m benchmarks.bench --only tensorflow jax --quick    # one repetition, a smoke run
 
 "raw" is what a user writes without any trainer: a script spawns 2 processes, sets ``TF_CONFIG``
 (or calls ``jax.distributed.initialize``) in each, and runs the same training function. Each
@@ -19,7 +19,6 @@ import json
 import multiprocessing
 import os
 import socket
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -261,19 +260,3 @@ def _workload(framework: str) -> Callable[[str, str, int], dict]:
 
 WORKLOADS["tensorflow"] = (_workload("tensorflow"), ("flowtrain", "ray.train", "raw"))
 WORKLOADS["jax"] = (_workload("jax"), ("flowtrain", "raw"))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run only this module's workloads through the benchmark command (same options)."""
-    # Register this module under its import name too: the workers unpickle functions by it.
-    import benchmarks.tensorflow_jax  # noqa: F401
-    from benchmarks import bench
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "--only" not in args:
-        args += ["--only", "tensorflow", "jax"]
-    return bench.main(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
