@@ -99,10 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         raise SystemExit(f"--kinds: unknown {unknown}; choose from {sorted(KINDS)}")
-    if not 1 <= args.per_run < len(checkpoint_steps(args.steps, Settings.every)):
+    most = len(checkpoint_steps(args.steps, Settings.every)) - 1  # a storage fault strikes one checkpoint each
+    if not 1 <= args.per_run <= most:
         raise SystemExit(
-            f"--per-run {args.per_run}: between 1 and {len(checkpoint_steps(args.steps, Settings.every)) - 1}, the "
-            f"checkpoints a run of --steps {args.steps} takes before its last (a storage fault strikes one each)"
+            f"--per-run {args.per_run}: between 1 and {most}, the checkpoints a run of --steps {args.steps} "
+            "takes before its last (a storage fault strikes one each)"
         )
     if (args.acks == "off" or any(k.startswith("event-") for k in kinds)) and not chaos_road.available():
         raise SystemExit(

@@ -24,7 +24,7 @@ from conftest import ROOT
 #: moment when another takes its run past it first (a node lost while a rank waits to be killed
 #: in its all-reduce), hence two to spare.
 #: Ten faults to a run, not eight (a segment less: a driver's and a group's start), and half-open
-#: connections given up after 3 s, not 15: the same faults and invariants in about 40 s less.
+#: connections given up after 3 s, not 15: the same faults and invariants, 275 s -> 225 s here.
 SHORT = ["--faults", "32", "--seed", "1", "--per-run", "10", "--ack-timeout", "3"]
 #: A soak's time is restarts and driver starts (2-3 s each on an idle 2-core machine, 10-20 s
 #: when other suites load it): the suite's 600 s is too little for a loaded machine.
