@@ -159,7 +159,11 @@ def train_worker_actors() -> dict[str, dict]:
 
 
 def live_train_workers() -> list[dict]:
-    return [a for a in train_worker_actors().values() if a.get("State") != "DEAD"]
+    """Worker actors alive and not parked for the next run (``FLOWTRAIN_KEEP_WORKERS_S``)."""
+    from trainers._internal.warm_workers import parked_actor_ids
+
+    parked = parked_actor_ids()
+    return [a for actor_id, a in train_worker_actors().items() if a.get("State") != "DEAD" and actor_id not in parked]
 
 
 def process_alive(pid: int) -> bool:
@@ -181,12 +185,19 @@ def live_placement_groups() -> list[dict]:
 def assert_no_leaks(timeout_s: float = 10.0, new_since: set[str] | None = None) -> None:
     """Every worker actor, its process, and every placement group of finished runs is gone
     (teardown is asynchronous in Ray, so this waits a little)."""
+    from trainers._internal.warm_workers import parked_actor_ids
+
     deadline = time.monotonic() + timeout_s
     while True:
         actors, groups = live_train_workers(), live_placement_groups()
         pids = []
         if new_since is not None:
-            started = [a for actor_id, a in train_worker_actors().items() if actor_id not in new_since]
+            parked = parked_actor_ids()
+            started = [
+                a
+                for actor_id, a in train_worker_actors().items()
+                if actor_id not in new_since and actor_id not in parked
+            ]
             pids = [a["Pid"] for a in started if a.get("Pid") and process_alive(a["Pid"])]
         if not actors and not groups and not pids:
             return

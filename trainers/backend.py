@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 #: The config class a backend is given (``class TorchBackend(Backend[TorchConfig])``).
 ConfigT = TypeVar("ConfigT", bound="BackendConfig")
@@ -20,6 +20,12 @@ ConfigT = TypeVar("ConfigT", bound="BackendConfig")
 
 class Backend(Generic[ConfigT]):
     """Hooks around the life of a worker group. The default does nothing."""
+
+    #: Whether a clean run's worker processes may serve the next run of the same shape in this
+    #: driver (see ``FLOWTRAIN_KEEP_WORKERS_S``): only when ``on_start`` can set the backend up again
+    #: in a process that ran it before, after ``on_shutdown``. The default backend (nothing to set
+    #: up) and torch's can; a backend of your own is not kept unless it says so.
+    reuses_workers: ClassVar[bool] = False
 
     def on_start(self, worker_group: Any, backend_config: ConfigT) -> None:
         """Set up communication between the workers (e.g. a torch process group)."""

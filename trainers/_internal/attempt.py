@@ -31,7 +31,7 @@ from trainers._internal.session import WorkerSession
 from trainers._internal.start_failure import describe_nodes
 from trainers._internal.worker import run_training_function
 from trainers._internal.worker_group import RayWorkerGroup, WorkerStartError
-from trainers.backend import BackendConfig
+from trainers.backend import Backend, BackendConfig
 from trainers.config import DataConfig, ScalingConfig
 from trainers.context import StorageInfo, TrainContext
 from trainers.tuning import NODE_DEATH_WAIT_S
@@ -122,6 +122,8 @@ class RayWorkers:
         self._released: NodeResources = {}
         self._drain: DrainWatch | None = None
         self._nodes: dict[int, tuple[str, str]] = {}
+        #: The backend was torn down after a clean end: the workers may be kept for the next run.
+        self._clean = False
 
     def launch(
         self, attempt: int, checkpoint: Checkpoint | None, data_position: dict[str, Any] | None = None
@@ -150,8 +152,12 @@ class RayWorkers:
                     )
                 self.world_size = size
             scaling = scaling.with_num_workers(self.world_size)
+        self._clean = False
         self.group = group = RayWorkerGroup(
-            scaling=scaling, start_timeout_s=spec.start_timeout_s, runtime_env=spec.runtime_env
+            scaling=scaling,
+            start_timeout_s=spec.start_timeout_s,
+            runtime_env=spec.runtime_env,
+            reusable=type(self.backend) is Backend or self.backend.reuses_workers,
         )
         group.start(on_placed=split)
         self._started_at = time.monotonic()
@@ -272,13 +278,15 @@ class RayWorkers:
         """Clean end of training: let the backend tear down before the actors go."""
         if self.group is not None and self.group.workers:
             self.backend.on_shutdown(self.group, self.spec.backend_config)
+            self._clean = True
 
     def shutdown(self) -> None:
         self._drain = None
         if self.group is not None:
             if self.group.workers:
                 self._released = self._held()
-            self.group.shutdown()
+            self.group.shutdown(keep=self._clean)
+            self._clean = False
 
 
 class LocalWorkers:

@@ -210,6 +210,7 @@ class Outbox:
         self._sock: socket.socket | None = None
         self._acks = True
         self._ack_timeout_s = ACK_TIMEOUT_S
+        self._closed = False
 
     @property
     def connected(self) -> bool:
@@ -258,12 +259,29 @@ class Outbox:
         until events are left for this road and return them all, numbered ([] when none came)."""
         with self._changed:
             self._forget(acked)
-            if not self._changed.wait_for(lambda: self._sock is None and self._kept, timeout_s):
+            if not self._changed.wait_for(lambda: self._closed or (self._sock is None and self._kept), timeout_s):
+                return []
+            if self._closed:
                 return []
             taken = [(number, event) for number, _, event in self._kept]
             if not self._acks:
                 self._kept.clear()
             return taken
+
+    def close(self) -> None:
+        """End this outbox's run: its connection closes and a long poll still waiting returns at
+        once (a worker kept for the next run must not hold a poll of the last one)."""
+        with self._send_lock:
+            sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # its acknowledgement thread sees the end and lets the socket go
+        with self._changed:
+            self._closed = True
+            self._kept.clear()
+            self._changed.notify_all()
 
     def unacknowledged(self) -> list[tuple[int, Any]]:
         """Every event kept (not acknowledged yet), numbered, whichever road it was sent on: what

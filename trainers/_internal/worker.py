@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import pickle
 import socket
@@ -115,13 +116,19 @@ def describe_activity(thread: threading.Thread | None) -> str:
 class TrainWorker:
     """One training worker. Methods are called by the controller through Ray."""
 
-    def __init__(self) -> None:
+    def __init__(self, omp_num_threads: int | None = None) -> None:
         #: This worker's events until the controller acknowledges them: sent over the event
         #: channel, or (without a working connection) left for ``next_events``.
         self._outbox = Outbox()
         self._session: WorkerSession | None = None
         self._thread: threading.Thread | None = None
         self._label = "TrainWorker"
+        if omp_num_threads is not None:
+            # A worker that may be kept holds no CPU of its own, so Ray set its OMP_NUM_THREADS to
+            # 1: give it what its bundle reserves, as Ray does for a worker that holds it.
+            os.environ["OMP_NUM_THREADS"] = str(omp_num_threads)
+        #: What a run may change in this process and ``reset`` puts back for the next one.
+        self._fresh = (dict(os.environ), os.getcwd(), list(sys.path))
 
     def __repr__(self) -> str:
         # Ray shows this actor's lines under this name; trainers.worker_output routes them by it.
@@ -135,6 +142,29 @@ class TrainWorker:
             pid=os.getpid(),
             gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()),
         )
+
+    def reset(self) -> str | None:
+        """Make this process ready for another run, as a fresh worker would be: its environment,
+        working directory, ``sys.path`` and flowtrain's log levels as they were when it started,
+        the last run's connection closed. Returns this actor's id, or None when the training
+        function is still running (then it cannot be kept)."""
+        if self._thread is not None and self._thread.is_alive():
+            return None
+        self._outbox.close()
+        self._outbox = Outbox()
+        self._session = None
+        self._thread = None
+        self._label = "TrainWorker"
+        env, cwd, path = self._fresh
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(cwd)
+        sys.path[:] = path
+        from trainers._internal.log_level import FLOWTRAIN_LOGGERS
+
+        for name in FLOWTRAIN_LOGGERS:
+            logging.getLogger(name).setLevel(logging.NOTSET)
+        return ray.get_runtime_context().get_actor_id()
 
     def set_env(self, env: dict[str, str]) -> None:
         os.environ.update(env)

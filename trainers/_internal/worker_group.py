@@ -10,6 +10,8 @@ report reaches the driver the moment a worker makes it.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import time
 import uuid
 import warnings
@@ -19,8 +21,9 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+from trainers._internal import warm_workers
 from trainers._internal.events import Event, FailedEvent
 from trainers._internal.ranks import Ranks, assign_ranks
 from trainers._internal.resources import (
@@ -40,6 +43,10 @@ from trainers.errors import InsufficientResourcesError, WorkerError
 
 #: Inside a Tune trial, how often a worker group waiting its turn checks the cluster could still hold it.
 TURN_CHECK_S = 5.0
+#: How long a kept worker may take to answer that it is alive (or to reset) before it is replaced.
+KEPT_WORKER_ANSWER_S = 5.0
+#: The resources a worker may reserve and still be kept between runs (``warm_workers``).
+KEEPABLE_RESOURCES = frozenset({"CPU", "memory"})
 
 
 _remote_cls = None
@@ -85,10 +92,15 @@ class RayWorkerGroup:
         scaling: ScalingConfig,
         start_timeout_s: float,
         runtime_env: dict | None = None,
+        reusable: bool = False,
     ) -> None:
         self.scaling = scaling
         self.start_timeout_s = start_timeout_s
         self.runtime_env = runtime_env
+        #: Whether the backend lets a clean run's workers serve the next run (``warm_workers``).
+        self.reusable = reusable
+        #: Set by ``start``: these workers hold no resources of their own and may be parked.
+        self._keepable = False
         self.workers: list[Worker] = []
         self._pg: PlacementGroup | None = None
         self._owns_pg = False
@@ -113,6 +125,7 @@ class RayWorkerGroup:
         deadline = time.monotonic() + self.start_timeout_s
         bundle = self.scaling.worker_resources
         enclosing = enclosing_placement_group(self.scaling)
+        trial_group = None
         if enclosing is not None:  # a Tune trial's group: its bundles are already ours, Tune removes it
             self._pg, first_bundle = enclosing
             self._owns_pg = False
@@ -151,18 +164,29 @@ class RayWorkerGroup:
         self._placed = dict(placement_group_table(self._pg).get("bundles_to_node_id") or {})
         if on_placed is not None:
             on_placed(self._bundle_nodes_by_rank(first_bundle))
-        remote_cls = _remote_worker_class()
-        actors = [
-            remote_cls.options(
-                max_concurrency=4,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self._pg, placement_group_bundle_index=first_bundle + i
-                ),
-                runtime_env=self.runtime_env,
-                **_kwargs_for_worker(bundle),
-            ).remote()
-            for i in range(self.world_size)
-        ]
+        self._keepable = (
+            self.reusable
+            and self._owns_pg
+            and trial_group is None  # inside a Ray Tune trial: its process ends with the trial
+            and self._slices is None
+            and set(bundle) <= KEEPABLE_RESOURCES
+            and warm_workers.keep_s() > 0
+        )
+        if self._keepable:
+            actors = self._start_keepable_actors(first_bundle)
+        else:
+            remote_cls = _remote_worker_class()
+            actors = [
+                remote_cls.options(
+                    max_concurrency=4,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        self._pg, placement_group_bundle_index=first_bundle + i
+                    ),
+                    runtime_env=self.runtime_env,
+                    **_kwargs_for_worker(bundle),
+                ).remote()
+                for i in range(self.world_size)
+            ]
         metadata = self._wait_for_actors(actors, first_bundle, deadline)
         ranks = self._ranks([m.node_id for m in metadata])
         workers = [Worker(a, m, r) for a, m, r in zip(actors, metadata, ranks, strict=True)]
@@ -182,6 +206,46 @@ class RayWorkerGroup:
                 for w in self.workers
             ]
         )
+
+    def _start_keepable_actors(self, first_bundle: int) -> list[Any]:
+        """One worker per bundle, on the bundle's node, holding no resources itself (the
+        placement group holds them), so that it can outlive the group when the run ends cleanly:
+        a worker parked by the last run on that node where there is one, else a new process."""
+        bundle = self.scaling.worker_resources
+        nodes = [self._placed[first_bundle + i] for i in range(self.world_size)]
+        key = warm_workers.shape_key(bundle, self.runtime_env)
+        actors = warm_workers.take(key, nodes)
+        kept = [a for a in actors if a is not None]
+        if kept:
+            answers = {ref: actor for ref, actor in zip([a.metadata.remote() for a in kept], kept, strict=True)}
+            ready, _ = ray.wait(list(answers), num_returns=len(answers), timeout=KEPT_WORKER_ANSWER_S)
+            alive = set()
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                    alive.add(id(answers[ref]))
+                except (RayActorError, RayTaskError):
+                    pass
+            for i, actor in enumerate(actors):
+                if actor is not None and id(actor) not in alive:
+                    ray.kill(actor, no_restart=True)
+                    actors[i] = None
+        if any(a is None for a in actors):
+            # Ray would set OMP_NUM_THREADS to 1 for a worker holding no CPU; a fresh worker gets its
+            # bundle's CPUs, unless the user set the variable (here or in the runtime environment).
+            env_vars = (self.runtime_env or {}).get("env_vars") or {}
+            user_set = "OMP_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in env_vars
+            threads = None if user_set else max(1, math.floor(bundle.get("CPU", 1)))
+            remote_cls = _remote_worker_class()
+            for i, actor in enumerate(actors):
+                if actor is None:
+                    actors[i] = remote_cls.options(
+                        max_concurrency=4,
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[i], soft=False),
+                        runtime_env=self.runtime_env,
+                        num_cpus=0,
+                    ).remote(threads)
+        return actors
 
     def _wait_for_actors(self, actors: list[Any], first_bundle: int, deadline: float) -> list[WorkerMetadata]:
         """Every actor's metadata once all have started; a clear ``WorkerStartError`` naming the
@@ -365,6 +429,24 @@ class RayWorkerGroup:
             kind="preempted" if getattr(error, "preempted", False) else "died",
         )
 
+    def _park(self) -> None:
+        """Reset the workers and hand those that answer to ``warm_workers``; they leave ``workers``."""
+        refs = [w.actor.reset.remote() for w in self.workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=KEPT_WORKER_ANSWER_S)
+        done = set(ready)
+        keep: list[tuple[Any, str, str]] = []
+        for worker, ref in zip(list(self.workers), refs, strict=True):
+            if ref not in done:
+                continue
+            try:
+                actor_id = ray.get(ref)
+            except (RayActorError, RayTaskError):
+                continue
+            if actor_id is not None:
+                keep.append((worker.actor, worker.metadata.node_id, actor_id))
+                self.workers.remove(worker)
+        warm_workers.park(warm_workers.shape_key(self.scaling.worker_resources, self.runtime_env), keep)
+
     def release_sync(self, index: int, data: Any) -> None:
         """Let every worker past barrier ``index`` (no waiting: a dead worker fails the attempt
         through ``poll``)."""
@@ -375,11 +457,16 @@ class RayWorkerGroup:
         """Send rank ``rank`` the answer to its ``get_all_reported_checkpoints()`` call (no waiting)."""
         self.workers[rank].actor.answer_checkpoints.remote(query_id, answer)
 
-    def shutdown(self) -> None:
-        """Kill every actor and release the placement group. Safe to call twice."""
+    def shutdown(self, keep: bool = False) -> None:
+        """Kill every actor and release the placement group. Safe to call twice.
+
+        ``keep``: the run ended cleanly, so workers that can be kept are reset and parked for the
+        next run of the same shape (``warm_workers``) instead of killed."""
         if self._inbox is not None:
             self._inbox.close()  # first: the actors' deaths below are no news
             self._inbox = None
+        if keep and self._keepable and self.workers:
+            self._park()
         for worker in self.workers:
             try:
                 ray.kill(worker.actor, no_restart=True)

@@ -172,6 +172,8 @@ def leave_process_group() -> None:
 class TorchBackend(Backend[TorchConfig]):
     """Sets up ``torch.distributed`` on every worker (gloo on CPU, nccl on GPU)."""
 
+    reuses_workers = True  # on_start leaves any process group before joining the new one
+
     def on_start(self, worker_group: Any, backend_config: TorchConfig) -> None:
         if worker_group.world_size < 1:
             return

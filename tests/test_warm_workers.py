@@ -1,0 +1,146 @@
+"""A clean run's worker processes serve the next fit() of the same shape (FLOWTRAIN_KEEP_WORKERS_S),
+reset as a fresh process would be and holding no resources while they wait; a failed run's workers,
+another shape, and a backend that does not say it can be reused get new processes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conftest import TEST_NUM_CPUS, live_train_workers, process_alive
+from prefect_server import wait_until
+from trainers import DataParallelTrainer, RunConfig, ScalingConfig, WorkerGroupError
+from trainers._internal import warm_workers
+from trainers.backend import Backend, BackendConfig
+from trainers.torch import TorchTrainer
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+@pytest.fixture(autouse=True)
+def nothing_parked_around_each_test():
+    warm_workers.release()
+    yield
+    warm_workers.release()
+
+
+def what_a_run_finds(config):
+    """Every rank's view of its process as the run found it (rank 0 returns them all); then the run
+    leaves an environment variable and another working directory behind."""
+    import torch.distributed as dist
+
+    found = {
+        "pid": os.getpid(),
+        "left_over": os.environ.get("FLOWTRAIN_TEST_LEFT_OVER"),
+        "cwd": os.getcwd(),
+        "omp": os.environ.get("OMP_NUM_THREADS"),
+        "world": dist.get_world_size(),
+    }
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, found)
+    os.environ["FLOWTRAIN_TEST_LEFT_OVER"] = "yes"
+    os.chdir("/")
+    if config.get("fail"):
+        raise RuntimeError("planted failure")
+    return everyone
+
+
+def run(tmp_path, name, workers=2, cpus=1, fail=False):
+    trainer = TorchTrainer(
+        what_a_run_finds,
+        train_loop_config={"fail": fail},
+        scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": cpus}),
+        run_config=RunConfig(name=name, storage_path=str(tmp_path)),
+    )
+    return trainer.fit().return_value
+
+
+def pids(found):
+    return sorted(row["pid"] for row in found)
+
+
+def test_the_next_run_of_the_same_shape_gets_the_same_processes_reset(tmp_path):
+    import ray
+
+    first = run(tmp_path, "first")
+    # Parked, the workers hold nothing: the whole cluster is free for other work.
+    wait_until(lambda: ray.available_resources().get("CPU") == TEST_NUM_CPUS, timeout_s=30, what="the run's CPUs freed")
+    assert len(warm_workers.parked_actor_ids()) == 2
+    second = run(tmp_path, "second")
+    assert pids(second) == pids(first)
+    for row in second:  # nothing the first run changed is seen by the second
+        assert row["left_over"] is None
+        assert row["cwd"] == first[0]["cwd"]
+        assert row["world"] == 2
+
+
+def test_a_failed_run_s_workers_are_not_kept(tmp_path):
+    first = run(tmp_path, "kept")
+    with pytest.raises(WorkerGroupError, match="planted failure"):
+        run(tmp_path, "fails", fail=True)
+    assert warm_workers.parked_actor_ids() == set()
+    third = run(tmp_path, "after")
+    assert set(pids(third)).isdisjoint(pids(first))
+    for pid in pids(first):
+        wait_until(lambda pid=pid: not process_alive(pid), timeout_s=30, what=f"kept worker {pid} killed")
+
+
+def test_another_shape_kills_the_parked_workers_and_starts_its_own(tmp_path):
+    two = run(tmp_path, "two")
+    one = run(tmp_path, "one-worker-two-cpus", workers=1, cpus=2)
+    assert set(pids(one)).isdisjoint(pids(two))
+    assert one[0]["omp"] == "2"  # what Ray gives a worker holding 2 CPUs, though a kept one holds none
+    for pid in pids(two):
+        wait_until(lambda pid=pid: not process_alive(pid), timeout_s=30, what=f"parked worker {pid} killed")
+
+
+def test_parked_workers_are_killed_after_the_keep_time(tmp_path, monkeypatch):
+    monkeypatch.setenv(warm_workers.KEEP_ENV, "0.5")
+    found = run(tmp_path, "brief")
+    for pid in pids(found):
+        wait_until(lambda pid=pid: not process_alive(pid), timeout_s=30, what=f"parked worker {pid} expiring")
+    assert warm_workers.parked_actor_ids() == set()
+    assert live_train_workers() == []
+
+
+def test_a_keep_time_of_zero_keeps_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv(warm_workers.KEEP_ENV, "0")
+    first = run(tmp_path, "a")
+    assert warm_workers.parked_actor_ids() == set()
+    assert set(pids(run(tmp_path, "b"))).isdisjoint(pids(first))
+
+
+def test_a_keep_time_that_is_not_a_number_names_the_variable(monkeypatch):
+    monkeypatch.setenv(warm_workers.KEEP_ENV, "soon")
+    with pytest.raises(ValueError, match="FLOWTRAIN_KEEP_WORKERS_S='soon'"):
+        warm_workers.keep_s()
+
+
+class _CustomBackend(Backend["_CustomConfig"]):
+    """A backend of a user's own: it does not say its workers can be reused."""
+
+
+class _CustomConfig(BackendConfig):
+    @property
+    def backend_cls(self):
+        return _CustomBackend
+
+
+def _pid():
+    return os.getpid()
+
+
+def test_a_backend_that_does_not_say_so_gets_new_processes(tmp_path):
+    def fit(name):
+        trainer = DataParallelTrainer(
+            _pid,
+            backend_config=_CustomConfig(),
+            scaling_config=ScalingConfig(num_workers=1),
+            run_config=RunConfig(name=name, storage_path=str(tmp_path)),
+        )
+        return trainer.fit().return_value
+
+    first = fit("custom-1")
+    assert warm_workers.parked_actor_ids() == set()
+    assert fit("custom-2") != first

@@ -1,0 +1,141 @@
+"""The worker processes of the last clean run, kept for the next ``fit()`` in this process.
+
+A training worker is a fresh Ray actor process, and most of its start is importing: Ray, the
+framework (torch: about 2 s of CPU), and what the first optimizer pulls in (``torch._dynamo``:
+2.5 s more). A script, notebook or test that calls ``fit()`` again with the same worker shape pays
+all of it again. So when a run ends cleanly, its CPU workers are reset (environment, working
+directory, ``sys.path``, flowtrain's log levels, the event connection) and parked here, holding no
+resources: the next group of the same shape on the same nodes takes them instead of starting new
+processes. Parked workers are killed after ``FLOWTRAIN_KEEP_WORKERS_S`` seconds (default
+``DEFAULT_KEEP_S``; 0 turns keeping off), when a group of another shape parks, and with the driver.
+
+Only what a fresh process would not notice is kept: CPU-only workers of backends that declare
+``reuses_workers`` (torch, and the plain data-parallel backend), started by this process outside a
+Ray Tune trial. A failed or restarted attempt's workers are always killed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+from typing import Any
+
+import ray
+
+#: How long parked workers wait for the next run when ``FLOWTRAIN_KEEP_WORKERS_S`` is not set.
+DEFAULT_KEEP_S = 30.0
+KEEP_ENV = "FLOWTRAIN_KEEP_WORKERS_S"
+
+
+def keep_s() -> float:
+    """Seconds a clean run's workers stay parked (0: not kept)."""
+    raw = os.environ.get(KEEP_ENV)
+    if raw is None or raw == "":
+        return DEFAULT_KEEP_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{KEEP_ENV}={raw!r}: must be a number of seconds (0 keeps no workers)") from None
+    return max(0.0, value)
+
+
+def shape_key(resources: dict[str, float], runtime_env: dict | None) -> tuple:
+    """What parked workers must share with a new group to be reused: the Ray session they live in,
+    each worker's resources and the runtime environment their processes started with."""
+    context = ray.get_runtime_context()
+    return (
+        context.gcs_address,
+        context.get_job_id(),
+        tuple(sorted(resources.items())),
+        json.dumps(runtime_env or {}, sort_keys=True, default=repr),
+    )
+
+
+@dataclasses.dataclass
+class _Parked:
+    key: tuple
+    #: (actor handle, node id, actor id) of each parked worker.
+    workers: list[tuple[Any, str, str]]
+    timer: threading.Timer
+
+
+_lock = threading.Lock()
+_parked: _Parked | None = None
+
+
+def _kill(workers: list[tuple[Any, str, str]]) -> None:
+    for actor, _, _ in workers:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already dead, or Ray shut down: the process is gone either way
+            pass
+
+
+def _expire(parked: _Parked) -> None:
+    global _parked
+    with _lock:
+        if _parked is not parked:
+            return
+        _parked = None
+    if ray.is_initialized():
+        _kill(parked.workers)
+
+
+def park(key: tuple, workers: list[tuple[Any, str, str]]) -> None:
+    """Keep ``workers`` (reset, holding no resources) for a group of shape ``key``; whatever was
+    parked before is killed."""
+    global _parked
+    seconds = keep_s()
+    if seconds <= 0 or not workers:
+        _kill(workers)
+        return
+    parked = _Parked(key, list(workers), threading.Timer(seconds, lambda: _expire(parked)))
+    parked.timer.daemon = True
+    with _lock:
+        previous, _parked = _parked, parked
+    if previous is not None:
+        previous.timer.cancel()
+        _kill(previous.workers)
+    parked.timer.start()
+
+
+def take(key: tuple, nodes: list[str]) -> list[Any | None]:
+    """For each node in ``nodes`` (one entry per wanted worker), a parked worker on that node, or
+    None where there is none. Parked workers not taken are killed: nothing stays parked after."""
+    global _parked
+    with _lock:
+        parked, _parked = _parked, None
+    if parked is None:
+        return [None] * len(nodes)
+    parked.timer.cancel()
+    if parked.key != key:
+        if parked.key[:2] == key[:2]:  # same Ray session: the handles still work
+            _kill(parked.workers)
+        return [None] * len(nodes)
+    free = list(parked.workers)
+    chosen: list[Any | None] = []
+    for node in nodes:
+        match = next((i for i, (_, where, _) in enumerate(free) if where == node), None)
+        chosen.append(free.pop(match)[0] if match is not None else None)
+    _kill(free)
+    return chosen
+
+
+def release() -> None:
+    """Kill every parked worker now (they would die after ``FLOWTRAIN_KEEP_WORKERS_S`` anyway)."""
+    global _parked
+    with _lock:
+        parked, _parked = _parked, None
+    if parked is not None:
+        parked.timer.cancel()
+        if ray.is_initialized():
+            _kill(parked.workers)
+
+
+def parked_actor_ids() -> set[str]:
+    """The Ray actor ids of the parked workers (hex)."""
+    with _lock:
+        workers = list(_parked.workers) if _parked is not None else []
+    return {actor_id for _, _, actor_id in workers}
