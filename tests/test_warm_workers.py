@@ -144,3 +144,23 @@ def test_a_backend_that_does_not_say_so_gets_new_processes(tmp_path):
     first = fit("custom-1")
     assert warm_workers.parked_actor_ids() == set()
     assert fit("custom-2") != first
+
+
+def _loads_a_library_with_process_state():
+    import sys
+    import types
+
+    # Stands in for `import deepspeed` (seconds to import): what reset() looks for is the name.
+    sys.modules.setdefault("deepspeed", types.ModuleType("deepspeed"))
+    return os.getpid()
+
+
+def test_a_process_that_loaded_deepspeed_is_not_kept(tmp_path):
+    trainer = TorchTrainer(
+        _loads_a_library_with_process_state,
+        scaling_config=ScalingConfig(num_workers=1),
+        run_config=RunConfig(name="deepspeed-like", storage_path=str(tmp_path)),
+    )
+    pid = trainer.fit().return_value
+    assert warm_workers.parked_actor_ids() == set()
+    wait_until(lambda: not process_alive(pid), timeout_s=30, what=f"worker {pid} killed")

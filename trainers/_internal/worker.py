@@ -113,6 +113,12 @@ def describe_activity(thread: threading.Thread | None) -> str:
     return ("waiting in a torch.distributed collective at " if in_collective else "running ") + text
 
 
+#: Libraries that remember, for the life of the process, the distributed setup they first saw
+#: (DeepSpeed's communication backend, Accelerate's shared state, Lightning's and Transformers'
+#: environment): a process that loaded one is not kept for another run.
+KEEPS_PROCESS_STATE = ("deepspeed", "accelerate", "lightning", "pytorch_lightning", "transformers", "torch_xla")
+
+
 class TrainWorker:
     """One training worker. Methods are called by the controller through Ray."""
 
@@ -146,9 +152,12 @@ class TrainWorker:
     def reset(self) -> str | None:
         """Make this process ready for another run, as a fresh worker would be: its environment,
         working directory, ``sys.path`` and flowtrain's log levels as they were when it started,
-        the last run's connection closed. Returns this actor's id, or None when the training
-        function is still running (then it cannot be kept)."""
+        the last run's connection closed. Returns this actor's id, or None when it cannot be kept:
+        the training function is still running, or the run loaded a library that keeps
+        process-wide distributed state (``KEEPS_PROCESS_STATE``)."""
         if self._thread is not None and self._thread.is_alive():
+            return None
+        if any(name in sys.modules for name in KEEPS_PROCESS_STATE):
             return None
         self._outbox.close()
         self._outbox = Outbox()

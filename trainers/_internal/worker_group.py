@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ActorUnschedulableError, RayActorError, RayError, RayTaskError
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
@@ -224,7 +224,7 @@ class RayWorkerGroup:
                 try:
                     ray.get(ref)
                     alive.add(id(answers[ref]))
-                except (RayActorError, RayTaskError):
+                except RayError:  # died while parked, or its node left
                     pass
             for i, actor in enumerate(actors):
                 if actor is not None and id(actor) not in alive:
@@ -258,7 +258,8 @@ class RayWorkerGroup:
         for ref in ready:
             try:
                 answers[index[ref]] = ray.get(ref)
-            except (RayActorError, RayTaskError) as error:
+            # Unschedulable: a worker pinned to its bundle's node (one that can be kept) whose node left.
+            except (RayActorError, RayTaskError, ActorUnschedulableError) as error:
                 failed[index[ref]] = error
         if not pending and not failed:
             return [answers[i] for i in range(len(refs))]
@@ -440,7 +441,7 @@ class RayWorkerGroup:
                 continue
             try:
                 actor_id = ray.get(ref)
-            except (RayActorError, RayTaskError):
+            except RayError:  # it died as the run ended: nothing to keep
                 continue
             if actor_id is not None:
                 keep.append((worker.actor, worker.metadata.node_id, actor_id))
