@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
 
 import loops
 from multinode import fit_in_background, two_node_cluster
-from trainers import FailureConfig, RunConfig, ScalingConfig, UserCallback, WorkerGroupError
+from trainers import FailureConfig, RunConfig, ScalingConfig, UserCallback, WorkerGroupError, report
 from trainers.torch import TorchTrainer
 
 
@@ -128,3 +129,44 @@ def test_resources_held_by_other_work_are_named_per_node(two_nodes, tmp_path):
     message = str(raised.value)
     assert "could not reserve 2 x {'CPU': 1} (STRICT_SPREAD) within 15 s" in message, message
     assert f"node {held_node[:8]} (" in message and "free {CPU: 0} of {CPU: 1}" in message, message
+
+
+def _pid_and_node():
+    import ray
+
+    report({"step": 0})
+    return os.getpid(), ray.get_runtime_context().get_node_id()
+
+
+def _pids_by_node(tmp_path, name):
+    """Each rank's (pid, node) of one short STRICT_SPREAD run (rank 0's return value gathers them)."""
+
+    def everyone(config):
+        import torch.distributed as dist
+
+        rows = [None] * dist.get_world_size()
+        dist.all_gather_object(rows, _pid_and_node())
+        return {node: pid for pid, node in rows}
+
+    return (
+        TorchTrainer(
+            everyone,
+            scaling_config=ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"),
+            run_config=RunConfig(name=name, storage_path=str(tmp_path)),
+        )
+        .fit()
+        .return_value
+    )
+
+
+def test_a_worker_kept_on_a_node_that_left_is_replaced_and_the_other_reused(two_nodes, tmp_path):
+    """Workers kept after a clean run (FLOWTRAIN_KEEP_WORKERS_S) are matched to the next group's
+    nodes: the one whose node left is not waited for, the other serves again."""
+    cluster, spare = two_nodes
+    first = _pids_by_node(tmp_path, "kept-first")
+    assert set(first) == {cluster.head_node.node_id, spare.node_id}
+    cluster.remove_node(spare)
+    new = cluster.add_node(num_cpus=1)
+    second = _pids_by_node(tmp_path, "kept-second")
+    assert second[cluster.head_node.node_id] == first[cluster.head_node.node_id]
+    assert second[new.node_id] != first[spare.node_id]
