@@ -101,6 +101,8 @@ class RayWorkerGroup:
         self.reusable = reusable
         #: Set by ``start``: these workers hold no resources of their own and may be parked.
         self._keepable = False
+        #: Set by ``start`` for keepable workers: the shape their parked processes are filed under.
+        self._shape: tuple = ()
         self.workers: list[Worker] = []
         self._pg: PlacementGroup | None = None
         self._owns_pg = False
@@ -173,6 +175,7 @@ class RayWorkerGroup:
             and warm_workers.keep_s() > 0
         )
         if self._keepable:
+            self._shape = warm_workers.shape_key(bundle, self.runtime_env)
             actors = self._start_keepable_actors(first_bundle)
         else:
             remote_cls = _remote_worker_class()
@@ -213,23 +216,19 @@ class RayWorkerGroup:
         a worker parked by the last run on that node where there is one, else a new process."""
         bundle = self.scaling.worker_resources
         nodes = [self._placed[first_bundle + i] for i in range(self.world_size)]
-        key = warm_workers.shape_key(bundle, self.runtime_env)
-        actors = warm_workers.take(key, nodes)
-        kept = [a for a in actors if a is not None]
-        if kept:
-            answers = {ref: actor for ref, actor in zip([a.metadata.remote() for a in kept], kept, strict=True)}
-            ready, _ = ray.wait(list(answers), num_returns=len(answers), timeout=KEPT_WORKER_ANSWER_S)
-            alive = set()
-            for ref in ready:
-                try:
-                    ray.get(ref)
-                    alive.add(id(answers[ref]))
-                except RayError:  # died while parked, or its node left
-                    pass
-            for i, actor in enumerate(actors):
-                if actor is not None and id(actor) not in alive:
-                    ray.kill(actor, no_restart=True)
-                    actors[i] = None
+        actors: list[Any] = warm_workers.take(self._shape, nodes)
+        checks = {actor.metadata.remote(): i for i, actor in enumerate(actors) if actor is not None}
+        ready = ray.wait(list(checks), num_returns=len(checks), timeout=KEPT_WORKER_ANSWER_S)[0] if checks else []
+        answered = set()
+        for ref in ready:
+            try:
+                ray.get(ref)
+                answered.add(checks[ref])
+            except RayError:  # died while parked, or its node left
+                pass
+        for i in set(checks.values()) - answered:
+            ray.kill(actors[i], no_restart=True)
+            actors[i] = None
         if any(a is None for a in actors):
             # Ray would set OMP_NUM_THREADS to 1 for a worker holding no CPU; a fresh worker gets its
             # bundle's CPUs, unless the user set the variable (here or in the runtime environment).
@@ -446,7 +445,7 @@ class RayWorkerGroup:
             if actor_id is not None:
                 keep.append((worker.actor, worker.metadata.node_id, actor_id))
                 self.workers.remove(worker)
-        warm_workers.park(warm_workers.shape_key(self.scaling.worker_resources, self.runtime_env), keep)
+        warm_workers.park(self._shape, keep)
 
     def release_sync(self, index: int, data: Any) -> None:
         """Let every worker past barrier ``index`` (no waiting: a dead worker fails the attempt
