@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -87,6 +88,12 @@ def running_worker(env: dict[str, str], operator_home: pathlib.Path, results: pa
     token = pathlib.Path.home() / ".ray" / "auth_token"  # Ray's token lives under the real HOME
     if token.is_file():
         worker_env["RAY_AUTH_TOKEN_PATH"] = str(token)
+    # A local ray.init() turns token auth on by setting RAY_AUTH_MODE in this process's environment,
+    # and a client that joins by address sends the token only in that mode. The server's `env` is a
+    # copy taken when it started, before this session's first Ray when a Prefect test came first
+    # (as under pytest-xdist), so the mode is taken from the Ray running now.
+    if "RAY_AUTH_MODE" in os.environ:
+        worker_env["RAY_AUTH_MODE"] = os.environ["RAY_AUTH_MODE"]
     log_path = results / "worker.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(
