@@ -30,7 +30,8 @@ $(STAMP): pyproject.toml constraints.txt
 # The 25 slowest tests are listed at the end so that what makes the suite slow stays in sight.
 # Modules can run in parallel (pytest-xdist; tests/conftest.py keeps a module on one worker and
 # starts the longest first): make test PYTEST_ARGS="-n 3 --dist loadgroup --durations=25". Not
-# the default yet: a first full parallel run on 2 cores had failures still to be understood.
+# the default: on 2 cores the suite is bound by CPU, and three workers (three Rays) need half as
+# much CPU again; measured in benchmarks/README.md ("Where the test suite's CPU goes").
 PYTEST_ARGS ?= --durations=25
 
 test: $(STAMP)
