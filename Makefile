@@ -29,9 +29,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 # The 25 slowest tests are listed at the end so that what makes the suite slow stays in sight.
 # Modules can run in parallel (pytest-xdist; tests/conftest.py keeps a module on one worker and
-# starts the longest first): make test PYTEST_ARGS="-n 3 --dist loadgroup --durations=25". Not
-# the default: on 2 cores the suite is bound by CPU, and three workers (three Rays) need half as
-# much CPU again; measured in benchmarks/README.md ("Where the test suite's CPU goes").
+# starts the longest first): make test PYTEST_ARGS="-n 2 --dist loadgroup --durations=25". Not
+# the default yet: on 2 cores the suite is bound by CPU; two workers were 11% faster in one green
+# run, three no faster at all (benchmarks/README.md, "Where the test suite's CPU goes").
 PYTEST_ARGS ?= --durations=25
 
 test: $(STAMP)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import os
 import pathlib
@@ -47,10 +48,12 @@ def kind_of(command_line: str) -> str:
     """The kind a process is counted as, from its command line (Ray names its workers ``ray::Class``)."""
     if command_line.startswith("ray::"):
         return "ray actor/task " + command_line.split()[0].removeprefix("ray::").split(".")[0]
-    for word, kind in DAEMONS:
-        if word in command_line:
-            return kind
     parts = command_line.split()
+    # Matched before the options: Ray passes its workers and agents the raylet's socket path.
+    program = " ".join(itertools.takewhile(lambda part: not part.startswith("--"), parts))
+    for word, kind in DAEMONS:
+        if word in program:
+            return kind
     if not parts:
         return "other"
     program = pathlib.Path(parts[0]).name

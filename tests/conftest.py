@@ -44,7 +44,7 @@ TEST_NUM_CPUS = 4
 
 
 #: Modules that take longest (minutes: soaks, real Prefect workers, benchmarks, many clusters),
-#: longest first. With pytest-xdist (`make test PYTEST_ARGS="-n 3 --dist loadgroup"`) starting
+#: longest first. With pytest-xdist (`make test PYTEST_ARGS="-n 2 --dist loadgroup"`) starting
 #: these first keeps a long one from being the last to begin.
 LONGEST_FIRST = (
     "test_chaos",

@@ -12,6 +12,10 @@ def test_processes_are_counted_by_kind():
     assert suite_cpu.kind_of("ray::TrainWorker.next_events") == "ray actor/task TrainWorker"
     assert suite_cpu.kind_of("ray::IDLE") == "ray actor/task IDLE"
     assert suite_cpu.kind_of("/venv/lib/ray/core/src/ray/gcs/gcs_server --port=1") == "ray gcs_server"
+    # Options name other programs' files: a starting worker is not the raylet whose socket it gets.
+    worker = "/venv/bin/python /venv/lib/ray/_private/workers/default_worker.py --raylet-name=/tmp/ray/sockets/raylet"
+    assert suite_cpu.kind_of(worker) == "ray worker, starting"
+    assert suite_cpu.kind_of("/venv/lib/ray/core/src/ray/raylet/raylet --store_socket_name=/x") == "ray raylet"
     assert suite_cpu.kind_of("/venv/bin/python -m pytest --durations=25") == "pytest"
     assert suite_cpu.kind_of("/venv/bin/prefect server start --host 127.0.0.1") == "prefect server"
     assert suite_cpu.kind_of("/usr/bin/python3 -m tasks.example_data") == "python -m tasks.example_data"
