@@ -23,8 +23,9 @@ import subprocess
 import sys
 import time
 
-#: Daemons found by a word of their command line, as (word, kind); the first that matches wins.
-DAEMONS = (
+#: Kinds found by a word of the program a command line runs (its words before the first ``--``
+#: option), as (word, kind); the first that matches wins.
+KINDS_BY_WORD = (
     ("gcs_server", "ray gcs_server"),
     ("/raylet", "ray raylet"),
     ("dashboard/agent.py", "ray dashboard agent"),
@@ -51,15 +52,15 @@ def kind_of(command_line: str) -> str:
     parts = command_line.split()
     # Matched before the options: Ray passes its workers and agents the raylet's socket path.
     program = " ".join(itertools.takewhile(lambda part: not part.startswith("--"), parts))
-    for word, kind in DAEMONS:
+    for word, kind in KINDS_BY_WORD:
         if word in program:
             return kind
     if not parts:
         return "other"
-    program = pathlib.Path(parts[0]).name
-    if program.startswith("python") and len(parts) > 1:
+    executable = pathlib.Path(parts[0]).name
+    if executable.startswith("python") and len(parts) > 1:
         return "python " + " ".join(parts[1:3])[:60]
-    return program[:40]
+    return executable[:40]
 
 
 def read_processes(skip: set[int]) -> dict[int, tuple[str, float, str]]:
