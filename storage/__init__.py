@@ -22,7 +22,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "storage.protocol": ("RunRecord",),
     "storage.ray_run_format": ("RayRunFormatError",),
     "storage.run_storage": ("RunStorage", "load_run"),
-    "storage.snapshot": ("RunSnapshot",),
+    "storage.snapshot": ("RestartRecord", "RunSnapshot"),
     "storage.upload": ("upload_directory",),
 }
 __all__, __getattr__, __dir__ = lazy_names("storage", _HOMES, globals())
@@ -37,5 +37,5 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; at run time the names load
     from storage.protocol import RunRecord
     from storage.ray_run_format import RayRunFormatError
     from storage.run_storage import RunStorage, load_run
-    from storage.snapshot import RunSnapshot
+    from storage.snapshot import RestartRecord, RunSnapshot
     from storage.upload import upload_directory

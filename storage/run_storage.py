@@ -39,6 +39,7 @@ from storage.snapshot import (
     PENDING_VALIDATION,
     VALIDATED,
     CheckpointRecord,
+    RestartRecord,
     RunSnapshot,
     read_snapshot,
     write_snapshot,
@@ -370,6 +371,11 @@ class RunStorage:
         latest = max(self.snapshot.checkpoints, key=lambda c: c.seq, default=None)
         checkpoint = latest.dir_name if latest is not None else None
         self.snapshot.data_resumes.append({"attempt": self.snapshot.attempt, "checkpoint": checkpoint, **note})
+        self._write()
+
+    def record_restart(self, restart: RestartRecord) -> None:
+        """Keep how a failed attempt's workers were restarted (which ranks kept, which replaced)."""
+        self.snapshot.restarts.append(restart)
         self._write()
 
     def record_failure(self) -> int:

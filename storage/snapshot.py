@@ -57,6 +57,47 @@ class CheckpointRecord:
     data_position: dict[str, Any] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class RestartRecord:
+    """How the workers of one failed attempt were restarted: which ranks kept their processes,
+    which were replaced and why, or why every worker was restarted."""
+
+    #: The attempt that failed.
+    attempt: int
+    #: World ranks whose processes serve the next attempt.
+    kept: tuple[int, ...] = ()
+    #: World rank -> why its process was replaced ("its process died", "its process hung", "it
+    #: did not stop within 10 s", ...). Empty with ``full_restart``.
+    replaced: dict[int, str] = dataclasses.field(default_factory=dict)
+    #: Why every worker was restarted instead of only the failed ranks; None when only ``replaced`` were.
+    full_restart: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "kept": list(self.kept),
+            "replaced": {str(rank): why for rank, why in sorted(self.replaced.items())},
+            "full_restart": self.full_restart,
+        }
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> RestartRecord:
+        return cls(
+            attempt=int(body["attempt"]),
+            kept=tuple(int(rank) for rank in body.get("kept", ())),
+            replaced={int(rank): str(why) for rank, why in (body.get("replaced") or {}).items()},
+            full_restart=body.get("full_restart"),
+        )
+
+    def describe(self) -> str:
+        """One line: "replaced rank 1 (its process died); kept ranks 0, 2" or "restarted every worker: why"."""
+        if self.full_restart is not None:
+            return f"restarted every worker: {self.full_restart}"
+        replaced = "; ".join(f"rank {rank} ({why})" for rank, why in sorted(self.replaced.items()))
+        kept = ", ".join(map(str, self.kept)) or "none"
+        return f"replaced {replaced or 'no rank'}; kept rank(s) {kept}"
+
+
 @dataclasses.dataclass
 class RunSnapshot:
     """Everything a run has committed: reports, checkpoints, attempts and failures."""
@@ -86,6 +127,8 @@ class RunSnapshot:
     #: Each start from a checkpoint's data position: {"attempt", "checkpoint", "exact", "why",
     #: "datasets": {name: {"epoch", "rows_skipped"}}, "loaders": [{"epoch", "samples_skipped"}]}.
     data_resumes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: How the workers were restarted after each failed attempt, oldest first.
+    restarts: list[RestartRecord] = dataclasses.field(default_factory=list)
 
     def rewind(self) -> None:
         """Forget the reports made after the latest checkpoint (every report while there is none)."""
@@ -95,7 +138,13 @@ class RunSnapshot:
     def to_json(self) -> bytes:
         """The snapshot as run.json; metric values JSON cannot hold are tagged (``storage.metric_values``)."""
         fields = {key: value for key, value in vars(self).items() if key not in (*_GROWING, _ENCODED)}
-        body = encode({**fields, "checkpoints": [vars(c) for c in self.checkpoints]})
+        body = encode(
+            {
+                **fields,
+                "checkpoints": [vars(c) for c in self.checkpoints],
+                "restarts": [r.to_json() for r in self.restarts],
+            }
+        )
         for name in _GROWING:
             body[name] = self._encoded(name)
         body["format"] = FORMAT
@@ -130,6 +179,7 @@ class RunSnapshot:
         body["checkpoints"] = [
             CheckpointRecord(**{k: v for k, v in c.items() if k in fields}) for c in body.get("checkpoints", [])
         ]
+        body["restarts"] = [RestartRecord.from_json(r) for r in body.get("restarts", [])]
         return cls(**body)
 
 

@@ -116,9 +116,9 @@ class PrefectReporter(UserCallback):
         where = resume_from.path if resume_from else "the start"
         self._resume_after(self._reports_at_checkpoint if resume_from else 0)
         causes = "; ".join(f.describe() for f in failures)
-        self.logger.warning(
-            "restarting the workers after attempt %d (%s); resuming from %s", run_context.attempt, causes, where
-        )
+        restart = run_context.restarts[-1] if run_context.restarts else None
+        how = restart.describe() if restart is not None else "restarting the workers"
+        self.logger.warning("attempt %d failed (%s); %s; resuming from %s", run_context.attempt, causes, how, where)
         emit_event(
             "flowtrain.run.restarted",
             resource=run_resource(run_context.name, run_context.run_path),
@@ -126,6 +126,9 @@ class PrefectReporter(UserCallback):
                 "attempt": run_context.attempt,
                 "failures": causes,
                 "resume_from": resume_from.path if resume_from else None,
+                "replaced_ranks": sorted(restart.replaced) if restart is not None else None,
+                "kept_ranks": list(restart.kept) if restart is not None else None,
+                "full_restart": restart.full_restart if restart is not None else None,
             },
         )
 

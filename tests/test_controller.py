@@ -22,6 +22,7 @@ class MemoryStore:
         self.latest_checkpoint = None
         self.latest_data_position = None
         self.data_resumes = []
+        self.restarts = []
         self.rewinds = 0
 
     def start_attempt(self):
@@ -38,6 +39,9 @@ class MemoryStore:
 
     def record_data_resume(self, note):
         self.data_resumes.append(note)
+
+    def record_restart(self, restart):
+        self.restarts.append(restart)
 
     def record_failure(self):
         self.num_failures += 1
@@ -58,6 +62,7 @@ class ScriptedWorkers:
         self.launched = []
         self.dead = set()
         self.shutdowns = 0
+        self.stops = []  # what stop() was told failed, per failed attempt that restarts
         self.finished = 0
         self.released = []
         self.sizes = []  # what resize_to() answers, one per running step (then None)
@@ -88,6 +93,14 @@ class ScriptedWorkers:
 
     def finish(self):
         self.finished += 1
+
+    def stop(self, failed):
+        from storage.snapshot import RestartRecord
+
+        self.stops.append(dict(failed))
+        replaced = {rank: kind for rank, kind in failed.items() if rank >= 0}
+        kept = tuple(rank for rank in range(self.world_size) if rank not in replaced)
+        return RestartRecord(len(self.launched), kept=kept, replaced=replaced)
 
     def shutdown(self):
         self.shutdowns += 1
@@ -254,7 +267,9 @@ def test_budget_exhausted_raises_with_rank_node_traceback_attempt():
     assert "attempt 3" in text and "max_failures=2" in text and "2 restart(s) used" in text
     assert "rank 0 on node 10.0.0.0" in text and "died" in text and "RuntimeError: oom" in text
     assert "Traceback of rank 0" in text
-    assert workers.shutdowns >= 3
+    # Each restart stopped the attempt, naming the failed rank, and was recorded; the last ended the run.
+    assert workers.stops == [{0: "died"}, {0: "died"}] and workers.shutdowns >= 1
+    assert [(r.attempt, r.kept, r.replaced) for r in store.restarts] == [(1, (1,), {0: "died"}), (2, (1,), {0: "died"})]
 
 
 def test_a_dead_rank_is_named_first_when_others_fail_in_the_collective():

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from storage import Checkpoint
+from storage.snapshot import RestartRecord
 
 if TYPE_CHECKING:
     from trainers.result import Result
@@ -35,6 +36,14 @@ class TrainRunContext:
         ``num_reports - 1``. A restart forgets the reports made after the latest checkpoint; the
         workers make them again with the same indices."""
         return len(self._run_record.snapshot.reports) if self._run_record is not None else 0
+
+    @property
+    def restarts(self) -> tuple[RestartRecord, ...]:
+        """How the workers were restarted after each failed attempt, oldest first: which ranks kept
+        their processes and which were replaced, or why every worker was restarted. In
+        ``on_restart`` the last one is the restart under way. flowtrain's (Ray Train restarts every
+        worker)."""
+        return tuple(self._run_record.snapshot.restarts) if self._run_record is not None else ()
 
     @property
     def tracking(self) -> Mapping[str, Any]:

@@ -57,6 +57,18 @@ VALIDATION_POLL_S = 0.25
 #: before use); clashes are rare, so three in a row means something holds the ports for good.
 SETUP_CLASH_RESTARTS = 3
 
+# -- replacing failed ranks ---------------------------------------------------------------------
+
+#: How long a surviving rank's training function may take to stop after a failure elsewhere (a
+#: collective failing, the next report() raising, an error raised in its thread) before the rank
+#: is replaced too: a step's compute, a checkpoint upload in flight, yet short next to a restart.
+SURVIVOR_STOP_S = 10.0
+#: After asking a training function to stop, how long it is left to notice by itself (its next
+#: report() or broken collective) before an error is raised in its thread.
+INTERRUPT_GRACE_S = 0.2
+#: How often that error is raised again while the thread runs on (user code may catch one).
+INTERRUPT_EVERY_S = 0.5
+
 # -- workers waiting on the controller -----------------------------------------------------------
 
 #: How often a rank at a barrier checks whether the attempt was stopped (cheap while waiting).

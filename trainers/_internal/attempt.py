@@ -8,6 +8,7 @@ datasets and hand every worker its session.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import queue
 import socket
 import threading
@@ -20,6 +21,8 @@ import pyarrow.fs
 
 from storage import Checkpoint
 from storage.layout import RunLayout
+from storage.snapshot import RestartRecord
+from trainers._internal.attempt_book import LAUNCH
 from trainers._internal.data import execution_options_for, install_data_context, names_to_split, split_datasets
 from trainers._internal.data_position import DataPositions, ResumePlan, plan_resume
 from trainers._internal.devices import assign_visible_devices
@@ -27,6 +30,7 @@ from trainers._internal.elastic import ElasticSizer, NodeResources, wait_release
 from trainers._internal.events import Event, FailedEvent, take_events
 from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
 from trainers._internal.resources import capturing_placement_group
+from trainers._internal.reuse import Reuse, refusal
 from trainers._internal.session import WorkerSession
 from trainers._internal.start_failure import describe_nodes
 from trainers._internal.worker import run_training_function
@@ -35,6 +39,8 @@ from trainers.backend import Backend, BackendConfig
 from trainers.config import DataConfig, ScalingConfig
 from trainers.context import StorageInfo, TrainContext
 from trainers.tuning import NODE_DEATH_WAIT_S
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,19 +130,42 @@ class RayWorkers:
         self._nodes: dict[int, tuple[str, str]] = {}
         #: The backend was torn down after a clean end: the workers may be kept for the next run.
         self._clean = False
+        #: The attempt under way (for the restart record).
+        self._attempt = 0
+        #: ``launch`` is re-forming the group around kept workers: a failure now restarts them all.
+        self._reforming = False
 
     def launch(
         self, attempt: int, checkpoint: Checkpoint | None, data_position: dict[str, Any] | None = None
     ) -> dict[str, Any] | None:
-        spec = self.spec
+        """Start attempt ``attempt``: around the survivors ``stop`` kept, replacing only the ranks it
+        let go, or else a whole new group. Returns how the data position was resumed."""
+        self._attempt = attempt
         shards: list[dict[str, Any]] = []
+        if self.group is not None and self.group.workers:
+            self._reforming = True
+            self.group.refill(self.spec.start_timeout_s)
+            shards = self._split([w.metadata.node_id for w in self.group.workers])
+        else:
+            self._start_group(shards)
+        note = self._start_training(attempt, checkpoint, data_position, shards)
+        self._reforming = False
+        return note
+
+    def _split(self, node_ids: list[str]) -> list[dict[str, Any]]:
+        return split_datasets(self.spec.datasets, self.spec.dataset_config, self.world_size, node_ids)
+
+    def _start_group(self, shards: list[dict[str, Any]]) -> None:
+        """Reserve the placement group and start every worker (some of them, perhaps, kept from the
+        last run); ``shards`` receives the datasets' split."""
+        spec = self.spec
 
         def split(node_ids: list[str]) -> None:
             # Splitting once the nodes are known but before the actors start gives each shard its
             # worker's node as locality hint, and starts Ray Data's split coordinator (an actor that
             # needs a process of its own) while the workers start and import their framework, not
             # after them: the first batch no longer also waits for that process to start.
-            shards.extend(split_datasets(spec.datasets, spec.dataset_config, self.world_size, node_ids))
+            shards.extend(self._split(node_ids))
 
         scaling = spec.scaling
         if scaling.elasticity_enabled:
@@ -153,13 +182,27 @@ class RayWorkers:
                 self.world_size = size
             scaling = scaling.with_num_workers(self.world_size)
         self._clean = False
-        self.group = group = RayWorkerGroup(
+        self.group = RayWorkerGroup(
             scaling=scaling,
             start_timeout_s=spec.start_timeout_s,
             runtime_env=spec.runtime_env,
             reusable=type(self.backend) is Backend or self.backend.reuses_workers,
+            backend_name=spec.backend_config.framework or type(self.backend).__name__,
         )
-        group.start(on_placed=split)
+        self.group.start(on_placed=split)
+
+    def _start_training(
+        self,
+        attempt: int,
+        checkpoint: Checkpoint | None,
+        data_position: dict[str, Any] | None,
+        shards: list[dict[str, Any]],
+    ) -> dict[str, Any] | None:
+        """Everything between "the workers are up and ranked" and "the training function runs":
+        pin GPUs, let the backend set up communication, hand every worker its session."""
+        spec = self.spec
+        group = self.group
+        assert group is not None  # launch started or re-formed it
         self._started_at = time.monotonic()
         import ray
 
@@ -280,13 +323,43 @@ class RayWorkers:
             self.backend.on_shutdown(self.group, self.spec.backend_config)
             self._clean = True
 
+    def stop(self, failed: dict[int, str]) -> RestartRecord:
+        """End a failed attempt, keeping the workers that can serve the next one: only the ranks of
+        ``failed`` (world rank -> failure kind) that cannot train again are replaced at the next
+        ``launch``. When the group cannot be re-formed in place, every worker is stopped and the
+        record says why."""
+        why = self._why_not_in_place(failed)
+        if why is None and self.group is not None:
+            replaced = self.group.stop_training(failed)
+            kept = tuple(w.ranks.world_rank for w in self.group.workers)
+            if kept:
+                self._drain = None
+                logger.info("attempt %d: replacing rank(s) %s, keeping %s", self._attempt, sorted(replaced), list(kept))
+                return RestartRecord(self._attempt, kept=kept, replaced=replaced)
+            why = "no rank could be kept: " + "; ".join(f"rank {r} {w}" for r, w in sorted(replaced.items()))
+        self.shutdown()
+        logger.info("attempt %d: restarting every worker: %s", self._attempt, why)
+        return RestartRecord(self._attempt, full_restart=why)
+
+    def _why_not_in_place(self, failed: dict[int, str]) -> str | None:
+        """Why the next attempt cannot keep this one's healthy workers, or None when it can."""
+        if self._reforming:
+            return "a second failure while the group re-formed"
+        if self.group is None or not self.group.workers:
+            return "the workers had not started"
+        if LAUNCH in failed:
+            return "the worker group did not start"
+        return refusal(self.group.facts, Reuse.WITHIN_RUN)
+
     def shutdown(self) -> None:
         self._drain = None
+        self._reforming = False
         if self.group is not None:
             if self.group.workers:
                 self._released = self._held()
             self.group.shutdown(keep=self._clean)
             self._clean = False
+            self.group = None
 
 
 class LocalWorkers:
@@ -298,11 +371,13 @@ class LocalWorkers:
         self.spec = spec
         self._events: queue.Queue[Event] = queue.Queue()
         self._session: WorkerSession | None = None
+        self._attempt = 0
 
     def launch(
         self, attempt: int, checkpoint: Checkpoint | None, data_position: dict[str, Any] | None = None
     ) -> dict[str, Any] | None:
         spec = self.spec
+        self._attempt = attempt
         self._events = queue.Queue()
         context = TrainContext(
             experiment_name=spec.name,
@@ -357,6 +432,10 @@ class LocalWorkers:
 
     def finish(self) -> None:
         pass
+
+    def stop(self, failed: dict[int, str]) -> RestartRecord:
+        self.shutdown()
+        return RestartRecord(self._attempt, full_restart="the training function runs in the driver (num_workers=0)")
 
     def shutdown(self) -> None:
         if self._session is not None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from storage import Checkpoint, RunRecord
+from storage.snapshot import RestartRecord
 from storage.upload import UploadStats
 from trainers._internal.attempt_book import LAUNCH, AttemptBook
 from trainers._internal.data_position import round_position
@@ -60,7 +61,13 @@ class Workers(Protocol):
     def where(self, rank: int) -> tuple[str, str]: ...
     def probe(self, ranks: list[int]) -> tuple[list[FailedEvent], dict[int, str]]: ...
     def finish(self) -> None: ...
-    def shutdown(self) -> None: ...
+
+    def stop(self, failed: dict[int, str]) -> RestartRecord:
+        """The attempt failed (``failed``: world rank -> failure kind) and the next one follows: stop
+        training, keep the workers that can serve the next attempt, and say which were kept."""
+
+    def shutdown(self) -> None:
+        """Stop every worker (the run ends, or restarts every worker)."""
 
     def resize_to(self) -> int | None:
         """Asked while the group trains: the larger size to restart at now that more workers fit
@@ -330,14 +337,11 @@ class Controller:
         self.state = State.FINISHED
 
     def _fail(self) -> None:
-        self.workers.shutdown()
         # A dead process is the likely root cause of the others' errors: listeners see it first too.
         failures = sorted(
             (self._describe(e) for e in self.book.failed.values()), key=lambda f: (f.kind not in DEATHS, f.world_rank)
         )
         errors = {rank: event.error for rank, event in self.book.failed.items()}
-        for listener in self.listeners:
-            listener.after_exception(self.run_context, errors)
         charge = self.policy.charge(
             failures,
             list(errors.values()),
@@ -345,6 +349,15 @@ class Controller:
             setup_clashes=self.setup_clash_restarts,
             node_left=self.workers.lost_a_node,
         )
+        restart: RestartRecord | None = None
+        if charge is Charge.PREEMPTION or (
+            charge is Charge.FAILURE and not self.policy.may_restart(charge, self.storage.num_failures)
+        ):
+            self.workers.shutdown()  # the run ends, or a preempted node's ranks restart with the rest
+        else:
+            restart = self.workers.stop({rank: event.kind for rank, event in self.book.failed.items()})
+        for listener in self.listeners:
+            listener.after_exception(self.run_context, errors)
         if charge is Charge.PREEMPTION:
             self._preempted(drain_timed_out=False, failures=failures)
             return
@@ -356,6 +369,8 @@ class Controller:
                 self.state = State.FAILED
                 return
             self.storage.record_failure()
+        if restart is not None:
+            self.storage.record_restart(restart)
         self._last_failures = failures
         self.state = State.RESTARTING
 
@@ -403,6 +418,8 @@ class Controller:
             info = PreemptionInfo(deadline_ms=None, preempted_node_to_ranks=nodes)
         self.num_preemptions += 1
         if self.policy.may_restart(Charge.PREEMPTION, self.num_preemptions - 1):
+            preempted = ", ".join(sorted(info.preempted_node_to_ranks)) or "?"
+            self.storage.record_restart(RestartRecord(self.attempt, full_restart=f"node(s) {preempted} preempted"))
             self._last_failures = failures or []
             self.state = State.RESTARTING
             return

@@ -61,8 +61,11 @@ class ProgressLine(UserCallback):
 
     def on_restart(self, run_context: TrainRunContext, failures: list[Any], resume_from: Checkpoint | None) -> None:
         where, causes = resume_from.path if resume_from else "the start", "; ".join(f.describe() for f in failures)
-        logger.info("%s: attempt %d failed (%s); restarting from %s", self.name, run_context.attempt, causes, where)
-        self.note(f"restarting after attempt {run_context.attempt} failed; resuming from {where}")
+        how = run_context.restarts[-1].describe() if run_context.restarts else "restarting"
+        logger.info(
+            "%s: attempt %d failed (%s); %s; resuming from %s", self.name, run_context.attempt, causes, how, where
+        )
+        self.note(f"attempt {run_context.attempt} failed; {how}; resuming from {where}")
 
     def on_resize(self, run_context: TrainRunContext, old_size: int, new_size: int) -> None:
         attempt = run_context.attempt

@@ -51,28 +51,28 @@ def describe_nodes() -> str:
 
 
 def describe_unstarted(
-    placed: dict[int, str], first_bundle: int, silent: list[int], failed: dict[int, BaseException]
+    placed: dict[int, str], bundles: list[int], silent: list[int], failed: dict[int, BaseException]
 ) -> str:
     """Which workers did not start and on which node: ``placed`` maps bundle index to the node it
-    was reserved on (worker i sits in bundle ``first_bundle + i``), ``silent`` lists the workers
-    that never answered and ``failed`` maps workers whose actor died to the error."""
+    was reserved on (worker i sits in bundle ``bundles[i]``), ``silent`` lists the workers that
+    never answered and ``failed`` maps workers whose actor died to the error."""
     try:
         nodes = _nodes()
     except Exception:  # noqa: BLE001
         nodes = {}
 
     def place(worker: int) -> str:
-        node_id = placed.get(first_bundle + worker, "")
+        node_id = placed.get(bundles[worker], "")
         return node_name(node_id, nodes) if node_id else "no node yet"
 
     by_place: dict[str, list[int]] = {}
     for worker in sorted(silent):
-        by_place.setdefault(place(worker), []).append(worker)
+        by_place.setdefault(place(worker), []).append(bundles[worker])
     parts = [
         f"the worker(s) of bundle(s) {', '.join(map(str, workers))} on {where} never answered"
         for where, workers in by_place.items()
     ]
     for worker, error in sorted(failed.items()):
         cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        parts.append(f"the worker of bundle {worker} on {place(worker)} died while starting: {cause}")
+        parts.append(f"the worker of bundle {bundles[worker]} on {place(worker)} died while starting: {cause}")
     return "; ".join(parts)

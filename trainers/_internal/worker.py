@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import os
 import pickle
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -23,8 +23,11 @@ import ray
 
 from trainers._internal.event_channel import ChannelAddress, Outbox
 from trainers._internal.events import NOT_TRAINING, Event, FailedEvent, FinishedEvent
+from trainers._internal.fresh_process import ProcessBaseline
+from trainers._internal.reuse import process_refusal
 from trainers._internal.session import TrainingInterrupted, WorkerSession, set_session
 from trainers.errors import WorkerError
+from trainers.tuning import INTERRUPT_EVERY_S, INTERRUPT_GRACE_S
 from trainers.worker_output import announce, worker_label
 
 
@@ -113,10 +116,30 @@ def describe_activity(thread: threading.Thread | None) -> str:
     return ("waiting in a torch.distributed collective at " if in_collective else "running ") + text
 
 
-#: Libraries that remember, for the life of the process, the distributed setup they first saw
-#: (DeepSpeed's communication backend, Accelerate's shared state, Lightning's and Transformers'
-#: environment): a process that loaded one is not kept for another run.
-KEEPS_PROCESS_STATE = ("deepspeed", "accelerate", "lightning", "pytorch_lightning", "transformers", "torch_xla")
+@dataclasses.dataclass(frozen=True)
+class StopAnswer:
+    """How a worker's ``stop`` went: the actor's id when the process can serve again, else why not."""
+
+    actor_id: str | None
+    why_not: str = ""
+
+
+def _raise_in(thread: threading.Thread, error: type[BaseException]) -> None:
+    """Raise ``error`` in ``thread`` at its next Python instruction (a call blocked in C finishes
+    first): how a training function busy in user code is stopped without ending the process."""
+    import ctypes
+
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(error))
+
+
+def _train_in_thread(*args: Any) -> None:
+    # The controller may raise TrainingInterrupted in this thread at any instruction, also outside
+    # run_training_function's own handler: it ends the thread quietly wherever it lands.
+    try:
+        run_training_function(*args)
+    except TrainingInterrupted:
+        pass
 
 
 class TrainWorker:
@@ -133,8 +156,8 @@ class TrainWorker:
             # A worker that may be kept holds no CPU of its own, so Ray set its OMP_NUM_THREADS to
             # 1: give it what its bundle reserves, as Ray does for a worker that holds it.
             os.environ["OMP_NUM_THREADS"] = str(omp_num_threads)
-        #: What a run may change in this process and ``reset`` puts back for the next one.
-        self._fresh = (dict(os.environ), os.getcwd(), list(sys.path))
+        #: The process before any attempt ran: ``stop`` puts it back before it serves again.
+        self._baseline = ProcessBaseline.capture()
 
     def __repr__(self) -> str:
         # Ray shows this actor's lines under this name; trainers.worker_output routes them by it.
@@ -149,31 +172,45 @@ class TrainWorker:
             gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()),
         )
 
-    def reset(self) -> str | None:
-        """Make this process ready for another run, as a fresh worker would be: its environment,
-        working directory, ``sys.path`` and flowtrain's log levels as they were when it started,
-        the last run's connection closed. Returns this actor's id, or None when it cannot be kept:
-        the training function is still running, or the run loaded a library that keeps
-        process-wide distributed state (``KEEPS_PROCESS_STATE``)."""
-        if self._thread is not None and self._thread.is_alive():
-            return None
-        if any(name in sys.modules for name in KEEPS_PROCESS_STATE):
-            return None
+    def stop(self, wait_s: float = 0.0, reuse: bool = True) -> StopAnswer:
+        """End this worker's attempt and make the process ready for another, as a fresh worker
+        would be (``fresh_process``). Answers the actor's id, or why the process cannot serve again.
+
+        A training function still running is stopped: ``report()`` and barriers raise
+        ``TrainingInterrupted`` from now on, an NCCL group is aborted, and after a moment the same
+        error is raised in the training thread at its next Python instruction, again every
+        ``INTERRUPT_EVERY_S``, for up to ``wait_s`` seconds. A thread still running then (stuck in
+        C code, or swallowing the error) means the process is not reused. Then the torch process
+        group is left (gloo: the peers still waiting on this rank fail at once). ``reuse=False``
+        stops and leaves without resetting.
+        """
+        from trainers._internal import collectives
+
+        if self._session is not None:
+            self._session.stop_requested.set()
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            collectives.abort_nccl()
+            deadline = time.monotonic() + wait_s
+            thread.join(min(INTERRUPT_GRACE_S, wait_s))
+            while thread.is_alive() and time.monotonic() < deadline:
+                _raise_in(thread, TrainingInterrupted)
+                thread.join(min(INTERRUPT_EVERY_S, max(0.0, deadline - time.monotonic())))
+            if thread.is_alive():
+                return StopAnswer(
+                    None, f"its training function did not stop within {wait_s:g} s ({describe_activity(thread)})"
+                )
+        collectives.leave()
+        why_not = (process_refusal() or collectives.cuda_usable()) if reuse else "not asked to"
+        if why_not:
+            return StopAnswer(None, why_not)
         self._outbox.close()
         self._outbox = Outbox()
         self._session = None
         self._thread = None
         self._label = "TrainWorker"
-        env, cwd, path = self._fresh
-        os.environ.clear()
-        os.environ.update(env)
-        os.chdir(cwd)
-        sys.path[:] = path
-        from trainers._internal.log_level import FLOWTRAIN_LOGGERS
-
-        for name in FLOWTRAIN_LOGGERS:
-            logging.getLogger(name).setLevel(logging.NOTSET)
-        return ray.get_runtime_context().get_actor_id()
+        self._baseline.restore()
+        return StopAnswer(ray.get_runtime_context().get_actor_id())
 
     def set_env(self, env: dict[str, str]) -> None:
         os.environ.update(env)
@@ -206,7 +243,7 @@ class TrainWorker:
                 )
         self._session = WorkerSession(emit=self._outbox.put, **session_args)
         self._thread = threading.Thread(
-            target=run_training_function,
+            target=_train_in_thread,
             args=(train_fn, config, takes_config, self._session, self._outbox.put, context),
             name="train_loop_per_worker",
             daemon=True,

@@ -10,6 +10,7 @@ report reaches the driver the moment a worker makes it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import time
@@ -34,19 +35,21 @@ from trainers._internal.resources import (
     nodes_beside,
     stuck_beside_other_groups,
 )
+from trainers._internal.reuse import GroupFacts, Reuse, refusal
 from trainers._internal.start_failure import describe_nodes, describe_unstarted
 from trainers._internal.tpu import host_order, reserve_slices
 from trainers._internal.worker import TrainWorker, WorkerMetadata
 from trainers._internal.worker_inbox import WorkerInbox
 from trainers.config import ScalingConfig
 from trainers.errors import InsufficientResourcesError, WorkerError
+from trainers.tuning import SURVIVOR_STOP_S
+
+logger = logging.getLogger(__name__)
 
 #: Inside a Tune trial, how often a worker group waiting its turn checks the cluster could still hold it.
 TURN_CHECK_S = 5.0
 #: How long a kept worker may take to answer that it is alive (or to reset) before it is replaced.
 KEPT_WORKER_ANSWER_S = 5.0
-#: The resources a worker may reserve and still be kept between runs (``warm_workers``).
-KEEPABLE_RESOURCES = frozenset({"CPU", "memory"})
 
 
 _remote_cls = None
@@ -60,6 +63,13 @@ def _remote_worker_class():
     return _remote_cls
 
 
+def _kill(actor: Any) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - an actor already dead or Ray shutting down: it is gone either way
+        pass
+
+
 class WorkerStartError(RuntimeError):
     """The workers could not be started in time (placement, actor start or backend setup)."""
 
@@ -71,6 +81,9 @@ class Worker:
     actor: Any
     metadata: WorkerMetadata
     ranks: Ranks
+    #: The index of the placement-group bundle it runs in (or, for a worker that may be parked,
+    #: beside: on that bundle's node). A replacement takes the same bundle.
+    bundle: int = 0
 
 
 def _kwargs_for_worker(resources: dict[str, float]) -> dict[str, Any]:
@@ -93,14 +106,20 @@ class RayWorkerGroup:
         start_timeout_s: float,
         runtime_env: dict | None = None,
         reusable: bool = False,
+        backend_name: str = "data-parallel",
     ) -> None:
         self.scaling = scaling
+        self._backend_name = backend_name
         self.start_timeout_s = start_timeout_s
         self.runtime_env = runtime_env
-        #: Whether the backend lets a clean run's workers serve the next run (``warm_workers``).
+        #: Whether the backend can set up again in a process that ran it (``Backend.reuses_workers``).
         self.reusable = reusable
         #: Set by ``start``: these workers hold no resources of their own and may be parked.
         self._keepable = False
+        #: Set by ``start``: what decides whether these workers are reused (``reuse.refusal``).
+        self.facts = GroupFacts(backend_reuses=reusable, backend_name="")
+        #: World rank -> bundle of the workers ``stop_training`` let go, for ``refill`` to replace.
+        self._vacant: dict[int, int] = {}
         #: Set by ``start`` for keepable workers: the shape their parked processes are filed under.
         self._shape: tuple = ()
         self.workers: list[Worker] = []
@@ -166,34 +185,36 @@ class RayWorkerGroup:
         self._placed = dict(placement_group_table(self._pg).get("bundles_to_node_id") or {})
         if on_placed is not None:
             on_placed(self._bundle_nodes_by_rank(first_bundle))
-        self._keepable = (
-            self.reusable
-            and self._owns_pg
-            and trial_group is None  # inside a Ray Tune trial: its process ends with the trial
-            and self._slices is None
-            and set(bundle) <= KEEPABLE_RESOURCES
-            and warm_workers.keep_s() > 0
+        self.facts = GroupFacts(
+            backend_reuses=self.reusable,
+            backend_name=self.backend_name,
+            elastic=self.scaling.elasticity_enabled,
+            tpu_slices=self._slices is not None,
+            in_tune_trial=not self._owns_pg or trial_group is not None,
+            resources=tuple(sorted(bundle)),
+            keep_s=warm_workers.keep_s(),
         )
+        parking = refusal(self.facts, Reuse.BETWEEN_RUNS)
+        logger.debug("workers parked after a clean end: %s", f"no, {parking}" if parking else "yes")
+        self._keepable = parking is None
         if self._keepable:
             self._shape = warm_workers.shape_key(bundle, self.runtime_env)
-            actors = self._start_keepable_actors(first_bundle)
-        else:
-            remote_cls = _remote_worker_class()
-            actors = [
-                remote_cls.options(
-                    max_concurrency=4,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        self._pg, placement_group_bundle_index=first_bundle + i
-                    ),
-                    runtime_env=self.runtime_env,
-                    **_kwargs_for_worker(bundle),
-                ).remote()
-                for i in range(self.world_size)
-            ]
-        metadata = self._wait_for_actors(actors, first_bundle, deadline)
-        ranks = self._ranks([m.node_id for m in metadata])
-        workers = [Worker(a, m, r) for a, m, r in zip(actors, metadata, ranks, strict=True)]
-        self.workers = sorted(workers, key=lambda w: w.ranks.world_rank)
+        bundles = list(range(first_bundle, first_bundle + self.world_size))
+        parked = warm_workers.take(self._shape, [self._placed[b] for b in bundles]) if self._keepable else []
+        actors = self._start_actors(bundles, parked)
+        metadata = self._wait_for_actors(actors, bundles, deadline)
+        workers = [Worker(a, m, Ranks(0, 0, 0, 0), b) for a, m, b in zip(actors, metadata, bundles, strict=True)]
+        self._rank(workers)
+
+    def _rank(self, workers: list[Worker]) -> None:
+        """Rank ``workers`` (in bundle order) by node, make them this group's workers in rank
+        order, and give each its ranks' environment variables."""
+        workers = sorted(workers, key=lambda w: w.bundle)
+        ranks = self._ranks([w.metadata.node_id for w in workers])
+        self.workers = sorted(
+            (dataclasses.replace(w, ranks=r) for w, r in zip(workers, ranks, strict=True)),
+            key=lambda w: w.ranks.world_rank,
+        )
         ray.get(
             [
                 w.actor.set_env.remote(
@@ -210,13 +231,19 @@ class RayWorkerGroup:
             ]
         )
 
-    def _start_keepable_actors(self, first_bundle: int) -> list[Any]:
-        """One worker per bundle, on the bundle's node, holding no resources itself (the
-        placement group holds them), so that it can outlive the group when the run ends cleanly:
-        a worker parked by the last run on that node where there is one, else a new process."""
-        bundle = self.scaling.worker_resources
-        nodes = [self._placed[first_bundle + i] for i in range(self.world_size)]
-        actors: list[Any] = warm_workers.take(self._shape, nodes)
+    @property
+    def backend_name(self) -> str:
+        return self._backend_name
+
+    def _start_actors(self, bundles: list[int], reused: list[Any | None]) -> list[Any]:
+        """One worker per bundle of ``bundles``: ``reused[i]`` (a kept process on that bundle's
+        node) where it is given and still answers, else a new process.
+
+        Workers that may be parked (``_keepable``) start beside the placement group, on their
+        bundle's node and holding no resources themselves (the group holds them), so that they can
+        outlive it when the run ends cleanly; the others start in their bundle.
+        """
+        actors: list[Any] = list(reused) + [None] * (len(bundles) - len(reused))
         checks = {actor.metadata.remote(): i for i, actor in enumerate(actors) if actor is not None}
         ready = ray.wait(list(checks), num_returns=len(checks), timeout=KEPT_WORKER_ANSWER_S)[0] if checks else []
         answered = set()
@@ -224,29 +251,47 @@ class RayWorkerGroup:
             try:
                 ray.get(ref)
                 answered.add(checks[ref])
-            except RayError:  # died while parked, or its node left
+            except RayError:  # died while kept, or its node left
                 pass
         for i in set(checks.values()) - answered:
             ray.kill(actors[i], no_restart=True)
             actors[i] = None
-        if any(a is None for a in actors):
-            # Ray would set OMP_NUM_THREADS to 1 for a worker holding no CPU; a fresh worker gets its
-            # bundle's CPUs, unless the user set the variable (here or in the runtime environment).
-            env_vars = (self.runtime_env or {}).get("env_vars") or {}
-            user_set = "OMP_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in env_vars
-            threads = None if user_set else max(1, math.floor(bundle.get("CPU", 1)))
-            remote_cls = _remote_worker_class()
-            for i, actor in enumerate(actors):
-                if actor is None:
+        remote_cls = _remote_worker_class()
+        resources = self.scaling.worker_resources
+        assert self._pg is not None  # start() reserved it
+        if not self._keepable:
+            for i, bundle in enumerate(bundles):
+                if actors[i] is None:
                     actors[i] = remote_cls.options(
                         max_concurrency=4,
-                        scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[i], soft=False),
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(
+                            self._pg, placement_group_bundle_index=bundle
+                        ),
                         runtime_env=self.runtime_env,
-                        num_cpus=0,
-                    ).remote(threads)
+                        **_kwargs_for_worker(resources),
+                    ).remote()
+            return actors
+        threads = self._threads_beside()
+        for i, bundle in enumerate(bundles):
+            if actors[i] is None:
+                actors[i] = remote_cls.options(
+                    max_concurrency=4,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(self._placed[bundle], soft=False),
+                    runtime_env=self.runtime_env,
+                    num_cpus=0,
+                ).remote(threads)
         return actors
 
-    def _wait_for_actors(self, actors: list[Any], first_bundle: int, deadline: float) -> list[WorkerMetadata]:
+    def _threads_beside(self) -> int | None:
+        """``OMP_NUM_THREADS`` for a worker started beside its bundle: Ray would set 1 for a worker
+        holding no CPU, a fresh worker gets its bundle's CPUs, unless the user set the variable
+        (here or in the runtime environment)."""
+        env_vars = (self.runtime_env or {}).get("env_vars") or {}
+        if "OMP_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in env_vars:
+            return None
+        return max(1, math.floor(self.scaling.worker_resources.get("CPU", 1)))
+
+    def _wait_for_actors(self, actors: list[Any], bundles: list[int], deadline: float) -> list[WorkerMetadata]:
         """Every actor's metadata once all have started; a clear ``WorkerStartError`` naming the
         workers' nodes when some died while starting or did not answer by ``deadline``."""
         refs = [a.metadata.remote() for a in actors]
@@ -263,7 +308,7 @@ class RayWorkerGroup:
         if not pending and not failed:
             return [answers[i] for i in range(len(refs))]
         silent = [index[ref] for ref in pending]
-        where = describe_unstarted(self._placed, first_bundle, silent, failed)
+        where = describe_unstarted(self._placed, bundles, silent, failed)
         for actor in actors:
             ray.kill(actor, no_restart=True)
         waited = f"within {self.start_timeout_s:g} s" if pending else "in time"
@@ -358,7 +403,25 @@ class RayWorkerGroup:
 
     def execute(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> list[Any]:
         """Run ``fn(*args)`` on every worker at once; results in world-rank order."""
-        return ray.get([w.actor.execute.remote(fn, *args) for w in self.workers], timeout=timeout_s)
+        return self.wait_all(self.execute_async(fn, *args), timeout_s=timeout_s)
+
+    def execute_async(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        """Start ``fn(*args)`` on every worker; ``wait_all`` collects the results."""
+        return [w.actor.execute.remote(fn, *args) for w in self.workers]
+
+    def wait_all(self, refs: list[Any], timeout_s: float | None = None) -> list[Any]:
+        """The results of ``refs`` in order. Raises the first error as soon as any call fails (a
+        worker that died while the others wait for it in a set-up step is not waited out), and
+        ``GetTimeoutError`` after ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pending = list(refs)
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not ready:
+                raise ray.exceptions.GetTimeoutError(f"{len(pending)} worker(s) did not answer within {timeout_s:g} s")
+            ray.get(ready)  # raises the call's error now
+        return ray.get(refs)
 
     def execute_single(self, rank: int, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the worker of world rank ``rank``."""
@@ -375,7 +438,7 @@ class RayWorkerGroup:
         """Start the training function on every worker (inside ``context`` when given), then listen
         for their events."""
         extra = () if context is None else (context,)
-        self._inbox = inbox = WorkerInbox([w.actor for w in self.workers], self._died, self._channel_host())
+        self._inbox = inbox = WorkerInbox([w.actor for w in self.workers], self._died, self.driver_address())
         ray.get(
             [
                 w.actor.start.remote(train_fn, config, takes_config, args, *extra, channel=inbox.address)
@@ -384,7 +447,7 @@ class RayWorkerGroup:
         )
         inbox.listen()
 
-    def _channel_host(self) -> str:
+    def driver_address(self) -> str:
         """Where the workers reach this process: loopback when they all run on this machine."""
         here = ray.util.get_node_ip_address()
         if all(w.metadata.node_ip == here for w in self.workers):
@@ -431,7 +494,7 @@ class RayWorkerGroup:
 
     def _park(self) -> None:
         """Reset the workers and hand those that answer to ``warm_workers``; they leave ``workers``."""
-        refs = [w.actor.reset.remote() for w in self.workers]
+        refs = [w.actor.stop.remote() for w in self.workers]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=KEPT_WORKER_ANSWER_S)
         done = set(ready)
         keep: list[tuple[Any, str, str]] = []
@@ -439,13 +502,70 @@ class RayWorkerGroup:
             if ref not in done:
                 continue
             try:
-                actor_id = ray.get(ref)
+                answer = ray.get(ref)
             except RayError:  # it died as the run ended: nothing to keep
                 continue
-            if actor_id is not None:
-                keep.append((worker.actor, worker.metadata.node_id, actor_id))
+            if answer.actor_id is not None:
+                keep.append((worker.actor, worker.metadata.node_id, answer.actor_id))
                 self.workers.remove(worker)
+            else:
+                logger.debug("worker of rank %d not parked: %s", worker.ranks.world_rank, answer.why_not)
         warm_workers.park(self._shape, keep)
+
+    # -- replacing failed ranks -------------------------------------------------------------------
+
+    def stop_training(self, failed: dict[int, str], wait_s: float = SURVIVOR_STOP_S) -> dict[int, str]:
+        """End the attempt but keep the processes that can train again: the ranks of ``failed``
+        (world rank -> failure kind) whose process died, hung or was preempted are killed, every
+        other rank's training function is stopped and its process reset (``TrainWorker.stop``).
+        Returns, for each rank to be replaced by ``refill``, why; the others stay in ``workers``.
+
+        The failed processes go first: a gloo collective waiting on a dead or killed peer fails
+        as its sockets close, so the survivors blocked in one can stop.
+        """
+        if self._inbox is not None:
+            self._inbox.close()
+            self._inbox = None
+        replaced = {
+            rank: f"its process {'was preempted' if kind == 'preempted' else kind}"
+            for rank, kind in failed.items()
+            if kind in ("died", "hung", "preempted")
+        }
+        for rank in replaced:
+            _kill(self.workers[rank].actor)
+        stopping = {w.actor.stop.remote(wait_s): w for w in self.workers if w.ranks.world_rank not in replaced}
+        ready, _ = ray.wait(list(stopping), num_returns=len(stopping), timeout=wait_s + KEPT_WORKER_ANSWER_S)
+        for ref, worker in stopping.items():
+            rank = worker.ranks.world_rank
+            why = f"it did not answer within {wait_s + KEPT_WORKER_ANSWER_S:g} s"
+            if ref in ready:
+                try:
+                    answer = ray.get(ref)
+                    why = answer.why_not if answer.actor_id is None else ""
+                except RayError as error:
+                    why = f"it died while stopping ({type(error).__name__})"
+            if why:
+                replaced[rank] = why
+                _kill(worker.actor)
+        self._vacant = {rank: self.workers[rank].bundle for rank in replaced}
+        self.workers = [w for w in self.workers if w.ranks.world_rank not in replaced]
+        return replaced
+
+    def refill(self, timeout_s: float) -> None:
+        """Start a worker for each rank ``stop_training`` let go, in the bundle its predecessor had
+        (the same node while it lives; after a node loss, where Ray placed the bundle again), and
+        rank the group again: with the same nodes, every rank keeps its number."""
+        vacant, self._vacant = self._vacant, {}
+        fresh: list[Worker] = []
+        if vacant:
+            deadline = time.monotonic() + timeout_s
+            self._wait_for_group(deadline)  # a lost node's bundles are placed again first
+            self._placed = dict(placement_group_table(self._pg).get("bundles_to_node_id") or {})
+            bundles = sorted(vacant.values())
+            actors = self._start_actors(bundles, [])
+            metadata = self._wait_for_actors(actors, bundles, deadline)
+            fresh = [Worker(a, m, Ranks(0, 0, 0, 0), b) for a, m, b in zip(actors, metadata, bundles, strict=True)]
+        self._rank(self.workers + fresh)  # the kept workers' environment was reset too
 
     def release_sync(self, index: int, data: Any) -> None:
         """Let every worker past barrier ``index`` (no waiting: a dead worker fails the attempt
@@ -468,10 +588,7 @@ class RayWorkerGroup:
         if keep and self._keepable and self.workers:
             self._park()
         for worker in self.workers:
-            try:
-                ray.kill(worker.actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - an actor already dead or Ray shutting down: it is gone either way
-                pass
+            _kill(worker.actor)
         self.workers = []
         if self._slices is not None:
             self._slices.shutdown()  # the workers' group and the slices' head reservations

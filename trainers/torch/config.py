@@ -169,27 +169,68 @@ def leave_process_group() -> None:
         dist.destroy_process_group()
 
 
-class TorchBackend(Backend[TorchConfig]):
-    """Sets up ``torch.distributed`` on every worker (gloo on CPU, nccl on GPU)."""
+def _join_at_driver(
+    host: str,
+    port: int,
+    prefix: str,
+    backend: str,
+    timeout_s: float,
+    env_by_rank: dict[int, dict[str, str]] | None = None,
+) -> None:
+    from trainers.torch.rendezvous import join_at_store
 
-    reuses_workers = True  # on_start leaves any process group before joining the new one
+    env = {"MASTER_ADDR": host, "MASTER_PORT": str(port), **(env_by_rank or {}).get(int(os.environ["RANK"]), {})}
+    join_at_store(host, port, prefix, backend, timeout_s, env)
+
+
+class TorchBackend(Backend[TorchConfig]):
+    """Sets up ``torch.distributed`` on every worker (gloo on CPU, nccl on GPU).
+
+    The group meets at a store the driver hosts (``trainers.torch.rendezvous``), under a prefix of
+    its own each time it is formed, so a group re-formed around replaced ranks never depends on a
+    rank that may have died; ``MASTER_ADDR``/``MASTER_PORT`` name that store. A Ray Client driver
+    cannot be counted on to be reachable: there rank 0 hosts it, as ``TorchConfig.init_method`` says.
+    """
+
+    reuses_workers = True  # every set-up leaves any process group before joining the new one
 
     def on_start(self, worker_group: Any, backend_config: TorchConfig) -> None:
         if worker_group.world_size < 1:
             return
+        from trainers.torch.rendezvous import driver_reachable, driver_store_port, new_generation
+
         use_gpu = worker_group.scaling.use_gpu
         backend = backend_config.resolved_backend(use_gpu)
+        per_rank = _per_rank_env(worker_group.workers, use_gpu)
+        timeout_s = backend_config.timeout_s + 30
+        if driver_reachable():
+            # Workers and driver import torch.distributed at the same time, not one after the other.
+            importing = worker_group.execute_async(_import_torch_and_free_port)
+            port = driver_store_port()
+            worker_group.wait_all(importing, timeout_s=timeout_s)
+            host = worker_group.driver_address()
+            worker_group.execute(
+                _join_at_driver,
+                host,
+                port,
+                new_generation(),
+                backend,
+                backend_config.timeout_s,
+                per_rank,
+                timeout_s=timeout_s,
+            )
+            return
         master = worker_group.workers[0]
-        ports = worker_group.execute(_import_torch_and_free_port, timeout_s=backend_config.timeout_s + 30)
+        ports = worker_group.execute(_import_torch_and_free_port, timeout_s=timeout_s)
         env = {"MASTER_ADDR": master.metadata.node_ip, "MASTER_PORT": str(ports[0])}
         worker_group.execute(
             _init_process_group,
             env,
             backend,
             backend_config.timeout_s,
-            _per_rank_env(worker_group.workers, use_gpu),
+            per_rank,
             backend_config.init_method,
-            timeout_s=backend_config.timeout_s + 30,
+            timeout_s=timeout_s,
         )
 
     def on_shutdown(self, worker_group: Any, backend_config: TorchConfig) -> None:

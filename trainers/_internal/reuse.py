@@ -1,0 +1,105 @@
+"""Whether a worker group's processes may serve again, and if not, why: the one home of that rule.
+
+Processes are reused two ways, both to skip a new worker's start (Ray's worker start, importing
+torch and ``torch._dynamo``: about 6 s of CPU each):
+
+- **within a run**: when ranks fail and the budget allows a restart, the ranks that did not fail
+  are kept and only the failed ones are replaced (``FLOWTRAIN_REPLACE_RANKS``, on by default);
+- **between runs**: a clean run's CPU workers are parked for the next ``fit()`` of the same shape
+  (``FLOWTRAIN_KEEP_WORKERS_S``, ``warm_workers``).
+
+Either way a reused process is put back as a fresh one first (``fresh_process``). ``refusal``
+answers for a group, in the driver; ``process_refusal`` for one process, in the worker. The
+reasons are logged at debug level, and a restart's is kept in the run's record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import sys
+
+#: Libraries that remember, for the life of the process, the distributed setup they first saw
+#: (DeepSpeed's communication backend, Accelerate's shared state, Lightning's and Transformers'
+#: environment): a process that loaded one is not reused.
+KEEPS_PROCESS_STATE = ("deepspeed", "accelerate", "lightning", "pytorch_lightning", "transformers", "torch_xla")
+
+#: Turns replacing only the failed ranks off ("0"): every failure restarts every worker.
+REPLACE_ENV = "FLOWTRAIN_REPLACE_RANKS"
+#: The resources a worker may reserve and still be parked between runs.
+PARKABLE_RESOURCES = frozenset({"CPU", "memory"})
+
+
+class Reuse(enum.Enum):
+    """The two ways a group's processes serve again."""
+
+    #: Survivors of a failed attempt serve the next attempt of the same run.
+    WITHIN_RUN = "within a run"
+    #: A clean run's workers are parked for the next ``fit()`` of the same shape.
+    BETWEEN_RUNS = "between runs"
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupFacts:
+    """What decides whether one attempt's worker group can be reused."""
+
+    #: The backend set ``Backend.reuses_workers``: its ``on_start`` can set up again in a process
+    #: that ran it before (torch, and the plain data-parallel backend).
+    backend_reuses: bool
+    #: The backend's name, for the reason.
+    backend_name: str
+    #: ``ScalingConfig.num_workers=(min, max)``: each attempt is sized anew.
+    elastic: bool = False
+    #: The workers hold whole TPU slices (``SlicePlacementGroup``).
+    tpu_slices: bool = False
+    #: The group runs in, or beside, a Ray Tune trial's placement group (the trial's process ends
+    #: with the trial, and parked workers would outlive it).
+    in_tune_trial: bool = False
+    #: Each worker's resources.
+    resources: tuple[str, ...] = ("CPU",)
+    #: ``FLOWTRAIN_KEEP_WORKERS_S`` (between runs only).
+    keep_s: float = 0.0
+
+
+def replacing_enabled() -> bool:
+    """``FLOWTRAIN_REPLACE_RANKS``: anything but "0"/"false"/"no"/"off" (default: on)."""
+    raw = os.environ.get(REPLACE_ENV, "1").strip().lower()
+    if raw in ("0", "false", "no", "off"):
+        return False
+    if raw in ("", "1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{REPLACE_ENV}={raw!r}: must be 1 (replace only the failed ranks) or 0 (restart every worker)")
+
+
+def refusal(facts: GroupFacts, reuse: Reuse) -> str | None:
+    """Why the group described by ``facts`` cannot be reused ``reuse``-wise, or None when it can."""
+    if not facts.backend_reuses:
+        return (
+            f"the {facts.backend_name} backend has not declared that it can set up again in a process that ran it "
+            "(Backend.reuses_workers)"
+        )
+    if facts.tpu_slices:
+        return "the workers hold whole TPU slices"
+    if reuse is Reuse.WITHIN_RUN:
+        if not replacing_enabled():
+            return f"{REPLACE_ENV}=0"
+        if facts.elastic:
+            return "an elastic run sizes each attempt by what fits then"
+        return None
+    if facts.keep_s <= 0:
+        return "FLOWTRAIN_KEEP_WORKERS_S=0"
+    if facts.in_tune_trial:
+        return "the workers run in a Ray Tune trial, whose resources end with the trial"
+    held = sorted(set(facts.resources) - PARKABLE_RESOURCES)
+    if held:
+        return f"the workers hold {', '.join(held)}, which a parked process could not give back"
+    return None
+
+
+def process_refusal() -> str | None:
+    """Run in a worker: why this process cannot serve again, or None."""
+    loaded = [name for name in KEEPS_PROCESS_STATE if name in sys.modules]
+    if loaded:
+        return f"it loaded {', '.join(loaded)}, which keep process-wide distributed state"
+    return None

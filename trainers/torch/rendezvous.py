@@ -1,0 +1,68 @@
+"""Where the workers' torch process group meets: a store the driver hosts, one prefix a generation.
+
+With ``env://`` as torchrun uses it, rank 0 hosts the group's ``TCPStore``: if rank 0 dies, the
+store dies with it, and a group re-formed after a failure needs a new one on whichever process is
+rank 0 then. flowtrain keeps the survivors of a failure and re-forms the group around their
+replacements (``FLOWTRAIN_REPLACE_RANKS``), so the store lives in the driver, which outlives every
+worker: one ``TCPStore`` per driver process, listening on all interfaces on a port the OS picks,
+and each formation of a group (a generation) uses keys under a prefix of its own, so a late rank
+of an old generation can never meet a new one.
+
+A driver connected through Ray Client (``ray://``) may not be reachable from the workers; there
+the group meets at rank 0 as torchrun's would (``TorchConfig.init_method``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import uuid
+from typing import Any
+
+_lock = threading.Lock()
+_store: Any = None
+
+
+def driver_store_port() -> int:
+    """The port of this driver's store, started on first use."""
+    global _store
+    with _lock:
+        if _store is None:
+            import torch.distributed as dist
+
+            _store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False)
+        return int(_store.port)
+
+
+def driver_reachable() -> bool:
+    """Whether the workers can reach a store in this process (not a Ray Client driver)."""
+    try:
+        from ray.util.client import ray as client
+    except ImportError:  # pragma: no cover - every Ray 2.x has it
+        return True
+    return not client.is_connected()
+
+
+def new_generation() -> str:
+    """A key prefix no other formation of any group of this driver uses."""
+    return f"flowtrain/{uuid.uuid4().hex}/"
+
+
+def join_at_store(host: str, port: int, prefix: str, backend: str, timeout_s: float, env: dict[str, str]) -> None:
+    """Run in a worker: leave any group this process is in, then join the generation ``prefix`` at
+    the driver's store ``host:port`` with this worker's ``RANK`` and ``WORLD_SIZE``."""
+    import torch.distributed as dist
+
+    os.environ.update(env)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.PrefixStore(prefix, dist.TCPStore(host, port, is_master=False, timeout=timeout))
+    dist.init_process_group(
+        backend=backend,
+        store=store,
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timeout,
+    )
