@@ -76,9 +76,15 @@ def resume_after_checkpoint(file_name: str) -> int:
 
 
 def checkpointing_loop(config: dict) -> None:
-    """Counts steps, checkpointing every ``every`` steps; resumes from get_checkpoint()."""
+    """Counts steps, checkpointing every ``every`` steps; resumes from get_checkpoint(). With
+    ``report_where``, every report also names the rank's process and node ("pid", "node")."""
     start = resume_after_checkpoint("step.txt")
     rank = get_context().get_world_rank()
+    where = {}
+    if config.get("report_where"):
+        import ray
+
+        where = {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
     for step in range(start, config["steps"]):
         if config.get("sleep_s"):
             import time
@@ -94,12 +100,12 @@ def checkpointing_loop(config: dict) -> None:
                 with open(os.path.join(folder, "step.txt"), "w") as f:
                     f.write(str(step))
                 report(
-                    {"step": step, "score": config.get("scores", {}).get(step, step)},
+                    {"step": step, "score": config.get("scores", {}).get(step, step), **where},
                     checkpoint=Checkpoint.from_directory(folder),
                     checkpoint_upload_mode=config.get("upload_mode", trainers.CheckpointUploadMode.SYNC),
                 )
         else:
-            report({"step": step, "score": config.get("scores", {}).get(step, step)})
+            report({"step": step, "score": config.get("scores", {}).get(step, step), **where})
 
 
 def failing_loop(config: dict) -> None:

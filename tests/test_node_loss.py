@@ -38,10 +38,10 @@ class Watch(UserCallback):
         self.restarted.set()
 
 
-def trainer(tmp_path, name, callback, max_failures):
+def trainer(tmp_path, name, callback, max_failures, report_where=False):
     return TorchTrainer(
         loops.checkpointing_loop,
-        train_loop_config={"steps": 10, "every": 1, "sleep_s": 0.2},
+        train_loop_config={"steps": 10, "every": 1, "sleep_s": 0.2, "report_where": report_where},
         scaling_config=ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"),
         run_config=RunConfig(
             name=name,
@@ -52,20 +52,45 @@ def trainer(tmp_path, name, callback, max_failures):
     )
 
 
+class Where(Watch):
+    """Watch, plus each attempt's (pid, node) per rank, from the loop's reports."""
+
+    def __init__(self, step):
+        super().__init__(step)
+        self.places = {}
+
+    def after_report(self, run_context, metrics, checkpoint):
+        self.places.setdefault(run_context.attempt, [(m["pid"], m["node"]) for m in metrics])
+        super().after_report(run_context, metrics, checkpoint)
+
+
 def test_lost_node_resumes_when_a_node_comes_back(two_nodes, tmp_path):
+    """The rank on the lost node is replaced on the node that joins; the other keeps its process."""
     cluster, spare = two_nodes
-    watch = Watch(step=3)
-    thread, outcome = fit_in_background(trainer(tmp_path, "node-loss", watch, max_failures=2))
+    watch = Where(step=3)
+    thread, outcome = fit_in_background(trainer(tmp_path, "node-loss", watch, max_failures=2, report_where=True))
     assert watch.reached.wait(120)
     cluster.remove_node(spare)  # the rank on it dies with its node
     assert watch.restarted.wait(120)  # the controller saw the loss; its restart waits for a second node
-    cluster.add_node(num_cpus=1)
+    new = cluster.add_node(num_cpus=1)
     thread.join(180)
     assert not thread.is_alive()
     assert "error" not in outcome, outcome.get("error")
     result = outcome["result"]
     assert watch.restarts and watch.restarts[0][0].kind == "died"
     assert list(result.metrics_dataframe["step"]) == list(range(10))
+    before, after = watch.places[1], watch.places[2]
+    assert before[0] == after[0] and before[0][1] == cluster.head_node.node_id  # rank 0 kept its process
+    assert before[1][1] == spare.node_id and after[1][1] == new.node_id  # rank 1 replaced on the new node
+    (restart,) = result_record(result)["restarts"]
+    assert (restart["kept"], restart["replaced"]) == ([0], {"1": "its process died"})
+
+
+def result_record(result):
+    import json
+
+    with open(os.path.join(result.path, "run.json")) as f:
+        return json.load(f)
 
 
 def test_lost_node_without_replacement_is_a_clear_error_not_a_hang(two_nodes, tmp_path):

@@ -164,3 +164,56 @@ def test_a_process_that_loaded_deepspeed_is_not_kept(tmp_path):
     pid = trainer.fit().return_value
     assert warm_workers.parked_actor_ids() == set()
     wait_until(lambda: not process_alive(pid), timeout_s=30, what=f"worker {pid} killed")
+
+
+#: A user's module, as a notebook user edits it between two fit() calls: a module-level counter,
+#: and torch's default dtype changed by the run.
+USER_MODULE = """
+import os
+
+import torch
+
+from trainers import report
+
+COUNTER = 0
+VERSION = {version}
+
+
+def loop():
+    global COUNTER
+    COUNTER += 1
+    found = {{"version": VERSION, "counter": COUNTER, "dtype": str(torch.get_default_dtype()), "pid": os.getpid()}}
+    torch.set_default_dtype(torch.float64)
+    report({{"version": VERSION}})
+    return found
+"""
+
+
+def test_a_kept_worker_imports_the_edited_module_afresh_and_torch_settings_are_reset(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    source = tmp_path / "user_code"
+    source.mkdir()
+    (source / "edited_module.py").write_text(USER_MODULE.format(version=1))
+    monkeypatch.syspath_prepend(str(source))
+    # The workers find the module the way a user's cluster does: on their PYTHONPATH.
+    runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join([str(source), os.environ["PYTHONPATH"]])}}
+    importlib.import_module("edited_module")
+
+    def fit(name):
+        trainer = TorchTrainer(
+            sys.modules["edited_module"].loop,  # as the driver holds it now
+            scaling_config=ScalingConfig(num_workers=1),
+            run_config=RunConfig(name=name, storage_path=str(tmp_path), worker_runtime_env=runtime_env),
+        )
+        return trainer.fit().return_value
+
+    first = fit("before-the-edit")
+    (source / "edited_module.py").write_text(USER_MODULE.format(version=22))  # a new size: no stale .pyc
+    importlib.reload(sys.modules["edited_module"])
+    second = fit("after-the-edit")
+
+    assert second["pid"] == first["pid"]  # the kept process served the second run
+    assert first == {**first, "version": 1, "counter": 1, "dtype": "torch.float32"}
+    assert second == {**second, "version": 22, "counter": 1, "dtype": "torch.float32"}
