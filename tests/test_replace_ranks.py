@@ -56,6 +56,13 @@ def _features(ids):
     return features, target
 
 
+def _process_started() -> float:
+    """When this process started (UNIX time)."""
+    import psutil
+
+    return psutil.Process().create_time()
+
+
 def _upload_then_die(checkpoint: Checkpoint, checkpoint_dir_name: str) -> Checkpoint:
     """A ``checkpoint_upload_fn`` whose process dies half way: one file is in the staging folder."""
     import pyarrow.fs
@@ -119,7 +126,14 @@ def replace_loop(config: dict) -> dict:
                 os.kill(os.getpid(), signal.SIGSTOP)  # hung after the collective: the others report on
             rows.extend(int(i) for i in batch["id"])
             step += 1
-            metrics = {"step": step - 1, "epoch": epoch, "pid": os.getpid(), "calls": calls, "dtype": dtype_at_start}
+            metrics = {
+                "step": step - 1,
+                "epoch": epoch,
+                "pid": os.getpid(),
+                "started": _process_started(),
+                "calls": calls,
+                "dtype": dtype_at_start,
+            }
             if step % EVERY:
                 report(metrics)
                 continue
@@ -290,3 +304,28 @@ def test_a_second_death_while_the_group_re_forms_restarts_every_worker(tmp_path,
     assert restarts["full_restart"] == "a second failure while the group re-formed"
     assert set(callback.pids[3]).isdisjoint(callback.pids[1])  # every process new in attempt 3
     assert_fresh(callback)
+
+
+def test_a_spare_worker_takes_the_failed_rank_s_place(tmp_path, uninterrupted, monkeypatch):
+    """With spares started as soon as the group reports (FLOWTRAIN_SPARE_AFTER_S=0), the killed
+    rank's replacement is a process that was already running before the fault."""
+    monkeypatch.setenv("FLOWTRAIN_SPARE_AFTER_S", "0")
+    marker = tmp_path / "marker"
+    result, callback = fit(tmp_path, "spare", (1, "kill", str(marker)))
+
+    assert_exact(result, uninterrupted)
+    first, second = callback.first[1], callback.first[2]
+    assert [m["pid"] for m in first][::2] == [m["pid"] for m in second][::2]
+    assert second[1]["pid"] != first[1]["pid"]
+    assert second[1]["started"] < marker.stat().st_mtime  # started before rank 1 was killed: a spare
+    assert_fresh(callback)
+
+
+def test_spare_settings_are_checked_before_any_worker_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLOWTRAIN_SPARE_WORKERS", "one")
+    with pytest.raises(ValueError, match="FLOWTRAIN_SPARE_WORKERS='one'"):
+        fit(tmp_path, "bad-spares")
+    monkeypatch.setenv("FLOWTRAIN_SPARE_WORKERS", "1")
+    monkeypatch.setenv("FLOWTRAIN_REPLACE_RANKS", "maybe")
+    with pytest.raises(ValueError, match="FLOWTRAIN_REPLACE_RANKS='maybe'"):
+        fit(tmp_path, "bad-replace")

@@ -22,16 +22,18 @@ import pyarrow.fs
 from storage import Checkpoint
 from storage.layout import RunLayout
 from storage.snapshot import RestartRecord
+from trainers._internal import warm_workers
 from trainers._internal.attempt_book import LAUNCH
 from trainers._internal.data import execution_options_for, install_data_context, names_to_split, split_datasets
 from trainers._internal.data_position import DataPositions, ResumePlan, plan_resume
 from trainers._internal.devices import assign_visible_devices
 from trainers._internal.elastic import ElasticSizer, NodeResources, wait_released
-from trainers._internal.events import Event, FailedEvent, take_events
+from trainers._internal.events import Event, FailedEvent, ReportEvent, take_events
 from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
 from trainers._internal.resources import capturing_placement_group
-from trainers._internal.reuse import Reuse, refusal
+from trainers._internal.reuse import Reuse, refusal, replacing_enabled
 from trainers._internal.session import WorkerSession
+from trainers._internal.spares import spares_after_s, spares_per_node
 from trainers._internal.start_failure import describe_nodes
 from trainers._internal.worker import run_training_function
 from trainers._internal.worker_group import RayWorkerGroup, WorkerStartError
@@ -134,6 +136,14 @@ class RayWorkers:
         self._attempt = 0
         #: ``launch`` is re-forming the group around kept workers: a failure now restarts them all.
         self._reforming = False
+        # Settings read now, so a bad value fails before any worker starts.
+        warm_workers.keep_s()
+        replacing_enabled()
+        self._spares_per_node = spares_per_node()
+        self._spares_after_s = spares_after_s()
+        #: This attempt's group should get its spare workers once it reports (``_fill_spares``).
+        self._spares_due = False
+        self._first_started_at: float | None = None
 
     def launch(
         self, attempt: int, checkpoint: Checkpoint | None, data_position: dict[str, Any] | None = None
@@ -204,6 +214,9 @@ class RayWorkers:
         group = self.group
         assert group is not None  # launch started or re-formed it
         self._started_at = time.monotonic()
+        if self._first_started_at is None:
+            self._first_started_at = self._started_at
+        self._spares_due = self._spares_per_node > 0
         import ray
 
         installed = (
@@ -261,12 +274,23 @@ class RayWorkers:
 
     def poll(self, timeout_s: float) -> list[Event | PreemptionNotice]:
         events: list[Event | PreemptionNotice] = [*self.group.poll(timeout_s)] if self.group is not None else []
+        if self._spares_due and any(isinstance(event, ReportEvent) for event in events):
+            self._fill_spares()
         info = self._drain.check() if self._drain is not None and self.group is not None else None
         if info is not None and self.group is not None:
             for worker in self.group.workers:
                 worker.actor.mark_preempted.remote(info)  # get_preemption_info() answers it from now on
             events.append(PreemptionNotice(info))
         return events
+
+    def _fill_spares(self) -> None:
+        """Once the run has trained ``FLOWTRAIN_SPARE_AFTER_S`` and this attempt reports, have the
+        spare workers ready (``spares``): the first time, or again after one took a failed rank's place."""
+        started = self._first_started_at
+        if self.group is None or started is None or time.monotonic() - started < self._spares_after_s:
+            return
+        self._spares_due = False
+        self.group.fill_spares(self._spares_per_node)
 
     def lost_a_node(self, node_ids: list[str], wait_s: float = NODE_DEATH_WAIT_S) -> bool:
         """Whether one of ``node_ids`` has left the cluster (not just a worker process dying).

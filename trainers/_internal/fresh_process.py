@@ -48,7 +48,7 @@ TORCH_START_SEED = 67280421310721
 _KEPT_PACKAGES = frozenset({"trainers", "storage", "tasks", "flows", "ray"})
 
 
-def _installed_roots() -> tuple[str, ...]:
+def installed_roots() -> tuple[str, ...]:
     """The folders installed code lives in: the standard library and every site-packages."""
     paths = sysconfig.get_paths()
     roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
@@ -108,7 +108,7 @@ class ProcessBaseline:
 
     def forget_user_modules(self) -> list[str]:
         """Drop from ``sys.modules`` every user module imported since ``capture``."""
-        installed = _installed_roots()
+        installed = installed_roots()
         names = [
             name
             for name, module in list(sys.modules.items())

@@ -58,8 +58,6 @@ class GroupFacts:
     in_tune_trial: bool = False
     #: Each worker's resources.
     resources: tuple[str, ...] = ("CPU",)
-    #: ``FLOWTRAIN_KEEP_WORKERS_S`` (between runs only).
-    keep_s: float = 0.0
 
 
 def replacing_enabled() -> bool:
@@ -73,7 +71,12 @@ def replacing_enabled() -> bool:
 
 
 def refusal(facts: GroupFacts, reuse: Reuse) -> str | None:
-    """Why the group described by ``facts`` cannot be reused ``reuse``-wise, or None when it can."""
+    """Why the group described by ``facts`` cannot be reused ``reuse``-wise, or None when it can.
+
+    Workers that can be reused between runs are started beside their placement group, holding no
+    resources themselves, so that they can outlive it; whether a clean run's workers are then
+    parked is ``FLOWTRAIN_KEEP_WORKERS_S``'s (0: they are killed). Spare workers
+    (``FLOWTRAIN_SPARE_WORKERS``) need workers started that way too."""
     if not facts.backend_reuses:
         return (
             f"the {facts.backend_name} backend has not declared that it can set up again in a process that ran it "
@@ -87,8 +90,6 @@ def refusal(facts: GroupFacts, reuse: Reuse) -> str | None:
         if facts.elastic:
             return "an elastic run sizes each attempt by what fits then"
         return None
-    if facts.keep_s <= 0:
-        return "FLOWTRAIN_KEEP_WORKERS_S=0"
     if facts.in_tune_trial:
         return "the workers run in a Ray Tune trial, whose resources end with the trial"
     held = sorted(set(facts.resources) - PARKABLE_RESOURCES)

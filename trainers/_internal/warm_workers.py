@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import threading
 from typing import Any
 
 import ray
+
+logger = logging.getLogger(__name__)
 
 #: How long parked workers wait for the next run when ``FLOWTRAIN_KEEP_WORKERS_S`` is not set.
 DEFAULT_KEEP_S = 30.0
@@ -89,6 +92,8 @@ def park(key: tuple, workers: list[tuple[Any, str, str]]) -> None:
     global _parked
     seconds = keep_s()
     if seconds <= 0 or not workers:
+        if workers:
+            logger.debug("%d worker(s) not parked: %s=0", len(workers), KEEP_ENV)
         _kill(workers)
         return
     parked = _Parked(key, list(workers), threading.Timer(seconds, lambda: _expire(parked)))

@@ -36,6 +36,7 @@ from trainers._internal.resources import (
     stuck_beside_other_groups,
 )
 from trainers._internal.reuse import GroupFacts, Reuse, refusal
+from trainers._internal.spares import SparePool, installed_modules
 from trainers._internal.start_failure import describe_nodes, describe_unstarted
 from trainers._internal.tpu import host_order, reserve_slices
 from trainers._internal.worker import TrainWorker, WorkerMetadata
@@ -120,6 +121,8 @@ class RayWorkerGroup:
         self.facts = GroupFacts(backend_reuses=reusable, backend_name="")
         #: World rank -> bundle of the workers ``stop_training`` let go, for ``refill`` to replace.
         self._vacant: dict[int, int] = {}
+        #: Spare workers beside the group (only for workers started beside it).
+        self.spares = SparePool(self._new_worker_beside)
         #: Set by ``start`` for keepable workers: the shape their parked processes are filed under.
         self._shape: tuple = ()
         self.workers: list[Worker] = []
@@ -192,10 +195,9 @@ class RayWorkerGroup:
             tpu_slices=self._slices is not None,
             in_tune_trial=not self._owns_pg or trial_group is not None,
             resources=tuple(sorted(bundle)),
-            keep_s=warm_workers.keep_s(),
         )
         parking = refusal(self.facts, Reuse.BETWEEN_RUNS)
-        logger.debug("workers parked after a clean end: %s", f"no, {parking}" if parking else "yes")
+        logger.debug("workers may be parked after a clean end: %s", f"no, {parking}" if parking else "yes")
         self._keepable = parking is None
         if self._keepable:
             self._shape = warm_workers.shape_key(bundle, self.runtime_env)
@@ -235,19 +237,29 @@ class RayWorkerGroup:
     def backend_name(self) -> str:
         return self._backend_name
 
-    def _start_actors(self, bundles: list[int], reused: list[Any | None]) -> list[Any]:
+    def _start_actors(
+        self, bundles: list[int], reused: list[Any | None], ready: list[Any] | None = None, wait_s: float = 0.0
+    ) -> list[Any]:
         """One worker per bundle of ``bundles``: ``reused[i]`` (a kept process on that bundle's
-        node) where it is given and still answers, else a new process.
+        node) where it is given and answers, else a new process. A reused worker answers when its
+        ``ready[i]`` ObjectRef resolves (a spare's warm-up: up to ``wait_s``), or its metadata call
+        returns (up to ``KEPT_WORKER_ANSWER_S``).
 
         Workers that may be parked (``_keepable``) start beside the placement group, on their
         bundle's node and holding no resources themselves (the group holds them), so that they can
         outlive it when the run ends cleanly; the others start in their bundle.
         """
         actors: list[Any] = list(reused) + [None] * (len(bundles) - len(reused))
-        checks = {actor.metadata.remote(): i for i, actor in enumerate(actors) if actor is not None}
-        ready = ray.wait(list(checks), num_returns=len(checks), timeout=KEPT_WORKER_ANSWER_S)[0] if checks else []
+        ready = list(ready or []) + [None] * (len(bundles) - len(ready or []))
+        checks = {
+            (ready[i] if ready[i] is not None else actor.metadata.remote()): i
+            for i, actor in enumerate(actors)
+            if actor is not None
+        }
+        timeout = max(KEPT_WORKER_ANSWER_S, wait_s)
+        answered_refs = ray.wait(list(checks), num_returns=len(checks), timeout=timeout)[0] if checks else []
         answered = set()
-        for ref in ready:
+        for ref in answered_refs:
             try:
                 ray.get(ref)
                 answered.add(checks[ref])
@@ -271,16 +283,23 @@ class RayWorkerGroup:
                         **_kwargs_for_worker(resources),
                     ).remote()
             return actors
-        threads = self._threads_beside()
         for i, bundle in enumerate(bundles):
             if actors[i] is None:
-                actors[i] = remote_cls.options(
-                    max_concurrency=4,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(self._placed[bundle], soft=False),
-                    runtime_env=self.runtime_env,
-                    num_cpus=0,
-                ).remote(threads)
+                actors[i] = self._new_worker_beside(self._placed[bundle])
         return actors
+
+    def _new_worker_beside(self, node_id: str) -> Any:
+        """A new worker on ``node_id`` that holds no resources (its bundle does)."""
+        return (
+            _remote_worker_class()
+            .options(
+                max_concurrency=4,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                runtime_env=self.runtime_env,
+                num_cpus=0,
+            )
+            .remote(self._threads_beside())
+        )
 
     def _threads_beside(self) -> int | None:
         """``OMP_NUM_THREADS`` for a worker started beside its bundle: Ray would set 1 for a worker
@@ -562,7 +581,13 @@ class RayWorkerGroup:
             self._wait_for_group(deadline)  # a lost node's bundles are placed again first
             self._placed = dict(placement_group_table(self._pg).get("bundles_to_node_id") or {})
             bundles = sorted(vacant.values())
-            actors = self._start_actors(bundles, [])
+            spares = [self.spares.take(self._placed[b]) if self._keepable else None for b in bundles]
+            actors = self._start_actors(
+                bundles,
+                [spare[0] if spare else None for spare in spares],
+                [spare[1] if spare else None for spare in spares],
+                wait_s=max(0.0, deadline - time.monotonic()),
+            )
             metadata = self._wait_for_actors(actors, bundles, deadline)
             fresh = [Worker(a, m, Ranks(0, 0, 0, 0), b) for a, m, b in zip(actors, metadata, bundles, strict=True)]
         self._rank(self.workers + fresh)  # the kept workers' environment was reset too
@@ -577,6 +602,17 @@ class RayWorkerGroup:
         """Send rank ``rank`` the answer to its ``get_all_reported_checkpoints()`` call (no waiting)."""
         self.workers[rank].actor.answer_checkpoints.remote(query_id, answer)
 
+    def fill_spares(self, per_node: int) -> None:
+        """Have ``per_node`` spare workers on each node the group uses (``spares``); the first call
+        asks rank 0 which installed modules its process imported, for the spares to import."""
+        if not self._keepable or not self.workers:
+            return
+        if not self.spares.modules:
+            self.spares.modules = self.execute_single(0, installed_modules)
+        nodes = sorted({w.metadata.node_id for w in self.workers})
+        for actor in self.spares.fill(nodes, per_node):
+            _kill(actor)
+
     def shutdown(self, keep: bool = False) -> None:
         """Kill every actor and release the placement group. Safe to call twice.
 
@@ -587,8 +623,8 @@ class RayWorkerGroup:
             self._inbox = None
         if keep and self._keepable and self.workers:
             self._park()
-        for worker in self.workers:
-            _kill(worker.actor)
+        for actor in [w.actor for w in self.workers] + self.spares.clear():
+            _kill(actor)
         self.workers = []
         if self._slices is not None:
             self._slices.shutdown()  # the workers' group and the slices' head reservations

@@ -1,0 +1,127 @@
+"""Spare workers: processes started and warmed up ahead of a failure, so that replacing a failed
+rank does not wait for a new process to start and import its framework.
+
+A new worker costs about 6 s of CPU before its first step (Ray's worker start, ``import torch``,
+``torch._dynamo`` on the first optimizer step); with the survivors kept (``reuse``), that start is
+most of what recovering from a killed rank takes. A spare is a worker started beside the group's
+placement group on a node the group uses, holding no resources, that has imported every installed
+module rank 0 had imported when the spare started; ``RayWorkerGroup.refill`` gives it the failed
+rank's bundle when it is on that bundle's node, and another spare starts once the re-formed group
+reports (so that it does not compete with the recovery for CPU).
+
+The default, one spare per node once a run has trained for ``DEFAULT_AFTER_S``, is the trade:
+a spare costs one worker start (about 6 s of one core) and its memory (a process with torch
+imported: 300-400 MB) for as long as the run lasts, which a short run, a test or a notebook that
+reruns ``fit()`` every few seconds would pay for nothing; a run that has trained a minute is one
+where a failure is worth preparing for, and on a GPU node the CPU it takes is small. Spares exist
+only for workers started beside their group (CPU workers of backends that set
+``Backend.reuses_workers``: torch and the plain data-parallel backend): a GPU worker must start in
+its bundle to be given its GPU, which the failed worker holds until it is gone.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+#: Spare workers per node the group uses (0: none).
+SPARES_ENV = "FLOWTRAIN_SPARE_WORKERS"
+DEFAULT_SPARES = 1
+#: Seconds a group trains before its spares start.
+SPARES_AFTER_ENV = "FLOWTRAIN_SPARE_AFTER_S"
+DEFAULT_AFTER_S = 60.0
+
+
+def spares_per_node() -> int:
+    """``FLOWTRAIN_SPARE_WORKERS``: a whole number >= 0 (default 1)."""
+    raw = os.environ.get(SPARES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_SPARES
+    if not raw.isdigit():
+        raise ValueError(f"{SPARES_ENV}={raw!r}: must be a whole number of spare workers per node (0: none)")
+    return int(raw)
+
+
+def spares_after_s() -> float:
+    """``FLOWTRAIN_SPARE_AFTER_S``: seconds >= 0 (default 60)."""
+    raw = os.environ.get(SPARES_AFTER_ENV, "").strip()
+    if not raw:
+        return DEFAULT_AFTER_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(
+            f"{SPARES_AFTER_ENV}={raw!r}: must be the seconds a run trains before its spare workers start"
+        ) from None
+    if value < 0:
+        raise ValueError(f"{SPARES_AFTER_ENV}={raw!r}: must be 0 or more seconds")
+    return value
+
+
+def installed_modules() -> list[str]:
+    """Run in a worker: the names of the installed modules this process has imported (what a
+    spare imports to be as warm as this worker)."""
+    from trainers._internal.fresh_process import installed_roots, is_user_module
+
+    roots = installed_roots()
+    return sorted(
+        name
+        for name, module in list(sys.modules.items())
+        if module is not None and name != "__main__" and not is_user_module(name, module, roots)
+    )
+
+
+def import_quietly(names: list[str]) -> int:
+    """Run in a spare: import each of ``names``, skipping those that fail; returns how many loaded."""
+    loaded = 0
+    for name in names:
+        try:
+            importlib.import_module(name)
+            loaded += 1
+        except Exception:  # noqa: BLE001 - a module that imports only in its own context: the worker imports it if needed
+            pass
+    return loaded
+
+
+class SparePool:
+    """One group's spare workers, by node. ``new_worker(node_id)`` starts a worker on that node."""
+
+    def __init__(self, new_worker: Callable[[str], Any]) -> None:
+        self._new_worker = new_worker
+        #: (actor, node id, its warm-up's ObjectRef) of each spare.
+        self._spares: list[tuple[Any, str, Any]] = []
+        #: What spares import when they start.
+        self.modules: list[str] = []
+
+    def fill(self, nodes: list[str], per_node: int) -> list[Any]:
+        """Have ``per_node`` spares on each of ``nodes``: start those missing, each importing
+        ``modules``; returns the spares on other nodes (no longer wanted), to be killed."""
+        unwanted = [actor for actor, node, _ in self._spares if node not in nodes]
+        self._spares = [spare for spare in self._spares if spare[1] in nodes]
+        for node in nodes:
+            for _ in range(per_node - sum(1 for _, where, _ in self._spares if where == node)):
+                actor = self._new_worker(node)
+                self._spares.append((actor, node, actor.execute.remote(import_quietly, self.modules)))
+        return unwanted
+
+    def take(self, node: str) -> tuple[Any, Any] | None:
+        """A spare on ``node`` (removed from the pool) and the ObjectRef of its warm-up, which must
+        be done before the spare is given any work (importing a framework from two threads at once
+        can abort the process: torch.distributed's C init), or None."""
+        for i, (actor, where, warm_up) in enumerate(self._spares):
+            if where == node:
+                del self._spares[i]
+                return actor, warm_up
+        return None
+
+    def __len__(self) -> int:
+        return len(self._spares)
+
+    def clear(self) -> list[Any]:
+        """Forget every spare; returns their actors (to be killed)."""
+        actors = [actor for actor, _, _ in self._spares]
+        self._spares = []
+        return actors
