@@ -25,6 +25,7 @@ import socket
 import sys
 import tempfile
 import time
+from typing import Any
 
 from benchmarks import chaos_road
 from benchmarks.chaos_schedule import KINDS, checkpoint_steps, make_schedule
@@ -187,13 +188,20 @@ def summarize(
     kinds: dict[str, dict[str, int]] = {}
     for plan in schedule:
         for fault in plan.faults:
-            kinds.setdefault(fault.kind, {"planned": 0, "injected": 0, "survived": 0})["planned"] += 1
+            kinds.setdefault(
+                fault.kind, {"planned": 0, "injected": 0, "survived": 0, "ranks_replaced": 0, "full_restarts": 0}
+            )["planned"] += 1
     broken = []
     for report in reports:
         for segment, lines in report.segments:
             for fault in segment.fired:
                 kinds[fault.kind]["injected"] += 1
                 kinds[fault.kind]["survived"] += not lines
+            for kind, restart in restarts_by_fault(segment):
+                if restart.get("full_restart"):
+                    kinds[kind]["full_restarts"] += 1
+                else:
+                    kinds[kind]["ranks_replaced"] += len(restart.get("replaced") or [])
             fired = ", ".join(f"{f.kind}@{f.step}" for f in segment.fired) or "none"
             broken += [
                 {"run": segment.run, "segment": segment.index, "fired": fired, "invariant": line} for line in lines
@@ -228,6 +236,15 @@ def summarize(
     }
 
 
+def restarts_by_fault(segment: Any) -> list[tuple[str, dict]]:
+    """Each restart of ``segment`` (the driver's journal) with the kind of the fault that caused
+    it: the faults that restart the group, in the order they fired (by step), matched one to one
+    with the restarts in the order they came; unmatched ones are left out."""
+    made = [line for line in segment.journal if line["e"] == "restart"]
+    causing = sorted((f for f in segment.fired if KINDS[f.kind].restarts), key=lambda f: f.step)
+    return [(fault.kind, restart) for fault, restart in zip(causing, made, strict=False)]
+
+
 def markdown(table: dict) -> str:
     """The table as markdown, with the broken invariants under it."""
     lines = [
@@ -236,15 +253,19 @@ def markdown(table: dict) -> str:
         + (", faults may overlap" if table["overlap"] else "")
         + f"; {table['machine']['cores']} cores, load {table['machine']['load_1m_at_start']} at start",
         "",
-        "| fault kind | planned | injected | survived | what it is |",
-        "| --- | --- | --- | --- | --- |",
+        "| fault kind | planned | injected | survived | ranks replaced / full restarts | what it is |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, counts in table["kinds"].items():
         lines.append(
-            f"| {name} | {counts['planned']} | {counts['injected']} | {counts['survived']} | {KINDS[name].about} |"
+            f"| {name} | {counts['planned']} | {counts['injected']} | {counts['survived']} | "
+            f"{counts.get('ranks_replaced', 0)} / {counts.get('full_restarts', 0)} | {KINDS[name].about} |"
         )
+    replaced = sum(k.get("ranks_replaced", 0) for k in table["kinds"].values())
+    full = sum(k.get("full_restarts", 0) for k in table["kinds"].values())
     lines += [
-        f"| **all** | {sum(k['planned'] for k in table['kinds'].values())} | {table['injected']} | {table['survived']} | |",
+        f"| **all** | {sum(k['planned'] for k in table['kinds'].values())} | {table['injected']} | {table['survived']} "
+        f"| {replaced} / {full} | |",
         "",
         f"Invariants broken: **{table['invariants_broken']}**. Runs {table['runs']}, segments {table['segments']}, "
         f"restarts {table['restarts']}; wall time {table['wall_s']:.0f} s, of which {table['setup_s']:.0f} s starting the "

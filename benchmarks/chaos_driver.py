@@ -43,7 +43,14 @@ class Journal(UserCallback):
         described = [
             {"rank": f.world_rank, "kind": f.kind, "type": f.error_type, "message": f.message[:300]} for f in failures
         ]
-        chaos_journal.append(self.path, {"e": "restart", "attempt": run_context.attempt, "failures": described})
+        # How the workers restart (issue 46): ranks replaced and kept, or why every worker restarts.
+        restart = run_context.restarts[-1] if getattr(run_context, "restarts", ()) else None
+        how = (
+            {"replaced": sorted(restart.replaced), "kept": list(restart.kept), "full_restart": restart.full_restart}
+            if restart is not None
+            else {}
+        )
+        chaos_journal.append(self.path, {"e": "restart", "attempt": run_context.attempt, "failures": described, **how})
 
     def finish(self) -> None:
         self._note(self.road.collect())

@@ -180,6 +180,74 @@ def flowtrain_fit(loop: Callable, config: dict, setup: Setup, name: str, **scali
     ).fit()
 
 
+# -- a failed attempt's NCCL group aborted and re-formed in the same processes ------------------
+
+
+def reform_loop(config: dict) -> dict:
+    """Attempt 1: an all_reduce, then a long GPU kernel and another all_reduce queued, and an
+    exception while they are in flight (rank 0 only). Attempt 2 (the same processes, kept): the
+    group is back, an all_reduce sums on the GPU, and CUDA runs a kernel."""
+    import torch.distributed as dist
+
+    from trainers import get_checkpoint, get_context, report
+
+    context = get_context()
+    device = torch.device(f"cuda:{torch.cuda.current_device()}") if config["use_gpu"] else torch.device("cpu")
+    ones = torch.ones(4, device=device)
+    dist.all_reduce(ones)
+    report({"pid": os.getpid(), "sum": float(ones[0].item()), "backend": str(dist.get_backend())})
+    if get_checkpoint() is None and not os.path.exists(config["marker"]):
+        open(config["marker"], "w").close()
+        if device.type == "cuda":
+            torch.cuda._sleep(2_000_000_000)  # about a second of GPU time, queued ahead of the collective
+        dist.all_reduce(torch.ones(4, device=device), async_op=True)
+        if context.get_world_rank() == 0:
+            raise RuntimeError("planted failure with an NCCL collective in flight")
+    summed = torch.ones(4, device=device)
+    dist.all_reduce(summed)
+    report({"pid": os.getpid(), "sum": float(summed[0].item()), "backend": str(dist.get_backend())})
+    return {"pid": os.getpid(), "sum": float(summed[0].item()), "backend": str(dist.get_backend())}
+
+
+def check_nccl_reform(setup: Setup) -> dict:
+    """A failed attempt's NCCL group is aborted with a collective in flight and re-formed in the
+    same worker processes (issue 46): the same pids, the sum right, CUDA usable after."""
+    from trainers import FailureConfig
+
+    marker = os.path.join(setup.folder("reform"), "failed-once")
+    pids: dict[int, list[int]] = {}
+
+    from trainers import UserCallback
+
+    class Pids(UserCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            pids.setdefault(run_context.attempt, [m["pid"] for m in metrics])
+
+    started = time.monotonic()
+    result = flowtrain_fit(
+        reform_loop,
+        {"marker": marker, "use_gpu": setup.use_gpu},
+        setup,
+        "nccl-reform",
+        run_config={"failure_config": FailureConfig(max_failures=1), "callbacks": [Pids()]},
+    )
+    with open(os.path.join(result.path, "run.json")) as f:
+        restarts = json.load(f)["restarts"]
+    found = {
+        "workers": setup.num_workers,
+        "backend": result.return_value["backend"],
+        "pids_by_attempt": pids,
+        "restarts": restarts,
+        "seconds": time.monotonic() - started,
+    }
+    expect(os.path.exists(marker), "the planted failure did not happen")
+    expect(len(restarts) == 1 and restarts[0]["full_restart"] is None, f"not re-formed in place: {restarts}")
+    expect(restarts[0]["kept"] == list(range(setup.num_workers)), f"not every rank was kept: {restarts}")
+    expect(result.return_value["sum"] == setup.num_workers, f"all_reduce after re-forming: {result.return_value}")
+    expect(pids.get(1) == pids.get(2), f"the workers' processes changed: {pids}")
+    return found
+
+
 # -- 1 and 2: process group, placement -------------------------------------------------------
 
 
@@ -794,6 +862,7 @@ CHECKS: dict[str, tuple[Callable[[Setup], dict], float]] = {
     "shared_gpu_gloo": (check_shared_gpu_gloo, 150),
     "placement": (check_placement, 150),
     "checkpoint_resume": (check_checkpoint_resume, 180),
+    "nccl_reform": (check_nccl_reform, 150),
     "fsdp": (check_fsdp, 180),
     "amp": (check_amp, 180),
     "deepspeed": (check_deepspeed, 240),

@@ -70,6 +70,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--upload-mb", type=float, default=50.0, help="checkpoint MB per rank (upload variants)")
     parser.add_argument("--recovery-n", type=int, default=32, help="N of the recovery variant (0: skip it)")
     parser.add_argument("--recovery-topologies", nargs="+", choices=TOPOLOGIES, default=["single"])
+    parser.add_argument(
+        "--recovery-workers",
+        nargs="+",
+        type=int,
+        default=None,
+        help="the N of the recovery variant, several at once (default: --recovery-n alone)",
+    )
+    parser.add_argument(
+        "--kill-delay-s",
+        type=float,
+        default=0.0,
+        help="recovery: seconds every rank waits before the kill (time for flowtrain_spare's spare to warm up)",
+    )
     parser.add_argument("--fit-timeout", type=float, default=300.0, help="seconds before a fit() counts as missing")
     parser.add_argument("--nodes", type=int, default=4, help="Ray nodes of the multi topology (head included)")
     parser.add_argument("--node-cpus", type=float, default=1.0, help="logical CPUs of each multi-topology node")
@@ -123,6 +136,7 @@ def plan(args: argparse.Namespace) -> list[Spec]:
         step_s=args.step_s,
         keep=args.keep,
         kill_after_step=args.ckpt_every + 2,
+        kill_delay_s=args.kill_delay_s,
     )
     groups: list[tuple[str, str, int, float]] = []
     for topology in args.topologies:
@@ -134,7 +148,10 @@ def plan(args: argparse.Namespace) -> list[Spec]:
                     groups.append((topology, variant, n, args.upload_mb))
     if "recovery" in args.variants and args.recovery_n > 0:
         groups += [
-            (t, "recovery", args.recovery_n, args.ckpt_mb) for t in args.recovery_topologies if t in args.topologies
+            (t, "recovery", n, args.ckpt_mb)
+            for t in args.recovery_topologies
+            if t in args.topologies
+            for n in (args.recovery_workers or [args.recovery_n])
         ]
     specs = []
     turn = 0
@@ -293,6 +310,8 @@ def run(args: argparse.Namespace, runner: Callable[[Spec], dict], command: str) 
             "ckpt_mb": args.ckpt_mb,
             "upload_mb": args.upload_mb,
             "recovery_n": args.recovery_n,
+            "recovery_workers": args.recovery_workers,
+            "kill_delay_s": args.kill_delay_s,
             "fit_timeout_s": args.fit_timeout,
             "nodes": args.nodes,
             "node_cpus": args.node_cpus,
@@ -321,7 +340,16 @@ def run(args: argparse.Namespace, runner: Callable[[Spec], dict], command: str) 
             **r["spec"],
             **{
                 k: r["result"].get(k)
-                for k in ("recovery_s", "recovery_all_ranks_in_s", "resumed_at_step", "last_committed_step", "missing")
+                for k in (
+                    "recovery_s",
+                    "recovery_all_ranks_in_s",
+                    "resumed_at_step",
+                    "last_committed_step",
+                    "new_processes",
+                    "recovery_cpu_s",
+                    "worker_start_cpu_s",
+                    "missing",
+                )
             },
         }
         for r in report["runs"]
@@ -340,6 +368,8 @@ def _line(spec: Spec, result: dict) -> str:
         "round_ms_p50",
         "ckpt_blocked_ms_p50",
         "recovery_s",
+        "new_processes",
+        "recovery_cpu_s",
         "peak_pss_mb",
         "nodes_used",
     )

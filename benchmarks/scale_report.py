@@ -44,6 +44,12 @@ DEFINITIONS = {
     "resumed_at_step": "the step the restarted attempt started at (get_checkpoint()'s step + 1); must be "
     "last_committed_step + 1",
     "last_committed_step": "the step of the last checkpoint committed (after_report with a checkpoint) before the kill",
+    "new_processes": "recovery: how many ranks of the first resumed round ran in a process that had not run the first "
+    "attempt (1 when only the killed rank is replaced, N when every worker restarts)",
+    "recovery_cpu_s": "recovery: CPU seconds of every process of the run (the driver and every Ray process under it) "
+    "from the kill to the first resumed round",
+    "worker_start_cpu_s": "recovery: median CPU seconds a first-attempt worker process had used when its training "
+    "function began (what starting one worker costs with this workload)",
     "structure": "every rank reported every round, steps in order, every checkpoint committed at the expected steps "
     "with every rank's files at full size (callback checkpoints, Result.checkpoint, Result.best_checkpoints)",
 }
@@ -85,7 +91,12 @@ PANELS = [
     ("upload_sync", "ckpt_blocked_ms_p50", "{upload_mb:g} MB SYNC report() blocked p50 (ms)"),
     ("upload_async", "ckpt_blocked_ms_p50", "{upload_mb:g} MB ASYNC report() blocked p50 (ms)"),
 ]
-LABELS = {"flowtrain": "flowtrain", "ray_train": "ray.train"}
+LABELS = {
+    "flowtrain": "flowtrain",
+    "flowtrain_spare": "flowtrain, spare warm",
+    "flowtrain_full": "flowtrain, every worker restarted",
+    "ray_train": "ray.train",
+}
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -297,14 +308,18 @@ def _recovery_table(report: dict) -> list[str]:
         "",
         "## Recovery: one rank SIGKILLed after a round, FailureConfig(max_failures=1)",
         "",
-        "| impl | topology | N | kill -> first resumed report (s) | kill -> all ranks back in (s) | last committed step | resumed at step | structure |",
-        "|---|---|---|---|---|---|---|---|",
+        "| impl | topology | N | kill -> first resumed report (s) | kill -> all ranks back in (s) | new processes "
+        "| CPU from kill to first resumed report (s) | one worker's start (CPU s) | last committed step "
+        "| resumed at step | structure |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         spec, r = run["spec"], run["result"]
         lines.append(
             f"| {LABELS.get(spec['impl'], spec['impl'])} | {spec['topology']} | {spec['workers']} | "
             f"{_fmt(r.get('recovery_s'), '{:.2f}')} | {_fmt(r.get('recovery_all_ranks_in_s'), '{:.2f}')} | "
+            f"{_fmt(r.get('new_processes'), '{}')} | {_fmt(r.get('recovery_cpu_s'), '{:.2f}')} | "
+            f"{_fmt(r.get('worker_start_cpu_s'), '{:.2f}')} | "
             f"{_fmt(r.get('last_committed_step'), '{}')} | {_fmt(r.get('resumed_at_step'), '{}')} | "
             f"{'-' if r.get('missing') else _fmt(r.get('structure', {}).get('ok'), '')} |"
         )
@@ -332,7 +347,12 @@ def plot(report: dict, path: str) -> None:
     columns = 3
     rows = (len(panels) + columns - 1) // columns
     figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
-    colours = {"flowtrain": "tab:blue", "ray_train": "tab:orange"}
+    colours = {
+        "flowtrain": "tab:blue",
+        "flowtrain_spare": "tab:cyan",
+        "flowtrain_full": "tab:purple",
+        "ray_train": "tab:orange",
+    }
     styles = {"single": "-", "multi": "--"}
     all_n = sorted({int(n) for variants in summary.values() for by_n in variants.values() for n in by_n})
     for ax, (variant, key, title) in zip(axes.flat, panels, strict=False):

@@ -28,7 +28,17 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-IMPLS = ("flowtrain", "ray_train")
+#: flowtrain with its defaults; flowtrain_spare: spare workers from the first report
+#: (FLOWTRAIN_SPARE_AFTER_S=0), so a recovery finds one warm; flowtrain_full: every worker
+#: restarted after a failure (FLOWTRAIN_REPLACE_RANKS=0, what flowtrain did before issue 46);
+#: ray_train: the installed ray.train.
+IMPLS = ("flowtrain", "flowtrain_spare", "flowtrain_full", "ray_train")
+#: The environment each flowtrain variant runs with (read by every fit()).
+IMPL_ENV = {
+    "flowtrain": {},
+    "flowtrain_spare": {"FLOWTRAIN_SPARE_AFTER_S": "0"},
+    "flowtrain_full": {"FLOWTRAIN_REPLACE_RANKS": "0"},
+}
 TOPOLOGIES = ("single", "multi")
 #: metrics: metrics-only reports. ckpt: every ``ckpt_every``-th report carries a checkpoint from
 #: every rank. upload_sync / upload_async: the same with bigger files, uploaded SYNC or ASYNC.
@@ -57,6 +67,9 @@ class Spec:
     node_cpus: float = 1.0
     #: recovery: the step after whose round the driver side kills one rank.
     kill_after_step: int = 7
+    #: recovery: seconds the driver side waits, every rank held at the next step, before the kill
+    #: (time for spare workers to start and warm up; the same for every implementation).
+    kill_delay_s: float = 0.0
     #: seconds each rank sleeps after a report (0: the trivial loop reports as fast as it can).
     step_s: float = 0.0
     #: keep the run folder and the rank files (for debugging) instead of deleting them.
@@ -83,6 +96,7 @@ def _loop(train: Any, config: dict) -> None:
     import ray
 
     entry = time.time()
+    entry_cpu = time.process_time()  # what this process cost before the loop (its start, when new)
     context = train.get_context()
     rank = context.get_world_rank()
     pid = os.getpid()
@@ -107,7 +121,7 @@ def _loop(train: Any, config: dict) -> None:
             checkpoint = train.Checkpoint.from_directory(folder)
         metrics = {"step": step, "start": start, "pid": pid}
         if step == start:
-            metrics.update(entry=entry, node=node)
+            metrics.update(entry=entry, node=node, entry_cpu=entry_cpu)
         metrics["pre"] = pre = time.time()
         if checkpoint is None:
             train.report(metrics)
@@ -170,12 +184,16 @@ class _RecorderLogic:
     ``kill_after_step`` set it SIGKILLs one rank right after that round and opens the gate the
     ranks wait at. Ray Train runs callbacks in another process, so state goes to files."""
 
-    def __init__(self, events: str, driver_pid: int, kill_after_step: int = 0, gate: str = "") -> None:
+    def __init__(
+        self, events: str, driver_pid: int, kill_after_step: int = 0, gate: str = "", kill_delay_s: float = 0.0
+    ) -> None:
         self.events = events
         self.driver_pid = driver_pid
         self.kill_after_step = kill_after_step
+        self.kill_delay_s = kill_delay_s
         self.gate = gate
         self.killed = False
+        self.resumed_seen = False
         self.last_committed_step = 0
 
     def after_report(self, run_context, metrics, checkpoint):
@@ -197,27 +215,42 @@ class _RecorderLogic:
         event = {
             "kind": "round",
             "t": now,
+            # After a kill, until the first resumed round: the CPU of every process of the run.
+            "tree_cpu": _tree_cpu(self.driver_pid) if self.killed and not self.resumed_seen else None,
             "process": self._process_title(),
             "cpu": cpu,
             "cpu_driver": cpu_driver,
             "pid": os.getpid(),
             "checkpoint": getattr(checkpoint, "path", None) if checkpoint is not None else None,
             "ranks": [
-                [m.get("step"), m.get("pre"), m.get("start"), m.get("pid"), m.get("entry"), m.get("node")]
+                [
+                    m.get("step"),
+                    m.get("pre"),
+                    m.get("start"),
+                    m.get("pid"),
+                    m.get("entry"),
+                    m.get("node"),
+                    m.get("entry_cpu"),
+                ]
                 for m in metrics
             ],
         }
+        if self.killed and any(m.get("start") != 1 for m in metrics):
+            self.resumed_seen = True
         self._append(event)
         if self.kill_after_step and not self.killed and step == self.kill_after_step:
             self.killed = True
+            time.sleep(self.kill_delay_s)
             victim = len(metrics) - 1
             victim_pid = metrics[victim]["pid"]
+            tree_cpu = _tree_cpu(self.driver_pid)
             killed_at = time.time()
             os.kill(victim_pid, signal.SIGKILL)
             self._append(
                 {
                     "kind": "kill",
                     "t": killed_at,
+                    "tree_cpu": tree_cpu,
                     "rank": victim,
                     "pid": victim_pid,
                     "after_step": step,
@@ -242,6 +275,26 @@ class _RecorderLogic:
             f.write(json.dumps(event) + "\n")
 
 
+def _tree_cpu(root: int) -> float | None:
+    """CPU seconds (user + system) used so far by process ``root`` and every process under it (the
+    measurement's driver: every Ray process of the run is its descendant)."""
+    import psutil
+
+    try:
+        processes = [psutil.Process(root)]
+        processes += processes[0].children(recursive=True)
+    except psutil.Error:
+        return None
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+        except psutil.Error:
+            pass
+    return total
+
+
 def recorder(impl: str, **kwargs: Any) -> Any:
     """A callback of ``impl``'s own ``UserCallback`` class that records every round."""
     base = _api(impl)["UserCallback"]
@@ -251,7 +304,7 @@ def recorder(impl: str, **kwargs: Any) -> Any:
 
 def _api(impl: str) -> dict:
     """The driver-side names, from ``trainers`` or from ``ray.train`` 2.60 (V2 API)."""
-    if impl == "flowtrain":
+    if impl in IMPL_ENV:
         import trainers as api
         from trainers import DataParallelTrainer
     elif impl == "ray_train":
@@ -349,6 +402,7 @@ def measure(spec: Spec) -> dict:
         events=str(events),
         driver_pid=os.getpid(),
         kill_after_step=spec.kill_after_step if recovery else 0,
+        kill_delay_s=spec.kill_delay_s,
         gate=str(gate),
     )
     scaling = api["ScalingConfig"](
@@ -366,7 +420,7 @@ def measure(spec: Spec) -> dict:
         # 50 MB per rank, where keeping 2 bounds the disk a 64-worker run takes.
         checkpoint_config=api["CheckpointConfig"](num_to_keep=2 if spec.variant.startswith("upload") else None),
     )
-    loop = loop_flowtrain if spec.impl == "flowtrain" else loop_ray
+    loop = loop_flowtrain if spec.impl in IMPL_ENV else loop_ray
     trainer = api["DataParallelTrainer"](loop, train_loop_config=config, scaling_config=scaling, run_config=run_config)
 
     outcome: dict = {}
@@ -380,9 +434,18 @@ def measure(spec: Spec) -> dict:
         outcome["returned"] = time.time()
 
     # In a thread, so a fit() that never returns can be given up on after the timeout.
+    saved_env = {name: os.environ.get(name) for name in IMPL_ENV.get(spec.impl, {})}
+    os.environ.update(IMPL_ENV.get(spec.impl, {}))
     thread = threading.Thread(target=fit, name="scale-fit", daemon=True)
-    thread.start()
-    thread.join(spec.fit_timeout_s)
+    try:
+        thread.start()
+        thread.join(spec.fit_timeout_s)
+    finally:
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     if thread.is_alive():
         return {"missing": True, "reason": f"fit() did not return within {spec.fit_timeout_s:.0f} s", "work": str(work)}
     numbers = analyse(spec, outcome["called"], outcome["returned"], events, work / "ranks")
@@ -542,6 +605,16 @@ def _recovery(spec: Spec, kills, rounds, resumed, rank_records, problems) -> dic
     entries = [m[4] for m in first["ranks"] if m[4] is not None]
     if len(entries) == spec.workers:
         out["recovery_all_ranks_in_s"] = max(entries) - kill["t"]
+    # Which ranks the resumed attempt ran in new processes, and what the fault cost in CPU: every
+    # process of the run, from the kill to the first resumed report, against what one worker's
+    # start cost (the first attempt's ranks, before their loop).
+    before = {m[3] for r in rounds[:1] for m in r["ranks"]}
+    out["new_processes"] = sum(1 for m in first["ranks"] if m[3] not in before)
+    if kill.get("tree_cpu") is not None and first.get("tree_cpu") is not None:
+        out["recovery_cpu_s"] = first["tree_cpu"] - kill["tree_cpu"]
+    starts_cpu = [m[6] for m in rounds[0]["ranks"] if len(m) > 6 and m[6] is not None] if rounds else []
+    if starts_cpu:
+        out["worker_start_cpu_s"] = statistics.median(starts_cpu)
     if starts != {kill["last_committed_step"] + 1}:
         problems.append(
             f"resumed at step(s) {sorted(starts)}, expected {kill['last_committed_step'] + 1} "

@@ -78,6 +78,9 @@ def test_the_short_schedule_breaks_no_invariant(tmp_path):
     assert table["invariants_broken"] == 0
     assert table["injected"] >= 30 and table["survived"] == table["injected"]
     assert sum(1 for counts in table["kinds"].values() if counts["injected"]) >= 6
+    # A killed rank costs that rank only (issue 46): the soak's kills replace ranks in place.
+    kills = [table["kinds"][kind] for kind in ("kill-step", "kill-collective") if kind in table["kinds"]]
+    assert sum(counts["ranks_replaced"] for counts in kills) >= 1
 
 
 @pytest.mark.timeout(SOAK_TIMEOUT_S)

@@ -112,6 +112,7 @@ def test_every_check_fits_the_budget_alone_and_names_itself():
         "shared_gpu_gloo",
         "placement",
         "checkpoint_resume",
+        "nccl_reform",
         "fsdp",
         "amp",
         "deepspeed",

@@ -329,3 +329,12 @@ def test_spare_settings_are_checked_before_any_worker_starts(tmp_path, monkeypat
     monkeypatch.setenv("FLOWTRAIN_REPLACE_RANKS", "maybe")
     with pytest.raises(ValueError, match="FLOWTRAIN_REPLACE_RANKS='maybe'"):
         fit(tmp_path, "bad-replace")
+
+
+def test_the_gpu_check_of_a_re_formed_group_passes_on_cpu_workers(tmp_path):
+    """``make gpu-check``'s nccl_reform check, on two CPU workers over gloo: a failure with a
+    collective in flight, then the same processes in a re-formed group."""
+    from benchmarks.gpu_workloads import Setup, check_nccl_reform
+
+    found = check_nccl_reform(Setup(use_gpu=False, num_gpus=0, workdir=str(tmp_path), seconds=1))
+    assert found["backend"] == "gloo" and found["pids_by_attempt"][1] == found["pids_by_attempt"][2]

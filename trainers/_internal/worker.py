@@ -172,7 +172,7 @@ class TrainWorker:
             gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()),
         )
 
-    def stop(self, wait_s: float = 0.0, reuse: bool = True) -> StopAnswer:
+    def stop(self, wait_s: float = 0.0, reuse: bool = True, failed: bool = False) -> StopAnswer:
         """End this worker's attempt and make the process ready for another, as a fresh worker
         would be (``fresh_process``). Answers the actor's id, or why the process cannot serve again.
 
@@ -181,16 +181,20 @@ class TrainWorker:
         error is raised in the training thread at its next Python instruction, again every
         ``INTERRUPT_EVERY_S``, for up to ``wait_s`` seconds. A thread still running then (stuck in
         C code, or swallowing the error) means the process is not reused. Then the torch process
-        group is left (gloo: the peers still waiting on this rank fail at once). ``reuse=False``
-        stops and leaves without resetting.
+        group is left (gloo: the peers still waiting on this rank fail at once). ``failed``: the
+        attempt failed, so an NCCL group is aborted even when the function has ended (its last
+        collectives may still wait on the GPU for a rank that is gone). ``reuse=False`` stops and
+        leaves without resetting.
         """
         from trainers._internal import collectives
 
         if self._session is not None:
             self._session.stop_requested.set()
         thread = self._thread
-        if thread is not None and thread.is_alive():
+        running = thread is not None and thread.is_alive()
+        if running or failed:
             collectives.abort_nccl()
+        if thread is not None and running:
             deadline = time.monotonic() + wait_s
             thread.join(min(INTERRUPT_GRACE_S, wait_s))
             while thread.is_alive() and time.monotonic() < deadline:

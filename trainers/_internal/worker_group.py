@@ -552,7 +552,9 @@ class RayWorkerGroup:
         }
         for rank in replaced:
             _kill(self.workers[rank].actor)
-        stopping = {w.actor.stop.remote(wait_s): w for w in self.workers if w.ranks.world_rank not in replaced}
+        stopping = {
+            w.actor.stop.remote(wait_s, failed=True): w for w in self.workers if w.ranks.world_rank not in replaced
+        }
         ready, _ = ray.wait(list(stopping), num_returns=len(stopping), timeout=wait_s + KEPT_WORKER_ANSWER_S)
         for ref, worker in stopping.items():
             rank = worker.ranks.world_rank

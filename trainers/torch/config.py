@@ -29,9 +29,11 @@ class TorchConfig(BackendConfig):
 
     #: "gloo" or "nccl"; None picks nccl when training on GPUs and gloo otherwise.
     backend: str | None = None
-    #: How the ranks find each other: "env" reads ``MASTER_ADDR``/``MASTER_PORT`` from the
-    #: environment (``env://``), "tcp" passes rank 0's address as ``tcp://addr:port``. Both
-    #: give the same process group.
+    #: How the ranks find each other when rank 0 hosts the rendezvous (a Ray Client driver): "env"
+    #: reads ``MASTER_ADDR``/``MASTER_PORT`` from the environment (``env://``), "tcp" passes rank
+    #: 0's address as ``tcp://addr:port``. Otherwise the ranks meet at a store the driver hosts
+    #: (``trainers.torch.rendezvous``), which ``MASTER_ADDR``/``MASTER_PORT`` name. Every choice
+    #: gives the same process group.
     init_method: str = "env"
     #: Seconds a collective (and process-group setup) may wait before failing.
     timeout_s: float = 1800
