@@ -373,7 +373,9 @@ class RayWorkers:
             return "the workers had not started"
         if LAUNCH in failed:
             return "the worker group did not start"
-        return refusal(self.group.facts, Reuse.WITHIN_RUN)
+        # The group's own ScalingConfig has the attempt's fixed size; the run's says it is elastic.
+        facts = dataclasses.replace(self.group.facts, elastic=self.spec.scaling.elasticity_enabled)
+        return refusal(facts, Reuse.WITHIN_RUN)
 
     def shutdown(self) -> None:
         self._drain = None

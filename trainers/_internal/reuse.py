@@ -49,7 +49,8 @@ class GroupFacts:
     backend_reuses: bool
     #: The backend's name, for the reason.
     backend_name: str
-    #: ``ScalingConfig.num_workers=(min, max)``: each attempt is sized anew.
+    #: ``ScalingConfig.num_workers=(min, max)``: each attempt is sized anew (the run's config says
+    #: so; an attempt's group has a fixed size).
     elastic: bool = False
     #: The workers hold whole TPU slices (``SlicePlacementGroup``).
     tpu_slices: bool = False

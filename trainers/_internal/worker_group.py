@@ -191,7 +191,6 @@ class RayWorkerGroup:
         self.facts = GroupFacts(
             backend_reuses=self.reusable,
             backend_name=self.backend_name,
-            elastic=self.scaling.elasticity_enabled,
             tpu_slices=self._slices is not None,
             in_tune_trial=not self._owns_pg or trial_group is not None,
             resources=tuple(sorted(bundle)),

@@ -1,0 +1,102 @@
+"""The one rule for reusing worker processes (``trainers._internal.reuse``), reason by reason, and
+what a reused process puts back (``fresh_process``), without Ray."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import pytest
+
+from trainers._internal import reuse
+from trainers._internal.fresh_process import TORCH_START_SEED, ProcessBaseline, installed_roots, is_user_module
+from trainers._internal.reuse import GroupFacts, Reuse, refusal
+
+TORCH = GroupFacts(backend_reuses=True, backend_name="torch")
+
+
+@pytest.mark.parametrize(
+    ("facts", "reuse_", "reason"),
+    [
+        (TORCH, Reuse.WITHIN_RUN, None),
+        (TORCH, Reuse.BETWEEN_RUNS, None),
+        (GroupFacts(backend_reuses=False, backend_name="xgboost"), Reuse.WITHIN_RUN, "the xgboost backend has not"),
+        (GroupFacts(backend_reuses=False, backend_name="xgboost"), Reuse.BETWEEN_RUNS, "Backend.reuses_workers"),
+        (GroupFacts(backend_reuses=True, backend_name="torch", tpu_slices=True), Reuse.WITHIN_RUN, "TPU slices"),
+        (GroupFacts(backend_reuses=True, backend_name="torch", elastic=True), Reuse.WITHIN_RUN, "elastic run"),
+        (GroupFacts(backend_reuses=True, backend_name="torch", elastic=True), Reuse.BETWEEN_RUNS, None),
+        (GroupFacts(backend_reuses=True, backend_name="torch", in_tune_trial=True), Reuse.BETWEEN_RUNS, "Tune trial"),
+        (GroupFacts(backend_reuses=True, backend_name="torch", in_tune_trial=True), Reuse.WITHIN_RUN, None),
+        (
+            GroupFacts(backend_reuses=True, backend_name="torch", resources=("CPU", "GPU")),
+            Reuse.BETWEEN_RUNS,
+            "hold GPU",
+        ),
+        (GroupFacts(backend_reuses=True, backend_name="torch", resources=("CPU", "GPU")), Reuse.WITHIN_RUN, None),
+    ],
+)
+def test_each_reason_a_group_is_not_reused(facts, reuse_, reason):
+    found = refusal(facts, reuse_)
+    if reason is None:
+        assert found is None
+    else:
+        assert found is not None and reason in found
+
+
+def test_replacing_can_be_turned_off_and_a_bad_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv(reuse.REPLACE_ENV, "0")
+    assert refusal(TORCH, Reuse.WITHIN_RUN) == "FLOWTRAIN_REPLACE_RANKS=0"
+    assert refusal(TORCH, Reuse.BETWEEN_RUNS) is None
+    monkeypatch.setenv(reuse.REPLACE_ENV, "perhaps")
+    with pytest.raises(ValueError, match="FLOWTRAIN_REPLACE_RANKS='perhaps'"):
+        reuse.replacing_enabled()
+
+
+def test_a_process_that_loaded_a_library_with_process_state_is_not_reused(monkeypatch):
+    assert reuse.process_refusal() is None or "deepspeed" not in (reuse.process_refusal() or "")
+    monkeypatch.setitem(sys.modules, "deepspeed", types.ModuleType("deepspeed"))
+    assert "deepspeed" in (reuse.process_refusal() or "")
+
+
+def test_user_modules_are_told_from_installed_ones(tmp_path):
+    roots = installed_roots()
+    mine = types.ModuleType("mine")
+    mine.__file__ = str(tmp_path / "mine.py")
+    assert is_user_module("mine", mine, roots)
+    assert not is_user_module("json", sys.modules["json"], roots)  # the standard library
+    assert not is_user_module("pytest", sys.modules["pytest"], roots)  # site-packages
+    assert not is_user_module("trainers", sys.modules["trainers"], roots)  # flowtrain, an editable install
+    assert not is_user_module("sys", sys, roots)  # built in
+
+
+def test_restore_forgets_user_modules_and_puts_torch_and_the_environment_back(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "edited_here.py").write_text("VALUE = 1\n")
+    baseline = ProcessBaseline.capture()
+    cwd = os.getcwd()
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    data_context = sys.modules["ray.data"].DataContext.get_current() if "ray.data" in sys.modules else None
+    try:
+        import edited_here  # noqa: F401 - imported after the baseline: the user's module
+
+        os.environ["FLOWTRAIN_TEST_LEFT_BEHIND"] = "1"
+        os.chdir(tmp_path)
+        sys.path.append(str(tmp_path / "elsewhere"))
+        torch.set_default_dtype(torch.float64)
+        torch.manual_seed(3)
+        forgotten = baseline.restore()
+        assert "edited_here" in forgotten and "edited_here" not in sys.modules
+        assert "FLOWTRAIN_TEST_LEFT_BEHIND" not in os.environ and os.getcwd() == cwd
+        assert str(tmp_path / "elsewhere") not in sys.path
+        assert torch.get_default_dtype() == torch.float32 and torch.initial_seed() == TORCH_START_SEED
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.set_num_threads(threads)
+        os.chdir(cwd)
+        if data_context is not None:  # this test process's own, as the session left it
+            from trainers._internal.ray_private import set_current_data_context
+
+            set_current_data_context(data_context)
