@@ -76,6 +76,8 @@ class ProcessBaseline:
     sys_path: list[str]
     #: The modules imported before any attempt ran: never forgotten.
     modules: frozenset[str]
+    #: Modules imported since that were found installed (torch's thousands): never looked at again.
+    installed_since: set[str] = dataclasses.field(default_factory=set)
 
     @classmethod
     def capture(cls) -> ProcessBaseline:
@@ -109,11 +111,14 @@ class ProcessBaseline:
     def forget_user_modules(self) -> list[str]:
         """Drop from ``sys.modules`` every user module imported since ``capture``."""
         installed = installed_roots()
-        names = [
-            name
-            for name, module in list(sys.modules.items())
-            if name not in self.modules and module is not None and is_user_module(name, module, installed)
-        ]
+        names = []
+        for name, module in list(sys.modules.items()):
+            if name in self.modules or name in self.installed_since or module is None:
+                continue
+            if is_user_module(name, module, installed):
+                names.append(name)
+            else:
+                self.installed_since.add(name)
         for name in names:
             sys.modules.pop(name, None)
         if names:
