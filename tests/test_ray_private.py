@@ -292,3 +292,27 @@ def test_TuneTrainableAttributes():
         assert wrap_function(trainer).default_resource_request({}) == trainer_trial_resources(trainer)
         assert tune.with_resources(trainer, {"CPU": 3}) is trainer
         assert wrap_function(trainer).default_resource_request({}).required_resources == {"CPU": 3}
+
+
+def test_end_dataset_splits(ray_local):
+    """Killing the coordinator ends a shard's wait in the epoch barrier for a rank that never comes."""
+    import ray.data
+
+    shards = [{"train": it} for it in ray.data.range(8).streaming_split(2, equal=True)]
+    outcome: dict = {}
+
+    def read_one_shard() -> None:
+        try:
+            outcome["rows"] = sum(len(b["id"]) for b in shards[0]["train"].iter_batches(batch_size=4))
+            outcome["rows"] += sum(len(b["id"]) for b in shards[0]["train"].iter_batches(batch_size=4))
+        except Exception as error:  # noqa: BLE001 - what the kill should cause
+            outcome["error"] = error
+
+    reader = threading.Thread(target=read_one_shard, daemon=True)
+    reader.start()
+    reader.join(5)
+    assert reader.is_alive(), "rank 0 should wait for rank 1 at an epoch barrier"
+    with private_use("end_dataset_splits"):
+        assert ray_private.end_dataset_splits(shards) == 1
+    reader.join(30)
+    assert not reader.is_alive() and "error" in outcome, outcome

@@ -30,6 +30,7 @@ from trainers._internal.devices import assign_visible_devices
 from trainers._internal.elastic import ElasticSizer, NodeResources, wait_released
 from trainers._internal.events import Event, FailedEvent, ReportEvent, take_events
 from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
+from trainers._internal.ray_private import end_dataset_splits
 from trainers._internal.resources import capturing_placement_group
 from trainers._internal.reuse import Reuse, refusal, replacing_enabled
 from trainers._internal.session import WorkerSession
@@ -134,6 +135,8 @@ class RayWorkers:
         self._clean = False
         #: The attempt under way (for the restart record).
         self._attempt = 0
+        #: Its dataset shards, one ``{name: DataIterator}`` per rank.
+        self._shards: list[dict[str, Any]] = []
         #: ``launch`` is re-forming the group around kept workers: a failure now restarts them all.
         self._reforming = False
         # Settings read now, so a bad value fails before any worker starts.
@@ -158,6 +161,7 @@ class RayWorkers:
             shards = self._split([w.metadata.node_id for w in self.group.workers])
         else:
             self._start_group(shards)
+        self._shards = shards
         note = self._start_training(attempt, checkpoint, data_position, shards)
         self._reforming = False
         return note
@@ -354,6 +358,7 @@ class RayWorkers:
         record says why."""
         why = self._why_not_in_place(failed)
         if why is None and self.group is not None:
+            end_dataset_splits(self._shards)  # a rank waiting in an epoch barrier for a dead one gets out
             replaced = self.group.stop_training(failed)
             kept = tuple(w.ranks.world_rank for w in self.group.workers)
             if kept:

@@ -119,6 +119,32 @@ def set_current_data_context(context: Any) -> None:
     DataContext._set_current(context)
 
 
+def end_dataset_splits(shards: list[dict[str, Any]]) -> int:
+    """Kill the split coordinators behind one attempt's dataset shards (``streaming_split``
+    iterators); returns how many. A rank that finished its share of an epoch waits in the
+    coordinator's epoch barrier (``start_epoch``, a ``ray.get`` in Ray Data's prefetch thread) for
+    every other rank, a dead one too, and nothing raised in its thread reaches it there: with the
+    coordinator gone that call fails, and the rank's loop ends, so it can serve the next attempt.
+
+    Uses ``StreamSplitDataIterator._coord_actor`` (``ray.data._internal.iterator``). Public
+    replacement: none; a ``DataIterator`` has no way to be cancelled from outside in 2.60.
+    """
+    import ray
+
+    coordinators: dict[Any, Any] = {}
+    for shard in shards:
+        for iterator in shard.values():
+            actor = getattr(iterator, "_coord_actor", None)
+            if actor is not None:
+                coordinators[actor._actor_id] = actor
+    for actor in coordinators.values():
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone: what this wanted
+            pass
+    return len(coordinators)
+
+
 def right_size_footer_readers(dataset: Any) -> None:
     """Let every Parquet listing in ``dataset``'s plan start one footer reader per batch of files
     it reads, at most Ray Data's setting, instead of always Ray Data's 32.
