@@ -294,7 +294,10 @@ class RayWorkers:
         if self.group is None or started is None or time.monotonic() - started < self._spares_after_s:
             return
         self._spares_due = False
-        self.group.fill_spares(self._spares_per_node)
+        try:
+            self.group.fill_spares(self._spares_per_node)
+        except Exception as error:  # noqa: BLE001 - rank 0 may be failing right now: its failure comes through poll
+            logger.debug("spare workers not started: %s: %s", type(error).__name__, error)
 
     def lost_a_node(self, node_ids: list[str], wait_s: float = NODE_DEATH_WAIT_S) -> bool:
         """Whether one of ``node_ids`` has left the cluster (not just a worker process dying).
