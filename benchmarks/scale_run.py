@@ -275,9 +275,10 @@ class _RecorderLogic:
             f.write(json.dumps(event) + "\n")
 
 
-def _tree_cpu(root: int) -> float | None:
-    """CPU seconds (user + system) used so far by process ``root`` and every process under it (the
-    measurement's driver: every Ray process of the run is its descendant)."""
+def _tree_cpu(root: int) -> dict[str, float] | None:
+    """CPU seconds (user + system) used so far by process ``root`` and by each process under it
+    (the measurement's driver: every Ray process of the run is its descendant), keyed by pid and
+    start time, so that a later reading can tell what each process used in between."""
     import psutil
 
     try:
@@ -285,14 +286,20 @@ def _tree_cpu(root: int) -> float | None:
         processes += processes[0].children(recursive=True)
     except psutil.Error:
         return None
-    total = 0.0
+    found = {}
     for process in processes:
         try:
             times = process.cpu_times()
-            total += times.user + times.system + times.children_user + times.children_system
+            found[f"{process.pid}@{process.create_time()}"] = times.user + times.system
         except psutil.Error:
             pass
-    return total
+    return found
+
+
+def cpu_between(before: dict[str, float], after: dict[str, float]) -> float:
+    """CPU seconds the processes of ``after`` used since ``before`` (all of it for a process that
+    started in between; a process that ended in between is not counted: its last moments are lost)."""
+    return sum(cpu - before.get(key, 0.0) for key, cpu in after.items())
 
 
 def recorder(impl: str, **kwargs: Any) -> Any:
@@ -611,7 +618,7 @@ def _recovery(spec: Spec, kills, rounds, resumed, rank_records, problems) -> dic
     before = {m[3] for r in rounds[:1] for m in r["ranks"]}
     out["new_processes"] = sum(1 for m in first["ranks"] if m[3] not in before)
     if kill.get("tree_cpu") is not None and first.get("tree_cpu") is not None:
-        out["recovery_cpu_s"] = first["tree_cpu"] - kill["tree_cpu"]
+        out["recovery_cpu_s"] = cpu_between(kill["tree_cpu"], first["tree_cpu"])
     starts_cpu = [m[6] for m in rounds[0]["ranks"] if len(m) > 6 and m[6] is not None] if rounds else []
     if starts_cpu:
         out["worker_start_cpu_s"] = statistics.median(starts_cpu)

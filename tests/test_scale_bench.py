@@ -186,3 +186,11 @@ def test_implementations_take_turns_going_first_and_the_memory_slope_is_least_sq
     assert slope([(2, 100.0), (4, 140.0), (8, 220.0)]) == pytest.approx(20.0)
     assert slope([(2, 100.0)]) is None
     assert set(DEFINITIONS) >= {"all_ranks_in_s", "ckpt_commit_ms_p50", "recovery_s", "per_extra_worker_mb"}
+
+
+def test_the_cpu_a_fault_costs_counts_each_process_s_growth_and_new_processes_whole():
+    from benchmarks.scale_run import cpu_between
+
+    before = {"11@1.0": 1.0, "12@1.0": 2.0}
+    after = {"11@1.0": 1.5, "13@5.0": 0.7}  # 12 ended (not counted), 13 started in between (counted whole)
+    assert cpu_between(before, after) == pytest.approx(1.2)
