@@ -12,7 +12,7 @@ from typing import Any, Self
 
 import pyarrow.fs as pafs
 
-from storage.filesystem import download_directory, is_local, read_bytes, resolve_filesystem, write_bytes
+from storage.filesystem import absolute, download_directory, is_local, read_bytes, resolve_filesystem, write_bytes
 
 #: Where user metadata lives inside a checkpoint folder.
 METADATA_FILE = ".metadata.json"
@@ -27,9 +27,7 @@ class Checkpoint:
 
     def __init__(self, path: str | os.PathLike, filesystem: pafs.FileSystem | None = None) -> None:
         if filesystem is None:
-            filesystem, path = resolve_filesystem(
-                os.fspath(path) if "://" in os.fspath(path) else os.path.abspath(path)
-            )
+            filesystem, path = resolve_filesystem(absolute(path))
         self.path = os.fspath(path)
         self.filesystem = filesystem
 

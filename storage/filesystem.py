@@ -9,6 +9,19 @@ import shutil
 import pyarrow.fs as pafs
 
 
+def is_uri(path: str | os.PathLike) -> bool:
+    """True when ``path`` names a filesystem by its scheme (``s3://bucket/x``, ``file:///tmp/x``);
+    False for a local path. The one place flowtrain tells the two apart."""
+    return "://" in os.fspath(path)
+
+
+def absolute(path: str | os.PathLike) -> str:
+    """A URI as it is, a local path made absolute against the working directory (for paths a user
+    gives on the driver, which means the driver's working directory)."""
+    text = os.fspath(path)
+    return text if is_uri(text) else os.path.abspath(text)
+
+
 def resolve_filesystem(storage_path: str, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
     """Return ``(filesystem, path inside it)`` for a local path or a URI.
 
@@ -18,10 +31,10 @@ def resolve_filesystem(storage_path: str, filesystem: pafs.FileSystem | None = N
     """
     path = os.fspath(storage_path)
     if filesystem is not None:
-        if "://" in path:  # "s3://bucket/prefix" with an explicit S3 filesystem: the bucket path
+        if is_uri(path):  # "s3://bucket/prefix" with an explicit S3 filesystem: the bucket path
             path = path.split("://", 1)[1]
         return filesystem, path.rstrip("/") or "/"
-    if "://" not in path:
+    if not is_uri(path):
         path = os.path.expanduser(path)
         if not os.path.isabs(path):
             raise ValueError(f"storage path {storage_path!r} is relative: give an absolute path or a URI.")

@@ -8,7 +8,7 @@ import posixpath
 
 import pyarrow.fs as pafs
 
-from storage.filesystem import relative_inside
+from storage.filesystem import is_uri, relative_inside
 
 #: Where runs go when no storage path is given (Ray Train's is ``~/ray_results``).
 DEFAULT_STORAGE_PATH = "~/flowtrain_results"
@@ -46,7 +46,7 @@ def check_dir_name(name: object, field: str = "report(checkpoint_dir_name)") -> 
 def resolve_storage_path(storage_path: str | None) -> str:
     """``storage_path`` with the default filled in and ``~`` expanded (a URI stays as it is)."""
     path = str(storage_path) if storage_path is not None else DEFAULT_STORAGE_PATH
-    return path if "://" in path else os.path.expanduser(path)
+    return path if is_uri(path) else os.path.expanduser(path)
 
 
 def run_folder(storage_path: str | None, name: str) -> str:

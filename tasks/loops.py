@@ -104,7 +104,7 @@ def tabular_mlp_validation(checkpoint: Checkpoint, *, uri: str, label_column: st
     import pyarrow.dataset as pads
     import torch
 
-    from storage import resolve_filesystem
+    from storage.filesystem import absolute, resolve_filesystem
 
     with checkpoint.as_directory() as folder:
         state = torch.load(os.path.join(folder, "model.pt"))
@@ -112,7 +112,7 @@ def tabular_mlp_validation(checkpoint: Checkpoint, *, uri: str, label_column: st
     model = _mlp(len(state["features"]), weights["1.weight"].shape[0], weights["3.weight"].shape[0])
     model.load_state_dict(weights)
     model.eval()
-    filesystem, path = resolve_filesystem(uri if "://" in uri else os.path.abspath(uri))
+    filesystem, path = resolve_filesystem(absolute(uri))
     kind = next((k for k in ("parquet", "csv", "json") if path.rstrip("/").endswith((f".{k}", f".{k}l"))), "parquet")
     table = pads.dataset(path, filesystem=filesystem, format=kind).to_table(columns=[*state["features"], label_column])
     x = torch.stack([torch.as_tensor(table[c].to_numpy(), dtype=torch.float32) for c in state["features"]], dim=1)

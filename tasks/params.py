@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from storage.filesystem import is_uri
 from storage.layout import resolve_storage_path, run_folder
 from trainers import CheckpointConfig, FailureConfig, ScalingConfig
 
@@ -48,7 +49,7 @@ class DatasetSource(ParamsModel):
     @field_validator("uri")
     @classmethod
     def _absolute(cls, uri: str) -> str:
-        if "://" in uri:
+        if is_uri(uri):
             return uri
         local = os.path.expanduser(uri)
         if not os.path.isabs(local):

@@ -175,3 +175,19 @@ def test_unpicklable_input_fails_before_the_run_folder_exists(tmp_path, kept, fi
         trainer.fit()
     assert not (tmp_path / "run").exists()
     kept()
+
+
+@pytest.mark.parametrize(
+    ("given", "uri"),
+    [("s3://bucket/runs", True), ("file:///tmp/runs", True), ("/tmp/runs", False), ("runs", False), ("~/runs", False)],
+)
+def test_one_rule_tells_a_uri_from_a_local_path(given, uri, tmp_path, monkeypatch):
+    from storage.filesystem import absolute, is_uri
+
+    monkeypatch.chdir(tmp_path)
+    assert is_uri(given) is uri
+    # A URI is kept as given; a local path is made absolute against the driver's working directory.
+    expected = given if uri or given.startswith("/") else os.path.join(str(tmp_path), given)
+    assert absolute(given) == expected
+    if not uri:
+        assert is_uri(pathlib.Path(given)) is False and absolute(pathlib.Path(given)) == expected

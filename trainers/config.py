@@ -17,6 +17,7 @@ import pyarrow.fs
 from storage import CheckpointConfig
 from storage.config import DEPRECATED
 from storage.config import deprecated as _deprecated
+from storage.filesystem import is_uri
 from storage.layout import resolve_storage_path
 from trainers._internal.validation import (
     check_bool,
@@ -532,7 +533,7 @@ class RunConfig:
                 f"RunConfig.storage_path={path!r}: must be a non-empty absolute path or a URI such as 's3://bucket/prefix'."
             )
         text = str(path)
-        if "://" not in text and self.storage_filesystem is None and not os.path.isabs(os.path.expanduser(text)):
+        if not is_uri(text) and self.storage_filesystem is None and not os.path.isabs(os.path.expanduser(text)):
             raise ValueError(
                 f"RunConfig.storage_path={text!r}: a relative path means different folders on different "
                 f"nodes; give an absolute path (e.g. {os.path.abspath(text)!r}) or a URI."

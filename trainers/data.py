@@ -6,13 +6,12 @@ the expected types, and every error names the file (or folder) and the column.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
 
-from storage import resolve_filesystem
+from storage.filesystem import absolute, resolve_filesystem
 
 FORMATS = ("parquet", "csv", "json")
 
@@ -49,7 +48,7 @@ def read_dataset(
     import pyarrow.fs as pafs
     import ray.data
 
-    fs, inner = resolve_filesystem(path if "://" in path else os.path.abspath(path), filesystem)
+    fs, inner = resolve_filesystem(absolute(path), filesystem)
     info = fs.get_file_info(inner)
     if info.type == pafs.FileType.NotFound:
         raise DatasetError(f"{path}: no such file or folder.")

@@ -13,6 +13,7 @@ import glob
 import os
 from typing import TYPE_CHECKING, Any
 
+from storage.filesystem import is_uri
 from trainers._extras import require
 from trainers.callback import TrainRunContext, UserCallback
 from trainers.integrations import scalar_metrics
@@ -41,7 +42,7 @@ class TensorBoardLoggerCallback(UserCallback):
         require("tensorboard", extra="tracking")
         from torch.utils.tensorboard import SummaryWriter
 
-        if "://" in run_context.run_path:
+        if is_uri(run_context.run_path):
             raise ValueError(
                 f"TensorBoardLoggerCallback writes its event files into the run folder on local disk, and this run's "
                 f"folder is {run_context.run_path}. Use a local RunConfig(storage_path=...) or a shared file system "
