@@ -385,11 +385,22 @@ class RunStorage:
         self._write()
         return self.snapshot.num_failures
 
+    def record_preemption(self) -> int:
+        """Count a restart after a preemption in the snapshot (as ``record_failure`` does for
+        failures); return the count."""
+        self.snapshot.num_preemptions += 1
+        self._write()
+        return self.snapshot.num_preemptions
+
     # -- what Result reads -----------------------------------------------------------------------
 
     @property
     def num_failures(self) -> int:
         return self.snapshot.num_failures
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.snapshot.num_preemptions
 
     @property
     def metrics_history(self) -> list[dict[str, Any]]:

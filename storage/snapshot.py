@@ -104,7 +104,10 @@ class RunSnapshot:
 
     name: str
     attempt: int = 0
+    #: Restarts charged to ``FailureConfig.max_failures`` and to ``max_preemption_failures``:
+    #: both budgets live here, so a rerun of ``fit()`` after a driver crash goes on spending them.
     num_failures: int = 0
+    num_preemptions: int = 0
     #: Every recorded report in order: {"attempt", "report_index", "metrics"}.
     reports: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     checkpoints: list[CheckpointRecord] = dataclasses.field(default_factory=list)

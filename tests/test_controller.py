@@ -19,6 +19,7 @@ class MemoryStore:
         self.attempts = 0
         self.reports = []  # (attempt, index, metrics, staged)
         self.num_failures = 0
+        self.num_preemptions = 0
         self.latest_checkpoint = None
         self.latest_data_position = None
         self.data_resumes = []
@@ -46,6 +47,10 @@ class MemoryStore:
     def record_failure(self):
         self.num_failures += 1
         return self.num_failures
+
+    def record_preemption(self):
+        self.num_preemptions += 1
+        return self.num_preemptions
 
     def rewind_to_latest_checkpoint(self):
         self.rewinds += 1

@@ -27,7 +27,7 @@ from trainers import (
 from trainers._internal.controller import Controller, ControllerSettings
 from trainers._internal.events import FailedEvent, FinishedEvent
 from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
-from trainers.errors import WorkerError
+from trainers.errors import WorkerError, WorkerGroupError
 
 
 def preempted(rank):
@@ -44,7 +44,7 @@ def test_preempted_deaths_spend_the_preemption_budget_not_max_failures():
     store = MemoryStore()
     controller = Controller(workers=workers, storage=store, policy=policy(max_failures=0, max_preemption_failures=2))
     assert controller.run() == "done"
-    assert store.num_failures == 0 and controller.num_preemptions == 2
+    assert store.num_failures == 0 and store.num_preemptions == 2
     assert workers.launched[1] == (2, "checkpoint@1/0")
 
 
@@ -221,3 +221,39 @@ def test_rank_0_being_preempted_relaxes_nothing():
     for _ in range(3):
         controller.step()
     assert store.reports == []  # rank 0's metrics are the run's: its round waits for it
+
+
+class DriverKilled(BaseException):
+    """Ends the controller's run as a killed driver process would, mid-attempt."""
+
+
+class WorkersOfADriverThatDies(ScriptedWorkers):
+    def poll(self, timeout_s):
+        if not self._script:
+            raise DriverKilled
+        return super().poll(timeout_s)
+
+
+@pytest.mark.parametrize("second_fault", ["preemption", "failure"])
+def test_a_driver_rerun_goes_on_spending_both_budgets_from_run_json(tmp_path, second_fault):
+    from storage import RunStorage
+
+    budgets = policy(max_failures=1, max_preemption_failures=1)
+    first = RunStorage(str(tmp_path), "r")
+    first.open("driver-1")
+    dies_after_two_faults = WorkersOfADriverThatDies(
+        2, [[[preempted(1)]], [[FailedEvent(0, RuntimeError("loss is nan"), "")]], [[]]]
+    )
+    with pytest.raises(DriverKilled):
+        Controller(workers=dies_after_two_faults, storage=first, policy=budgets).run()
+    first.close()
+
+    rerun = RunStorage(str(tmp_path), "r")
+    snapshot = rerun.open("driver-2")
+    assert (snapshot.num_preemptions, snapshot.num_failures) == (1, 1)
+    fault = preempted(1) if second_fault == "preemption" else FailedEvent(0, RuntimeError("loss is nan"), "")
+    workers = ScriptedWorkers(2, [[[fault]], [[FinishedEvent(0, "done"), FinishedEvent(1, None)]]])
+    spent = PreemptionError if second_fault == "preemption" else WorkerGroupError
+    with pytest.raises(spent):  # each budget held one restart, and the first driver used it
+        Controller(workers=workers, storage=rerun, policy=budgets).run()
+    assert len(workers.launched) == 1

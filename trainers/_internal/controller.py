@@ -128,7 +128,8 @@ class Controller:
         #: Runs checkpoint validations, or None without a ValidationConfig.
         self.validations = validations
         self.settings = settings
-        self.num_preemptions = 0
+        #: Free restarts after a backend's set-up clash, counted per fit() call and not in run.json:
+        #: a clash is a race for a port, not a fault of the run, and a rerun starts a new race.
         self.setup_clash_restarts = 0
         #: The preemption under way in this attempt and when it was noticed, or None.
         self._preemption: PreemptionInfo | None = None
@@ -416,8 +417,8 @@ class Controller:
                 if failure.kind == "preempted":
                     nodes.setdefault(failure.node_id, []).append(failure.world_rank)
             info = PreemptionInfo(deadline_ms=None, preempted_node_to_ranks=nodes)
-        self.num_preemptions += 1
-        if self.policy.may_restart(Charge.PREEMPTION, self.num_preemptions - 1):
+        if self.policy.may_restart(Charge.PREEMPTION, self.storage.num_preemptions):
+            self.storage.record_preemption()
             preempted = ", ".join(sorted(info.preempted_node_to_ranks)) or "?"
             self.storage.record_restart(RestartRecord(self.attempt, full_restart=f"node(s) {preempted} preempted"))
             self._last_failures = failures or []
