@@ -6,12 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from prefect.artifacts import create_markdown_artifact
-from prefect.runtime import flow_run
 
 from tasks.params import Tracking
 from tasks.reporting import artifact_key
 from trainers import TrainRunContext, UserCallback
-from trainers.integrations.mlflow import PREFECT_FLOW_RUN_TAG, MLflowLoggerCallback
+from trainers.integrations.mlflow import PREFECT_FLOW_RUN_TAG, MLflowLoggerCallback, prefect_flow_run_id
 
 
 class LinkedMLflowLogger(MLflowLoggerCallback):
@@ -27,7 +26,9 @@ def tracking_callbacks(tracking: Tracking) -> list[UserCallback]:
     """The callbacks ``tracking`` asks for; the MLflow run is tagged with the flow run's id."""
     callbacks: list[UserCallback] = []
     if tracking.mlflow is not None:
-        flow_tags = {PREFECT_FLOW_RUN_TAG: str(flow_run.id)} if flow_run.id else {}
+        # Read here, in the train task's context: the callback may run where that context is not.
+        flow_run_id = prefect_flow_run_id()
+        flow_tags = {PREFECT_FLOW_RUN_TAG: flow_run_id} if flow_run_id else {}
         callbacks.append(
             LinkedMLflowLogger(
                 tracking.mlflow.tracking_uri,

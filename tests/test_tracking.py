@@ -324,3 +324,17 @@ def test_tensorboard_refuses_a_run_folder_on_an_object_store():
 
 if __name__ == "__main__":
     trainer(sys.argv[1], sys.argv[2], sys.argv[3]).fit()
+
+
+def test_the_flow_run_id_is_read_without_importing_prefect_where_prefect_is_not_loaded():
+    script = (
+        "import sys\n"
+        "from trainers.integrations.mlflow import prefect_flow_run_id\n"
+        "print(prefect_flow_run_id(), 'prefect' in sys.modules)\n"
+    )
+    env = {**os.environ, "PREFECT__FLOW_RUN_ID": "0f1e2d3c"}
+    given = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert given.stdout.split() == ["0f1e2d3c", "False"]
+    env.pop("PREFECT__FLOW_RUN_ID")
+    absent = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert absent.stdout.split() == ["None", "False"]
