@@ -4,7 +4,7 @@ that must hold after every one.
     python -m benchmarks.chaos --faults 32 --seed 1 --per-run 10 --ack-timeout 3   # the suite's short schedule
     python -m benchmarks.chaos --faults 300 --seed 7 --out benchmarks/results/chaos-<date>
     python -m benchmarks.chaos --faults 30 --seed 1 --storage s3       # S3 on a moto server
-    python -m benchmarks.chaos --faults 30 --seed 1 --acks off         # a planted defect: must break
+    python -m benchmarks.chaos --faults 30 --seed 1 --plant lost-events  # a planted defect: must break
 
 Runs real ``fit()`` calls (2 workers, gloo, DDP, a checkpoint every 4 steps, best 2 kept,
 ``FailureConfig(max_failures=-1)``) on a two-node Ray on this machine. The fault kinds are in
@@ -50,16 +50,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated fault kinds (default: every kind this tree can inject that is not opt-in)",
     )
     parser.add_argument(
-        "--acks",
-        choices=("on", "off"),
-        default="on",
-        help="off: the event road without acknowledgements (a planted defect)",
-    )
-    parser.add_argument(
         "--plant",
-        choices=("lose-file",),
+        choices=("lose-file", chaos_road.LOST_EVENTS),
         default=None,
-        help="a planted defect of the soak's own: a commit loses a file",
+        help="a planted defect of the soak's own: a commit loses a file, or the driver acknowledges the events of a "
+        "faulted connection without delivering them (what the event road's acknowledgements guard against)",
     )
     parser.add_argument(
         "--overlap",
@@ -76,7 +71,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="faults planned per run at most (default %(default)s; at most the checkpoints a run takes)",
     )
     parser.add_argument(
-        "--ack-timeout", type=float, default=None, help="the event channel's ACK_TIMEOUT_S in the drivers"
+        "--ack-timeout",
+        type=float,
+        default=None,
+        help="how long a worker waits for the event road's acknowledgement, in the drivers (default 15 s)",
     )
     parser.add_argument("--out", type=pathlib.Path, default=None, help="write the table to OUT.json and OUT.md")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, runs) for a post-mortem")
@@ -106,15 +104,16 @@ def main(argv: list[str] | None = None) -> int:
             f"--per-run {args.per_run}: between 1 and {most}, the checkpoints a run of --steps {args.steps} "
             "takes before its last (a storage fault strikes one each)"
         )
-    if (args.acks == "off" or any(k.startswith("event-") for k in kinds)) and not chaos_road.available():
+    if (
+        args.plant == chaos_road.LOST_EVENTS or any(k.startswith("event-") for k in kinds)
+    ) and not chaos_road.available():
         raise SystemExit(
-            "the event-road faults and --acks off need the event channel's fault hook, which this tree lacks"
+            "the event-road faults and --plant lost-events need the event road's tap (trainers.testing), which this tree lacks"
         )
     settings = Settings(
         storage=args.storage,
         seed=args.seed,
         steps=args.steps,
-        acks=args.acks == "on",
         plant=args.plant,
         ack_timeout_s=args.ack_timeout,
     )
@@ -219,7 +218,6 @@ def summarize(
         "command": "python -m benchmarks.chaos " + " ".join(args.argv),
         "seed": args.seed,
         "storage": args.storage,
-        "acks": args.acks,
         "plant": args.plant,
         "overlap": args.overlap,
         "runs": len(reports),
@@ -248,7 +246,7 @@ def restarts_by_fault(segment: Any) -> list[tuple[str, dict]]:
 def markdown(table: dict) -> str:
     """The table as markdown, with the broken invariants under it."""
     lines = [
-        f"Chaos soak, {table['date']}, seed {table['seed']}, {table['storage']} storage, acks {table['acks']}"
+        f"Chaos soak, {table['date']}, seed {table['seed']}, {table['storage']} storage"
         + (f", planted {table['plant']}" if table["plant"] else "")
         + (", faults may overlap" if table["overlap"] else "")
         + f"; {table['machine']['cores']} cores, load {table['machine']['load_1m_at_start']} at start",

@@ -84,7 +84,7 @@ def main(spec_path: str) -> None:
         faults=spec["faults"],
         plant=spec.get("plant"),
     )
-    road = Road(spec["faults"], spec["marks"], acks=spec.get("acks", True), ack_timeout_s=spec.get("ack_timeout_s"))
+    road = Road(spec["faults"], spec["marks"], plant=spec.get("plant"))
     journal = Journal(spec["driver_log"], road)
     chaos_journal.append(spec["driver_log"], {"e": "driver", "pid": os.getpid()})
     trainer = TorchTrainer(
@@ -102,7 +102,8 @@ def main(spec_path: str) -> None:
     )
     outcome: dict[str, Any]
     try:
-        result = trainer.fit()
+        with road.installed(spec.get("ack_timeout_s")):
+            result = trainer.fit()
         outcome = {
             "status": "finished",
             "history": result.metrics_dataframe.to_dict("records"),

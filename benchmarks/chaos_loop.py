@@ -62,12 +62,11 @@ def chaos_loop(config: dict) -> dict:
     import torch
 
     from trainers import Checkpoint, get_checkpoint, get_context, report
-    from trainers._internal.session import get_session
     from trainers.torch import prepare_model
 
     context = get_context()
     rank, size = context.get_world_rank(), context.get_world_size()
-    attempt = get_session("chaos_loop").attempt
+    attempt = context.get_attempt()
     log = os.path.join(config["log_dir"], f"rank{rank}.jsonl")
     torch.manual_seed(config["seed"])
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))

@@ -44,11 +44,10 @@ class Settings:
     #: fast this machine is now) times two plus one per fault planned in its run (three for a
     #: fault that restarts the group; see ``Soak.deadline_s``).
     deadline_s: float = 30.0
-    #: False: the event road without acknowledgements (the event channel's test-only switch).
-    acks: bool = True
-    #: A defect of the soak's own to plant ("lose-file", see ``chaos_storage.ChaosFS``).
+    #: A defect of the soak's own to plant: "lose-file" (``chaos_storage.ChaosFS``) or "lost-events"
+    #: (``chaos_road.ConnectionFaults``).
     plant: str | None = None
-    #: The event channel's ``ACK_TIMEOUT_S`` in the drivers (None: as it is).
+    #: How long a worker waits for the event road's acknowledgement, in the drivers (None: 15 s).
     ack_timeout_s: float | None = None
 
 
@@ -169,14 +168,13 @@ class Soak:
             "name": plan.name,
             "storage": {
                 "kind": settings.storage,
-                "wrapped": plan.wrapped or settings.plant is not None,
+                "wrapped": plan.wrapped or settings.plant == "lose-file",
                 "path": self.storage_path(),
                 "endpoint": self.endpoint,
             },
             "marks": marks,
             "faults": faults,
             "plant": settings.plant,
-            "acks": settings.acks,
             "ack_timeout_s": settings.ack_timeout_s,
             "driver_log": driver_log,
             "outcome": str(folder / f"outcome-{index}.json"),

@@ -188,9 +188,12 @@ def run_child(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     result: dict = {"name": args.child, "details": {}}
     try:
-        from trainers._internal.ray_init import ensure_ray
+        import ray
 
-        ensure_ray()  # joins the parent's Ray (RAY_ADDRESS)
+        from trainers.worker_output import install
+
+        ray.init(address=os.environ.get("RAY_ADDRESS") or None, log_to_driver=True)  # the parent's Ray
+        install()  # as fit() does when it starts Ray: worker lines go to the check's captured output
         result.update(status="PASS", details=check(setup))
     except Skipped as skipped:
         result.update(status="SKIP", error=str(skipped))

@@ -85,9 +85,9 @@ def test_the_short_schedule_breaks_no_invariant(tmp_path):
 
 @pytest.mark.timeout(SOAK_TIMEOUT_S)
 def test_the_soak_reports_a_planted_defect(tmp_path):
-    # With the event channel's hook: its acknowledgements turned off (the road that loses the
-    # events in flight on a broken connection). Without it: a commit that silently loses a file.
-    plant = ["--acks", "off"] if chaos_road.available() else ["--plant", "lose-file"]
+    # The driver acknowledges a faulted connection's events without delivering them (what the
+    # event road's acknowledgements guard against), through the tap the soak installs.
+    plant = ["--plant", chaos_road.LOST_EVENTS]
     done, table = soak(tmp_path, *SHORT, *plant, "--fail-fast")
     assert done.returncode == 1, done.stdout[-5000:]
     assert table["invariants_broken"] >= 1

@@ -16,25 +16,27 @@ import time
 
 import pytest
 
+from benchmarks.chaos_road import ConnectionFaults
 from trainers import Checkpoint, DataParallelTrainer, FailureConfig, Result, RunConfig, ScalingConfig, UserCallback
 from trainers._internal import event_channel
 from trainers._internal.attempt_book import AttemptBook
-from trainers._internal.event_channel import FAULTS, ChannelAddress, EventListener, Outbox
+from trainers._internal.event_channel import ChannelAddress, EventListener, Outbox
 from trainers._internal.events import ReportEvent, SyncEvent
 from trainers._internal.worker_inbox import WorkerInbox
 
 
-@pytest.fixture(autouse=True)
-def _no_faults_left():
-    yield
-    FAULTS.reset()
+@pytest.fixture
+def faults():
+    """The soak's fault tap, installed for the listeners the test makes (through the public seam)."""
+    with ConnectionFaults().installed() as tap:
+        yield tap
 
 
 def read_until(listener: EventListener, count: int) -> list[tuple[int, int, object]]:
     """Poll until ``count`` events arrived (each poll returns what is there)."""
     events: list[tuple[int, int, object]] = []
     for _ in range(200):
-        found, _ = listener.poll(0.5)
+        found = listener.poll(0.5)
         events.extend(found)
         if len(events) >= count:
             return events
@@ -73,8 +75,7 @@ def test_each_ranks_events_arrive_in_order_whole_numbered_and_tagged_with_its_ra
             assert [(number, event.index) for r, number, event in events if r == rank] == [(s + 1, s) for s in range(5)]
         assert all(len(event.metrics["blob"]) == len(big) for _, _, event in events if event.index == 2)
         outboxes[0]._sock.shutdown(socket.SHUT_RDWR)
-        until(lambda: listener.closed, lambda: listener.poll(0.1))
-        assert listener.closed == [0]
+        until(lambda: len(listener._selector.get_map()) == 3, lambda: listener.poll(0.1))  # server, wake pipe, rank 1
     finally:
         listener.close()
         listener.close()  # twice is fine
@@ -104,7 +105,7 @@ def test_a_stranger_is_refused_before_anything_it_sends_is_unpickled(tmp_path):
             wrong.sendall(struct.pack("!16sI", b"not-the-token-00", 0) + frame)
             found: list = []
             for _ in range(10):
-                events, _ = listener.poll(0.1)
+                events = listener.poll(0.1)
                 found.extend(events)
         assert found == [] and not marker.exists()
     finally:
@@ -115,8 +116,9 @@ def test_wake_ends_a_poll_from_another_thread():
     listener = EventListener("127.0.0.1")
     try:
         threading.Timer(0.05, listener.wake).start()
-        batches, woken = listener.poll(30)
-        assert woken and batches == []
+        started = time.monotonic()
+        assert listener.poll(30) == []
+        assert time.monotonic() - started < 25
     finally:
         listener.close()
 
@@ -139,16 +141,16 @@ class Inbox(WorkerInbox):
         return [(event.world_rank, event.index) for event in taken]
 
 
-@pytest.mark.parametrize("fault", FAULTS.KINDS)
-def test_events_lost_with_a_broken_connection_are_replayed_over_ray_and_applied_once(fault, monkeypatch):
+@pytest.mark.parametrize("fault", ConnectionFaults.KINDS)
+def test_events_lost_with_a_broken_connection_are_replayed_over_ray_and_applied_once(fault, monkeypatch, faults):
     monkeypatch.setattr(event_channel, "ACK_TIMEOUT_S", 1.0)  # a half-open connection is given up this soon
     inbox = Inbox()
     try:
         outbox = connected(inbox.address, 0)
-        FAULTS.arm(0, fault)
+        faults.arm(0, fault)
         outbox.put(report(0, 0))
         assert inbox.steps(1) == [(0, 0)]
-        assert FAULTS.fired == [(0, fault)]
+        assert faults.fired == [(0, fault)]
         outbox.put(report(0, 1))  # into a closed or unread connection: lost on the socket
         until(lambda: not outbox.connected, lambda: threading.Event().wait(0.05))
         # The long poll waiting since the start gets everything not acknowledged: step 0 again,
@@ -176,12 +178,12 @@ def test_acknowledgements_keep_a_healthy_outbox_short(monkeypatch):
         inbox.close()
 
 
-def test_a_report_stuck_writing_into_an_unread_connection_is_freed_and_replayed(monkeypatch):
+def test_a_report_stuck_writing_into_an_unread_connection_is_freed_and_replayed(monkeypatch, faults):
     monkeypatch.setattr(event_channel, "ACK_TIMEOUT_S", 1.0)
     inbox = Inbox()
     try:
         outbox = connected(inbox.address, 0)
-        FAULTS.arm(0, "half-open")
+        faults.arm(0, "half-open")
         big = "x" * (8 << 20)  # a few of these fill every kernel buffer between the two ends
         writer = threading.Thread(target=lambda: [outbox.put(report(0, step, big)) for step in range(6)])
         writer.start()
@@ -193,17 +195,23 @@ def test_a_report_stuck_writing_into_an_unread_connection_is_freed_and_replayed(
         inbox.close()
 
 
-def test_with_acknowledgements_off_an_outbox_keeps_nothing_it_sent():
-    FAULTS.acks = False  # the test-only switch: the road before acknowledgements
-    inbox = Inbox()
-    try:
-        outbox = connected(inbox.address, 0)
-        FAULTS.arm(0, "drop")
-        outbox.put(report(0, 0))
-        assert inbox.steps(1) == [(0, 0)]
-        assert not outbox._kept
-    finally:
-        inbox.close()
+def test_the_soaks_planted_defect_acknowledges_events_it_never_delivers():
+    # What the chaos soak's --plant lost-events must be to prove anything: after the fault the
+    # worker is told its events arrived, forgets them, and the controller never sees them.
+    with ConnectionFaults(lose_events=True).installed(ack_timeout_s=1.0) as lying:
+        inbox = Inbox()
+        try:
+            outbox = connected(inbox.address, 0)
+            lying.arm(0, "drop")
+            outbox.put(report(0, 0))
+            assert inbox.steps(1) == [(0, 0)]
+            outbox.put(report(0, 1))
+            until(lambda: not outbox._kept, lambda: threading.Event().wait(0.05))
+            assert outbox.connected  # nothing tells the worker to replay
+            inbox.replay_over_ray(0, outbox)
+            assert inbox.poll(1.5) == []
+        finally:
+            inbox.close()
 
 
 def test_a_plain_report_is_pickled_by_the_c_pickler():
@@ -284,9 +292,9 @@ def test_a_normal_run_reports_every_round_over_the_socket(ray_local, tmp_path, m
 
     class Counting(EventListener):
         def poll(self, timeout_s):
-            events, woken = super().poll(timeout_s)
+            events = super().poll(timeout_s)
             over_socket.extend(event.world_rank for _, _, event in events if isinstance(event, ReportEvent))
-            return events, woken
+            return events
 
     monkeypatch.setattr(inbox, "EventListener", Counting)
     steps = Steps()
@@ -312,8 +320,10 @@ def checkpointing_loop(config):
             report({"step": step}, checkpoint=Checkpoint.from_directory(folder))
 
 
-@pytest.mark.parametrize("fault", FAULTS.KINDS)
-def test_a_rank_whose_connection_breaks_in_a_checkpoint_round_loses_no_report(fault, ray_local, tmp_path, monkeypatch):
+@pytest.mark.parametrize("fault", ConnectionFaults.KINDS)
+def test_a_rank_whose_connection_breaks_in_a_checkpoint_round_loses_no_report(
+    fault, ray_local, tmp_path, monkeypatch, faults
+):
     # Rank 1's connection is dropped (or left half-open) right after its first event, barrier 0,
     # arrives: its report of round 0, whose checkpoint is in storage already, is lost on the
     # socket, and the barrier, not acknowledged, may come again over Ray. Without acknowledgements
@@ -331,7 +341,7 @@ def test_a_rank_whose_connection_breaks_in_a_checkpoint_round_loses_no_report(fa
         add(book, event)
 
     monkeypatch.setattr(AttemptBook, "add", recording)
-    FAULTS.arm(1, fault)
+    faults.arm(1, fault)
     steps = Steps()
     result = DataParallelTrainer(
         checkpointing_loop,
@@ -344,7 +354,7 @@ def test_a_rank_whose_connection_breaks_in_a_checkpoint_round_loses_no_report(fa
             failure_config=FailureConfig(max_failures=0, report_timeout_s=30),
         ),
     ).fit()
-    assert FAULTS.fired == [(1, fault)]
+    assert faults.fired == [(1, fault)]
     assert steps.steps == [[step, step] for step in range(4)]  # every round committed once, in order
     # Every report and barrier of every rank reached the attempt's book once: replays were dropped.
     kinds = ("ReportEvent", "SyncEvent")
@@ -386,7 +396,7 @@ def failing_after_a_stalled_report_loop(config):
                 raise RuntimeError("rank 0 fails after step 1")
 
 
-def test_an_attempt_that_ends_while_a_connection_is_half_open_keeps_the_round_it_holds(ray_local, tmp_path):
+def test_an_attempt_that_ends_while_a_connection_is_half_open_keeps_the_round_it_holds(ray_local, tmp_path, faults):
     # Rank 1's connection goes half-open right after its barrier of step 1: its report of step 1
     # (returned, checkpoint uploaded) sits unread. Rank 0 then fails. The controller drains the
     # rounds rank 0 finished for a second, and rank 1 would replay its kept events over Ray only
@@ -395,7 +405,7 @@ def test_an_attempt_that_ends_while_a_connection_is_half_open_keeps_the_round_it
     # rank holds unacknowledged when it asks the rank what it is doing.
     marks = tmp_path / "marks"
     marks.mkdir()
-    FAULTS.arm(1, "half-open", after_frames=2)  # rank 1's frames: barrier 0, report 0, barrier 1
+    faults.arm(1, "half-open", after_frames=2)  # rank 1's frames: barrier 0, report 0, barrier 1
     steps = Steps()
     result = DataParallelTrainer(
         failing_after_a_stalled_report_loop,
@@ -408,7 +418,7 @@ def test_an_attempt_that_ends_while_a_connection_is_half_open_keeps_the_round_it
             failure_config=FailureConfig(max_failures=1, report_timeout_s=60),
         ),
     ).fit()
-    assert FAULTS.fired == [(1, "half-open")]
+    assert faults.fired == [(1, "half-open")]
     assert sorted(p.name for p in marks.iterdir() if p.name.startswith("started")) == ["started-at-0", "started-at-2"]
     assert steps.steps == [[step, step] for step in range(4)]  # every round committed once, in order
     assert list(Result.from_path(result.path).metrics_dataframe["step"]) == [0, 1, 2, 3]

@@ -133,6 +133,7 @@ def replace_loop(config: dict) -> dict:
                 "started": _process_started(),
                 "calls": calls,
                 "dtype": dtype_at_start,
+                "attempt": get_context().get_attempt(),
             }
             if step % EVERY:
                 report(metrics)
@@ -238,6 +239,7 @@ def assert_fresh(callback):
     for attempt, metrics in callback.first.items():
         assert [m["calls"] for m in metrics] == [1] * WORKERS, attempt
         assert [m["dtype"] for m in metrics] == ["torch.float32"] * WORKERS, attempt
+        assert [m["attempt"] for m in metrics] == [attempt] * WORKERS  # what get_context() tells the loop
 
 
 @pytest.mark.parametrize("fault_rank", [1, 0])

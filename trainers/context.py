@@ -51,6 +51,8 @@ class TrainContext:
     #: Accelerator ids of this worker, as indices into its ``CUDA_VISIBLE_DEVICES`` (empty on CPU).
     accelerator_ids: tuple[int, ...] = ()
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Which attempt of the run this worker trains in (see ``get_attempt``).
+    attempt: int = 1
 
     # Ray Train's TrainContext getters, one per field: its public API.
     def get_experiment_name(self) -> str:
@@ -84,6 +86,13 @@ class TrainContext:
     def get_metadata(self) -> dict[str, Any]:
         """User metadata attached to the trainer (``metadata=`` on the trainer)."""
         return dict(self.metadata)
+
+    def get_attempt(self) -> int:
+        """Which attempt of the run the training function was called for: 1 the first time, one
+        more after each restart (a failure, a preemption, an elastic resize), counted over reruns of
+        ``fit()`` too, as ``run.json`` counts them. flowtrain's own; Ray Train has no such getter
+        (there, ``get_checkpoint()`` being set is the sign of a restart)."""
+        return self.attempt
 
     def get_trial_name(self) -> str:
         """The run's name; kept for Ray Train (Tune) code that asks for a trial name."""

@@ -263,6 +263,7 @@ class RayWorkers:
                 storage=spec.storage_info,
                 accelerator_ids=tuple(ids),
                 metadata=spec.metadata,
+                attempt=attempt,
             )
             session_args.append(_session_args(spec, context, attempt, checkpoint, shard, plan))
         ray.get(installed)  # the training function must find the driver's DataContext from its first line
@@ -422,6 +423,7 @@ class LocalWorkers:
             node_rank=0,
             storage=spec.storage_info,
             metadata=spec.metadata,
+            attempt=attempt,
         )
         shards = split_datasets(spec.datasets, spec.dataset_config, 1)[0]
         plan = _resume_plan(spec, 1, data_position)

@@ -25,7 +25,7 @@ keeps each one until the controller acknowledges it:
   within about 15 s (TCP keepalive while idle, ``TCP_USER_TIMEOUT`` while bytes wait for the
   peer's TCP acknowledgement), which never mistakes a busy controller for a dead one: its kernel
   keeps acknowledging. The application's timeout is the backstop for a connection whose peer's
-  kernel answers but whose controller never reads it (what ``FAULTS``' "half-open" plants). The
+  kernel answers but whose controller never reads it (what a tap's ``Fate.DETACH`` leaves). The
   worker then replays every unacknowledged event over the Ray long poll
   (``TrainWorker.next_events``), which the worker group keeps open anyway (it is how a dead
   worker or a lost node, which closes no socket, is noticed), and sends later events that way
@@ -45,14 +45,18 @@ returns before it polls again, and if that process dies the attempt ends with it
 A connection starts with a hello carrying a per-group random token handed to the workers over
 Ray, so a stray process cannot inject events into a run.
 
-Test-only: ``FAULTS`` plants connection faults in this process's listeners (drop a rank's
-connection, or leave it half-open, after a frame) and holds the switch that turns
-acknowledgements off, for the tests and the chaos soak. Nothing in production touches it.
+The seam for faults: a test or the chaos soak installs an ``EventTap`` in the controller's
+process (``trainers.testing.tap_event_road``); listeners made while it is installed ask it after
+every frame whether to read on, close the connection, or hand it over unread (what a network blip
+leaves half-open). Without a tap the listener asks nothing. Workers never know about it.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
+import enum
 import hmac
 import logging
 import pickle
@@ -63,7 +67,8 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, cast
+from collections.abc import Iterator
+from typing import Any, Protocol, cast
 
 from ray import cloudpickle
 
@@ -134,63 +139,62 @@ def dumps_event(event: Any) -> bytes:
     return cloudpickle.dumps(event)
 
 
-class ChannelFaults:
-    """Test-only: faults planted on the event road of this process's listeners, and the switch
-    that turns acknowledgements off. The tests and the chaos soak use the one instance ``FAULTS``."""
+class Fate(enum.Enum):
+    """What a listener does with a connection after a frame, as an ``EventTap`` decides."""
 
-    #: The faults ``arm`` takes: "drop" closes the connection, "half-open" stops reading from and
-    #: writing to it without closing it (what a network blip leaves behind).
-    KINDS = ("drop", "half-open")
-
-    def __init__(self) -> None:
-        #: False: workers keep nothing and replay nothing, the controller acknowledges nothing (the
-        #: road before acknowledgements); read when a listener starts, and handed to its workers.
-        self.acks = True
-        #: rank -> [fault, frames to let through first].
-        self.armed: dict[int, list[Any]] = {}
-        #: (rank, fault) of every fault that fired, in order.
-        self.fired: list[tuple[int, str]] = []
-
-    def arm(self, rank: int, fault: str, after_frames: int = 0) -> None:
-        """Plant ``fault`` on rank ``rank``'s connection: it fires once the controller has read
-        ``after_frames`` more of that rank's events, right after the next one (which arrives)."""
-        if fault not in self.KINDS:
-            raise ValueError(f"arm(fault={fault!r}): must be one of {self.KINDS}")
-        self.armed[rank] = [fault, after_frames]
-
-    def reset(self) -> None:
-        """Disarm everything, forget what fired, turn acknowledgements back on."""
-        self.acks = True
-        self.armed.clear()
-        self.fired.clear()
-
-    def _fire(self, rank: int) -> str | None:
-        armed = self.armed.get(rank)
-        if armed is None:
-            return None
-        if armed[1] > 0:
-            armed[1] -= 1
-            return None
-        del self.armed[rank]
-        self.fired.append((rank, armed[0]))
-        return armed[0]
+    #: Go on reading it (what a listener does without a tap).
+    READ = "read"
+    #: Close it now: frames after this one are never read (a dropped connection).
+    CLOSE = "close"
+    #: Stop reading and answering it without closing it, and give the socket to the tap (a
+    #: half-open connection: the worker's writes go on succeeding until its buffers fill).
+    DETACH = "detach"
 
 
-FAULTS = ChannelFaults()
+class EventTap(Protocol):
+    """Sees each frame a listener reads and decides the connection's fate (tests and the soak)."""
+
+    def frame_read(self, rank: int, number: int) -> Fate:
+        """Rank ``rank``'s event ``number`` was just read (and will be delivered)."""
+        ...
+
+    def detached(self, rank: int, sock: socket.socket) -> None:
+        """The tap now owns ``sock`` (after ``Fate.DETACH``): the listener neither reads nor closes it."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class _Road:
+    """What listeners made from now on use: a tap (None: none) and the workers' acknowledgement timeout."""
+
+    tap: EventTap | None = None
+    ack_timeout_s: float | None = None
+
+
+_road = _Road()
+
+
+@contextlib.contextmanager
+def tap_event_road(tap: EventTap | None, ack_timeout_s: float | None = None) -> Iterator[None]:
+    """Install ``tap`` (and an acknowledgement timeout other than ``ACK_TIMEOUT_S``) for the
+    listeners this process makes until the block ends."""
+    global _road
+    before, _road = _road, _Road(tap, ack_timeout_s)
+    try:
+        yield
+    finally:
+        _road = before
 
 
 class ChannelAddress:
-    """Where the controller listens, the token a worker proves itself with, and how the worker
-    treats acknowledgements (sent over Ray)."""
+    """Where the controller listens, the token a worker proves itself with, and how long the
+    worker waits for an acknowledgement (sent over Ray)."""
 
-    def __init__(
-        self, host: str, port: int, token: bytes, ack_timeout_s: float = ACK_TIMEOUT_S, acks: bool = True
-    ) -> None:
+    def __init__(self, host: str, port: int, token: bytes, ack_timeout_s: float = ACK_TIMEOUT_S) -> None:
         self.host = host
         self.port = port
         self.token = token
         self.ack_timeout_s = ack_timeout_s
-        self.acks = acks
 
 
 class Outbox:
@@ -208,7 +212,6 @@ class Outbox:
         self._kept: collections.deque[tuple[int, float, Any]] = collections.deque()
         self._number = 0
         self._sock: socket.socket | None = None
-        self._acks = True
         self._ack_timeout_s = ACK_TIMEOUT_S
         self._closed = False
 
@@ -220,7 +223,7 @@ class Outbox:
     def connect(self, address: ChannelAddress, rank: int, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         """Connect and say hello as ``rank``; raises ``OSError`` when the controller is unreachable
         (events then go through ``take``)."""
-        self._acks, self._ack_timeout_s = address.acks, address.ack_timeout_s
+        self._ack_timeout_s = address.ack_timeout_s
         sock = socket.create_connection((address.host, address.port), timeout=timeout_s)
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -230,8 +233,7 @@ class Outbox:
                 sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
         sock.sendall(_HELLO.pack(address.token, rank))
         self._sock = sock
-        if self._acks:
-            threading.Thread(target=self._watch, args=(sock,), name="flowtrain-event-acks", daemon=True).start()
+        threading.Thread(target=self._watch, args=(sock,), name="flowtrain-event-acks", daemon=True).start()
 
     def put(self, event: Any) -> None:
         """Number ``event`` and send it (or leave it for the Ray long poll)."""
@@ -239,19 +241,15 @@ class Outbox:
         with self._send_lock:
             self._number += 1
             number, sock = self._number, self._sock
-            if self._acks or sock is None:
-                with self._changed:
-                    self._kept.append((number, time.monotonic(), event))
-                    if sock is None:
-                        self._changed.notify_all()
+            with self._changed:
+                self._kept.append((number, time.monotonic(), event))
+                if sock is None:
+                    self._changed.notify_all()
             if sock is None:
                 return
             try:
                 sock.sendall(_HEADER.pack(len(payload), number) + payload)
             except OSError:
-                if not self._acks:  # the road before acknowledgements: later events go by Ray
-                    with self._changed:
-                        self._kept.append((number, 0.0, event))
                 self._give_up(sock)
 
     def take(self, timeout_s: float, acked: int) -> list[tuple[int, Any]]:
@@ -263,10 +261,7 @@ class Outbox:
                 return []
             if self._closed:
                 return []
-            taken = [(number, event) for number, _, event in self._kept]
-            if not self._acks:
-                self._kept.clear()
-            return taken
+            return [(number, event) for number, _, event in self._kept]
 
     def close(self) -> None:
         """End this outbox's run: its connection closes and a long poll still waiting returns at
@@ -380,7 +375,8 @@ class EventListener:
     acknowledges them.
 
     ``wake()`` may be called from another thread to end a ``poll`` early (the worker group's Ray
-    watcher uses it when the long poll delivers something).
+    watcher uses it when the long poll delivers something). The ``EventTap`` installed when it is
+    made (``tap_event_road``) sees every frame it reads.
     """
 
     def __init__(self, host: str, connections: int = 0) -> None:
@@ -388,16 +384,15 @@ class EventListener:
         self.token = secrets.token_bytes(16)
         self._server = socket.create_server((host, 0), backlog=4096)
         self._server.setblocking(False)
-        self.address = ChannelAddress(host, self._server.getsockname()[1], self.token, ACK_TIMEOUT_S, FAULTS.acks)
+        road = _road
+        self._tap = road.tap
+        ack_timeout_s = road.ack_timeout_s if road.ack_timeout_s is not None else ACK_TIMEOUT_S
+        self.address = ChannelAddress(host, self._server.getsockname()[1], self.token, ack_timeout_s)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._server, selectors.EVENT_READ, None)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
-        #: Ranks whose connection ended (EOF or error) since the last ``poll``.
-        self.closed: list[int] = []
-        #: Test-only: half-open connections (``FAULTS``), kept open until ``close``.
-        self._stalled: list[socket.socket] = []
 
     def wake(self) -> None:
         try:
@@ -405,16 +400,13 @@ class EventListener:
         except OSError:
             pass  # already closed, or the buffer is full of wake-ups: poll wakes either way
 
-    def poll(self, timeout_s: float) -> tuple[list[tuple[int, int, Any]], bool]:
-        """Wait up to ``timeout_s``; return the ``(rank, number, event)`` read, and whether
-        ``wake`` was called."""
+    def poll(self, timeout_s: float) -> list[tuple[int, int, Any]]:
+        """Wait up to ``timeout_s`` (or until ``wake``); return the ``(rank, number, event)`` read."""
         events: list[tuple[int, int, Any]] = []
-        woken = False
         for key, _ in self._selector.select(timeout_s):
             if key.data is None:
                 self._accept()
             elif key.data == "wake":
-                woken = True
                 try:
                     while self._wake_r.recv(4096):
                         pass
@@ -422,7 +414,7 @@ class EventListener:
                     pass
             else:
                 self._read(key.data, events)
-        return events, woken
+        return events
 
     def _accept(self) -> None:
         while True:
@@ -467,15 +459,18 @@ class EventListener:
                     (conn.rank, number, cloudpickle.loads(memoryview(conn.buffer)[offset + _HEADER.size : end]))
                 )
                 conn.read = number
-                if FAULTS.armed and (fault := FAULTS._fire(conn.rank)) is not None:
-                    self._fault(conn, fault)
+                if self._tap is not None and (fate := self._tap.frame_read(conn.rank, number)) is not Fate.READ:
+                    self._unregister(conn)  # what follows this frame is never read, nor answered
+                    if fate is Fate.DETACH:
+                        self._tap.detached(conn.rank, conn.sock)
+                    else:
+                        conn.sock.close()
                     return
             offset = end
         del conn.buffer[:offset]
         if not data:
-            self.closed.append(conn.rank)
             self._drop(conn)
-        elif self.address.acks and (asked or conn.read > conn.acked):
+        elif asked or conn.read > conn.acked:
             now = time.monotonic()
             if asked or now - conn.acked_at >= ACK_EVERY_S:
                 conn.acked, conn.acked_at = conn.read, now
@@ -485,19 +480,14 @@ class EventListener:
                 except OSError:  # the worker does not read: it gives the connection up by itself
                     self._drop(conn)
 
-    def _fault(self, conn: _Connection, fault: str) -> None:
-        """Test-only (``FAULTS``): what follows this frame is never read, nor answered."""
-        if fault == "drop":
-            self._drop(conn)
-            return
-        self._selector.unregister(conn.sock)
-        self._stalled.append(conn.sock)
-
-    def _drop(self, conn: _Connection) -> None:
+    def _unregister(self, conn: _Connection) -> None:
         try:
             self._selector.unregister(conn.sock)
         except (KeyError, ValueError):
             pass
+
+    def _drop(self, conn: _Connection) -> None:
+        self._unregister(conn)
         conn.sock.close()
 
     def close(self) -> None:
@@ -509,7 +499,5 @@ class EventListener:
                 cast(socket.socket, key.fileobj).close()  # the server, the wake pipe's end and the connections
             except OSError:
                 pass
-        for sock in self._stalled:
-            sock.close()
         self._selector.close()
         self._wake_w.close()

@@ -73,7 +73,7 @@ class WorkerInbox:
         """Events that arrived within ``timeout_s`` (returns as soon as there is one)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            polled, _ = self._listener.poll(max(0.0, deadline - time.monotonic()))
+            polled = self._listener.poll(max(0.0, deadline - time.monotonic()))
             received: list[tuple[int, int | None, Any]] = list(polled)  # and Ray's, numbered None
             while True:
                 try:
