@@ -1,8 +1,10 @@
 """The body of one training worker (a Ray actor).
 
 The user's training function runs in a thread of the actor, so the actor still answers the
-controller while it trains: ``next_events`` blocks until the worker has something to say, which
-is how reports reach the driver at once without any polling timer.
+controller while it trains (stop, barriers, hang reports). Its reports and other events go to the
+controller over the event channel's connection (``event_channel.Outbox``), kept until
+acknowledged; ``next_events``, the Ray long poll the controller keeps open, carries them only when
+that connection fails, and its failing is how the controller learns that the worker died.
 """
 
 from __future__ import annotations
