@@ -215,3 +215,40 @@ def test_a_positioned_sampler_starts_only_its_saved_epoch_mid_way():
     later = sampler({"epoch": 2, "samples": 4})
     later.set_epoch(3)  # the loop resumes at the next epoch: nothing to skip
     assert len(list(later)) == 10
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_when_ray_datas_hooks_miscount_positions_turn_off_with_a_warning_and_the_epoch_replays(tmp_path, monkeypatch):
+    import ray
+
+    from trainers._internal import ray_private
+
+    class Uncounted(ray_private._Passes):
+        """What a Ray that iterates around flowtrain's hooks leaves: batches handed out, none counted."""
+
+        def __iter__(self):
+            return iter(self._items)
+
+    monkeypatch.setattr(ray_private, "_Passes", Uncounted)  # in the driver, where the self-check runs
+    ray_private.position_hooks_problem.cache_clear()
+    try:
+        assert "was counted [0, 0, 0]" in ray_private.position_hooks_problem()
+        failures = [(0, 7, "kill", str(tmp_path / "killed"))]
+        with pytest.warns(UserWarning, match=rf"with Ray {ray.__version__} .* count .* is wrong"):
+            result = trainer(tmp_path, keep_position=True, failures=failures).fit()
+    finally:
+        ray_private.position_hooks_problem.cache_clear()
+
+    for state in trained_on(result):  # replayed from the epoch's start: never skipped
+        for seen in (state["rows"]["0"], state["items"]["0"]):
+            assert len(seen) == 6 * BATCH + NUM_IDS // 2 and len(set(seen)) == NUM_IDS // 2
+    record = json.loads((tmp_path / "position" / "run.json").read_text())
+    assert record["data_resumes"] == [] and all(c["data_position"] is None for c in record["checkpoints"])
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_the_self_check_finds_the_installed_rays_hooks_count_right():
+    from trainers._internal import ray_private
+
+    ray_private.position_hooks_problem.cache_clear()
+    assert ray_private.position_hooks_problem() is None

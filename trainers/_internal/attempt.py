@@ -22,7 +22,7 @@ import pyarrow.fs
 from storage import Checkpoint
 from storage.layout import RunLayout
 from storage.snapshot import RestartRecord
-from trainers._internal import warm_workers
+from trainers._internal import ray_private, warm_workers
 from trainers._internal.attempt_book import LAUNCH
 from trainers._internal.data import execution_options_for, install_data_context, names_to_split, split_datasets
 from trainers._internal.data_position import DataPositions, ResumePlan, plan_resume
@@ -80,6 +80,18 @@ def _resume_plan(spec: RunSpec, world_size: int, saved: dict[str, Any] | None) -
     resuming ``saved`` is not exact."""
     config = spec.dataset_config
     if not config.checkpoint_data_position:
+        return None
+    if spec.datasets and (problem := ray_private.position_hooks_problem()) is not None:
+        import ray
+
+        warnings.warn(
+            f"DataConfig(checkpoint_data_position=True) is off for this run: with Ray {ray.__version__} "
+            f"flowtrain's count of the rows a dataset shard hands out is wrong ({problem}). A restarted "
+            "epoch replays from its beginning instead of skipping rows it may not have trained on. Use the "
+            "Ray version flowtrain pins, or pass DataConfig(checkpoint_data_position=False) to silence this.",
+            UserWarning,
+            stacklevel=4,
+        )
         return None
     if not saved:
         return ResumePlan([None] * world_size)
