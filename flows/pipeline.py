@@ -72,7 +72,7 @@ def _pipeline(
         run=run,
         tracking=tracking,
     )
-    kept = checkpoints(summary, checkpointing, run)
+    kept = checkpoints(summary, checkpointing)
     return {
         "run_name": summary.run_name,
         "run_path": summary.run_path,

@@ -50,9 +50,14 @@ def resolve_storage_path(storage_path: str | None) -> str:
 
 
 def run_folder(storage_path: str | None, name: str) -> str:
-    """The folder of run ``name`` under ``storage_path`` (None: the default): the one place a
-    run's folder is named from its storage path."""
-    return f"{resolve_storage_path(storage_path).rstrip('/')}/{name}"
+    """The folder of run ``name`` under ``storage_path`` (None: the default), as the user names
+    it: a local path or a URI."""
+    return join_run(resolve_storage_path(storage_path), name)
+
+
+def join_run(root: str, name: str) -> str:
+    """The folder of run ``name`` in the folder ``root``: the one place a run's folder is joined."""
+    return f"{root.rstrip('/')}/{name}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,6 +45,15 @@ from storage.layout import LEASE_PREFIX
 CLAIM_READS = 3
 
 
+def new_owner(role: str = "") -> str:
+    """A name for one process's claim on a run, new on every call: host, pid and a random part
+    (two claims of one process are two owners), then ``role`` when given (``"checkpoints"``)."""
+    import uuid
+
+    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    return f"{owner}:{role}" if role else owner
+
+
 class Lease:
     """Take, keep and give back the run's lease (see the module's docstring for what it promises).
 

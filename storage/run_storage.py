@@ -31,7 +31,7 @@ from storage.commit import adopt_folder, commit_folder, is_committed, try_delete
 from storage.config import CheckpointConfig
 from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, exists, is_local, resolve_filesystem, write_bytes
-from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name
+from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name, join_run
 from storage.lease import Lease
 from storage.ray_run_format import RAY_SNAPSHOT, RayRun, read_ray_run
 from storage.retention import decide, flatten, rank_best_first, score_of
@@ -68,7 +68,7 @@ class RunStorage:
     ) -> None:
         self.filesystem, root = resolve_filesystem(storage_path, filesystem)
         self.name = name
-        self.run_path = f"{root.rstrip('/')}/{name}"
+        self.run_path = join_run(root, name)
         self.run_uri = display_path(self.filesystem, self.run_path)
         self.layout = RunLayout(self.run_path)
         self.checkpoint_config = checkpoint_config or CheckpointConfig()
@@ -83,6 +83,14 @@ class RunStorage:
         self.ranked: list[str] | None = None
         self._lease: Lease | None = None
         self._last_write = 0.0
+
+    @classmethod
+    def at(cls, run_path: str, filesystem: pafs.FileSystem | None = None, **options: Any) -> RunStorage:
+        """The run whose folder is ``run_path`` (local or a URI, as ``Result.path``/``TrainSummary.run_path``
+        give it); ``options`` as for the constructor."""
+        fs, inner = resolve_filesystem(run_path, filesystem)
+        parent, _, name = inner.rstrip("/").rpartition("/")
+        return cls(parent or "/", name, filesystem=fs, **options)
 
     # -- opening and closing -------------------------------------------------------------------
 
@@ -554,9 +562,8 @@ def load_run(path: str, filesystem: pafs.FileSystem | None = None) -> RunStorage
     Ray ranked them, and one report per checkpoint (``storage.ray_run_format``; a format flowtrain
     does not read raises ``RayRunFormatError``).
     """
-    fs, inner = resolve_filesystem(path, filesystem)
-    parent, _, name = inner.rstrip("/").rpartition("/")
-    view = RunStorage(parent or "/", name, filesystem=fs)
+    view = RunStorage.at(path, filesystem)
+    fs, name = view.filesystem, view.name
     if not exists(fs, view.run_path):
         raise StorageError(
             f"Experiment folder {view.run_uri} doesn't exist: there is no run at that path (is this the run "

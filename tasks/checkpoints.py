@@ -3,18 +3,16 @@ a table of every checkpoint the run committed: kept or dropped, and why."""
 
 from __future__ import annotations
 
-import os
-import socket
-import uuid
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from storage import CheckpointConfig, RunSnapshot, RunStorage
+from storage.lease import new_owner
 from storage.retention import decide, describe_rule, flatten
 from tasks.charts import REPORT_COLUMN, is_step_key, round_sig
-from tasks.params import Checkpointing, CheckpointSummary, RunSettings, TrainSummary
+from tasks.params import Checkpointing, CheckpointSummary, TrainSummary
 from tasks.reporting import artifact_key
 from tasks.retries import retry_io_errors
 
@@ -27,12 +25,12 @@ from tasks.retries import retry_io_errors
     retry_condition_fn=retry_io_errors,
     persist_result=True,
 )
-def checkpoints(summary: TrainSummary, checkpointing: Checkpointing, run: RunSettings) -> CheckpointSummary:
+def checkpoints(summary: TrainSummary, checkpointing: Checkpointing) -> CheckpointSummary:
     """Check that every kept checkpoint is there and committed, drop what retention does not keep
     (and anything a crash left behind), and publish the best checkpoint as a markdown artifact."""
     config = checkpointing.to_config()
-    storage = RunStorage(run.storage_root, summary.run_name, checkpoint_config=config)
-    kept = storage.verify_and_tidy(owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}:checkpoints")
+    storage = RunStorage.at(summary.run_path, checkpoint_config=config)  # the folder the train stage trained in
+    kept = storage.verify_and_tidy(owner=new_owner("checkpoints"))
     metrics = {c.path: m for c, m in storage.best_checkpoints}
     best = kept[0] if kept else None
     best_metrics = metrics.get(best.path) if best else None

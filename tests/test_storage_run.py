@@ -409,3 +409,17 @@ def test_run_json_encodes_each_report_once_and_follows_a_rewind(monkeypatch):
     assert read_back.reports[-1]["metrics"]["pair"] == (10, 2)
     assert pickle.loads(pickle.dumps(snapshot)) == snapshot
     assert "_encoded_cache" not in vars(pickle.loads(pickle.dumps(snapshot)))
+
+
+def test_a_run_opens_from_its_folder_as_from_its_storage_path_and_name(tmp_path):
+    from storage import RunStorage
+    from storage.lease import new_owner
+
+    by_name = RunStorage(str(tmp_path), "r")
+    by_name.open(new_owner())
+    by_name.finish()
+    by_path = RunStorage.at(by_name.run_uri)
+    assert (by_path.run_path, by_path.name, by_path.layout) == (by_name.run_path, "r", by_name.layout)
+    assert by_path.open(new_owner("checkpoints")).name == "r"
+    owners = {new_owner(), new_owner()}
+    assert len(owners) == 2 and new_owner("checkpoints").endswith(":checkpoints")

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import datetime
 import inspect
-import os
-import socket
-import uuid
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 from storage import Checkpoint, CheckpointConfig, RunStorage
+from storage.lease import new_owner
 from trainers._internal.attempt import LocalWorkers, RayWorkers, RunSpec
 from trainers._internal.controller import Controller, ControllerSettings
 from trainers._internal.data import capture_data_context, check_dataset_values, check_row_counts, resolve_datasets
@@ -247,7 +245,7 @@ class DataParallelTrainer(TuneTrainableAttributes):
         if self.datasets:
             datasets = resolve_datasets(self.datasets)
             check_row_counts(datasets, self.dataset_config, max(1, scaling.max_workers))
-        storage.open(owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+        storage.open(owner=new_owner())
         try:
             with log_level(self._log_level):
                 return self._run(name, storage, scaling, datasets)
