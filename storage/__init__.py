@@ -19,7 +19,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "storage.errors": ("RunInProgressError", "SnapshotCorruptError", "StorageError"),
     "storage.filesystem": ("download_directory", "resolve_filesystem"),
     "storage.layout": ("RunLayout",),
-    "storage.protocol": ("RunRecord",),
+    "storage.protocol": ("ReportRound", "RunRecord"),
     "storage.ray_run_format": ("RayRunFormatError",),
     "storage.run_storage": ("RunStorage", "load_run"),
     "storage.snapshot": ("RestartRecord", "RunSnapshot"),
@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; at run time the names load
     from storage.errors import RunInProgressError, SnapshotCorruptError, StorageError
     from storage.filesystem import download_directory, resolve_filesystem
     from storage.layout import RunLayout
-    from storage.protocol import RunRecord
+    from storage.protocol import ReportRound, RunRecord
     from storage.ray_run_format import RayRunFormatError
     from storage.run_storage import RunStorage, load_run
     from storage.snapshot import RestartRecord, RunSnapshot

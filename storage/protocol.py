@@ -3,6 +3,7 @@ fake) without ``RunStorage``'s opening, tidying and filesystem details."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, Protocol
 
 from storage.checkpoint import Checkpoint
@@ -11,6 +12,37 @@ from storage.snapshot import CheckpointRecord, RestartRecord, RunSnapshot
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportRound:
+    """One report round (every rank's ``report()`` of one step), as the controller asks the run's
+    storage to record it: rank 0's metrics, and, when a rank passed a checkpoint, everything its
+    commit keeps beside them. Built from the round's events in one place
+    (``trainers._internal.round_commit``)."""
+
+    metrics: dict[str, Any]
+    report_index: int
+    attempt: int
+    #: A rank passed a checkpoint: its files wait in the attempt's staging folder, to be committed.
+    staged: bool = False
+    #: The validation the round asked for, as ``trainers.validation.request_to_json`` writes it;
+    #: False when none. The checkpoint is kept, whatever its score, until ``record_validation``.
+    validation: Any = False
+    #: ``report(checkpoint_dir_name=...)``: the checkpoint folder's name (None: ``checkpoint_NNNNNN``).
+    dir_name: str | None = None
+    #: A worker already put the checkpoint at ``dir_name`` in the run folder
+    #: (``CheckpointUploadMode.NO_UPLOAD``): it is recorded where it is.
+    in_place: bool = False
+    #: The ranks' uploads (``storage.upload.UploadStats.to_record``), kept beside the metrics.
+    upload: dict[str, Any] | None = None
+    #: Where every rank's data stood (``trainers._internal.data_position.round_position``).
+    data_position: dict[str, Any] | None = None
+
+    @property
+    def commits(self) -> bool:
+        """Whether recording this round commits a checkpoint."""
+        return self.staged or self.in_place
 
 
 class RunRecord(Protocol):
@@ -22,19 +54,7 @@ class RunRecord(Protocol):
     filesystem: pafs.FileSystem
 
     def start_attempt(self) -> int: ...
-    def record_report(
-        self,
-        metrics: dict[str, Any],
-        *,
-        report_index: int,
-        attempt: int,
-        staged: bool,
-        validation: Any = False,
-        dir_name: str | None = None,
-        in_place: bool = False,
-        upload: dict[str, Any] | None = None,
-        data_position: dict[str, Any] | None = None,
-    ) -> Checkpoint | None: ...
+    def record_report(self, round_: ReportRound) -> Checkpoint | None: ...
     def record_validation(self, dir_name: str, metrics: dict[str, Any], status: str) -> None: ...
     def record_data_resume(self, note: dict[str, Any]) -> None: ...
     def record_restart(self, restart: RestartRecord) -> None: ...

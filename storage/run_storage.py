@@ -33,6 +33,7 @@ from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, exists, is_local, resolve_filesystem, write_bytes
 from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name, join_run
 from storage.lease import Lease
+from storage.protocol import ReportRound
 from storage.ray_run_format import RAY_SNAPSHOT, RayRun, read_ray_run
 from storage.retention import decide, flatten, rank_best_first, score_of
 from storage.snapshot import (
@@ -222,41 +223,25 @@ class RunStorage:
         try_delete(self.filesystem, self.layout.staging_root)
         return self.snapshot.attempt
 
-    def record_report(
-        self,
-        metrics: dict[str, Any],
-        *,
-        report_index: int,
-        attempt: int,
-        staged: bool,
-        validation: Any = False,
-        dir_name: str | None = None,
-        in_place: bool = False,
-        upload: dict[str, Any] | None = None,
-        data_position: dict[str, Any] | None = None,
-    ) -> Checkpoint | None:
-        """Record one report (rank 0's metrics); with ``staged`` commit its checkpoint and return it.
+    def record_report(self, round_: ReportRound) -> Checkpoint | None:
+        """Record one report round (rank 0's metrics); when it carries a checkpoint, commit it and
+        return it (see ``ReportRound`` for what the commit keeps).
 
-        ``validation`` (a JSON value, not False) marks the checkpoint PENDING_VALIDATION: it is
-        kept whatever its score until ``record_validation``, and its score may come from there.
-
-        ``dir_name`` names the checkpoint's folder (``report(checkpoint_dir_name=...)``; default
-        ``checkpoint_NNNNNN``); a name one of the run's kept checkpoints has is refused with
-        ``ValueError``. ``in_place``: a worker already put the checkpoint at ``dir_name`` in the
-        run folder (``CheckpointUploadMode.NO_UPLOAD``): it is recorded where it is, and staged
-        files of other ranks, if any, are merged into it.
-
-        ``upload`` (``{"bytes", "seconds", "retries"}`` of the ranks' uploads) is kept in the
-        checkpoint's record, beside its metrics; the commit's own retries are added to its count.
-        ``data_position`` (JSON) is kept with the checkpoint too: where the workers' data stood.
+        A ``validation`` marks the checkpoint PENDING_VALIDATION: it is kept whatever its score
+        until ``record_validation``, and its score may come from there. A ``dir_name`` one of the
+        run's kept checkpoints has is refused with ``ValueError``. An ``in_place`` checkpoint is
+        recorded where it is, and staged files of other ranks, if any, are merged into it. The
+        commit's own retries are added to ``upload``'s count.
         """
+        metrics, report_index, attempt = round_.metrics, round_.report_index, round_.attempt
+        staged, validation, dir_name, upload = round_.staged, round_.validation, round_.dir_name, round_.upload
         if attempt != self.snapshot.attempt:
             raise StorageError(
                 f"report {report_index} of attempt {attempt} arrived after attempt {self.snapshot.attempt} began "
                 f"at {self.run_uri}; it is not committed."
             )
         self.snapshot.reports.append({"attempt": attempt, "report_index": report_index, "metrics": metrics})
-        if not staged and not in_place:
+        if not round_.commits:
             if time.monotonic() - self._last_write > METRICS_FLUSH_INTERVAL_S:
                 self._write()
             return None
@@ -271,7 +256,7 @@ class RunStorage:
                 raise ValueError(error.args[0]) from None
         seq, name = self._name_checkpoint(dir_name, staging if staged else None)
         final = self.layout.path_of(name)
-        if in_place:
+        if round_.in_place:
             adopt_folder(self.filesystem, staging if staged else None, final)
         else:
             announce = (lambda: self._announce(name)) if dir_name is not None else None
@@ -286,7 +271,7 @@ class RunStorage:
                 report=len(self.snapshot.reports) - 1,
                 **({"status": PENDING_VALIDATION, "validation": validation} if validation else {}),
                 upload=upload,
-                data_position=data_position,
+                data_position=round_.data_position,
             )
         )
         self.snapshot.next_seq = seq + 1
@@ -376,7 +361,7 @@ class RunStorage:
     def record_data_resume(self, note: dict[str, Any]) -> None:
         """Note (JSON values) how this attempt resumed the data position of the checkpoint it
         starts from: what was skipped, and whether that is exact."""
-        latest = max(self.snapshot.checkpoints, key=lambda c: c.seq, default=None)
+        latest = self.snapshot.latest
         checkpoint = latest.dir_name if latest is not None else None
         self.snapshot.data_resumes.append({"attempt": self.snapshot.attempt, "checkpoint": checkpoint, **note})
         self._write()
@@ -425,16 +410,14 @@ class RunStorage:
     def latest_data_position(self) -> dict[str, Any] | None:
         """The data position kept with the newest committed checkpoint (None without one, or
         when none was kept): what the next attempt resumes with ``latest_checkpoint``."""
-        latest = max(self.snapshot.checkpoints, key=lambda c: c.seq, default=None)
+        latest = self.snapshot.latest
         return latest.data_position if latest is not None else None
 
     @property
     def committed_checkpoint(self) -> Checkpoint | None:
         """The run's newest committed checkpoint (``Result.checkpoint``), or None."""
-        if not self.snapshot.checkpoints:
-            return None
-        latest = max(self.snapshot.checkpoints, key=lambda c: c.seq)
-        return Checkpoint(self.layout.path_of(latest.dir_name), self.filesystem)
+        latest = self.snapshot.latest
+        return Checkpoint(self.layout.path_of(latest.dir_name), self.filesystem) if latest is not None else None
 
     @property
     def best_checkpoints(self) -> list[tuple[Checkpoint, dict[str, Any]]]:

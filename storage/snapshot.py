@@ -133,9 +133,15 @@ class RunSnapshot:
     #: How the workers were restarted after each failed attempt, oldest first.
     restarts: list[RestartRecord] = dataclasses.field(default_factory=list)
 
+    @property
+    def latest(self) -> CheckpointRecord | None:
+        """The newest committed checkpoint's record (the highest ``seq``), or None: the one
+        definition of "the latest checkpoint"."""
+        return max(self.checkpoints, key=lambda c: c.seq, default=None)
+
     def rewind(self) -> None:
         """Forget the reports made after the latest checkpoint (every report while there is none)."""
-        latest = max(self.checkpoints, key=lambda c: c.seq, default=None)
+        latest = self.latest
         del self.reports[latest.report + 1 if latest is not None else 0 :]
 
     def to_json(self) -> bytes:

@@ -43,9 +43,8 @@ def reports_already_kept(run: RunSettings) -> int:
         snapshot = load_run(run.run_path).snapshot
     except StorageError:
         return 0
-    if not snapshot.checkpoints:
-        return 0
-    return max(snapshot.checkpoints, key=lambda c: c.seq).report + 1
+    latest = snapshot.latest
+    return latest.report + 1 if latest is not None else 0
 
 
 def _callbacks(paths: list[str]) -> list[UserCallback]:

@@ -14,6 +14,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from storage import CheckpointConfig, RunStorage, load_run
+from storage.protocol import ReportRound
 from tasks.charts import (
     Chart,
     Series,
@@ -185,7 +186,9 @@ def test_a_sweep_charts_its_metric_per_trial_best_first(tmp_path, prefect_harnes
         run.open("test")
         attempt = run.start_attempt()
         for index, loss in enumerate(values):
-            run.record_report({"epoch": index, "loss": loss}, report_index=index, attempt=attempt, staged=False)
+            run.record_report(
+                ReportRound({"epoch": index, "loss": loss}, report_index=index, attempt=attempt, staged=False)
+            )
         run.finish()
         outcomes.append(
             TrialOutcome(
@@ -293,7 +296,7 @@ def test_checkpoint_rows_without_a_score_keep_the_most_recent(tmp_path):
     attempt = storage.start_attempt()
     for step in range(3):
         os.makedirs(storage.layout.staging_path(attempt, step))
-        storage.record_report({"step": step}, report_index=step, attempt=attempt, staged=True)
+        storage.record_report(ReportRound({"step": step}, report_index=step, attempt=attempt, staged=True))
     storage.finish()
     rows = checkpoint_rows(load_run(storage.run_uri).snapshot, CheckpointConfig(num_to_keep=1))
     assert [(row["step"], row["status"], row["why"]) for row in rows] == [
@@ -312,7 +315,7 @@ def test_checkpoint_rows_show_the_report_and_score_of_dropped_checkpoints_even_w
         saves = index in (0, 1, 4)  # checkpoints at reports 0, 1 and 4
         if saves:
             os.makedirs(storage.layout.staging_path(attempt, index))
-        storage.record_report({"loss": loss}, report_index=index, attempt=attempt, staged=saves)
+        storage.record_report(ReportRound({"loss": loss}, report_index=index, attempt=attempt, staged=saves))
     storage.finish()
     rows = checkpoint_rows(load_run(storage.run_uri).snapshot, config)
     assert [(row["report"], row["loss"], row["status"], row["why"]) for row in rows] == [

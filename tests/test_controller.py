@@ -30,11 +30,11 @@ class MemoryStore:
         self.attempts += 1
         return self.attempts
 
-    def record_report(self, metrics, *, report_index, attempt, staged, data_position=None):
-        self.reports.append((attempt, report_index, metrics, staged))
-        if staged:
-            self.latest_checkpoint = f"checkpoint@{attempt}/{report_index}"
-            self.latest_data_position = data_position
+    def record_report(self, round_):
+        self.reports.append((round_.attempt, round_.report_index, round_.metrics, round_.staged))
+        if round_.staged:
+            self.latest_checkpoint = f"checkpoint@{round_.attempt}/{round_.report_index}"
+            self.latest_data_position = round_.data_position
             return self.latest_checkpoint
         return None
 

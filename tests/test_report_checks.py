@@ -16,6 +16,7 @@ import pytest
 
 import trainers
 from storage import RunStorage, load_run, upload_directory
+from storage.protocol import ReportRound
 from trainers import (
     Checkpoint,
     CheckpointConfig,
@@ -131,12 +132,14 @@ def test_a_value_pickle_cannot_hold_does_not_lose_the_history_or_the_checkpoint(
     storage = RunStorage(str(tmp_path), "run")
     storage.open("me")
     attempt = storage.start_attempt()
-    storage.record_report({"step": 0}, report_index=0, attempt=attempt, staged=False)
+    storage.record_report(ReportRound({"step": 0}, report_index=0, attempt=attempt, staged=False))
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "w.txt").write_text("1")
     upload_directory(str(tmp_path / "src"), storage.filesystem, storage.layout.staging_path(attempt, 1))
     with caplog.at_level(logging.WARNING, logger="storage.metric_values"):
-        storage.record_report({"step": 1, "odd": threading.Lock()}, report_index=1, attempt=attempt, staged=True)
+        storage.record_report(
+            ReportRound({"step": 1, "odd": threading.Lock()}, report_index=1, attempt=attempt, staged=True)
+        )
     storage.finish()
     assert "lock" in caplog.text
 

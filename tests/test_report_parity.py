@@ -15,6 +15,7 @@ import trainers as train
 from faulty_fs import faulty_fs
 from storage import Checkpoint, CheckpointConfig, RunStorage, upload_directory
 from storage.layout import RunLayout
+from storage.protocol import ReportRound
 from trainers import CheckpointUploadMode, DataParallelTrainer, RunConfig, ScalingConfig, WorkerGroupError
 from trainers._internal.session import WorkerSession
 from trainers.context import StorageInfo, TrainContext
@@ -127,14 +128,18 @@ def test_storage_refuses_a_kept_name_and_default_names_skip_taken_ones(tmp_path)
     storage.open("me")
     attempt = storage.start_attempt()
     stage(storage, attempt, 0, tmp_path)
-    storage.record_report({"i": 0}, report_index=0, attempt=attempt, staged=True, dir_name="checkpoint_000001")
+    storage.record_report(
+        ReportRound({"i": 0}, report_index=0, attempt=attempt, staged=True, dir_name="checkpoint_000001")
+    )
     stage(storage, attempt, 1, tmp_path)
-    assert storage.record_report({"i": 1}, report_index=1, attempt=attempt, staged=True).path.endswith(
+    assert storage.record_report(ReportRound({"i": 1}, report_index=1, attempt=attempt, staged=True)).path.endswith(
         "checkpoint_000002"
     )
     stage(storage, attempt, 2, tmp_path)
     with pytest.raises(ValueError, match="already keeps a checkpoint of that name"):
-        storage.record_report({"i": 2}, report_index=2, attempt=attempt, staged=True, dir_name="checkpoint_000001")
+        storage.record_report(
+            ReportRound({"i": 2}, report_index=2, attempt=attempt, staged=True, dir_name="checkpoint_000001")
+        )
     storage.close()
 
 
@@ -158,7 +163,7 @@ def test_a_named_folder_left_by_a_commit_cut_short_is_removed_on_resume(tmp_path
 
     storage._write = write_then_fail
     with pytest.raises(OSError, match="injected failure"):
-        storage.record_report({"i": 0}, report_index=0, attempt=attempt, staged=True, dir_name="epoch_0")
+        storage.record_report(ReportRound({"i": 0}, report_index=0, attempt=attempt, staged=True, dir_name="epoch_0"))
     assert (tmp_path / "run" / "epoch_0").is_dir()  # moved, but never committed
     storage.close()
     resumed = RunStorage(str(tmp_path), "run")

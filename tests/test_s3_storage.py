@@ -10,6 +10,7 @@ import pytest
 import loops
 from faulty_s3 import moto_s3
 from storage import RunStorage, load_run, upload_directory
+from storage.protocol import ReportRound
 from trainers import CheckpointConfig, Result, RunConfig, ScalingConfig
 from trainers.torch import TorchTrainer
 
@@ -35,7 +36,7 @@ def test_run_storage_commits_with_marker_on_s3(s3, tmp_path):
         (tmp_path / f"src{index}").mkdir()
         (tmp_path / f"src{index}" / "model.txt").write_text(str(index))
         upload_directory(str(tmp_path / f"src{index}"), s3, storage.layout.staging_path(attempt, index))
-        storage.record_report({"step": index}, report_index=index, attempt=attempt, staged=True)
+        storage.record_report(ReportRound({"step": index}, report_index=index, attempt=attempt, staged=True))
     storage.finish()
     assert listing(s3, "flowtrain-test/unit/run") == ["checkpoint_000002", "run.json", "run.json.prev"]
     assert listing(s3, "flowtrain-test/unit/run/checkpoint_000002") == [".committed", "model.txt"]

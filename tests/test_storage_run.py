@@ -22,6 +22,7 @@ from storage import (
     load_run,
     upload_directory,
 )
+from storage.protocol import ReportRound
 
 
 def stage(storage: RunStorage, attempt: int, index: int, content: str, fs=None) -> None:
@@ -38,7 +39,7 @@ def stage(storage: RunStorage, attempt: int, index: int, content: str, fs=None) 
 def report(storage, attempt, index, metrics, checkpoint=False):
     if checkpoint:
         stage(storage, attempt, index, f"step {index}")
-    return storage.record_report(metrics, report_index=index, attempt=attempt, staged=checkpoint)
+    return storage.record_report(ReportRound(metrics, report_index=index, attempt=attempt, staged=checkpoint))
 
 
 def folders(path) -> list[str]:
@@ -138,7 +139,7 @@ def test_a_report_from_an_old_attempt_cannot_commit(tmp_path):
     stage(storage, old, 0, "stale")
     storage.start_attempt()
     with pytest.raises(StorageError, match=r"report 0 of attempt 1 arrived after attempt 2 began"):
-        storage.record_report({"step": 0}, report_index=0, attempt=old, staged=True)
+        storage.record_report(ReportRound({"step": 0}, report_index=0, attempt=old, staged=True))
     assert folders(tmp_path / "run") == []
 
 
@@ -346,7 +347,7 @@ def test_a_passing_error_writing_run_json_is_retried_and_the_checkpoint_committe
     attempt = storage.start_attempt()
     stage(storage, attempt, 0, "step 0")
     staged_done = True
-    storage.record_report({"step": 0}, report_index=0, attempt=attempt, staged=True)
+    storage.record_report(ReportRound({"step": 0}, report_index=0, attempt=attempt, staged=True))
     storage.close()
 
     assert len(failures) == 1
@@ -372,7 +373,7 @@ def test_a_lasting_error_writing_run_json_fails_at_once_naming_the_file(tmp_path
     with pytest.raises(
         StorageError, match=r"cannot write the run snapshot at .*run/run.json \(tries: 1\): PermissionError"
     ):
-        storage.record_report({"step": 0}, report_index=0, attempt=attempt, staged=True)
+        storage.record_report(ReportRound({"step": 0}, report_index=0, attempt=attempt, staged=True))
     refused = [path for op, path in handler.ops[seen:] if op == "write" and path.endswith("run.json.new")]
     assert len(refused) == 1  # not retried: waiting cannot fix a denied permission
 

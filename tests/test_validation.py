@@ -13,6 +13,7 @@ import pytest
 
 import trainers
 from storage import RunStorage
+from storage.protocol import ReportRound
 from trainers import (
     CheckpointConfig,
     FailureConfig,
@@ -256,7 +257,9 @@ def _crashed_run_with_a_pending_validation(tmp_path, name: str) -> None:
     with open(os.path.join(staged, "step.txt"), "w") as f:
         f.write("7")
     storage.record_report(
-        {"step": 7}, report_index=0, attempt=attempt, staged=True, validation={"fn_kwargs": {}, "timeout_s": None}
+        ReportRound(
+            {"step": 7}, report_index=0, attempt=attempt, staged=True, validation={"fn_kwargs": {}, "timeout_s": None}
+        )
     )
     storage.close()  # no finish(): the driver is gone
 

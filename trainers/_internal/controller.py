@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from storage import Checkpoint, RunRecord
 from storage.snapshot import RestartRecord
-from storage.upload import UploadStats
 from trainers._internal.attempt_book import LAUNCH, AttemptBook
-from trainers._internal.data_position import round_position
-from trainers._internal.events import NOT_TRAINING, CheckpointsQuery, Event, FailedEvent, checkpoint_placement
+from trainers._internal.events import NOT_TRAINING, CheckpointsQuery, Event, FailedEvent
 from trainers._internal.failure_policy import Charge, FailurePolicy
 from trainers._internal.preemption_watch import PreemptionNotice, deadline_passed
 from trainers._internal.preemption_watch import merge as merge_preemptions
 from trainers._internal.reported_checkpoints import PendingQueries
+from trainers._internal.round_commit import report_round
 from trainers.callback import TrainRunContext, UserCallback
 from trainers.errors import (
     PreemptionError,
@@ -38,7 +37,6 @@ from trainers.errors import (
 )
 from trainers.preemption import PreemptionInfo
 from trainers.tuning import DRAIN_POLL_S, ENDED_DRAIN_S, VALIDATION_POLL_S
-from trainers.validation import request_to_json
 
 if TYPE_CHECKING:
     from trainers._internal.validation_runner import ValidationRunner
@@ -239,28 +237,14 @@ class Controller:
         size = self.workers.world_size
         while (complete := self.book.pop_complete_round(size)) is not None:
             index, round_ = complete
-            metrics = [round_[rank].metrics if rank in round_ else {} for rank in range(size)]
             staged = any(event.staged for event in round_.values())
             if not staged and any(event.validation for event in round_.values()):
                 self._refuse_validation_without_checkpoint(index, round_)
                 return
-            # As in Ray Train, the validation asked by the first rank that passed a checkpoint.
-            validation = (
-                next((round_[r].validation for r in sorted(round_) if round_[r].staged), False) if staged else False
-            )
-            extra = {"validation": request_to_json(validation)} if validation else {}
-            extra.update(checkpoint_placement(list(round_.values())) if staged else {})
-            if staged and (
-                position := round_position([round_[r].data_position if r in round_ else None for r in range(size)])
-            ):
-                extra["data_position"] = position
-            # Bytes summed over the ranks, the slowest rank's seconds; beside the metrics in run.json.
-            upload = UploadStats.combine(event.upload for event in round_.values()) if staged else None
-            if upload is not None:
-                extra["upload"] = upload.to_record()
             checkpoint = self.storage.record_report(
-                metrics[0], report_index=index, attempt=self.attempt, staged=staged, **extra
+                report_round(round_, index=index, attempt=self.attempt, world_size=size)
             )
+            metrics = [round_[rank].metrics if rank in round_ else {} for rank in range(size)]
             for listener in self.listeners:
                 listener.after_report(self.run_context, metrics, checkpoint)
 

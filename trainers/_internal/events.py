@@ -36,7 +36,7 @@ class ReportEvent:
 
 def checkpoint_placement(round_: list[ReportEvent]) -> dict[str, Any]:
     """Where the checkpoint of one round (every rank's report of one step) goes, as extra
-    arguments of ``RunStorage.record_report``: {} for the default name.
+    fields of ``storage.ReportRound``: {} for the default name.
 
     As in Ray Train, the lowest rank's ``checkpoint_dir_name`` names the folder; a checkpoint a
     rank already put into the run folder is recorded where it is, so all such ranks must name

@@ -1,0 +1,36 @@
+"""What one complete report round asks the run's storage to record: the one place that reads a
+round's events (rank 0's metrics, the checkpoint's folder, the validation asked for, the ranks'
+uploads, their data positions) into a ``storage.ReportRound``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from storage.protocol import ReportRound
+from storage.upload import UploadStats
+from trainers._internal.data_position import round_position
+from trainers._internal.events import ReportEvent, checkpoint_placement
+from trainers.validation import request_to_json
+
+
+def report_round(round_: dict[int, ReportEvent], *, index: int, attempt: int, world_size: int) -> ReportRound:
+    """The record of round ``index`` of attempt ``attempt``, from the events of its ranks
+    (``round_``, by world rank). A checkpoint passed by any rank makes it a checkpoint round."""
+    metrics = round_[0].metrics if 0 in round_ else {}
+    if not any(event.staged for event in round_.values()):
+        return ReportRound(metrics, index, attempt)
+    events = list(round_.values())
+    # As in Ray Train, the validation asked by the first rank that passed a checkpoint.
+    validation: Any = next((round_[r].validation for r in sorted(round_) if round_[r].staged), False)
+    # Bytes summed over the ranks, the slowest rank's seconds; beside the metrics in run.json.
+    upload = UploadStats.combine(event.upload for event in events)
+    return ReportRound(
+        metrics,
+        index,
+        attempt,
+        staged=True,
+        validation=request_to_json(validation) if validation else False,
+        **checkpoint_placement(events),
+        upload=upload.to_record() if upload is not None else None,
+        data_position=round_position([round_[r].data_position if r in round_ else None for r in range(world_size)]),
+    )
