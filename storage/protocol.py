@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from storage.checkpoint import Checkpoint
 from storage.layout import RunLayout
+from storage.positions import RoundPosition
 from storage.snapshot import CheckpointRecord, RestartRecord, RunSnapshot
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ class ReportRound:
     #: The ranks' uploads (``storage.upload.UploadStats.to_record``), kept beside the metrics.
     upload: dict[str, Any] | None = None
     #: Where every rank's data stood (``trainers._internal.data_position.round_position``).
-    data_position: dict[str, Any] | None = None
+    data_position: RoundPosition | None = None
 
     @property
     def commits(self) -> bool:
@@ -68,6 +69,6 @@ class RunRecord(Protocol):
     @property
     def latest_checkpoint(self) -> Checkpoint | None: ...
     @property
-    def latest_data_position(self) -> dict[str, Any] | None: ...
+    def latest_data_position(self) -> RoundPosition | None: ...
     @property
     def pending_validations(self) -> list[CheckpointRecord]: ...

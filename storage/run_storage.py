@@ -33,6 +33,7 @@ from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, exists, is_local, resolve_filesystem, write_bytes
 from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name, join_run
 from storage.lease import Lease
+from storage.positions import RoundPosition
 from storage.protocol import ReportRound
 from storage.ray_run_format import RAY_SNAPSHOT, RayRun, read_ray_run
 from storage.retention import decide, flatten, rank_best_first, score_of
@@ -407,7 +408,7 @@ class RunStorage:
         return self.committed_checkpoint or self.resume_from_checkpoint
 
     @property
-    def latest_data_position(self) -> dict[str, Any] | None:
+    def latest_data_position(self) -> RoundPosition | None:
         """The data position kept with the newest committed checkpoint (None without one, or
         when none was kept): what the next attempt resumes with ``latest_checkpoint``."""
         latest = self.snapshot.latest

@@ -18,6 +18,7 @@ from storage.errors import SnapshotCorruptError
 from storage.filesystem import exists, read_bytes, write_bytes
 from storage.layout import RunLayout
 from storage.metric_values import decode, encode
+from storage.positions import RoundPosition
 
 FORMAT = 1
 #: Where a snapshot keeps its reports' encodings between writes (not a field: never written or compared).
@@ -53,8 +54,19 @@ class CheckpointRecord:
     #: and the commit's}``; None when nothing was uploaded (NO_UPLOAD, or written before this field).
     upload: dict[str, Any] | None = None
     #: Where the workers' data iterators stood when it was reported, so a resume starts the epoch
-    #: there: ``{"world_size", "ranks": [one JSON position per rank, or None]}``; None when not kept.
-    data_position: dict[str, Any] | None = None
+    #: there; None when not kept.
+    data_position: RoundPosition | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        position = self.data_position
+        return {**vars(self), "data_position": position.to_json() if position is not None else None}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> CheckpointRecord:
+        known = {f.name for f in dataclasses.fields(cls)}
+        fields = {k: v for k, v in body.items() if k in known}  # newer writers may add fields
+        fields["data_position"] = RoundPosition.from_json(fields.get("data_position"))
+        return cls(**fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +162,7 @@ class RunSnapshot:
         body = encode(
             {
                 **fields,
-                "checkpoints": [vars(c) for c in self.checkpoints],
+                "checkpoints": [c.to_json() for c in self.checkpoints],
                 "restarts": [r.to_json() for r in self.restarts],
             }
         )
@@ -184,10 +196,7 @@ class RunSnapshot:
         body.pop("format")
         known = {f.name for f in dataclasses.fields(cls)}
         body = {k: v for k, v in body.items() if k in known}  # newer writers may add fields
-        fields = {f.name for f in dataclasses.fields(CheckpointRecord)}
-        body["checkpoints"] = [
-            CheckpointRecord(**{k: v for k, v in c.items() if k in fields}) for c in body.get("checkpoints", [])
-        ]
+        body["checkpoints"] = [CheckpointRecord.from_json(c) for c in body.get("checkpoints", [])]
         body["restarts"] = [RestartRecord.from_json(r) for r in body.get("restarts", [])]
         return cls(**body)
 

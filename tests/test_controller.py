@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from storage.positions import RankPosition, RoundPosition, ShardRecord
 from trainers import FailureConfig, UserCallback
 from trainers._internal.controller import LAUNCH, Controller, ControllerSettings, State
 from trainers._internal.events import FailedEvent, FinishedEvent, ReportEvent, SyncEvent
@@ -235,7 +236,7 @@ def test_failure_restarts_from_latest_checkpoint_within_budget():
 
 def test_every_ranks_data_position_is_committed_with_the_checkpoint_and_given_to_the_next_attempt():
     def at(rank, index, rows, staged=False):
-        position = {"datasets": {"train": {"epoch": 0, "rows": rows}}}
+        position = RankPosition({"train": ShardRecord(0, rows)})
         return ReportEvent(rank, index, {"i": index}, staged, data_position=position)
 
     attempt1 = [
@@ -247,7 +248,7 @@ def test_every_ranks_data_position_is_committed_with_the_checkpoint_and_given_to
     workers = ScriptedWorkers(2, [attempt1, [[FinishedEvent(0, None), FinishedEvent(1, None)]]])
     store = MemoryStore()
     Controller(workers=workers, storage=store, policy=policy(max_failures=1)).run()
-    saved = {"world_size": 2, "ranks": [{"datasets": {"train": {"epoch": 0, "rows": 8}}}] * 2}
+    saved = RoundPosition(2, (RankPosition({"train": ShardRecord(0, 8)}),) * 2)
     assert workers.data_positions == [None, saved]
     assert store.data_resumes == [{"resumed": saved}]
 

@@ -19,6 +19,7 @@ import types
 
 import pytest
 
+from storage.positions import LoaderRecord, RoundPosition, ShardRecord
 from trainers import (
     Checkpoint,
     DataConfig,
@@ -160,10 +161,12 @@ def test_without_the_position_a_restarted_epoch_replays_what_was_trained_on(tmp_
 def test_a_resume_that_cannot_be_exact_warns_naming_the_setting_and_records_what_it_skipped():
     import ray.data
 
-    saved = {
-        "world_size": 2,
-        "ranks": [{"datasets": {"train": {"epoch": 1, "rows": 40}}, "loaders": [{"epoch": 1, "samples": 40}]}] * 2,
-    }
+    saved = RoundPosition.from_json(
+        {
+            "world_size": 2,
+            "ranks": [{"datasets": {"train": {"epoch": 1, "rows": 40}}, "loaders": [{"epoch": 1, "samples": 40}]}] * 2,
+        }
+    )
     spec = types.SimpleNamespace(
         datasets={"train": None},
         dataset_config=DataConfig(execution_options=ray.data.ExecutionOptions(preserve_order=False)),
@@ -171,15 +174,14 @@ def test_a_resume_that_cannot_be_exact_warns_naming_the_setting_and_records_what
     with pytest.warns(UserWarning, match=r"datasets\['train'\] runs without ExecutionOptions.preserve_order") as seen:
         plan = _resume_plan(spec, 2, saved)  # type: ignore[arg-type]  # what it reads of a RunSpec
     assert "checkpoint_data_position=False" in str(seen[0].message)
-    assert plan.starts == saved["ranks"]  # the same count is skipped
+    assert plan.starts == list(saved.ranks)  # the same count is skipped
     assert plan.note["exact"] is False and plan.note["datasets"] == {"train": {"epoch": 1, "rows_skipped": 80}}
 
     # Three workers now: each skips a third of what the two had handed out.
     plan = plan_resume(saved, world_size=3, ordered={"train": True}, split={"train"})
     assert plan.warning is not None and "the run has 3 worker(s) and had 2" in plan.warning
-    assert (
-        plan.starts == [{"datasets": {"train": {"epoch": 1, "rows": 26}}, "loaders": [{"epoch": 1, "samples": 26}]}] * 3
-    )
+    third = {"datasets": {"train": {"epoch": 1, "rows": 26}}, "loaders": [{"epoch": 1, "samples": 26}]}
+    assert [start.to_json() for start in plan.starts] == [third] * 3
     assert plan.note["exact"] is False and plan.note["datasets"]["train"]["rows_skipped"] == 78
 
     exact = plan_resume(saved, world_size=2, ordered={"train": True}, split={"train"})
@@ -187,16 +189,16 @@ def test_a_resume_that_cannot_be_exact_warns_naming_the_setting_and_records_what
 
 
 def test_a_shard_position_counts_a_pass_as_an_epoch_and_skips_only_in_the_resumed_one():
-    position = ShardPosition.resumed({"epoch": 3, "rows": 40})
-    assert position.to_record() == {"epoch": 3, "rows": 40}  # a checkpoint before the loop iterates again
+    position = ShardPosition.resumed(ShardRecord(3, 40))
+    assert position.to_record() == ShardRecord(3, 40)  # a checkpoint before the loop iterates again
     assert position.start_pass() == 40
     position.handed_out(8)
-    assert position.to_record() == {"epoch": 3, "rows": 48}
+    assert position.to_record() == ShardRecord(3, 48)
     position.end_pass()
-    assert position.to_record() == {"epoch": 4, "rows": 0}  # an epoch's end: the next one is next
+    assert position.to_record() == ShardRecord(4, 0)  # an epoch's end: the next one is next
     assert position.start_pass() == 0
     position.handed_out(8)
-    assert position.start_pass() == 0 and position.to_record() == {"epoch": 5, "rows": 0}  # a pass broken off
+    assert position.start_pass() == 0 and position.to_record() == ShardRecord(5, 0)  # a pass broken off
 
 
 def test_a_positioned_sampler_starts_only_its_saved_epoch_mid_way():
@@ -208,11 +210,11 @@ def test_a_positioned_sampler_starts_only_its_saved_epoch_mid_way():
     whole = sampler(None)
     whole.set_epoch(2)
     order = list(whole)
-    resumed = sampler({"epoch": 2, "samples": 4})
+    resumed = sampler(LoaderRecord(2, 4))
     resumed.set_epoch(2)
-    assert list(resumed) == order[4:] and resumed.position() == {"epoch": 2, "samples": 4}
+    assert list(resumed) == order[4:] and resumed.position() == LoaderRecord(2, 4)
     assert list(resumed) == order  # the next pass of the same epoch is whole
-    later = sampler({"epoch": 2, "samples": 4})
+    later = sampler(LoaderRecord(2, 4))
     later.set_epoch(3)  # the loop resumes at the next epoch: nothing to skip
     assert len(list(later)) == 10
 
@@ -246,9 +248,17 @@ def test_when_ray_datas_hooks_miscount_positions_turn_off_with_a_warning_and_the
     assert record["data_resumes"] == [] and all(c["data_position"] is None for c in record["checkpoints"])
 
 
-@pytest.mark.usefixtures("ray_local")
-def test_the_self_check_finds_the_installed_rays_hooks_count_right():
-    from trainers._internal import ray_private
+def test_a_checkpoints_data_position_reads_back_from_run_json_as_it_was_written():
+    from storage.snapshot import CheckpointRecord, RunSnapshot
 
-    ray_private.position_hooks_problem.cache_clear()
-    assert ray_private.position_hooks_problem() is None
+    written = {
+        "world_size": 2,
+        "ranks": [{"datasets": {"train": {"epoch": 1, "rows": 40}}, "loaders": [{"epoch": 1, "samples": 8}]}, None],
+    }
+    snapshot = RunSnapshot(name="r")
+    snapshot.checkpoints.append(CheckpointRecord(0, "c0", {}, 0, data_position=RoundPosition.from_json(written)))
+    snapshot.checkpoints.append(CheckpointRecord(1, "c1", {}, 1))
+    again = RunSnapshot.from_json(snapshot.to_json())
+    assert again.checkpoints[0].data_position == snapshot.checkpoints[0].data_position
+    assert again.checkpoints[0].data_position.to_json() == written and again.checkpoints[1].data_position is None
+    assert again.latest is again.checkpoints[1]

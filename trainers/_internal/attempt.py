@@ -21,10 +21,17 @@ import pyarrow.fs
 
 from storage import Checkpoint
 from storage.layout import RunLayout
+from storage.positions import RoundPosition
 from storage.snapshot import RestartRecord
 from trainers._internal import ray_private, warm_workers
 from trainers._internal.attempt_book import LAUNCH
-from trainers._internal.data import execution_options_for, install_data_context, names_to_split, split_datasets
+from trainers._internal.data import (
+    execution_options_for,
+    install_data_context,
+    is_dataset,
+    names_to_split,
+    split_datasets,
+)
 from trainers._internal.data_position import DataPositions, ResumePlan, plan_resume
 from trainers._internal.devices import assign_visible_devices
 from trainers._internal.elastic import ElasticSizer, NodeResources, wait_released
@@ -75,13 +82,13 @@ class RunSpec:
     validation_config: Any = None
 
 
-def _resume_plan(spec: RunSpec, world_size: int, saved: dict[str, Any] | None) -> ResumePlan | None:
+def _resume_plan(spec: RunSpec, world_size: int, saved: RoundPosition | None) -> ResumePlan | None:
     """Where each rank's data starts (None: positions are not kept); warns, in the driver, when
     resuming ``saved`` is not exact."""
     config = spec.dataset_config
     if not config.checkpoint_data_position:
         return None
-    if spec.datasets and (problem := ray_private.position_hooks_problem()) is not None:
+    if any(map(is_dataset, spec.datasets.values())) and (problem := ray_private.position_hooks_problem()) is not None:
         import ray
 
         warnings.warn(
@@ -161,7 +168,7 @@ class RayWorkers:
         self._first_started_at: float | None = None
 
     def launch(
-        self, attempt: int, checkpoint: Checkpoint | None, data_position: dict[str, Any] | None = None
+        self, attempt: int, checkpoint: Checkpoint | None, data_position: RoundPosition | None = None
     ) -> dict[str, Any] | None:
         """Start attempt ``attempt``: around the survivors ``stop`` kept, replacing only the ranks it
         let go, or else a whole new group. Returns how the data position was resumed."""
@@ -221,7 +228,7 @@ class RayWorkers:
         self,
         attempt: int,
         checkpoint: Checkpoint | None,
-        data_position: dict[str, Any] | None,
+        data_position: RoundPosition | None,
         shards: list[dict[str, Any]],
     ) -> dict[str, Any] | None:
         """Everything between "the workers are up and ranked" and "the training function runs":
@@ -421,7 +428,7 @@ class LocalWorkers:
         self._attempt = 0
 
     def launch(
-        self, attempt: int, checkpoint: Checkpoint | None, data_position: dict[str, Any] | None = None
+        self, attempt: int, checkpoint: Checkpoint | None, data_position: RoundPosition | None = None
     ) -> dict[str, Any] | None:
         spec = self.spec
         self._attempt = attempt

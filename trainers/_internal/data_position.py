@@ -20,6 +20,8 @@ import dataclasses
 import sys
 from typing import Any, Protocol
 
+from storage.positions import LoaderRecord, RankPosition, RoundPosition, ShardRecord
+
 
 @dataclasses.dataclass
 class ShardPosition:
@@ -37,8 +39,8 @@ class ShardPosition:
     started: bool = False
 
     @classmethod
-    def resumed(cls, record: dict[str, int]) -> ShardPosition:
-        return cls(epoch=record["epoch"], rows=record["rows"], skip=record["rows"])
+    def resumed(cls, record: ShardRecord) -> ShardPosition:
+        return cls(epoch=record.epoch, rows=record.rows, skip=record.rows)
 
     def start_pass(self) -> int:
         """A pass begins; return the rows it skips."""
@@ -54,22 +56,22 @@ class ShardPosition:
     def end_pass(self) -> None:
         self.epoch, self.rows, self.started = self.epoch + 1, 0, False
 
-    def to_record(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "rows": self.rows}
+    def to_record(self) -> ShardRecord:
+        return ShardRecord(self.epoch, self.rows)
 
 
 class LoaderPosition(Protocol):
     """A prepared loader's sampler (``trainers.torch``'s ``PositionedSampler``)."""
 
-    def position(self) -> dict[str, int]: ...
+    def position(self) -> LoaderRecord: ...
 
 
 class DataPositions:
     """This worker's positions: its dataset shards by name, its prepared loaders in the order the
     loop prepared them. ``start`` is this rank's position to resume from (``plan_resume``)."""
 
-    def __init__(self, start: dict[str, Any] | None = None) -> None:
-        self._start = start or {}
+    def __init__(self, start: RankPosition | None = None) -> None:
+        self._start = start or RankPosition()
         self.shards: dict[str, ShardPosition] = {}
         self.loaders: list[LoaderPosition] = []
 
@@ -86,37 +88,36 @@ class DataPositions:
             if not isinstance(shard, DataIterator):
                 tracked[name] = shard
                 continue
-            saved = self._start.get("datasets", {}).get(name)
+            saved = self._start.datasets.get(name)
             position = self.shards[name] = ShardPosition.resumed(saved) if saved else ShardPosition()
             tracked[name] = counting_iterator(shard, position)
         return tracked
 
-    def next_loader_start(self) -> dict[str, int] | None:
+    def next_loader_start(self) -> LoaderRecord | None:
         """Where the next loader the loop prepares resumes (loaders are matched by their order)."""
-        saved = self._start.get("loaders", [])
+        saved = self._start.loaders
         index = len(self.loaders)
         return saved[index] if index < len(saved) else None
 
     def add_loader(self, loader: LoaderPosition) -> None:
         self.loaders.append(loader)
 
-    def record(self) -> dict[str, Any] | None:
-        """What a report carries: ``{"datasets": {name: {"epoch", "rows"}}, "loaders": [{"epoch",
-        "samples"}]}``, or None while nothing is tracked."""
-        record: dict[str, Any] = {}
-        if self.shards:
-            record["datasets"] = {name: position.to_record() for name, position in self.shards.items()}
-        if self.loaders:
-            record["loaders"] = [loader.position() for loader in self.loaders]
-        return record or None
+    def record(self) -> RankPosition | None:
+        """What a report carries: where each shard and loader stands, or None while nothing is tracked."""
+        if not self.shards and not self.loaders:
+            return None
+        return RankPosition(
+            {name: position.to_record() for name, position in self.shards.items()},
+            tuple(loader.position() for loader in self.loaders),
+        )
 
 
-def round_position(positions: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+def round_position(positions: list[RankPosition | None]) -> RoundPosition | None:
     """What run.json keeps with one round's checkpoint: every rank's position (None for a rank
     that tracked nothing or did not report the round), and the world size they belong to."""
     if all(position is None for position in positions):
         return None
-    return {"world_size": len(positions), "ranks": positions}
+    return RoundPosition(len(positions), tuple(positions))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +125,7 @@ class ResumePlan:
     """Where each rank starts, and what is said about it."""
 
     #: One start per rank (None: from the beginning).
-    starts: list[dict[str, Any] | None]
+    starts: list[RankPosition | None]
     #: For the run's record: {"exact", "why", "datasets": {name: {"epoch", "rows_skipped"}},
     #: "loaders": [{"epoch", "samples_skipped"}]}; None when nothing is resumed.
     note: dict[str, Any] | None = None
@@ -133,7 +134,7 @@ class ResumePlan:
 
 
 def plan_resume(
-    saved: dict[str, Any] | None, *, world_size: int, ordered: dict[str, bool], split: set[str]
+    saved: RoundPosition | None, *, world_size: int, ordered: dict[str, bool], split: set[str]
 ) -> ResumePlan:
     """Each rank's start from the position ``saved`` with a checkpoint.
 
@@ -143,11 +144,11 @@ def plan_resume(
     position. With another, every rank skips an equal part of what all ranks had handed out of a
     split dataset (of a whole one, what rank 0 had), and of each loader's epoch.
     """
-    if not saved or not any(saved["ranks"]):
+    if saved is None or not any(saved.ranks):
         return ResumePlan([None] * world_size)
-    ranks: list[dict[str, Any] | None] = saved["ranks"]
+    ranks = list(saved.ranks)
     why = []
-    if saved["world_size"] == world_size:
+    if saved.world_size == world_size:
         starts = list(ranks)
         missing = [rank for rank, start in enumerate(ranks) if start is None]
         if missing:
@@ -158,19 +159,21 @@ def plan_resume(
     else:
         starts = [_divided(ranks, world_size, split)] * world_size
         why.append(
-            f"the run has {world_size} worker(s) and had {saved['world_size']} when the checkpoint was saved, so "
+            f"the run has {world_size} worker(s) and had {saved.world_size} when the checkpoint was saved, so "
             "each shard holds other rows: every rank skips an equal part of what all ranks had handed out"
         )
     datasets: dict[str, dict[str, int]] = {}
     loaders: list[dict[str, int]] = []
     for start in starts:
-        for name, position in (start or {}).get("datasets", {}).items():
-            entry = datasets.setdefault(name, {"epoch": position["epoch"], "rows_skipped": 0})
-            entry["rows_skipped"] += position["rows"]
-        for index, position in enumerate((start or {}).get("loaders", [])):
+        if start is None:
+            continue
+        for name, shard in start.datasets.items():
+            entry = datasets.setdefault(name, {"epoch": shard.epoch, "rows_skipped": 0})
+            entry["rows_skipped"] += shard.rows
+        for index, loader in enumerate(start.loaders):
             if index == len(loaders):
-                loaders.append({"epoch": position["epoch"], "samples_skipped": 0})
-            loaders[index]["samples_skipped"] += position["samples"]
+                loaders.append({"epoch": loader.epoch, "samples_skipped": 0})
+            loaders[index]["samples_skipped"] += loader.samples
     for name, entry in sorted(datasets.items()):
         if entry["rows_skipped"] and not ordered.get(name, False):
             why.append(
@@ -191,24 +194,19 @@ def plan_resume(
     return ResumePlan(starts, note, warning)
 
 
-def _divided(ranks: list[dict[str, Any] | None], world_size: int, split: set[str]) -> dict[str, Any]:
+def _divided(ranks: list[RankPosition | None], world_size: int, split: set[str]) -> RankPosition:
     """One rank's share, among ``world_size``, of what the saved ``ranks`` had handed out."""
-    known = [rank for rank in ranks if rank]
-    datasets: dict[str, dict[str, int]] = {}
-    for name in known[0].get("datasets", {}):
-        positions = [rank["datasets"][name] for rank in known if name in rank.get("datasets", {})]
-        epoch = max(position["epoch"] for position in positions)
-        rows = [position["rows"] for position in positions if position["epoch"] == epoch]
-        datasets[name] = {"epoch": epoch, "rows": sum(rows) // world_size if name in split else rows[0]}
+    known = [rank for rank in ranks if rank is not None]
+    datasets: dict[str, ShardRecord] = {}
+    for name in known[0].datasets:
+        shards = [rank.datasets[name] for rank in known if name in rank.datasets]
+        epoch = max(shard.epoch for shard in shards)
+        rows = [shard.rows for shard in shards if shard.epoch == epoch]
+        datasets[name] = ShardRecord(epoch, sum(rows) // world_size if name in split else rows[0])
     loaders = []
-    for index in range(min(len(rank.get("loaders", [])) for rank in known)):
-        positions = [rank["loaders"][index] for rank in known]
-        epoch = max(position["epoch"] for position in positions)
-        samples = sum(position["samples"] for position in positions if position["epoch"] == epoch)
-        loaders.append({"epoch": epoch, "samples": samples // world_size})
-    divided: dict[str, Any] = {}
-    if datasets:
-        divided["datasets"] = datasets
-    if loaders:
-        divided["loaders"] = loaders
-    return divided
+    for index in range(min(len(rank.loaders) for rank in known)):
+        at_index = [rank.loaders[index] for rank in known]
+        epoch = max(loader.epoch for loader in at_index)
+        samples = sum(loader.samples for loader in at_index if loader.epoch == epoch)
+        loaders.append(LoaderRecord(epoch, samples // world_size))
+    return RankPosition(datasets, tuple(loaders))

@@ -8,6 +8,8 @@ import dataclasses
 import queue
 from typing import Any
 
+from storage.positions import RankPosition
+
 
 # Plain records: what they share with other records (storage's, gbdt's) is the form of a field list.
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +33,7 @@ class ReportEvent:
     #: What this rank's upload of the checkpoint took (a ``storage.upload.UploadStats``), or None.
     upload: Any = None
     #: Where this rank's data iterators stood when it reported (``DataPositions.record``), or None.
-    data_position: dict[str, Any] | None = None
+    data_position: RankPosition | None = None
 
 
 def checkpoint_placement(round_: list[ReportEvent]) -> dict[str, Any]:

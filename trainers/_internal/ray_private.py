@@ -207,6 +207,7 @@ def position_hooks_problem() -> str | None:
     import ray
     import ray.data
 
+    from storage.positions import ShardRecord
     from trainers._internal.data_position import ShardPosition
 
     dataset = ray.data.from_items([{"id": i} for i in range(_CHECK_ROWS)], override_num_blocks=_CHECK_BLOCKS)
@@ -217,12 +218,12 @@ def position_hooks_problem() -> str | None:
         seen.extend(int(i) for i in batch["id"])
         counted.append(whole.rows)
     expected = [min(n, _CHECK_ROWS) for n in range(_CHECK_BATCH, _CHECK_ROWS + _CHECK_BATCH, _CHECK_BATCH)]
-    if sorted(seen) != list(range(_CHECK_ROWS)) or counted != expected or whole.to_record() != {"epoch": 1, "rows": 0}:
+    if sorted(seen) != list(range(_CHECK_ROWS)) or counted != expected or whole.to_record() != ShardRecord(1, 0):
         return (
             f"a pass over {_CHECK_ROWS} rows in batches of {_CHECK_BATCH} was counted {counted} "
-            f"(expected {expected}) and ended at {whole.to_record()}"
+            f"(expected {expected}) and ended at epoch {whole.epoch}, row {whole.rows}"
         )
-    resumed = ShardPosition.resumed({"epoch": 0, "rows": _CHECK_SKIP})
+    resumed = ShardPosition.resumed(ShardRecord(0, _CHECK_SKIP))
     rest = sum(len(b["id"]) for b in counting_iterator(dataset.iterator(), resumed).iter_batches(batch_size=2))
     if rest != _CHECK_ROWS - _CHECK_SKIP:
         return f"a pass resumed after {_CHECK_SKIP} of {_CHECK_ROWS} rows handed out {rest} rows, not {_CHECK_ROWS - _CHECK_SKIP}"

@@ -14,12 +14,14 @@ from typing import Any
 
 from torch.utils.data import DataLoader, DistributedSampler
 
+from storage.positions import LoaderRecord
+
 
 class PositionedSampler(DistributedSampler):
     """A ``DistributedSampler`` that knows how many samples of its epoch (``set_epoch``) the loop
-    received, and starts the epoch it resumes from ``resume`` (``{"epoch", "samples"}``) mid-way."""
+    received, and starts the epoch it resumes from ``resume`` mid-way."""
 
-    def __init__(self, *args: Any, resume: dict[str, int] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, resume: LoaderRecord | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.received = 0
         self._resume = resume
@@ -30,14 +32,14 @@ class PositionedSampler(DistributedSampler):
         if self._resume is not None:
             # Only the first pass, and only in the epoch saved: a loop that resumes at the next
             # epoch (its checkpoint came at an epoch's end) skips nothing.
-            if self._resume["epoch"] == self.epoch:
-                skip = self._resume["samples"]
+            if self._resume.epoch == self.epoch:
+                skip = self._resume.samples
             self._resume = None
         self.received = skip
         return itertools.islice(indices, skip, None)
 
-    def position(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "samples": min(self.received, self.num_samples)}
+    def position(self) -> LoaderRecord:
+        return LoaderRecord(self.epoch, min(self.received, self.num_samples))
 
 
 class PositionedLoader(DataLoader):
