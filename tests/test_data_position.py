@@ -33,7 +33,7 @@ from trainers import (
     report,
 )
 from trainers._internal.attempt import _resume_plan
-from trainers._internal.data_position import ShardPosition, plan_resume
+from trainers._internal.data_position import ShardPosition, plan_resume, position_hooks_problem
 
 #: 10 batches per rank and epoch, a checkpoint after every third and at each epoch's end.
 NUM_IDS, BATCH, EVERY, EPOCHS = 160, 8, 3, 2
@@ -232,14 +232,14 @@ def test_when_ray_datas_hooks_miscount_positions_turn_off_with_a_warning_and_the
             return iter(self._items)
 
     monkeypatch.setattr(ray_private, "_Passes", Uncounted)  # in the driver, where the self-check runs
-    ray_private.position_hooks_problem.cache_clear()
+    position_hooks_problem.cache_clear()
     try:
-        assert "was counted [0, 0, 0]" in ray_private.position_hooks_problem()
+        assert "was counted [0, 0, 0]" in position_hooks_problem()
         failures = [(0, 7, "kill", str(tmp_path / "killed"))]
         with pytest.warns(UserWarning, match=rf"with Ray {ray.__version__} .* count .* is wrong"):
             result = trainer(tmp_path, keep_position=True, failures=failures).fit()
     finally:
-        ray_private.position_hooks_problem.cache_clear()
+        position_hooks_problem.cache_clear()
 
     for state in trained_on(result):  # replayed from the epoch's start: never skipped
         for seen in (state["rows"]["0"], state["items"]["0"]):
@@ -262,3 +262,9 @@ def test_a_checkpoints_data_position_reads_back_from_run_json_as_it_was_written(
     assert again.checkpoints[0].data_position == snapshot.checkpoints[0].data_position
     assert again.checkpoints[0].data_position.to_json() == written and again.checkpoints[1].data_position is None
     assert again.latest is again.checkpoints[1]
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_the_self_check_finds_the_installed_rays_hooks_count_right():
+    position_hooks_problem.cache_clear()
+    assert position_hooks_problem() is None

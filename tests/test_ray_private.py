@@ -234,14 +234,6 @@ def test_counting_iterator(ray_local, blocks_in_order):
         assert type(pickle.loads(pickle.dumps(iterator))) is type(dataset.iterator())  # elsewhere: the plain shard
 
 
-def test_position_hooks_problem(ray_local):
-    # The self-check finds the installed Ray's hooks counting right (positions stay on); when they
-    # miscount, tests/test_data_position.py shows the run turning positions off.
-    ray_private.position_hooks_problem.cache_clear()
-    with private_use("position_hooks_problem"):
-        assert ray_private.position_hooks_problem() is None
-
-
 def test_skip_rows(ray_local, blocks_in_order):
     import ray.data
 

@@ -23,7 +23,7 @@ from storage import Checkpoint
 from storage.layout import RunLayout
 from storage.positions import RoundPosition
 from storage.snapshot import RestartRecord
-from trainers._internal import ray_private, warm_workers
+from trainers._internal import warm_workers
 from trainers._internal.attempt_book import LAUNCH
 from trainers._internal.data import (
     execution_options_for,
@@ -32,7 +32,7 @@ from trainers._internal.data import (
     names_to_split,
     split_datasets,
 )
-from trainers._internal.data_position import DataPositions, ResumePlan, plan_resume
+from trainers._internal.data_position import DataPositions, ResumePlan, plan_resume, position_hooks_problem
 from trainers._internal.devices import assign_visible_devices
 from trainers._internal.elastic import ElasticSizer, NodeResources, wait_released
 from trainers._internal.events import Event, FailedEvent, ReportEvent, take_events
@@ -88,7 +88,7 @@ def _resume_plan(spec: RunSpec, world_size: int, saved: RoundPosition | None) ->
     config = spec.dataset_config
     if not config.checkpoint_data_position:
         return None
-    if any(map(is_dataset, spec.datasets.values())) and (problem := ray_private.position_hooks_problem()) is not None:
+    if any(map(is_dataset, spec.datasets.values())) and (problem := position_hooks_problem()) is not None:
         import ray
 
         warnings.warn(

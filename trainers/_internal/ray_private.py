@@ -193,43 +193,6 @@ def counting_iterator(inner: Any, position: Any) -> Any:
     return _counting_iterator_class()(inner, position)
 
 
-#: The self-check's known dataset: rows, blocks, the batch size of its passes, and the rows its
-#: resumed pass skips.
-_CHECK_ROWS, _CHECK_BLOCKS, _CHECK_BATCH, _CHECK_SKIP = 12, 3, 5, 7
-
-
-@functools.cache
-def position_hooks_problem() -> str | None:
-    """Whether ``counting_iterator`` counts right with the Ray Data installed here, checked once
-    per process on a tiny known dataset (in memory: no Ray task runs): None when it does, else what
-    it got wrong. A Ray upgrade that iterates around the hooks it relies on would otherwise make a
-    resumed epoch skip the wrong rows without any error."""
-    import ray
-    import ray.data
-
-    from storage.positions import ShardRecord
-    from trainers._internal.data_position import ShardPosition
-
-    dataset = ray.data.from_items([{"id": i} for i in range(_CHECK_ROWS)], override_num_blocks=_CHECK_BLOCKS)
-    whole = ShardPosition()
-    seen: list[int] = []
-    counted: list[int] = []
-    for batch in counting_iterator(dataset.iterator(), whole).iter_batches(batch_size=_CHECK_BATCH):
-        seen.extend(int(i) for i in batch["id"])
-        counted.append(whole.rows)
-    expected = [min(n, _CHECK_ROWS) for n in range(_CHECK_BATCH, _CHECK_ROWS + _CHECK_BATCH, _CHECK_BATCH)]
-    if sorted(seen) != list(range(_CHECK_ROWS)) or counted != expected or whole.to_record() != ShardRecord(1, 0):
-        return (
-            f"a pass over {_CHECK_ROWS} rows in batches of {_CHECK_BATCH} was counted {counted} "
-            f"(expected {expected}) and ended at epoch {whole.epoch}, row {whole.rows}"
-        )
-    resumed = ShardPosition.resumed(ShardRecord(0, _CHECK_SKIP))
-    rest = sum(len(b["id"]) for b in counting_iterator(dataset.iterator(), resumed).iter_batches(batch_size=2))
-    if rest != _CHECK_ROWS - _CHECK_SKIP:
-        return f"a pass resumed after {_CHECK_SKIP} of {_CHECK_ROWS} rows handed out {rest} rows, not {_CHECK_ROWS - _CHECK_SKIP}"
-    return None
-
-
 def skip_rows(bundles: Iterator[Any], rows: int) -> Iterator[Any]:
     """The ``RefBundle`` stream ``bundles`` without its first ``rows`` rows.
 
