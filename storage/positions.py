@@ -81,3 +81,55 @@ class RoundPosition:
             return None
         ranks = tuple(RankPosition.from_json(r) if r is not None else None for r in body["ranks"])
         return cls(int(body["world_size"]), ranks)
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedRows:
+    """What the ranks' shards of one dataset skipped, together, in the epoch they resumed."""
+
+    epoch: int
+    rows_skipped: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedSamples:
+    """What the ranks' prepared loaders at one index skipped, together, in the epoch they resumed."""
+
+    epoch: int
+    samples_skipped: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DataResume:
+    """How an attempt resumed the data position of the checkpoint it started from (run.json's
+    ``data_resumes``): exact or not, why not, and what each dataset and loader skipped."""
+
+    exact: bool
+    #: Why the resume is not exact (empty when it is), one reason each.
+    why: tuple[str, ...] = ()
+    datasets: Mapping[str, SkippedRows] = dataclasses.field(default_factory=dict)
+    loaders: tuple[SkippedSamples, ...] = ()
+    #: The attempt that resumed, and the checkpoint it resumed from: set when it is recorded.
+    attempt: int | None = None
+    checkpoint: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "checkpoint": self.checkpoint,
+            "exact": self.exact,
+            "why": list(self.why),
+            "datasets": {name: dataclasses.asdict(skipped) for name, skipped in self.datasets.items()},
+            "loaders": [dataclasses.asdict(skipped) for skipped in self.loaders],
+        }
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> DataResume:
+        return cls(
+            exact=bool(body["exact"]),
+            why=tuple(body.get("why", ())),
+            datasets={name: SkippedRows(**skipped) for name, skipped in body.get("datasets", {}).items()},
+            loaders=tuple(SkippedSamples(**skipped) for skipped in body.get("loaders", [])),
+            attempt=body.get("attempt"),
+            checkpoint=body.get("checkpoint"),
+        )

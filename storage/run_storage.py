@@ -17,6 +17,7 @@ own modules, and this one keeps them in that order.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import threading
 import time
@@ -33,7 +34,7 @@ from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, exists, is_local, resolve_filesystem, write_bytes
 from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name, join_run
 from storage.lease import Lease
-from storage.positions import RoundPosition
+from storage.positions import DataResume, RoundPosition
 from storage.protocol import ReportRound
 from storage.ray_run_format import RAY_SNAPSHOT, RayRun, read_ray_run
 from storage.retention import decide, flatten, rank_best_first, score_of
@@ -41,6 +42,7 @@ from storage.snapshot import (
     PENDING_VALIDATION,
     VALIDATED,
     CheckpointRecord,
+    DroppedCheckpoint,
     RestartRecord,
     RunSnapshot,
     read_snapshot,
@@ -335,17 +337,10 @@ class RunStorage:
         self._write()  # what is kept is on record before anything is deleted
         self._delete_dropped()
 
-    def _dropped_record(self, checkpoint: CheckpointRecord, why: str) -> dict[str, Any]:
+    def _dropped_record(self, checkpoint: CheckpointRecord, why: str) -> DroppedCheckpoint:
         attribute = self.checkpoint_config.checkpoint_score_attribute
         score = flatten(checkpoint.metrics).get(attribute) if attribute is not None else None
-        return {
-            "seq": checkpoint.seq,
-            "dir_name": checkpoint.dir_name,
-            "report": checkpoint.report,
-            "score": score,
-            "why": why,
-            "upload": checkpoint.upload,
-        }
+        return DroppedCheckpoint(checkpoint.seq, checkpoint.dir_name, checkpoint.report, score, why, checkpoint.upload)
 
     def rewind_to_latest_checkpoint(self) -> Checkpoint | None:
         """Forget reports made after the latest checkpoint (a restart reports them again)."""
@@ -359,12 +354,14 @@ class RunStorage:
         self.snapshot.tracking[tracker] = state
         self._write()
 
-    def record_data_resume(self, note: dict[str, Any]) -> None:
-        """Note (JSON values) how this attempt resumed the data position of the checkpoint it
-        starts from: what was skipped, and whether that is exact."""
+    def record_data_resume(self, note: DataResume) -> None:
+        """Note how this attempt resumed the data position of the checkpoint it starts from: what
+        was skipped, and whether that is exact."""
         latest = self.snapshot.latest
         checkpoint = latest.dir_name if latest is not None else None
-        self.snapshot.data_resumes.append({"attempt": self.snapshot.attempt, "checkpoint": checkpoint, **note})
+        self.snapshot.data_resumes.append(
+            dataclasses.replace(note, attempt=self.snapshot.attempt, checkpoint=checkpoint)
+        )
         self._write()
 
     def record_restart(self, restart: RestartRecord) -> None:

@@ -18,7 +18,7 @@ from storage.errors import SnapshotCorruptError
 from storage.filesystem import exists, read_bytes, write_bytes
 from storage.layout import RunLayout
 from storage.metric_values import decode, encode
-from storage.positions import RoundPosition
+from storage.positions import DataResume, RoundPosition
 
 FORMAT = 1
 #: Where a snapshot keeps its reports' encodings between writes (not a field: never written or compared).
@@ -67,6 +67,31 @@ class CheckpointRecord:
         fields = {k: v for k, v in body.items() if k in known}  # newer writers may add fields
         fields["data_position"] = RoundPosition.from_json(fields.get("data_position"))
         return cls(**fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class DroppedCheckpoint:
+    """What is left of a checkpoint retention dropped: enough for the checkpoints table."""
+
+    seq: int
+    dir_name: str
+    #: Position of its report in ``RunSnapshot.reports``.
+    report: int
+    #: Its score attribute's value when it was dropped (a validation's, when it came from one);
+    #: None without a score attribute.
+    score: Any
+    #: Why retention dropped it, as ``storage.retention`` said.
+    why: str
+    #: As ``CheckpointRecord.upload``.
+    upload: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> DroppedCheckpoint:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in body.items() if k in known})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,9 +151,8 @@ class RunSnapshot:
     next_seq: int = 0
     #: Checkpoint folders retention dropped whose deletion has not succeeded yet.
     to_delete: list[str] = dataclasses.field(default_factory=list)
-    #: What is left of each checkpoint retention dropped, oldest first: {"seq", "dir_name",
-    #: "report", "score" (its score attribute's value, None without one), "why", "upload"}.
-    dropped: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: What is left of each checkpoint retention dropped, oldest first.
+    dropped: list[DroppedCheckpoint] = dataclasses.field(default_factory=list)
     finished: bool = False
     error: str | None = None
     updated_at: float = 0.0
@@ -139,9 +163,8 @@ class RunSnapshot:
     #: What experiment trackers keep about the run, by tracker (``{"mlflow": {"run_id": ...}}``),
     #: so a resumed run logs on into the same tracked run.
     tracking: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: Each start from a checkpoint's data position: {"attempt", "checkpoint", "exact", "why",
-    #: "datasets": {name: {"epoch", "rows_skipped"}}, "loaders": [{"epoch", "samples_skipped"}]}.
-    data_resumes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: Each start from a checkpoint's data position, oldest first.
+    data_resumes: list[DataResume] = dataclasses.field(default_factory=list)
     #: How the workers were restarted after each failed attempt, oldest first.
     restarts: list[RestartRecord] = dataclasses.field(default_factory=list)
 
@@ -163,6 +186,7 @@ class RunSnapshot:
             {
                 **fields,
                 "checkpoints": [c.to_json() for c in self.checkpoints],
+                "data_resumes": [r.to_json() for r in self.data_resumes],
                 "restarts": [r.to_json() for r in self.restarts],
             }
         )
@@ -182,7 +206,9 @@ class RunSnapshot:
         while same < limit and cache[same][0] is entries[same]:
             same += 1
         del cache[same:]
-        cache.extend((entry, encode(entry)) for entry in entries[same:])
+        cache.extend(
+            (entry, encode(entry.to_json() if hasattr(entry, "to_json") else entry)) for entry in entries[same:]
+        )
         return [encoded for _, encoded in cache]
 
     def __getstate__(self) -> dict[str, Any]:
@@ -197,6 +223,8 @@ class RunSnapshot:
         known = {f.name for f in dataclasses.fields(cls)}
         body = {k: v for k, v in body.items() if k in known}  # newer writers may add fields
         body["checkpoints"] = [CheckpointRecord.from_json(c) for c in body.get("checkpoints", [])]
+        body["dropped"] = [DroppedCheckpoint.from_json(d) for d in body.get("dropped", [])]
+        body["data_resumes"] = [DataResume.from_json(r) for r in body.get("data_resumes", [])]
         body["restarts"] = [RestartRecord.from_json(r) for r in body.get("restarts", [])]
         return cls(**body)
 

@@ -83,11 +83,11 @@ def checkpoint_rows(snapshot: RunSnapshot, config: CheckpointConfig) -> list[dic
         for c in snapshot.checkpoints
     }
     for dropped in snapshot.dropped:
-        report = dropped["report"]
+        report = dropped.report
         flat = flatten(snapshot.reports[report]["metrics"]) if 0 <= report < len(snapshot.reports) else {}
         if attribute is not None:
-            flat[attribute] = dropped["score"]  # its validation's, when the score came from one
-        found[dropped["seq"]] = (dropped["dir_name"], report, flat, dropped["upload"], "dropped", dropped["why"])
+            flat[attribute] = dropped.score  # its validation's, when the score came from one
+        found[dropped.seq] = (dropped.dir_name, report, flat, dropped.upload, "dropped", dropped.why)
     steps = list(dict.fromkeys(k for _, _, flat, *_ in found.values() for k in flat if is_step_key(k)))
     rows = []
     for seq in sorted(found):

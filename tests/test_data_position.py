@@ -19,7 +19,7 @@ import types
 
 import pytest
 
-from storage.positions import LoaderRecord, RoundPosition, ShardRecord
+from storage.positions import LoaderRecord, RoundPosition, ShardRecord, SkippedRows
 from trainers import (
     Checkpoint,
     DataConfig,
@@ -175,17 +175,17 @@ def test_a_resume_that_cannot_be_exact_warns_naming_the_setting_and_records_what
         plan = _resume_plan(spec, 2, saved)  # type: ignore[arg-type]  # what it reads of a RunSpec
     assert "checkpoint_data_position=False" in str(seen[0].message)
     assert plan.starts == list(saved.ranks)  # the same count is skipped
-    assert plan.note["exact"] is False and plan.note["datasets"] == {"train": {"epoch": 1, "rows_skipped": 80}}
+    assert plan.note.exact is False and plan.note.datasets == {"train": SkippedRows(epoch=1, rows_skipped=80)}
 
     # Three workers now: each skips a third of what the two had handed out.
     plan = plan_resume(saved, world_size=3, ordered={"train": True}, split={"train"})
     assert plan.warning is not None and "the run has 3 worker(s) and had 2" in plan.warning
     third = {"datasets": {"train": {"epoch": 1, "rows": 26}}, "loaders": [{"epoch": 1, "samples": 26}]}
     assert [start.to_json() for start in plan.starts] == [third] * 3
-    assert plan.note["exact"] is False and plan.note["datasets"]["train"]["rows_skipped"] == 78
+    assert plan.note.exact is False and plan.note.datasets["train"].rows_skipped == 78
 
     exact = plan_resume(saved, world_size=2, ordered={"train": True}, split={"train"})
-    assert exact.warning is None and exact.note["exact"] is True
+    assert exact.warning is None and exact.note.exact is True
 
 
 def test_a_shard_position_counts_a_pass_as_an_epoch_and_skips_only_in_the_resumed_one():
@@ -268,3 +268,23 @@ def test_a_checkpoints_data_position_reads_back_from_run_json_as_it_was_written(
 def test_the_self_check_finds_the_installed_rays_hooks_count_right():
     position_hooks_problem.cache_clear()
     assert position_hooks_problem() is None
+
+
+def test_what_a_resume_skipped_reads_back_from_run_json_as_it_was_written():
+    from storage.positions import DataResume, SkippedSamples
+    from storage.snapshot import RunSnapshot
+
+    snapshot = RunSnapshot(name="r")
+    snapshot.data_resumes.append(
+        DataResume(False, ("why",), {"train": SkippedRows(1, 80)}, (SkippedSamples(1, 8),), attempt=2, checkpoint="c")
+    )
+    again = RunSnapshot.from_json(snapshot.to_json())
+    assert again.data_resumes == snapshot.data_resumes
+    assert again.data_resumes[0].to_json() == {
+        "attempt": 2,
+        "checkpoint": "c",
+        "exact": False,
+        "why": ["why"],
+        "datasets": {"train": {"epoch": 1, "rows_skipped": 80}},
+        "loaders": [{"epoch": 1, "samples_skipped": 8}],
+    }

@@ -21,7 +21,7 @@ import pyarrow.fs
 
 from storage import Checkpoint
 from storage.layout import RunLayout
-from storage.positions import RoundPosition
+from storage.positions import DataResume, RoundPosition
 from storage.snapshot import RestartRecord
 from trainers._internal import warm_workers
 from trainers._internal.attempt_book import LAUNCH
@@ -169,7 +169,7 @@ class RayWorkers:
 
     def launch(
         self, attempt: int, checkpoint: Checkpoint | None, data_position: RoundPosition | None = None
-    ) -> dict[str, Any] | None:
+    ) -> DataResume | None:
         """Start attempt ``attempt``: around the survivors ``stop`` kept, replacing only the ranks it
         let go, or else a whole new group. Returns how the data position was resumed."""
         self._attempt = attempt
@@ -230,7 +230,7 @@ class RayWorkers:
         checkpoint: Checkpoint | None,
         data_position: RoundPosition | None,
         shards: list[dict[str, Any]],
-    ) -> dict[str, Any] | None:
+    ) -> DataResume | None:
         """Everything between "the workers are up and ranked" and "the training function runs":
         pin GPUs, let the backend set up communication, hand every worker its session."""
         spec = self.spec
@@ -429,7 +429,7 @@ class LocalWorkers:
 
     def launch(
         self, attempt: int, checkpoint: Checkpoint | None, data_position: RoundPosition | None = None
-    ) -> dict[str, Any] | None:
+    ) -> DataResume | None:
         spec = self.spec
         self._attempt = attempt
         self._events = queue.Queue()

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from storage import Checkpoint, RunRecord
-from storage.positions import RoundPosition
+from storage.positions import DataResume, RoundPosition
 from storage.snapshot import RestartRecord
 from trainers._internal.attempt_book import LAUNCH, AttemptBook
 from trainers._internal.events import NOT_TRAINING, CheckpointsQuery, Event, FailedEvent
@@ -50,7 +50,7 @@ class Workers(Protocol):
 
     def launch(
         self, attempt: int, checkpoint: Checkpoint | None, data_position: RoundPosition | None = None
-    ) -> dict[str, Any] | None:
+    ) -> DataResume | None:
         """Start the attempt's workers from ``checkpoint`` and the data position kept with it;
         return how that position was resumed (for the run's record), or None."""
 

@@ -21,7 +21,15 @@ import functools
 import sys
 from typing import Any, Protocol
 
-from storage.positions import LoaderRecord, RankPosition, RoundPosition, ShardRecord
+from storage.positions import (
+    DataResume,
+    LoaderRecord,
+    RankPosition,
+    RoundPosition,
+    ShardRecord,
+    SkippedRows,
+    SkippedSamples,
+)
 
 
 @dataclasses.dataclass
@@ -127,9 +135,8 @@ class ResumePlan:
 
     #: One start per rank (None: from the beginning).
     starts: list[RankPosition | None]
-    #: For the run's record: {"exact", "why", "datasets": {name: {"epoch", "rows_skipped"}},
-    #: "loaders": [{"epoch", "samples_skipped"}]}; None when nothing is resumed.
-    note: dict[str, Any] | None = None
+    #: For the run's record; None when nothing is resumed.
+    note: DataResume | None = None
     #: Why the resume is not exact, for a warning at start; None when it is.
     warning: str | None = None
 
@@ -182,7 +189,12 @@ def plan_resume(
                 f"another order in every attempt: the {entry['rows_skipped']} rows skipped in epoch {entry['epoch']} "
                 "are not exactly the rows trained on (some may be seen twice, others not at all)"
             )
-    note = {"exact": not why, "why": why, "datasets": datasets, "loaders": loaders}
+    note = DataResume(
+        exact=not why,
+        why=tuple(why),
+        datasets={name: SkippedRows(entry["epoch"], entry["rows_skipped"]) for name, entry in datasets.items()},
+        loaders=tuple(SkippedSamples(entry["epoch"], entry["samples_skipped"]) for entry in loaders),
+    )
     warning = None
     if why:
         warning = (
