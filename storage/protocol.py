@@ -10,6 +10,7 @@ from storage.checkpoint import Checkpoint
 from storage.layout import RunLayout
 from storage.positions import DataResume, RoundPosition
 from storage.snapshot import CheckpointRecord, RestartRecord, RunSnapshot
+from storage.upload import UploadStats
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -35,8 +36,8 @@ class ReportRound:
     #: A worker already put the checkpoint at ``dir_name`` in the run folder
     #: (``CheckpointUploadMode.NO_UPLOAD``): it is recorded where it is.
     in_place: bool = False
-    #: The ranks' uploads (``storage.upload.UploadStats.to_record``), kept beside the metrics.
-    upload: dict[str, Any] | None = None
+    #: The ranks' uploads together (``UploadStats.combine``), kept beside the metrics.
+    upload: UploadStats | None = None
     #: Where every rank's data stood (``trainers._internal.data_position.round_position``).
     data_position: RoundPosition | None = None
 

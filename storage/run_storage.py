@@ -265,7 +265,7 @@ class RunStorage:
             announce = (lambda: self._announce(name)) if dir_name is not None else None
             commit_retries = commit_folder(self.filesystem, staging, final, announce=announce)
             if upload is not None:
-                upload = {**upload, "retries": upload.get("retries", 0) + commit_retries}
+                upload = dataclasses.replace(upload, retries=upload.retries + commit_retries)
         self.snapshot.checkpoints.append(
             CheckpointRecord(
                 seq=seq,

@@ -19,6 +19,7 @@ from storage.filesystem import exists, read_bytes, write_bytes
 from storage.layout import RunLayout
 from storage.metric_values import decode, encode
 from storage.positions import DataResume, RoundPosition
+from storage.upload import UploadStats
 
 FORMAT = 1
 #: Where a snapshot keeps its reports' encodings between writes (not a field: never written or compared).
@@ -49,23 +50,28 @@ class CheckpointRecord:
     #: The validation asked for in ``report(validation=...)``: False, True, or
     #: ``{"fn_kwargs": ..., "timeout_s": ...}``; kept so a resumed run can validate it again.
     validation: Any = False
-    #: How its files reached the storage, apart from the user's metrics: ``{"bytes": summed over
-    #: the ranks, "seconds": the slowest rank's upload, "retries": tries made again, the ranks'
-    #: and the commit's}``; None when nothing was uploaded (NO_UPLOAD, or written before this field).
-    upload: dict[str, Any] | None = None
+    #: How its files reached the storage, apart from the user's metrics: bytes summed over the
+    #: ranks, the slowest rank's seconds, the tries made again (the ranks' and the commit's); None
+    #: when nothing was uploaded (NO_UPLOAD, or written before this field).
+    upload: UploadStats | None = None
     #: Where the workers' data iterators stood when it was reported, so a resume starts the epoch
     #: there; None when not kept.
     data_position: RoundPosition | None = None
 
     def to_json(self) -> dict[str, Any]:
-        position = self.data_position
-        return {**vars(self), "data_position": position.to_json() if position is not None else None}
+        position, upload = self.data_position, self.upload
+        return {
+            **vars(self),
+            "data_position": position.to_json() if position is not None else None,
+            "upload": upload.to_record() if upload is not None else None,
+        }
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> CheckpointRecord:
         known = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in body.items() if k in known}  # newer writers may add fields
         fields["data_position"] = RoundPosition.from_json(fields.get("data_position"))
+        fields["upload"] = UploadStats.from_record(fields.get("upload"))
         return cls(**fields)
 
 
@@ -83,15 +89,17 @@ class DroppedCheckpoint:
     #: Why retention dropped it, as ``storage.retention`` said.
     why: str
     #: As ``CheckpointRecord.upload``.
-    upload: dict[str, Any] | None = None
+    upload: UploadStats | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        body = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        return {**body, "upload": self.upload.to_record() if self.upload is not None else None}
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> DroppedCheckpoint:
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in body.items() if k in known})
+        fields = {k: v for k, v in body.items() if k in known}
+        return cls(**{**fields, "upload": UploadStats.from_record(fields.get("upload"))})
 
 
 @dataclasses.dataclass(frozen=True)

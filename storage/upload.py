@@ -200,6 +200,13 @@ class UploadStats:
         """The form kept in a checkpoint's record in run.json."""
         return {"bytes": self.bytes, "seconds": round(self.seconds, 6), "retries": self.retries}
 
+    @classmethod
+    def from_record(cls, body: dict[str, Any] | None) -> UploadStats | None:
+        """Read back what ``to_record`` wrote (None stays None)."""
+        if body is None:
+            return None
+        return cls(int(body["bytes"]), float(body["seconds"]), int(body.get("retries", 0)))
+
     @staticmethod
     def combine(parts: Iterable[UploadStats | None]) -> UploadStats | None:
         """One checkpoint's uploads on several ranks as one: bytes and retries added up, seconds

@@ -11,6 +11,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from storage import CheckpointConfig, RunSnapshot, RunStorage
 from storage.lease import new_owner
 from storage.retention import decide, describe_rule, flatten
+from storage.upload import UploadStats
 from tasks.charts import REPORT_COLUMN, is_step_key, round_sig
 from tasks.params import Checkpointing, CheckpointSummary, TrainSummary
 from tasks.reporting import artifact_key
@@ -108,13 +109,9 @@ def checkpoint_rows(snapshot: RunSnapshot, config: CheckpointConfig) -> list[dic
 UPLOAD_COLUMNS = ("upload s", "upload MB")
 
 
-def upload_cells(upload: dict[str, Any] | None) -> dict[str, Any]:
+def upload_cells(upload: UploadStats | None) -> dict[str, Any]:
     """The ``UPLOAD_COLUMNS`` cells of a checkpoint whose record holds ``upload`` (None: blank)."""
     seconds, megabytes = UPLOAD_COLUMNS
-    if not upload:
+    if upload is None:
         return {seconds: None, megabytes: None}
-    size = upload.get("bytes")
-    return {
-        seconds: round_sig(float(upload["seconds"]), 3) if upload.get("seconds") is not None else None,
-        megabytes: round_sig(size / 1e6, 4) if size is not None else None,
-    }
+    return {seconds: round_sig(upload.seconds, 3), megabytes: round_sig(upload.bytes / 1e6, 4)}

@@ -31,6 +31,6 @@ def report_round(round_: dict[int, ReportEvent], *, index: int, attempt: int, wo
         staged=True,
         validation=request_to_json(validation) if validation else False,
         **checkpoint_placement(events),
-        upload=upload.to_record() if upload is not None else None,
+        upload=upload,
         data_position=round_position([round_[r].data_position if r in round_ else None for r in range(world_size)]),
     )
