@@ -27,6 +27,7 @@ from storage.snapshot import (
     VALIDATION_FAILED,
     VALIDATION_TIMEOUT,
     CheckpointRecord,
+    ReportEntry,
     RunSnapshot,
 )
 
@@ -119,7 +120,7 @@ def _parse(body: Any, name: str) -> RayRun:
     for seq, (report_index, (dir_name, metrics)) in enumerate(
         sorted(zip(indices, records, strict=True), key=lambda pair: pair[0])
     ):
-        snapshot.reports.append({"attempt": 0, "report_index": report_index, "metrics": metrics})
+        snapshot.reports.append(ReportEntry(0, report_index, metrics))
         snapshot.checkpoints.append(
             CheckpointRecord(
                 seq=seq,

@@ -43,6 +43,7 @@ from storage.snapshot import (
     VALIDATED,
     CheckpointRecord,
     DroppedCheckpoint,
+    ReportEntry,
     RestartRecord,
     RunSnapshot,
     read_snapshot,
@@ -243,7 +244,7 @@ class RunStorage:
                 f"report {report_index} of attempt {attempt} arrived after attempt {self.snapshot.attempt} began "
                 f"at {self.run_uri}; it is not committed."
             )
-        self.snapshot.reports.append({"attempt": attempt, "report_index": report_index, "metrics": metrics})
+        self.snapshot.reports.append(ReportEntry(attempt, report_index, metrics))
         if not round_.commits:
             if time.monotonic() - self._last_write > METRICS_FLUSH_INTERVAL_S:
                 self._write()
@@ -396,7 +397,7 @@ class RunStorage:
     @property
     def metrics_history(self) -> list[dict[str, Any]]:
         """Rank 0's metrics of every recorded report, in order."""
-        return [report["metrics"] for report in self.snapshot.reports]
+        return [report.metrics for report in self.snapshot.reports]
 
     @property
     def latest_checkpoint(self) -> Checkpoint | None:

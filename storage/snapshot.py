@@ -35,6 +35,22 @@ VALIDATION_TIMEOUT = "VALIDATION_TIMEOUT"
 VALIDATION_FAILED = "VALIDATION_FAILED"
 
 
+@dataclasses.dataclass(frozen=True)
+class ReportEntry:
+    """One recorded report: rank 0's metrics, and which report of which attempt it was."""
+
+    attempt: int
+    report_index: int
+    metrics: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "report_index": self.report_index, "metrics": self.metrics}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> ReportEntry:
+        return cls(int(body["attempt"]), int(body["report_index"]), body["metrics"])
+
+
 @dataclasses.dataclass
 class CheckpointRecord:
     """One committed checkpoint: its number, folder name, metrics, and the report it came with."""
@@ -153,8 +169,8 @@ class RunSnapshot:
     #: both budgets live here, so a rerun of ``fit()`` after a driver crash goes on spending them.
     num_failures: int = 0
     num_preemptions: int = 0
-    #: Every recorded report in order: {"attempt", "report_index", "metrics"}.
-    reports: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: Every recorded report in order.
+    reports: list[ReportEntry] = dataclasses.field(default_factory=list)
     checkpoints: list[CheckpointRecord] = dataclasses.field(default_factory=list)
     next_seq: int = 0
     #: Checkpoint folders retention dropped whose deletion has not succeeded yet.
@@ -214,9 +230,7 @@ class RunSnapshot:
         while same < limit and cache[same][0] is entries[same]:
             same += 1
         del cache[same:]
-        cache.extend(
-            (entry, encode(entry.to_json() if hasattr(entry, "to_json") else entry)) for entry in entries[same:]
-        )
+        cache.extend((entry, encode(entry.to_json())) for entry in entries[same:])
         return [encoded for _, encoded in cache]
 
     def __getstate__(self) -> dict[str, Any]:
@@ -231,6 +245,7 @@ class RunSnapshot:
         known = {f.name for f in dataclasses.fields(cls)}
         body = {k: v for k, v in body.items() if k in known}  # newer writers may add fields
         body["checkpoints"] = [CheckpointRecord.from_json(c) for c in body.get("checkpoints", [])]
+        body["reports"] = [ReportEntry.from_json(r) for r in body.get("reports", [])]
         body["dropped"] = [DroppedCheckpoint.from_json(d) for d in body.get("dropped", [])]
         body["data_resumes"] = [DataResume.from_json(r) for r in body.get("data_resumes", [])]
         body["restarts"] = [RestartRecord.from_json(r) for r in body.get("restarts", [])]
