@@ -28,8 +28,8 @@ from tasks.params import (
     Tracking,
     Validation,
 )
+from tasks.tracking import flow_run_id
 from tasks.train import train_with_retries
-from trainers.integrations.mlflow import prefect_flow_run_id
 
 #: Keys of ``train_loop_config`` that say how many reports a run makes (for the progress artifact).
 _REPORT_COUNT_KEYS = ("epochs", "num_epochs", "num_boost_round")
@@ -59,9 +59,7 @@ def _pipeline(
     tracking: Tracking,
 ) -> dict[str, Any]:
     """The wiring every pipeline shares: ingest each dataset, train, then keep and publish checkpoints."""
-    run = run.completed(
-        default_name=f"pipeline-{str(prefect_flow_run_id())[:8]}"
-    )  # the flow run's id: stable across retries
+    run = run.completed(default_name=f"pipeline-{str(flow_run_id())[:8]}")  # the flow run's id: stable across retries
     specs = [ingest(name, source) for name, source in datasets.items()]
     summary = train_with_retries(failures)(
         training,

@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
 
 from tasks.params import Tracking
 from tasks.reporting import artifact_key
 from trainers import TrainRunContext, UserCallback
-from trainers.integrations.mlflow import PREFECT_FLOW_RUN_TAG, MLflowLoggerCallback, prefect_flow_run_id
+from trainers.integrations.mlflow import PREFECT_FLOW_RUN_TAG, MLflowLoggerCallback
 
 
 class LinkedMLflowLogger(MLflowLoggerCallback):
@@ -22,13 +23,20 @@ class LinkedMLflowLogger(MLflowLoggerCallback):
         publish_mlflow_run(run_context.name, self)
 
 
+def flow_run_id() -> str | None:
+    """The id of the Prefect flow run this code runs for, or None: the one place the pipeline
+    reads it (Prefect's own answer: the flow or task run in this thread's context, else the
+    variable Prefect sets in a process it starts)."""
+    return flow_run.get_id() or None
+
+
 def tracking_callbacks(tracking: Tracking) -> list[UserCallback]:
     """The callbacks ``tracking`` asks for; the MLflow run is tagged with the flow run's id."""
     callbacks: list[UserCallback] = []
     if tracking.mlflow is not None:
         # Read here, in the train task's context: the callback may run where that context is not.
-        flow_run_id = prefect_flow_run_id()
-        flow_tags = {PREFECT_FLOW_RUN_TAG: flow_run_id} if flow_run_id else {}
+        flow_id = flow_run_id()
+        flow_tags = {PREFECT_FLOW_RUN_TAG: flow_id} if flow_id else {}
         callbacks.append(
             LinkedMLflowLogger(
                 tracking.mlflow.tracking_uri,

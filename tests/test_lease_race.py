@@ -188,11 +188,11 @@ def check_run_json(where: dict, epochs: int | None) -> None:
     from storage.snapshot import RunSnapshot
 
     snapshot = RunSnapshot.from_json(read(where, "run.json"))
-    recorded = [report["metrics"]["epoch"] for report in snapshot.reports]
+    recorded = [report.metrics["epoch"] for report in snapshot.reports]
     assert recorded == list(range(len(recorded))), f"run.json records epochs {recorded}"
     if epochs is not None:
         assert len(recorded) == epochs and snapshot.finished
-    latest = max(snapshot.checkpoints, key=lambda c: c.seq, default=None)
+    latest = snapshot.latest
     if recorded:
         assert latest is not None and latest.metrics["epoch"] == recorded[-1]
         assert read(where, f"{latest.dir_name}/epoch.txt") == str(recorded[-1]).encode()

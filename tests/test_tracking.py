@@ -326,11 +326,11 @@ if __name__ == "__main__":
     trainer(sys.argv[1], sys.argv[2], sys.argv[3]).fit()
 
 
-def test_the_flow_run_id_is_read_without_importing_prefect_where_prefect_is_not_loaded():
+def test_the_callback_tags_its_run_from_prefects_variable_without_importing_prefect():
     script = (
         "import sys\n"
-        "from trainers.integrations.mlflow import prefect_flow_run_id\n"
-        "print(prefect_flow_run_id(), 'prefect' in sys.modules)\n"
+        "from trainers.integrations.mlflow import _prefect_tags\n"
+        "print(_prefect_tags().get('prefect.flow_run_id'), 'prefect' in sys.modules)\n"
     )
     env = {**os.environ, "PREFECT__FLOW_RUN_ID": "0f1e2d3c"}
     given = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)

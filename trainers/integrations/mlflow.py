@@ -15,7 +15,6 @@ callback's run.
 from __future__ import annotations
 
 import os
-import sys
 import time
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -37,7 +36,9 @@ RANK_TAG = "flowtrain.rank"
 LAST_STEP_TAG = "flowtrain.last_step"
 BEST_CHECKPOINT_TAG = "flowtrain.best_checkpoint"
 PREFECT_FLOW_RUN_TAG = "prefect.flow_run_id"
-#: Set by Prefect in the process of a flow run it starts (deployments).
+#: Set by Prefect in the process of a flow run it starts (deployments). trainers never import
+#: Prefect (tests/test_layers.py), so this is what the callback knows on its own; the pipeline
+#: passes the flow run's id in ``tags`` (``tasks.tracking.flow_run_id``).
 PREFECT_FLOW_RUN_ENV = "PREFECT__FLOW_RUN_ID"
 #: MLflow's limits on one ``log_batch`` request.
 MAX_METRICS_PER_BATCH = 1000
@@ -389,19 +390,6 @@ def _find_run(client: Any, experiment_id: str, tags: dict[str, str]) -> str | No
     return runs[0].info.run_id if runs else None
 
 
-def prefect_flow_run_id() -> str | None:
-    """The id of the Prefect flow run this code runs for, or None: the one place it is read.
-
-    Prefect's own answer when Prefect is loaded in this process (the flow or task run in this
-    thread's context, else the variable Prefect sets in a process it starts); without Prefect
-    loaded, that variable alone, so a run that never imports Prefect does not start to."""
-    if "prefect" in sys.modules:
-        from prefect.runtime import flow_run
-
-        return flow_run.get_id() or None
-    return os.environ.get(PREFECT_FLOW_RUN_ENV) or None
-
-
 def _prefect_tags() -> dict[str, str]:
-    flow_run_id = prefect_flow_run_id()
+    flow_run_id = os.environ.get(PREFECT_FLOW_RUN_ENV)
     return {PREFECT_FLOW_RUN_TAG: flow_run_id} if flow_run_id else {}
