@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import sys
 from typing import Any, Protocol
 
@@ -236,11 +237,25 @@ def position_hooks_problem() -> str | None:
     per process on a tiny known dataset (in memory: no Ray task runs): None when it does, else what
     it got wrong. A Ray upgrade that iterates around the hooks it relies on would otherwise make a
     resumed epoch skip the wrong rows without any error."""
-    import ray.data
+    import ray.data  # its loggers exist from here on
 
+    # Quietly: Ray Data logs each execution and its progress at INFO on loggers of its own, which
+    # would print ten lines about a dataset the user never made into their run's output.
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict) if name.startswith("ray.data")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
+    try:
+        return _count_a_known_dataset(ray.data)
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def _count_a_known_dataset(ray_data: Any) -> str | None:
     from trainers._internal.ray_private import counting_iterator
 
-    dataset = ray.data.from_items([{"id": i} for i in range(_CHECK_ROWS)], override_num_blocks=_CHECK_BLOCKS)
+    dataset = ray_data.from_items([{"id": i} for i in range(_CHECK_ROWS)], override_num_blocks=_CHECK_BLOCKS)
     whole = ShardPosition()
     seen: list[int] = []
     counted: list[int] = []
