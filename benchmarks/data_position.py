@@ -61,18 +61,16 @@ def _pass(batches, on_batch) -> dict[str, float]:
 
 def shard_rate(kept: bool, dataset) -> dict[str, float]:
     """Rows per second through one pass of ``dataset``'s iterator, counted or not."""
-    from trainers._internal.data_position import DataPositions, ShardPosition
-    from trainers._internal.ray_private import counting_iterator
+    from trainers.testing import ShardCounter
 
     iterator = dataset.iterator()
-    positions = DataPositions()
+    counter = ShardCounter()
     if kept:
-        positions.shards["train"] = ShardPosition()
-        iterator = counting_iterator(iterator, positions.shards["train"])
+        iterator = counter.track(iterator, "train")
 
     def on_batch(step: int) -> None:
         if kept and step % REPORT_EVERY == 0:
-            positions.record()  # what each report() takes
+            counter.position()  # what each report() takes
 
     return _pass(iterator.iter_torch_batches(batch_size=BATCH_ROWS), on_batch)
 
@@ -145,12 +143,10 @@ def fit_rate(kept: bool, storage: str, run: int) -> dict[str, float]:
 
 def counting_cost_us(batches: int = 20_000) -> float:
     """Microseconds counting adds to one batch a worker's shard hands out (the best of 5)."""
-    from trainers._internal.data_position import DataPositions, ShardPosition
-    from trainers._internal.ray_private import _Passes
+    from trainers.testing import ShardCounter
 
     items = [{"y": None}] * batches
-    positions = DataPositions()
-    positions.shards["train"] = position = ShardPosition()
+    counter = ShardCounter()
 
     def plain() -> float:
         start = time.perf_counter()
@@ -160,10 +156,9 @@ def counting_cost_us(batches: int = 20_000) -> float:
 
     def counted() -> float:
         start = time.perf_counter()
-        position.start_pass()
-        for step, _ in enumerate(_Passes(items, position, lambda batch: BATCH_ROWS)):
+        for step, _ in enumerate(counter.count(items, BATCH_ROWS, "train")):
             if step % REPORT_EVERY == 0:
-                positions.record()
+                counter.position()
         return time.perf_counter() - start
 
     return (min(counted() for _ in range(5)) - min(plain() for _ in range(5))) / batches * 1e6

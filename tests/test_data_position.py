@@ -288,3 +288,23 @@ def test_what_a_resume_skipped_reads_back_from_run_json_as_it_was_written():
         "datasets": {"train": {"epoch": 1, "rows_skipped": 80}},
         "loaders": [{"epoch": 1, "samples_skipped": 8}],
     }
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_shard_counter_counts_a_shard_as_a_worker_does_and_a_full_pass_ends_its_epoch():
+    import ray.data
+
+    from trainers.testing import ShardCounter
+
+    counter = ShardCounter()
+    assert counter.position() is None  # nothing tracked yet: a report would carry no position
+    shard = counter.track(ray.data.range(25, override_num_blocks=3).iterator(), "train")
+    seen = 0
+    for batch in shard.iter_batches(batch_size=10):
+        seen += len(batch["id"])
+        if seen == 20:
+            assert counter.position().datasets["train"] == ShardRecord(epoch=0, rows=20)
+    assert seen == 25 and counter.position().datasets["train"] == ShardRecord(epoch=1, rows=0)
+
+    in_hand = list(counter.count([None] * 4, 10, "memory"))
+    assert len(in_hand) == 4 and counter.position().datasets["memory"] == ShardRecord(epoch=1, rows=0)

@@ -1,6 +1,6 @@
-"""Seams for testing flowtrain, and programs built on it, under faults (flowtrain's own; Ray Train
-has no counterpart). Nothing here does anything until a test installs it, and nothing of it
-reaches the workers.
+"""Seams for testing flowtrain, and programs built on it, under faults, and for measuring what its
+bookkeeping costs (flowtrain's own; Ray Train has no counterpart). Nothing here does anything until
+a test installs it, and nothing of it reaches the workers.
 
 The event road: every worker writes its reports and other events to one connection that the
 driver reads (see ``docs/design.md``, "the report path"). To see what a broken or half-open
@@ -28,10 +28,48 @@ connection does to a run, install an ``EventTap`` around ``fit()``::
 The tap runs in the driver's process, on the thread that reads the connections: keep it quick.
 ``ack_timeout_s`` shortens how long a worker waits for an acknowledgement before it leaves a
 connection that is never read (``Fate.DETACH``) for Ray (default 15 s).
+
+The data position: each worker counts the rows its Ray Data shards hand to the loop, so that a
+checkpoint resumes at the exact row (``DataConfig(checkpoint_data_position=True)``). A
+``ShardCounter`` does that counting in this process, outside any run, to time it::
+
+    counter = ShardCounter()
+    shard = counter.track(dataset.iterator())
+    for batch in shard.iter_torch_batches(batch_size=1024):
+        ...
+    counter.position()  # what a report() would carry: RankPosition(datasets={"train": ...})
 """
 
 from __future__ import annotations
 
-from trainers._internal.event_channel import EventTap, Fate, tap_event_road
+from collections.abc import Iterable
+from typing import Any
 
-__all__ = ["EventTap", "Fate", "tap_event_road"]
+from storage.positions import RankPosition
+from trainers._internal.data_position import DataPositions, ShardPosition
+from trainers._internal.event_channel import EventTap, Fate, tap_event_road
+from trainers._internal.ray_private import count_items
+
+__all__ = ["EventTap", "Fate", "ShardCounter", "tap_event_road"]
+
+
+class ShardCounter:
+    """Counts what Ray Data shards hand out, as a worker's ``get_dataset_shard`` does."""
+
+    def __init__(self) -> None:
+        self._positions = DataPositions()
+
+    def track(self, shard: Any, name: str = "train") -> Any:
+        """``shard`` (a ``ray.data.DataIterator``) as one that counts every pass over it as ``name``."""
+        return self._positions.track_shards({name: shard})[name]
+
+    def count(self, items: Iterable[Any], rows_each: int, name: str = "train") -> Iterable[Any]:
+        """One pass over ``items`` (batches already in hand, ``rows_each`` rows apiece) counted as
+        ``name``'s: the counting alone, without Ray Data's iteration around it."""
+        position = self._positions.shards.setdefault(name, ShardPosition())
+        position.start_pass()
+        return count_items(items, position, rows_each)
+
+    def position(self) -> RankPosition | None:
+        """Where every tracked shard stands: what each ``report()`` reads and carries."""
+        return self._positions.record()

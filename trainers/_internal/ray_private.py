@@ -318,6 +318,12 @@ class _Passes:
                 close()
 
 
+def count_items(items: Any, position: Any, rows_each: int) -> Any:
+    """``items`` handed out as a counted shard hands out its batches, ``rows_each`` rows apiece
+    (``trainers.testing.ShardCounter``: the cost of counting alone)."""
+    return _Passes(items, position, lambda item: rows_each)
+
+
 def _rows_in(batch: Any) -> int:
     """Rows in one batch as iter_batches formats it: a dict of columns, a table, a frame, an array."""
     if isinstance(batch, dict) and batch:
