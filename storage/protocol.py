@@ -7,6 +7,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Protocol
 
 from storage.checkpoint import Checkpoint
+from storage.health import MemoryPeak, StragglerRecord
 from storage.layout import RunLayout
 from storage.positions import DataResume, RoundPosition
 from storage.snapshot import CheckpointRecord, RestartRecord, RunSnapshot
@@ -40,6 +41,8 @@ class ReportRound:
     upload: UploadStats | None = None
     #: Where every rank's data stood (``trainers._internal.data_position.round_position``).
     data_position: RoundPosition | None = None
+    #: Every rank's peak memory so far in this attempt, by world rank (None: not measured).
+    memory: tuple[MemoryPeak | None, ...] = ()
 
     @property
     def commits(self) -> bool:
@@ -60,6 +63,7 @@ class RunRecord(Protocol):
     def record_validation(self, dir_name: str, metrics: dict[str, Any], status: str) -> None: ...
     def record_data_resume(self, note: DataResume) -> None: ...
     def record_restart(self, restart: RestartRecord) -> None: ...
+    def record_straggler(self, straggler: StragglerRecord) -> None: ...
     def record_failure(self) -> int: ...
     def record_preemption(self) -> int: ...
     def rewind_to_latest_checkpoint(self) -> Checkpoint | None: ...

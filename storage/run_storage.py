@@ -32,6 +32,7 @@ from storage.commit import adopt_folder, commit_folder, is_committed, try_delete
 from storage.config import CheckpointConfig
 from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, exists, is_local, resolve_filesystem, write_bytes
+from storage.health import MemoryPeak, RunHealth, StragglerRecord
 from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name, join_run
 from storage.lease import Lease
 from storage.positions import DataResume, RoundPosition
@@ -245,6 +246,8 @@ class RunStorage:
                 f"at {self.run_uri}; it is not committed."
             )
         self.snapshot.reports.append(ReportEntry(attempt, report_index, metrics))
+        if round_.memory:
+            self._keep_peaks(round_.memory)
         if not round_.commits:
             if time.monotonic() - self._last_write > METRICS_FLUSH_INTERVAL_S:
                 self._write()
@@ -370,6 +373,20 @@ class RunStorage:
         self.snapshot.restarts.append(restart)
         self._write()
 
+    def record_straggler(self, straggler: StragglerRecord) -> None:
+        """Keep one straggler episode (a rank named as persistently slower than the others)."""
+        self.snapshot.stragglers.append(straggler)
+        self._write()
+
+    def _keep_peaks(self, memory: tuple[MemoryPeak | None, ...]) -> None:
+        """Each rank's peak memory in the run: the larger of what is kept and what it reports now."""
+        kept = self.snapshot.peak_memory
+        if len(kept) < len(memory):
+            kept.extend([None] * (len(memory) - len(kept)))
+        for rank, peak in enumerate(memory):
+            if peak is not None:  # a rank sends its peak only when it grew
+                kept[rank] = peak.at_least(kept[rank])
+
     def record_failure(self) -> int:
         """Count a worker-group failure in the snapshot (so a driver restart does not reset it);
         return the count."""
@@ -393,6 +410,11 @@ class RunStorage:
     @property
     def num_preemptions(self) -> int:
         return self.snapshot.num_preemptions
+
+    @property
+    def health(self) -> RunHealth:
+        """Each rank's peak memory and the run's straggler episodes."""
+        return RunHealth(tuple(self.snapshot.peak_memory), tuple(self.snapshot.stragglers))
 
     @property
     def metrics_history(self) -> list[dict[str, Any]]:

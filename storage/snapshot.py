@@ -16,6 +16,7 @@ import pyarrow.fs as pafs
 
 from storage.errors import SnapshotCorruptError
 from storage.filesystem import exists, read_bytes, write_bytes
+from storage.health import MemoryPeak, StragglerRecord
 from storage.layout import RunLayout
 from storage.metric_values import decode, encode
 from storage.positions import DataResume, RoundPosition
@@ -191,6 +192,11 @@ class RunSnapshot:
     data_resumes: list[DataResume] = dataclasses.field(default_factory=list)
     #: How the workers were restarted after each failed attempt, oldest first.
     restarts: list[RestartRecord] = dataclasses.field(default_factory=list)
+    #: Each rank's peak memory in the run (the largest any attempt reached), by world rank; None
+    #: for a rank that has not reported it.
+    peak_memory: list[MemoryPeak | None] = dataclasses.field(default_factory=list)
+    #: Every straggler episode, oldest first.
+    stragglers: list[StragglerRecord] = dataclasses.field(default_factory=list)
 
     @property
     def latest(self) -> CheckpointRecord | None:
@@ -212,6 +218,8 @@ class RunSnapshot:
                 "checkpoints": [c.to_json() for c in self.checkpoints],
                 "data_resumes": [r.to_json() for r in self.data_resumes],
                 "restarts": [r.to_json() for r in self.restarts],
+                "peak_memory": [p.to_json() if p is not None else None for p in self.peak_memory],
+                "stragglers": [s.to_json() for s in self.stragglers],
             }
         )
         for name in _GROWING:
@@ -249,6 +257,8 @@ class RunSnapshot:
         body["dropped"] = [DroppedCheckpoint.from_json(d) for d in body.get("dropped", [])]
         body["data_resumes"] = [DataResume.from_json(r) for r in body.get("data_resumes", [])]
         body["restarts"] = [RestartRecord.from_json(r) for r in body.get("restarts", [])]
+        body["peak_memory"] = [MemoryPeak.from_json(p) if p else None for p in body.get("peak_memory", [])]
+        body["stragglers"] = [StragglerRecord.from_json(s) for s in body.get("stragglers", [])]
         return cls(**body)
 
 

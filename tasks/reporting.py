@@ -24,6 +24,7 @@ from prefect.artifacts import (
 from prefect.events import emit_event
 
 from storage import Checkpoint
+from storage.health import StragglerRecord
 from tasks.charts import charts_markdown, run_charts, table_rows
 from tasks.params import Checkpointing
 from trainers import TrainRunContext, UserCallback
@@ -137,6 +138,14 @@ class PrefectReporter(UserCallback):
         where = "resuming from the latest checkpoint"
         self.logger.info(
             "resizing from %d to %d workers after attempt %d; %s", old_size, new_size, run_context.attempt, where
+        )
+
+    def on_straggler(self, run_context: TrainRunContext, straggler: StragglerRecord) -> None:
+        self.logger.warning("straggler in attempt %d: %s", straggler.attempt, straggler.describe())
+        emit_event(
+            "flowtrain.rank.straggling",
+            resource=run_resource(run_context.name, run_context.run_path),
+            payload=straggler.to_json(),
         )
 
     def _resume_after(self, num_reports: int) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from storage import Checkpoint
+from storage.health import StragglerRecord
 from storage.snapshot import RestartRecord
 
 if TYPE_CHECKING:
@@ -90,6 +91,10 @@ class UserCallback:
     def on_resize(self, run_context: TrainRunContext, old_size: int, new_size: int) -> None:
         """An elastic run restarts its ``old_size`` workers as ``new_size`` from its latest
         checkpoint, since more now fit (nothing failed: ``on_restart`` is not called)."""
+
+    def on_straggler(self, run_context: TrainRunContext, straggler: StragglerRecord) -> None:
+        """A rank has trained persistently slower than the median rank (flowtrain's own hook; see
+        ``trainers.health``): called once per episode, with the rank, its node and the figures."""
 
     def after_run(self, run_context: TrainRunContext, result: Result) -> None:
         """The run ended: ``result`` is what ``fit()`` returns, or, when it failed, the run as it

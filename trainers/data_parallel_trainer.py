@@ -24,6 +24,7 @@ from trainers.callback import TrainRunContext
 from trainers.config import DataConfig, FailureConfig, RunConfig, ScalingConfig
 from trainers.context import StorageInfo
 from trainers.errors import ControllerError, PreemptionError, TrainingFailedError, WorkerGroupError
+from trainers.health import StragglerSettings
 from trainers.result import Result
 from trainers.tuning import worker_start_timeout_s
 from trainers.validation import ValidationConfig
@@ -295,7 +296,9 @@ class DataParallelTrainer(TuneTrainableAttributes):
             name, storage.run_uri, 0, self.run_config, scaling, self.train_loop_config, _run_record=storage
         )
         return ControllerSettings(
-            run_context=context, collective_backend=self.backend_config.collective_backend(scaling.use_gpu)
+            run_context=context,
+            collective_backend=self.backend_config.collective_backend(scaling.use_gpu),
+            stragglers=StragglerSettings.from_env(),
         )
 
     def _run(self, name: str, storage: RunStorage, scaling: ScalingConfig, datasets: dict[str, Any]) -> Result:

@@ -11,6 +11,7 @@ import pyarrow.fs
 
 from storage import Checkpoint
 from storage.filesystem import display_path
+from storage.health import RunHealth
 from trainers.errors import TrainingFailedError
 
 if TYPE_CHECKING:
@@ -89,6 +90,9 @@ class Result:
     best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] | None = None
     _storage_filesystem: pyarrow.fs.FileSystem | None = None
     return_value: Any = None
+    #: Each rank's peak memory and the straggler episodes of the run (flowtrain's own; see
+    #: ``trainers.health``).
+    health: RunHealth = RunHealth()
 
     @property
     def filesystem(self) -> pyarrow.fs.FileSystem:
@@ -179,6 +183,7 @@ class Result:
             best_checkpoints=run.best_checkpoints[::-1],  # storage ranks best first; Ray lists the best last
             _storage_filesystem=run.filesystem,
             return_value=return_value,
+            health=run.health,
         )
 
 

@@ -57,6 +57,10 @@ VALIDATION_POLL_S = 0.25
 #: before use); clashes are rare, so three in a row means something holds the ports for good.
 SETUP_CLASH_RESTARTS = 3
 
+#: Seconds a rank's step must exceed the median rank's by, besides the factor, to count as slow:
+#: below ~50 ms a step's time is at the mercy of the scheduler and the garbage collector.
+STRAGGLER_MIN_GAP_S = 0.05
+
 # -- replacing failed ranks ---------------------------------------------------------------------
 
 #: How long a surviving rank's training function may take to stop after a failure elsewhere (a

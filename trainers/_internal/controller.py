@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from storage import Checkpoint, RunRecord
+from storage.health import StragglerRecord
 from storage.positions import DataResume, RoundPosition
 from storage.snapshot import RestartRecord
 from trainers._internal.attempt_book import LAUNCH, AttemptBook
@@ -26,7 +28,8 @@ from trainers._internal.failure_policy import Charge, FailurePolicy
 from trainers._internal.preemption_watch import PreemptionNotice, deadline_passed
 from trainers._internal.preemption_watch import merge as merge_preemptions
 from trainers._internal.reported_checkpoints import PendingQueries
-from trainers._internal.round_commit import report_round
+from trainers._internal.round_commit import report_round, round_steps
+from trainers._internal.stragglers import StragglerWatch, Straggling
 from trainers.callback import TrainRunContext, UserCallback
 from trainers.errors import (
     PreemptionError,
@@ -36,11 +39,14 @@ from trainers.errors import (
     run_error_type,
     worker_group_error_type,
 )
+from trainers.health import StragglerSettings
 from trainers.preemption import PreemptionInfo
 from trainers.tuning import DRAIN_POLL_S, ENDED_DRAIN_S, VALIDATION_POLL_S
 
 if TYPE_CHECKING:
     from trainers._internal.validation_runner import ValidationRunner
+
+logger = logging.getLogger(__name__)
 
 
 class Workers(Protocol):
@@ -104,6 +110,8 @@ class ControllerSettings:
     clock: Callable[[], float] = time.monotonic
     #: UNIX time in seconds (preemption deadlines are wall-clock times).
     wall_clock: Callable[[], float] = time.time
+    #: When a rank is named a straggler (``FLOWTRAIN_STRAGGLER_*``, read by the trainer).
+    stragglers: StragglerSettings = StragglerSettings()
 
 
 class Controller:
@@ -142,6 +150,8 @@ class Controller:
         self.error: TrainingFailedError | None = None
         #: This attempt's rounds, barriers, finished and failed ranks.
         self.book = AttemptBook(settings.clock)
+        #: This attempt's ranks' step times, judged round by round.
+        self._stragglers = StragglerWatch(settings.stragglers)
         self._last_failures: list[RankFailure] = []
         #: What the ranks that did not fail were doing when the others failed (hang diagnosis).
         self._activity: dict[int, str] = {}
@@ -183,6 +193,7 @@ class Controller:
     def _launch(self) -> None:
         self.attempt = self.storage.start_attempt()
         self.book.reset()
+        self._stragglers = StragglerWatch(self.settings.stragglers)
         self._activity = {}
         self._preemption = None
         self._queries.clear()
@@ -248,6 +259,27 @@ class Controller:
             metrics = [round_[rank].metrics if rank in round_ else {} for rank in range(size)]
             for listener in self.listeners:
                 listener.after_report(self.run_context, metrics, checkpoint)
+            for straggling in self._stragglers.observe(round_steps(round_, size)):
+                self._name_straggler(index, straggling)
+
+    def _name_straggler(self, index: int, straggling: Straggling) -> None:
+        """Say once, everywhere a user looks, that a rank trains persistently slower than the others."""
+        node_id, node_ip = self.workers.where(straggling.rank)
+        node = f"{node_ip} ({node_id[:12]})" if node_ip and node_id else (node_ip or node_id or "?")
+        record = StragglerRecord(
+            self.attempt,
+            straggling.rank,
+            node,
+            index,
+            straggling.steps,
+            straggling.ratio,
+            straggling.step_s,
+            straggling.median_step_s,
+        )
+        logger.warning("%s: straggler: %s", self.settings.run_context.name or "run", record.describe())
+        self.storage.record_straggler(record)
+        for listener in self.listeners:
+            listener.on_straggler(self.run_context, record)
 
     def _refuse_validation_without_checkpoint(self, index: int, round_: dict[int, Any]) -> None:
         """``report(validation=...)`` on some rank, and no rank of the round passed a checkpoint.

@@ -9,6 +9,7 @@ import queue
 from typing import Any
 
 from storage.positions import RankPosition
+from trainers._internal.rank_health import StepHealth
 
 
 # Plain records: what they share with other records (storage's, gbdt's) is the form of a field list.
@@ -34,6 +35,8 @@ class ReportEvent:
     upload: Any = None
     #: Where this rank's data iterators stood when it reported (``DataPositions.record``), or None.
     data_position: RankPosition | None = None
+    #: How long its step took and its peak memory (``trainers._internal.rank_health``), or None.
+    step: StepHealth | None = None
 
 
 def checkpoint_placement(round_: list[ReportEvent]) -> dict[str, Any]:

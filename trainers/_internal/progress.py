@@ -9,6 +9,7 @@ import time
 from typing import Any, TextIO
 
 from storage import Checkpoint
+from storage.health import StragglerRecord
 from trainers.callback import TrainRunContext, UserCallback
 from trainers.worker_output import is_captured
 
@@ -73,6 +74,9 @@ class ProgressLine(UserCallback):
             "%s: more workers fit; restarting attempt %d's %d workers as %d", self.name, attempt, old_size, new_size
         )
         self.note(f"resizing from {old_size} to {new_size} workers; resuming from the latest checkpoint")
+
+    def on_straggler(self, run_context: TrainRunContext, straggler: StragglerRecord) -> None:
+        self.note(f"straggler: {straggler.describe()}")  # the controller logs it
 
     def close(self) -> None:
         if self.enabled and self._shown:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from storage.health import MemoryPeak
 from storage.protocol import ReportRound
 from storage.upload import UploadStats
 from trainers._internal.data_position import round_position
@@ -17,8 +18,9 @@ def report_round(round_: dict[int, ReportEvent], *, index: int, attempt: int, wo
     """The record of round ``index`` of attempt ``attempt``, from the events of its ranks
     (``round_``, by world rank). A checkpoint passed by any rank makes it a checkpoint round."""
     metrics = round_[0].metrics if 0 in round_ else {}
+    memory = round_memory(round_, world_size)
     if not any(event.staged for event in round_.values()):
-        return ReportRound(metrics, index, attempt)
+        return ReportRound(metrics, index, attempt, memory=memory)
     events = list(round_.values())
     # As in Ray Train, the validation asked by the first rank that passed a checkpoint.
     validation: Any = next((round_[r].validation for r in sorted(round_) if round_[r].staged), False)
@@ -33,4 +35,25 @@ def report_round(round_: dict[int, ReportEvent], *, index: int, attempt: int, wo
         **checkpoint_placement(events),
         upload=upload,
         data_position=round_position([round_[r].data_position if r in round_ else None for r in range(world_size)]),
+        memory=memory,
     )
+
+
+def round_memory(round_: dict[int, ReportEvent], world_size: int) -> tuple[MemoryPeak | None, ...]:
+    """The peaks the round's ranks sent (a rank sends its peak only when it grew), by world rank;
+    () when none did, as in most rounds."""
+    peaks: list[MemoryPeak | None] = [None] * world_size
+    grown = False
+    for rank, event in round_.items():
+        if event.step is not None and event.step.memory is not None and 0 <= rank < world_size:
+            peaks[rank], grown = event.step.memory, True
+    return tuple(peaks) if grown else ()
+
+
+def round_steps(round_: dict[int, ReportEvent], world_size: int) -> list[float | None]:
+    """Each rank's step in the round (``StepHealth.busy_s``), by world rank; None where not measured."""
+    steps: list[float | None] = [None] * world_size
+    for rank, event in round_.items():
+        if event.step is not None and 0 <= rank < world_size:
+            steps[rank] = event.step.busy_s
+    return steps

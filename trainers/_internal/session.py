@@ -23,6 +23,7 @@ from storage.retention import flatten
 from trainers._internal import checkpoint_upload
 from trainers._internal.data_position import DataPositions
 from trainers._internal.events import Event, ReportEvent, SyncEvent, TrainingInterrupted
+from trainers._internal.rank_health import RankHealth, StepHealth
 from trainers._internal.reported_checkpoints import Answer, Answers
 from trainers._internal.uploader import OrderedUploader
 from trainers._internal.validation import pickling_error
@@ -81,6 +82,8 @@ class WorkerSession:
         self._sync: _SyncPoint | None = None
         #: Set by the controller when a node of this run is being preempted (``get_preemption_info``).
         self.preemption_info: Any = None
+        #: This rank's step times and peak memory, carried by its reports.
+        self.health = RankHealth()
 
     def report(
         self,
@@ -92,6 +95,23 @@ class WorkerSession:
         dir_name: str | None = None,
         delete_local: bool | None = None,
         upload_fn: checkpoint_upload.UploadFn | None = None,
+    ) -> None:
+        step = self.health.report_starts()
+        try:
+            self._report(metrics, checkpoint, upload_mode, step, validation, dir_name, delete_local, upload_fn)
+        finally:
+            self.health.report_ends()
+
+    def _report(
+        self,
+        metrics: dict[str, Any],
+        checkpoint: Checkpoint | None,
+        upload_mode: CheckpointUploadMode,
+        step: StepHealth,
+        validation: Any,
+        dir_name: str | None,
+        delete_local: bool | None,
+        upload_fn: checkpoint_upload.UploadFn | None,
     ) -> None:
         if self.stop_requested.is_set():
             raise TrainingInterrupted("the controller stopped this attempt")
@@ -143,6 +163,7 @@ class WorkerSession:
             dir_name,
             # Taken now, with every report: the rank that passes the checkpoint cannot tell the others.
             data_position=self.data_position.record() if self.data_position is not None else None,
+            step=step,
         )
         if checkpoint is None:  # metrics only: the common report, kept short
             self.uploader.flush()  # earlier background uploads (if any) come first; re-raises their errors
@@ -247,9 +268,10 @@ class WorkerSession:
         point = self._sync = _SyncPoint(self.num_syncs)  # before the event: the release may come at once
         self.num_syncs += 1
         self.emit(SyncEvent(rank, point.index, data))
-        while not point.released.wait(SYNC_WAKE_S):
-            if self.stop_requested.is_set():
-                raise TrainingInterrupted("the controller stopped this attempt")
+        with self.health.waiting():  # on the other ranks: not this rank's step
+            while not point.released.wait(SYNC_WAKE_S):
+                if self.stop_requested.is_set():
+                    raise TrainingInterrupted("the controller stopped this attempt")
         self._sync = None
         return point.data
 
@@ -368,4 +390,9 @@ def current_data_positions() -> DataPositions | None:
 def get_session(caller: str) -> WorkerSession:
     if _session is None:
         raise RuntimeError(f"{caller}() works only inside train_loop_per_worker, while a trainer's fit() runs.")
+    return _session
+
+
+def current_session() -> WorkerSession | None:
+    """This process's session while a training function runs, else None."""
     return _session

@@ -1,0 +1,127 @@
+"""How a run's ranks fared while they trained, as run.json keeps it: each rank's peak memory and
+every straggler episode. Typed records written and read as JSON (``to_json``/``from_json``); the
+workers measure and the controller judges (``trainers/_internal/rank_health.py``,
+``trainers/_internal/stragglers.py``); these are only what travels and is kept."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPeak:
+    """The most memory one rank's process has held in this attempt: its resident set (RSS) and,
+    when it used CUDA, what PyTorch's caching allocator allocated and reserved on its device."""
+
+    rss_bytes: int
+    cuda_allocated_bytes: int | None = None
+    cuda_reserved_bytes: int | None = None
+
+    def at_least(self, other: MemoryPeak | None) -> MemoryPeak:
+        """The larger of the two peaks, figure by figure."""
+        if other is None or other == self:
+            return self
+        if other.covers(self):
+            return other
+        return MemoryPeak(
+            max(self.rss_bytes, other.rss_bytes),
+            _larger(self.cuda_allocated_bytes, other.cuda_allocated_bytes),
+            _larger(self.cuda_reserved_bytes, other.cuda_reserved_bytes),
+        )
+
+    def covers(self, other: MemoryPeak) -> bool:
+        """Whether every figure of this peak is at least ``other``'s."""
+        return (
+            self.rss_bytes >= other.rss_bytes
+            and _larger(self.cuda_allocated_bytes, other.cuda_allocated_bytes) == self.cuda_allocated_bytes
+            and _larger(self.cuda_reserved_bytes, other.cuda_reserved_bytes) == self.cuda_reserved_bytes
+        )
+
+    def describe(self) -> str:
+        """``"RSS 1.2 GiB"``, with the CUDA figures when there are any."""
+        text = f"RSS {_size(self.rss_bytes)}"
+        if self.cuda_allocated_bytes is not None:
+            text += f", CUDA allocated {_size(self.cuda_allocated_bytes)}"
+        if self.cuda_reserved_bytes is not None:
+            text += f", reserved {_size(self.cuda_reserved_bytes)}"
+        return text
+
+    def to_json(self) -> dict[str, int]:
+        body = {"rss_bytes": self.rss_bytes}
+        if self.cuda_allocated_bytes is not None:
+            body["cuda_allocated_bytes"] = self.cuda_allocated_bytes
+        if self.cuda_reserved_bytes is not None:
+            body["cuda_reserved_bytes"] = self.cuda_reserved_bytes
+        return body
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> MemoryPeak:
+        allocated, reserved = body.get("cuda_allocated_bytes"), body.get("cuda_reserved_bytes")
+        return cls(
+            int(body["rss_bytes"]),
+            int(allocated) if allocated is not None else None,
+            int(reserved) if reserved is not None else None,
+        )
+
+
+def _larger(first: int | None, second: int | None) -> int | None:
+    if first is None or second is None:
+        return second if first is None else first
+    return max(first, second)
+
+
+def _size(num_bytes: int) -> str:
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.3g} {unit}"
+        value /= 1024
+    return f"{value:.3g} GiB"  # not reached: the loop returns at GiB
+
+
+@dataclasses.dataclass(frozen=True)
+class StragglerRecord:
+    """One episode of a rank training persistently slower than the others: named once, when it has
+    been slower for ``steps`` reports in a row."""
+
+    attempt: int
+    rank: int
+    #: The Ray node the rank runs on (its id), and its address when known.
+    node: str
+    #: The report (of this attempt) at which the rank was named.
+    report_index: int
+    #: Reports in a row the rank was slower for when it was named.
+    steps: int
+    #: Its step time over the median rank's, the median of those ``steps`` reports.
+    ratio: float
+    #: Its median step time and the median rank's, in seconds, over those reports.
+    step_s: float
+    median_step_s: float
+
+    def describe(self) -> str:
+        """One line, e.g. "rank 3 on node X: 1.8x the median step (0.41 s against 0.23 s) for 20 steps"."""
+        return (
+            f"rank {self.rank} on node {self.node}: {self.ratio:.2g}x the median step "
+            f"({self.step_s:.3g} s against {self.median_step_s:.3g} s) for {self.steps} steps"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> StragglerRecord:
+        names = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in body.items() if key in names})
+
+
+@dataclasses.dataclass(frozen=True)
+class RunHealth:
+    """How a run's ranks fared, as ``Result.health`` gives it (flowtrain's own; Ray Train's
+    ``Result`` has no such attribute)."""
+
+    #: Each rank's peak memory over the run, by world rank (None: not reported).
+    peak_memory: tuple[MemoryPeak | None, ...] = ()
+    #: Every straggler episode, oldest first.
+    stragglers: tuple[StragglerRecord, ...] = ()

@@ -1,0 +1,87 @@
+"""A run's health while it trains: straggler detection and peak memory (flowtrain's own; Ray
+Train 2.60 has none of it). See docs/health.md.
+
+Every report a rank makes carries how long its step took (from the end of its previous
+``report()`` to this one) and its peak memory; nothing else is sent. The controller names a rank
+whose steps are persistently slower than the median rank's, once per episode: in the log, the
+terminal's progress line, ``UserCallback.on_straggler`` (the Prefect pipeline's reporter turns it
+into a ``flowtrain.rank.straggling`` event) and run.json (``Result.stragglers``).
+
+When the ranks wait for each other every step (an all-reduce, DDP's gradient sync), they all
+report at the same pace, and the wait hides which one the others waited for. Mark the wait with
+``waiting()`` so the step a rank is judged on is its own work::
+
+    from trainers.health import waiting
+
+    for batch in loader:
+        loss = step(batch)
+        with waiting():
+            torch.distributed.all_reduce(loss)
+        trainers.report({"loss": loss.item()})
+
+``trainers.collective``'s ``barrier()`` and ``broadcast_from_rank_zero()`` count as waiting on
+their own. Settings (read at each ``fit()``):
+
+- ``FLOWTRAIN_STRAGGLER_FACTOR`` (default 1.5): how many times the median rank's step a rank's must
+  take to be slow; ``0`` turns detection off.
+- ``FLOWTRAIN_STRAGGLER_STEPS`` (default 5): slow reports in a row before a rank is named (and normal
+  ones in a row that end its episode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator
+
+FACTOR_ENV = "FLOWTRAIN_STRAGGLER_FACTOR"
+STEPS_ENV = "FLOWTRAIN_STRAGGLER_STEPS"
+
+
+@dataclasses.dataclass(frozen=True)
+class StragglerSettings:
+    """When a rank counts as a straggler: ``factor`` times the median rank's step for ``steps``
+    reports in a row."""
+
+    factor: float = 1.5
+    steps: int = 5
+
+    def __post_init__(self) -> None:
+        if self.factor != 0 and self.factor <= 1:
+            raise ValueError(
+                f"{FACTOR_ENV}={self.factor}: a straggler is a rank slower than the median by a factor above 1 "
+                "(e.g. 1.5), or 0 to turn detection off."
+            )
+        if self.steps < 1:
+            raise ValueError(f"{STEPS_ENV}={self.steps}: give the number of reports in a row, at least 1 (e.g. 5).")
+
+    @property
+    def enabled(self) -> bool:
+        return self.factor > 0
+
+    @classmethod
+    def from_env(cls) -> StragglerSettings:
+        """The settings in ``FLOWTRAIN_STRAGGLER_FACTOR`` and ``FLOWTRAIN_STRAGGLER_STEPS``, else the defaults."""
+        try:
+            factor = float(os.environ.get(FACTOR_ENV, cls.factor))
+            steps = int(os.environ.get(STEPS_ENV, cls.steps))
+        except ValueError as error:
+            raise ValueError(
+                f"{FACTOR_ENV}/{STEPS_ENV}: {error}; set a number (e.g. {FACTOR_ENV}=1.5, {STEPS_ENV}=5)."
+            ) from None
+        return cls(factor, steps)
+
+
+@contextlib.contextmanager
+def waiting() -> Iterator[None]:
+    """Inside a worker's training function: the time inside is spent waiting on other ranks (a
+    collective), not on this rank's own step. Elsewhere it does nothing."""
+    from trainers._internal.session import current_session
+
+    session = current_session()
+    if session is None:
+        yield
+        return
+    with session.health.waiting():
+        yield
