@@ -18,6 +18,9 @@ class MemoryPeak:
     rss_bytes: int
     cuda_allocated_bytes: int | None = None
     cuda_reserved_bytes: int | None = None
+    #: The tightest memory limit on the process when it was measured (its cgroup's, or
+    #: ``RLIMIT_AS``), None when there is none.
+    limit_bytes: int | None = None
 
     def at_least(self, other: MemoryPeak | None) -> MemoryPeak:
         """The larger of the two peaks, figure by figure."""
@@ -29,19 +32,23 @@ class MemoryPeak:
             max(self.rss_bytes, other.rss_bytes),
             _larger(self.cuda_allocated_bytes, other.cuda_allocated_bytes),
             _larger(self.cuda_reserved_bytes, other.cuda_reserved_bytes),
+            self.limit_bytes,
         )
 
     def covers(self, other: MemoryPeak) -> bool:
         """Whether every figure of this peak is at least ``other``'s."""
         return (
-            self.rss_bytes >= other.rss_bytes
+            self.limit_bytes == other.limit_bytes
+            and self.rss_bytes >= other.rss_bytes
             and _larger(self.cuda_allocated_bytes, other.cuda_allocated_bytes) == self.cuda_allocated_bytes
             and _larger(self.cuda_reserved_bytes, other.cuda_reserved_bytes) == self.cuda_reserved_bytes
         )
 
     def describe(self) -> str:
-        """``"RSS 1.2 GiB"``, with the CUDA figures when there are any."""
+        """``"RSS 1.2 GiB"``, with its limit and the CUDA figures when there are any."""
         text = f"RSS {_size(self.rss_bytes)}"
+        if self.limit_bytes is not None:
+            text += f" of a {_size(self.limit_bytes)} limit"
         if self.cuda_allocated_bytes is not None:
             text += f", CUDA allocated {_size(self.cuda_allocated_bytes)}"
         if self.cuda_reserved_bytes is not None:
@@ -54,16 +61,27 @@ class MemoryPeak:
             body["cuda_allocated_bytes"] = self.cuda_allocated_bytes
         if self.cuda_reserved_bytes is not None:
             body["cuda_reserved_bytes"] = self.cuda_reserved_bytes
+        if self.limit_bytes is not None:
+            body["limit_bytes"] = self.limit_bytes
         return body
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> MemoryPeak:
-        allocated, reserved = body.get("cuda_allocated_bytes"), body.get("cuda_reserved_bytes")
+        def optional(key: str) -> int | None:
+            return int(body[key]) if body.get(key) is not None else None
+
         return cls(
             int(body["rss_bytes"]),
-            int(allocated) if allocated is not None else None,
-            int(reserved) if reserved is not None else None,
+            optional("cuda_allocated_bytes"),
+            optional("cuda_reserved_bytes"),
+            optional("limit_bytes"),
         )
+
+    @property
+    def near_limit(self) -> bool:
+        """Whether the resident set was within a fifth of the process's limit: a process killed
+        then was most likely killed for memory."""
+        return self.limit_bytes is not None and self.rss_bytes >= 0.8 * self.limit_bytes
 
 
 def _larger(first: int | None, second: int | None) -> int | None:

@@ -21,8 +21,10 @@ LEASE_PREFIX = "lease."
 STAGING = ".staging"
 COMMIT_MARKER = ".committed"
 CHECKPOINT_PREFIX = "checkpoint_"
+#: The run's health files: memory summaries of ranks that ran out of memory, the timeline picture.
+HEALTH = "health"
 #: Names in the run folder that belong to flowtrain, never to a checkpoint.
-RESERVED_NAMES = frozenset({SNAPSHOT, SNAPSHOT_PREVIOUS, SNAPSHOT_NEW, STAGING})
+RESERVED_NAMES = frozenset({SNAPSHOT, SNAPSHOT_PREVIOUS, SNAPSHOT_NEW, STAGING, HEALTH})
 
 
 def check_dir_name(name: object, field: str = "report(checkpoint_dir_name)") -> str:
@@ -81,6 +83,10 @@ class RunLayout:
     @property
     def snapshot_new(self) -> str:
         return self._join(SNAPSHOT_NEW)
+
+    def health_path(self, file_name: str) -> str:
+        """A file of the run's health folder (``health/``)."""
+        return self._join(HEALTH, file_name)
 
     @property
     def staging_root(self) -> str:

@@ -4,7 +4,9 @@ peak memory kept in the run's record.
 The judge (``StragglerWatch``) is tested on scripted step times; the controller, with scripted
 workers, says a straggler everywhere a user looks; and a real 2-worker torch run whose rank 1
 sleeps 0.2 s every step (its all-reduce marked as waiting) has rank 1 named within 10 steps,
-while the same run without the sleep names nobody.
+while the same run without the sleep names nobody. A rank that raises CUDA's out-of-memory error
+(faked on CPU), and one the kernel kills at the memory limit of a cgroup the test puts it in, each
+fail the run with the rank, the step and the memory.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from trainers import FailureConfig, RunConfig, ScalingConfig, UserCallback, get_
 from trainers._internal.controller import Controller, ControllerSettings, State
 from trainers._internal.events import FinishedEvent, ReportEvent
 from trainers._internal.failure_policy import FailurePolicy
-from trainers._internal.rank_health import RankHealth, StepHealth, peak_memory, reset_peaks
+from trainers._internal.rank_health import RankHealth, memory_limit, peak_memory, reset_peaks
 from trainers._internal.stragglers import StragglerWatch
 from trainers.health import StragglerSettings, waiting
 
@@ -91,7 +93,7 @@ def test_the_peak_is_sent_when_it_grows_and_a_reset_starts_it_over():
     assert health.report_starts().memory is not None
     assert health.report_starts().memory is None  # unchanged: nothing sent
     held = bytearray(64 * 1024 * 1024)
-    held[:: 4096] = b"x" * len(held[:: 4096])  # touch every page: resident
+    held[::4096] = b"x" * len(held[::4096])  # touch every page: resident
     grown = health.report_starts().memory
     assert grown is not None and grown.rss_bytes >= 64 * 1024 * 1024
     del held
@@ -154,7 +156,7 @@ class _Workers:
 
 
 def _report(rank, index, busy_s, memory=None):
-    return ReportEvent(rank, index, {"i": index}, False, step=StepHealth(busy_s, 0.0, memory))
+    return ReportEvent(rank, index, {"i": index}, False, busy_s=busy_s, memory=memory)
 
 
 def test_the_controller_names_a_straggler_in_the_record_the_log_and_the_listeners(caplog):
@@ -232,3 +234,118 @@ def test_a_rank_that_sleeps_each_step_is_named_within_ten_steps_and_a_healthy_ru
     assert all(peak is not None and peak.rss_bytes > 50 * 2**20 for peak in result.health.peak_memory)  # torch's own
     assert record["peak_memory"] == [peak.to_json() for peak in result.health.peak_memory]
     assert isinstance(result.health, RunHealth) and os.path.isdir(result.path)
+
+
+# -- out of memory ---------------------------------------------------------------------------------------------
+
+
+def _runs_out_of_cuda_memory(config):
+    import torch
+
+    for step in range(5):
+        if get_context().get_world_rank() == 1 and step == 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")  # as a GPU raises it
+        report({"step": step})
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_rank_out_of_cuda_memory_fails_the_run_naming_rank_step_and_memory_and_leaves_a_summary(tmp_path):
+    from trainers import TrainingFailedError
+    from trainers.torch import TorchTrainer
+
+    trainer = TorchTrainer(
+        _runs_out_of_cuda_memory,
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="oom", storage_path=str(tmp_path)),
+    )
+    with pytest.raises(TrainingFailedError) as raised:
+        trainer.fit()
+    (failure,) = raised.value.failures.values()
+    assert (failure.world_rank, failure.reports, failure.out_of_memory) == (1, 3, True)
+    message = str(raised.value)
+    assert "rank 1 on node" in message and "after 3 report(s) in this attempt" in message
+    assert f"out of memory (RSS {failure.memory.describe()[4:]}" in message and failure.memory.rss_bytes > 50 * 2**20
+    summary = tmp_path / "oom" / "health" / "oom-attempt0001-rank0001.txt"
+    assert failure.memory_summary.endswith("health/oom-attempt0001-rank0001.txt")
+    text = summary.read_text()
+    assert "rank 1, attempt 1, after 3 report(s)" in text and "OutOfMemoryError: CUDA out of memory" in text
+
+
+def _memory_cgroup() -> str | None:
+    """A memory cgroup (v1) of this process's own, or None where this machine gives none."""
+    try:
+        with open("/proc/self/cgroup") as lines:
+            path = next(line.split(":", 2)[2].strip() for line in lines if ":memory:" in line)
+    except (OSError, StopIteration):
+        return None
+    parent = f"/sys/fs/cgroup/memory{path}"
+    return parent if os.access(parent, os.W_OK) else None
+
+
+def _killed_at_its_memory_limit(config):
+    import numpy as np
+
+    held = []
+    for step in range(10):
+        if get_context().get_world_rank() == 1:
+            if step == 0:
+                with open(os.path.join(config["cgroup"], "memory.limit_in_bytes"), "w") as limit:
+                    # Only what it allocates from now on is charged to the cgroup (cgroup v1), so a
+                    # limit of its RSS + 256 MiB: three steps of 64 MiB fit, the fourth's 512 do not.
+                    limit.write(str(resource_usage_bytes() + 256 * 2**20))
+                with open(os.path.join(config["cgroup"], "cgroup.procs"), "w") as procs:
+                    procs.write(str(os.getpid()))
+            held.append(np.ones(64 * 2**20 // 8 if step < 3 else 512 * 2**20 // 8))  # the fourth goes past the limit
+        report({"step": step})
+
+
+def resource_usage_bytes() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_rank_killed_at_its_memory_limit_fails_the_run_naming_rank_step_and_memory(tmp_path):
+    from trainers import TrainingFailedError
+    from trainers.torch import TorchTrainer
+
+    parent = _memory_cgroup()
+    if parent is None:
+        pytest.skip("this machine gives no writable memory cgroup (cgroup v1) to put a worker in")
+    cgroup = os.path.join(parent, f"flowtrain-test-{os.getpid()}")
+    os.mkdir(cgroup)
+    try:
+        trainer = TorchTrainer(
+            _killed_at_its_memory_limit,
+            train_loop_config={"cgroup": cgroup},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(name="killed", storage_path=str(tmp_path)),
+        )
+        with pytest.raises(TrainingFailedError) as raised:
+            trainer.fit()
+        with open(os.path.join(cgroup, "memory.oom_control")) as control:
+            assert "oom_kill 1" in control.read(), str(raised.value)  # the kernel killed it, as the run says
+    finally:
+        os.rmdir(cgroup)
+    (failure,) = raised.value.failures.values()
+    assert (failure.world_rank, failure.kind, failure.reports, failure.out_of_memory) == (1, "died", 3, True)
+    assert failure.memory.limit_bytes is not None and failure.memory.near_limit
+    message = str(raised.value)
+    assert "rank 1 on node" in message and "died" in message and "after 3 report(s) in this attempt" in message
+    assert "out of memory (RSS" in message and "limit)" in message
+
+
+def test_the_memory_limit_is_the_tightest_of_the_cgroups_and_rlimit_as():
+    import resource
+    import subprocess
+    import sys
+
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (8 * 2**30, resource.RLIM_INFINITY)); "
+        "from trainers._internal.rank_health import memory_limit; print(memory_limit())"
+    )
+    limited = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(limited.stdout) <= 8 * 2**30
+    if resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY and memory_limit() is not None:
+        assert memory_limit() < 2**60  # a cgroup's limit, never its "no limit" figure

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from storage.health import MemoryPeak
 from storage.upload import CheckpointUploadError
 
 if TYPE_CHECKING:
@@ -29,13 +30,34 @@ class RankFailure:
     error_type: str
     message: str
     traceback: str
+    #: Reports the rank had made in the failed attempt (the step it was in), when known.
+    reports: int | None = None
+    #: Its memory: when it ran out, then; else at its latest report that carried it.
+    memory: MemoryPeak | None = None
+    #: It failed for want of memory: an out-of-memory error, Ray's memory monitor, or killed
+    #: while its memory was at its limit (the kernel's OOM killer).
+    out_of_memory: bool = False
+    #: Where the rank's memory summary was left in the run's storage, when it ran out.
+    memory_summary: str | None = None
 
     def describe(self) -> str:
-        """One line a person can read: rank, node, cause."""
+        """One line a person can read: rank, node, cause, and for a rank that ran out of memory,
+        the step and the memory."""
         if self.world_rank < 0:
             return f"the worker group {self.kind}: {self.error_type}: {self.message}"
         where = f"node {self.node_ip or '?'} ({self.node_id[:12] or '?'})"
-        return f"rank {self.world_rank} on {where} {self.kind}: {self.error_type}: {self.message}"
+        line = f"rank {self.world_rank} on {where} {self.kind}: {self.error_type}: {self.message}"
+        if not self.out_of_memory and (self.kind != "died" or self.memory is None):
+            return line  # an error of its own says what happened; a bare death is helped by its memory
+        notes = [] if self.reports is None else [f"after {self.reports} report(s) in this attempt"]
+        if self.out_of_memory:
+            notes.append("out of memory" + (f" ({self.memory.describe()})" if self.memory else ""))
+            notes.append("lower the batch size or the model's footprint, or give the worker more memory")
+        elif self.memory is not None:
+            notes.append(f"memory at its last report: {self.memory.describe()}")
+        if self.memory_summary:
+            notes.append(f"memory summary in {self.memory_summary}")
+        return f"{line} [{'; '.join(notes)}]"
 
 
 class WorkerGroupError(TrainingFailedError):

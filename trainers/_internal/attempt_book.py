@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from storage.health import MemoryPeak
 from trainers._internal.events import FailedEvent, FinishedEvent, ReportEvent, SyncEvent
 
 #: The rank under which a failure to start the whole group is recorded.
@@ -39,6 +40,10 @@ class AttemptBook:
         self.committed_rounds = 0
         #: Ranks whose reports the current preemption lets the others commit without.
         self.relaxed: set[int] = set()
+        #: Reports each rank made in this attempt, and its memory at the latest that carried it:
+        #: what a failure's message says of the rank.
+        self.reports_made: dict[int, int] = {}
+        self.memory: dict[int, MemoryPeak] = {}
 
     def add(self, event: Any) -> None:
         """Record a report, a barrier reached, a function returned or a failure; ignore the rest."""
@@ -47,6 +52,9 @@ class AttemptBook:
                 return  # a relaxed rank's report of a round committed without it
             self.pending.setdefault(event.index, {})[event.world_rank] = event
             self.first_seen.setdefault(event.index, self.clock())
+            self.reports_made[event.world_rank] = event.index + 1
+            if event.memory is not None:
+                self.memory[event.world_rank] = event.memory
         elif isinstance(event, FinishedEvent):
             self.finished[event.world_rank] = event.return_value
         elif isinstance(event, FailedEvent):

@@ -25,6 +25,7 @@ from storage.snapshot import RestartRecord
 from trainers._internal.attempt_book import LAUNCH, AttemptBook
 from trainers._internal.events import NOT_TRAINING, CheckpointsQuery, Event, FailedEvent
 from trainers._internal.failure_policy import Charge, FailurePolicy
+from trainers._internal.memory_failure import is_out_of_memory
 from trainers._internal.preemption_watch import PreemptionNotice, deadline_passed
 from trainers._internal.preemption_watch import merge as merge_preemptions
 from trainers._internal.reported_checkpoints import PendingQueries
@@ -447,15 +448,22 @@ class Controller:
     # -- errors ----------------------------------------------------------------------------------
 
     def _describe(self, event: FailedEvent) -> RankFailure:
-        node_id, node_ip = self.workers.where(event.world_rank) if event.world_rank >= 0 else ("", "")
+        rank = event.world_rank
+        node_id, node_ip = self.workers.where(rank) if rank >= 0 else ("", "")
+        memory = event.memory or self.book.memory.get(rank)
         return RankFailure(
-            world_rank=event.world_rank,
+            world_rank=rank,
             node_id=node_id,
             node_ip=node_ip,
             kind=event.kind,
             error_type=type(event.error).__name__,
             message=str(event.error),
             traceback=event.traceback,
+            reports=self.book.reports_made.get(rank, 0) if rank >= 0 else None,
+            memory=memory,
+            out_of_memory=is_out_of_memory(event.error)
+            or (event.kind == "died" and memory is not None and memory.near_limit),
+            memory_summary=event.memory_summary,
         )
 
     def _error(self, failures: list[RankFailure], *, budget_exhausted: bool) -> WorkerGroupError:

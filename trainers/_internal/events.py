@@ -8,8 +8,8 @@ import dataclasses
 import queue
 from typing import Any
 
+from storage.health import MemoryPeak
 from storage.positions import RankPosition
-from trainers._internal.rank_health import StepHealth
 
 
 # Plain records: what they share with other records (storage's, gbdt's) is the form of a field list.
@@ -35,8 +35,11 @@ class ReportEvent:
     upload: Any = None
     #: Where this rank's data iterators stood when it reported (``DataPositions.record``), or None.
     data_position: RankPosition | None = None
-    #: How long its step took and its peak memory (``trainers._internal.rank_health``), or None.
-    step: StepHealth | None = None
+    #: Seconds of its own work in the step this report ends (``StepHealth.busy_s``): what stragglers
+    #: are judged on; None when not measured (an attempt's first report).
+    busy_s: float | None = None
+    #: Its peak memory in this attempt when it grew since its previous report, else None.
+    memory: MemoryPeak | None = None
 
 
 def checkpoint_placement(round_: list[ReportEvent]) -> dict[str, Any]:
@@ -80,6 +83,10 @@ class FailedEvent:
     #: "preempted" when its node was drained for preemption, "hung" when it fell behind the others'
     #: report past ``FailureConfig.report_timeout_s``, "failed to start" for the group's start.
     kind: str = "error"
+    #: The rank's memory when it ran out of it (``trainers._internal.memory_failure``), else None.
+    memory: MemoryPeak | None = None
+    #: Where its memory summary was left in the run's storage, when it ran out.
+    memory_summary: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

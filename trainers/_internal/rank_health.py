@@ -11,8 +11,14 @@ import resource
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from storage.health import MemoryPeak
+
+#: Seconds between two reads of the memory limit (a cgroup file); a limit rarely changes.
+LIMIT_READ_EVERY_S = 1.0
+#: cgroup v1 writes "no limit" as the largest page-aligned int64; anything from 2**60 up is none.
+UNLIMITED_CGROUP_BYTES = 2**60
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,14 +50,18 @@ class RankHealth:
         self._step_started: float | None = None
         self._waiting_s = 0.0
         self._memory: MemoryPeak | None = None
+        self._limit = _Limit()
 
     def report_starts(self) -> StepHealth:
         """A ``report()`` call begins: the step since the previous one ends."""
         now = time.monotonic()
         step_s = None if self._step_started is None else now - self._step_started
         waiting_s, self._waiting_s = self._waiting_s, 0.0
-        memory = peak_memory()
-        grown = memory if memory != self._memory else None
+        last = self._memory
+        if last is not None and _rss_bytes() == last.rss_bytes and _cuda() is None:
+            return StepHealth(step_s, waiting_s, None)  # the common case, kept to one getrusage
+        memory = peak_memory(self._limit.read(now))  # grown: worth its limit, read at most once a second
+        grown = memory if memory != last else None
         self._memory = memory
         return StepHealth(step_s, waiting_s, grown)
 
@@ -69,20 +79,78 @@ class RankHealth:
         finally:
             self._waiting_s += time.monotonic() - started
 
-    @property
-    def last_memory(self) -> MemoryPeak | None:
-        """The peak at this rank's latest report (for a failure's message)."""
-        return self._memory
+    def now(self) -> MemoryPeak:
+        """The peak now, with the limit read afresh (for a failure's message)."""
+        return peak_memory(memory_limit())
 
 
-def peak_memory() -> MemoryPeak:
-    """This process's peak resident set and, when it has used CUDA, PyTorch's peaks on its device.
-    About a microsecond on CPU: ``getrusage``, no file read."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+class _Limit:
+    """``memory_limit()``, read at most once a second: a peak that creeps report after report
+    would otherwise cost a report two file reads each."""
+
+    def __init__(self) -> None:
+        self._read_at = -float("inf")
+        self._value: int | None = None
+
+    def read(self, now: float) -> int | None:
+        if now - self._read_at >= LIMIT_READ_EVERY_S:
+            self._read_at, self._value = now, memory_limit()
+        return self._value
+
+
+def peak_memory(limit_bytes: int | None = None) -> MemoryPeak:
+    """This process's peak resident set and, when it has used CUDA, PyTorch's peaks on its device,
+    with ``limit_bytes`` as its limit. About a microsecond on CPU: ``getrusage``, no file read."""
+    torch = _cuda()
+    if torch is None:
+        return MemoryPeak(_rss_bytes(), limit_bytes=limit_bytes)
+    return MemoryPeak(_rss_bytes(), torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(), limit_bytes)
+
+
+def _rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def _cuda() -> Any:
+    """PyTorch, when this process has initialised CUDA with it; else None."""
     torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return MemoryPeak(rss)
-    return MemoryPeak(rss, torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
+    return torch if torch is not None and torch.cuda.is_initialized() else None
+
+
+def memory_limit() -> int | None:
+    """The tightest limit on this process's memory: its memory cgroup's (v1 ``memory.limit_in_bytes``
+    or v2 ``memory.max``) or its ``RLIMIT_AS``; None when neither limits it."""
+    limits = []
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        limits.append(soft)
+    cgroup = _cgroup_limit()
+    if cgroup is not None:
+        limits.append(cgroup)
+    return min(limits) if limits else None
+
+
+def _cgroup_limit() -> int | None:
+    try:
+        with open("/proc/self/cgroup") as lines:
+            memberships = [line.rstrip("\n").split(":", 2) for line in lines]
+    except OSError:
+        return None
+    candidates = []
+    for _, controllers, path in (m for m in memberships if len(m) == 3):
+        if "memory" in controllers.split(","):  # cgroup v1
+            candidates.append(f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
+        elif controllers == "":  # cgroup v2: one hierarchy
+            candidates += [f"/sys/fs/cgroup{path}/memory.max", f"/sys/fs/cgroup/unified{path}/memory.max"]
+    for candidate in candidates:
+        try:
+            with open(candidate) as limit:
+                text = limit.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < UNLIMITED_CGROUP_BYTES:
+            return int(text)
+    return None
 
 
 def reset_peaks() -> None:
@@ -95,6 +163,6 @@ def reset_peaks() -> None:
             clear_refs.write("5")
     except OSError:
         pass  # not Linux, or not allowed: the peak covers the process's life
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
+    torch = _cuda()
+    if torch is not None:
         torch.cuda.reset_peak_memory_stats()

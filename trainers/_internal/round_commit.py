@@ -45,8 +45,8 @@ def round_memory(round_: dict[int, ReportEvent], world_size: int) -> tuple[Memor
     peaks: list[MemoryPeak | None] = [None] * world_size
     grown = False
     for rank, event in round_.items():
-        if event.step is not None and event.step.memory is not None and 0 <= rank < world_size:
-            peaks[rank], grown = event.step.memory, True
+        if event.memory is not None and 0 <= rank < world_size:
+            peaks[rank], grown = event.memory, True
     return tuple(peaks) if grown else ()
 
 
@@ -54,6 +54,6 @@ def round_steps(round_: dict[int, ReportEvent], world_size: int) -> list[float |
     """Each rank's step in the round (``StepHealth.busy_s``), by world rank; None where not measured."""
     steps: list[float | None] = [None] * world_size
     for rank, event in round_.items():
-        if event.step is not None and 0 <= rank < world_size:
-            steps[rank] = event.step.busy_s
+        if 0 <= rank < world_size:
+            steps[rank] = event.busy_s
     return steps

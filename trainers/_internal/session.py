@@ -23,6 +23,7 @@ from storage.retention import flatten
 from trainers._internal import checkpoint_upload
 from trainers._internal.data_position import DataPositions
 from trainers._internal.events import Event, ReportEvent, SyncEvent, TrainingInterrupted
+from trainers._internal.memory_failure import record_cuda_history
 from trainers._internal.rank_health import RankHealth, StepHealth
 from trainers._internal.reported_checkpoints import Answer, Answers
 from trainers._internal.uploader import OrderedUploader
@@ -84,6 +85,7 @@ class WorkerSession:
         self.preemption_info: Any = None
         #: This rank's step times and peak memory, carried by its reports.
         self.health = RankHealth()
+        record_cuda_history()
 
     def report(
         self,
@@ -163,7 +165,8 @@ class WorkerSession:
             dir_name,
             # Taken now, with every report: the rank that passes the checkpoint cannot tell the others.
             data_position=self.data_position.record() if self.data_position is not None else None,
-            step=step,
+            busy_s=step.busy_s,
+            memory=step.memory,
         )
         if checkpoint is None:  # metrics only: the common report, kept short
             self.uploader.flush()  # earlier background uploads (if any) come first; re-raises their errors

@@ -26,6 +26,7 @@ import ray
 from trainers._internal.event_channel import ChannelAddress, Outbox
 from trainers._internal.events import NOT_TRAINING, Event, FailedEvent, FinishedEvent
 from trainers._internal.fresh_process import ProcessBaseline
+from trainers._internal.memory_failure import is_out_of_memory, leave_memory_summary
 from trainers._internal.reuse import process_refusal
 from trainers._internal.session import TrainingInterrupted, WorkerSession, set_session
 from trainers.errors import WorkerError
@@ -82,6 +83,10 @@ def run_training_function(
         return
     except BaseException as error:  # noqa: BLE001 - the user's code may raise anything; all of it goes back
         failure = FailedEvent(rank, sendable(error), traceback.format_exc())
+        if is_out_of_memory(error):
+            memory = session.health.now()
+            summary = leave_memory_summary(session, error, memory)
+            failure = dataclasses.replace(failure, memory=memory, memory_summary=summary)
         _finish_uploads_quietly(session)
         emit(failure)
         return
