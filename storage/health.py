@@ -135,6 +135,61 @@ class StragglerRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class GoodputAccount:
+    """Where one ``fit()`` call's wall time went (from its controller's start to its end). The
+    parts add up to ``wall_s``: training is what moved the model forward; the rest is the cost of
+    starting, checkpoints, failures and the run's end."""
+
+    wall_s: float
+    #: The first attempt's workers starting (placement, processes, the backend), until they train.
+    starting_s: float
+    #: Training that counted: every step kept, less the time blocked on checkpoints.
+    training_s: float
+    #: Ranks blocked uploading checkpoints (``CheckpointUploadMode.SYNC``; the slowest rank's).
+    checkpoint_s: float
+    #: From a failure, preemption or resize until the next attempt trained (drain, stop, start).
+    restarting_s: float
+    #: Training since the latest committed checkpoint that a failure or resize threw away: those
+    #: steps were trained again.
+    rolled_back_s: float
+    #: The run's end: the workers finishing (or a failed run's last moments).
+    waiting_s: float
+    #: Workers held over the wall time, and their GPUs (``ScalingConfig``'s GPUs per worker).
+    worker_hours: float
+    gpu_hours: float
+
+    @property
+    def goodput(self) -> float:
+        """The share of the wall time that trained the model (0 to 1)."""
+        return self.training_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def parts(self) -> dict[str, float]:
+        """The parts of the wall time by name, in seconds."""
+        return {
+            "starting": self.starting_s,
+            "training": self.training_s,
+            "checkpoints": self.checkpoint_s,
+            "restarting": self.restarting_s,
+            "rolled back": self.rolled_back_s,
+            "waiting": self.waiting_s,
+        }
+
+    def describe(self) -> str:
+        """One line, e.g. "goodput 81%: 40.2 s of 49.6 s trained; starting 5.1 s, ..."."""
+        others = ", ".join(f"{name} {seconds:.3g} s" for name, seconds in self.parts.items() if name != "training")
+        held = f"{self.worker_hours:.3g} worker-hours" + (f", {self.gpu_hours:.3g} GPU-hours" if self.gpu_hours else "")
+        return f"goodput {self.goodput:.0%}: {self.training_s:.3g} s of {self.wall_s:.3g} s trained; {others}; {held}"
+
+    def to_json(self) -> dict[str, float]:
+        return {key: round(value, 6) for key, value in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> GoodputAccount:
+        return cls(**{field.name: float(body.get(field.name, 0.0)) for field in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
 class RunHealth:
     """How a run's ranks fared, as ``Result.health`` gives it (flowtrain's own; Ray Train's
     ``Result`` has no such attribute)."""
@@ -143,3 +198,5 @@ class RunHealth:
     peak_memory: tuple[MemoryPeak | None, ...] = ()
     #: Every straggler episode, oldest first.
     stragglers: tuple[StragglerRecord, ...] = ()
+    #: The goodput account of each ``fit()`` call on the run (a driver rerun adds one), oldest first.
+    goodput: tuple[GoodputAccount, ...] = ()

@@ -32,7 +32,7 @@ from storage.commit import adopt_folder, commit_folder, is_committed, try_delete
 from storage.config import CheckpointConfig
 from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, exists, is_local, resolve_filesystem, write_bytes
-from storage.health import MemoryPeak, RunHealth, StragglerRecord
+from storage.health import GoodputAccount, MemoryPeak, RunHealth, StragglerRecord
 from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name, join_run
 from storage.lease import Lease
 from storage.positions import DataResume, RoundPosition
@@ -378,6 +378,11 @@ class RunStorage:
         self.snapshot.stragglers.append(straggler)
         self._write()
 
+    def record_goodput(self, account: GoodputAccount) -> None:
+        """Keep the goodput account of the ``fit()`` call that ends now."""
+        self.snapshot.goodput.append(account)
+        self._write()
+
     def _keep_peaks(self, memory: tuple[MemoryPeak | None, ...]) -> None:
         """Each rank's peak memory in the run: the larger of what is kept and what it reports now."""
         kept = self.snapshot.peak_memory
@@ -414,7 +419,8 @@ class RunStorage:
     @property
     def health(self) -> RunHealth:
         """Each rank's peak memory and the run's straggler episodes."""
-        return RunHealth(tuple(self.snapshot.peak_memory), tuple(self.snapshot.stragglers))
+        snapshot = self.snapshot
+        return RunHealth(tuple(snapshot.peak_memory), tuple(snapshot.stragglers), tuple(snapshot.goodput))
 
     @property
     def metrics_history(self) -> list[dict[str, Any]]:

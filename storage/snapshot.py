@@ -16,7 +16,7 @@ import pyarrow.fs as pafs
 
 from storage.errors import SnapshotCorruptError
 from storage.filesystem import exists, read_bytes, write_bytes
-from storage.health import MemoryPeak, StragglerRecord
+from storage.health import GoodputAccount, MemoryPeak, StragglerRecord
 from storage.layout import RunLayout
 from storage.metric_values import decode, encode
 from storage.positions import DataResume, RoundPosition
@@ -197,6 +197,8 @@ class RunSnapshot:
     peak_memory: list[MemoryPeak | None] = dataclasses.field(default_factory=list)
     #: Every straggler episode, oldest first.
     stragglers: list[StragglerRecord] = dataclasses.field(default_factory=list)
+    #: The goodput account of each ``fit()`` call, oldest first.
+    goodput: list[GoodputAccount] = dataclasses.field(default_factory=list)
 
     @property
     def latest(self) -> CheckpointRecord | None:
@@ -220,6 +222,7 @@ class RunSnapshot:
                 "restarts": [r.to_json() for r in self.restarts],
                 "peak_memory": [p.to_json() if p is not None else None for p in self.peak_memory],
                 "stragglers": [s.to_json() for s in self.stragglers],
+                "goodput": [g.to_json() for g in self.goodput],
             }
         )
         for name in _GROWING:
@@ -259,6 +262,7 @@ class RunSnapshot:
         body["restarts"] = [RestartRecord.from_json(r) for r in body.get("restarts", [])]
         body["peak_memory"] = [MemoryPeak.from_json(p) if p else None for p in body.get("peak_memory", [])]
         body["stragglers"] = [StragglerRecord.from_json(s) for s in body.get("stragglers", [])]
+        body["goodput"] = [GoodputAccount.from_json(g) for g in body.get("goodput", [])]
         return cls(**body)
 
 

@@ -26,6 +26,8 @@ class MemoryStore:
         self.data_resumes = []
         self.restarts = []
         self.rewinds = 0
+        self.stragglers = []
+        self.accounts = []
 
     def start_attempt(self):
         self.attempts += 1
@@ -52,6 +54,12 @@ class MemoryStore:
     def record_preemption(self):
         self.num_preemptions += 1
         return self.num_preemptions
+
+    def record_straggler(self, straggler):
+        self.stragglers.append(straggler)
+
+    def record_goodput(self, account):
+        self.accounts.append(account)
 
     def rewind_to_latest_checkpoint(self):
         self.rewinds += 1

@@ -127,6 +127,9 @@ class _Store:
     def record_straggler(self, straggler):
         self.stragglers.append(straggler)
 
+    def record_goodput(self, account):
+        self.account = account
+
     latest_checkpoint = latest_data_position = None
 
 
@@ -349,3 +352,84 @@ def test_the_memory_limit_is_the_tightest_of_the_cgroups_and_rlimit_as():
     assert int(limited.stdout) <= 8 * 2**30
     if resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY and memory_limit() is not None:
         assert memory_limit() < 2**60  # a cgroup's limit, never its "no limit" figure
+
+
+# -- the goodput account ---------------------------------------------------------------------------------------
+
+
+def test_the_goodput_clock_puts_every_second_in_one_part_and_moves_thrown_away_training_out():
+    from trainers._internal.goodput import GoodputClock, Phase
+
+    now = [0.0]
+    clock = GoodputClock(lambda: now[0], gpus_per_worker=1.0)
+    clock.start(workers=4)
+    now[0] = 5.0
+    clock.switch(Phase.TRAINING, workers=4)  # 5 s starting
+    now[0] = 15.0
+    clock.committed(blocked_s=2.0)  # a checkpoint at 15 s that blocked the ranks 2 s
+    now[0] = 18.0
+    clock.thrown_away(Phase.RESTARTING)  # a failure 3 s after it: 3 s rolled back
+    now[0] = 20.0
+    clock.switch(Phase.TRAINING, workers=3)  # 2 s restarting, then 3 workers
+    now[0] = 30.0
+    clock.switch(Phase.WAITING)
+    now[0] = 31.0
+    account = clock.account()
+    assert account.parts == {
+        "starting": 5.0,
+        "training": 23.0 - 2.0 - 3.0,  # 13 s and 10 s of training, less what was moved out
+        "checkpoints": 2.0,
+        "restarting": 2.0,
+        "rolled back": 3.0,
+        "waiting": 1.0,
+    }
+    assert sum(account.parts.values()) == account.wall_s == 31.0
+    assert account.worker_hours == pytest.approx((20 * 4 + 11 * 3) / 3600) and account.gpu_hours == account.worker_hours
+    assert account.describe().startswith("goodput 58%: 18 s of 31 s trained; starting 5 s, checkpoints 2 s")
+
+
+#: Steps of the restarted run, the step its rank 1 fails at in the first attempt, and a step's sleep.
+STEPS, FAIL_AT, STEP_S = 14, 10, 0.2
+
+
+def _fails_once(config):
+    import tempfile
+
+    from trainers import Checkpoint, get_checkpoint
+
+    rank, attempt = get_context().get_world_rank(), get_context().get_attempt()
+    checkpoint = get_checkpoint()
+    start = int(open(os.path.join(checkpoint.path, "step")).read()) + 1 if checkpoint else 0
+    for step in range(start, STEPS):
+        time.sleep(STEP_S)
+        if rank == 1 and attempt == 1 and step == FAIL_AT:
+            raise RuntimeError("planted failure")
+        if step % 4 == 3:
+            with tempfile.TemporaryDirectory() as folder:
+                open(os.path.join(folder, "step"), "w").write(str(step))
+                report({"step": step}, checkpoint=Checkpoint.from_directory(folder))
+        else:
+            report({"step": step})
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_restarted_runs_goodput_parts_add_up_and_its_rolled_back_time_is_the_steps_replayed(tmp_path):
+    from trainers import FailureConfig as Failures
+    from trainers.torch import TorchTrainer
+
+    result = TorchTrainer(
+        _fails_once,
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="goodput", storage_path=str(tmp_path), failure_config=Failures(max_failures=1)),
+    ).fit()
+    (account,) = result.health.goodput
+    assert sum(account.parts.values()) == pytest.approx(account.wall_s, rel=0.02)
+    assert account.restarting_s > 0 and account.starting_s > 0 and account.training_s > 0
+    # The failure threw away steps 8-10 (trained after the checkpoint of step 7): 3 steps of 0.2 s.
+    replayed = [r["step"] for r in result.metrics_dataframe.to_dict("records")]
+    assert replayed == list(range(STEPS))  # each step once in the record
+    thrown_away_s = (FAIL_AT - 7) * STEP_S
+    assert 0.5 * thrown_away_s <= account.rolled_back_s <= 2 * thrown_away_s
+    assert account.worker_hours > 0 and account.gpu_hours == 0
+    record = json.loads((tmp_path / "goodput" / "run.json").read_text())
+    assert record["goodput"] == [account.to_json()]

@@ -299,6 +299,7 @@ class DataParallelTrainer(TuneTrainableAttributes):
             run_context=context,
             collective_backend=self.backend_config.collective_backend(scaling.use_gpu),
             stragglers=StragglerSettings.from_env(),
+            gpus_per_worker=scaling.num_gpus_per_worker,
         )
 
     def _run(self, name: str, storage: RunStorage, scaling: ScalingConfig, datasets: dict[str, Any]) -> Result:
@@ -332,6 +333,8 @@ class DataParallelTrainer(TuneTrainableAttributes):
         finally:
             if validations is not None:
                 validations.cancel_all()  # a failed run's pending validations rerun when it resumes
+            if controller.account is not None:
+                progress.note(controller.account.describe())  # the controller logs it too
             progress.close()
         storage.finish()
         return hooks.finished(Result._from_run(storage, return_value=value, error=None))

@@ -19,12 +19,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from storage import Checkpoint, RunRecord
-from storage.health import StragglerRecord
+from storage.health import GoodputAccount, StragglerRecord
 from storage.positions import DataResume, RoundPosition
 from storage.snapshot import RestartRecord
 from trainers._internal.attempt_book import LAUNCH, AttemptBook
 from trainers._internal.events import NOT_TRAINING, CheckpointsQuery, Event, FailedEvent
 from trainers._internal.failure_policy import Charge, FailurePolicy
+from trainers._internal.goodput import GoodputClock, Phase, blocked_on_upload_s
 from trainers._internal.memory_failure import is_out_of_memory
 from trainers._internal.preemption_watch import PreemptionNotice, deadline_passed
 from trainers._internal.preemption_watch import merge as merge_preemptions
@@ -113,6 +114,8 @@ class ControllerSettings:
     wall_clock: Callable[[], float] = time.time
     #: When a rank is named a straggler (``FLOWTRAIN_STRAGGLER_*``, read by the trainer).
     stragglers: StragglerSettings = StragglerSettings()
+    #: GPUs each worker holds, for the goodput account's GPU-hours.
+    gpus_per_worker: float = 0.0
 
 
 class Controller:
@@ -151,6 +154,9 @@ class Controller:
         self.error: TrainingFailedError | None = None
         #: This attempt's rounds, barriers, finished and failed ranks.
         self.book = AttemptBook(settings.clock)
+        #: Where this fit() call's wall time goes (``account`` once ``run`` returns).
+        self.goodput = GoodputClock(settings.clock, settings.gpus_per_worker)
+        self.account: GoodputAccount | None = None
         #: This attempt's ranks' step times, judged round by round.
         self._stragglers = StragglerWatch(settings.stragglers)
         self._last_failures: list[RankFailure] = []
@@ -182,14 +188,26 @@ class Controller:
     def run(self) -> Any:
         """Step until done; return rank 0's return value or raise ``WorkerGroupError`` (or
         ``PreemptionError`` when preemptions spent their budget)."""
+        self.goodput.start(self.workers.world_size)
         try:
             while self.state not in (State.FINISHED, State.FAILED):
                 self.step()
         finally:
+            self.goodput.switch(Phase.WAITING)
             self.workers.shutdown()
+            self._close_account()
         if self.error is not None:
             raise self.error
         return self.return_value
+
+    def _close_account(self) -> None:
+        """Keep this fit() call's goodput account in the run's record and say it in one line."""
+        self.account = self.goodput.account()
+        logger.info("%s: %s", self.settings.run_context.name or "run", self.account.describe())
+        try:
+            self.storage.record_goodput(self.account)
+        except Exception as error:  # noqa: BLE001 - the run's own outcome (or error) must come out, not this
+            logger.warning("the goodput account was not written to the run's record: %s", error)
 
     def _launch(self) -> None:
         self.attempt = self.storage.start_attempt()
@@ -210,6 +228,7 @@ class Controller:
             return
         if resumed is not None:
             self.storage.record_data_resume(resumed)
+        self.goodput.switch(Phase.TRAINING, self.workers.world_size)
         self.state = State.RUNNING
 
     def _handle(self, events: Sequence[Event | PreemptionNotice]) -> None:
@@ -237,6 +256,7 @@ class Controller:
             for event in book.laggards(self.workers.world_size, self.policy.config.report_timeout_s):
                 book.failed[event.world_rank] = event
         if book.failed:
+            self.goodput.thrown_away(Phase.RESTARTING)  # from here on the attempt only ends
             self._drain_rounds_the_failed_ranks_finished()
             alive = [r for r in range(self.workers.world_size) if r not in book.failed or book.failed[r].kind == "hung"]
             dead, self._activity = self.workers.probe(alive) if alive else ([], {})
@@ -257,6 +277,8 @@ class Controller:
             checkpoint = self.storage.record_report(
                 report_round(round_, index=index, attempt=self.attempt, world_size=size)
             )
+            if checkpoint is not None:
+                self.goodput.committed(blocked_on_upload_s(round_.values()))
             metrics = [round_[rank].metrics if rank in round_ else {} for rank in range(size)]
             for listener in self.listeners:
                 listener.after_report(self.run_context, metrics, checkpoint)
@@ -340,6 +362,7 @@ class Controller:
             self._commit_complete_rounds()
 
     def _finish(self) -> None:
+        self.goodput.switch(Phase.WAITING)
         if self.book.pending:
             self.book.failed[0] = FailedEvent(
                 0,
@@ -356,6 +379,7 @@ class Controller:
         self.state = State.FINISHED
 
     def _fail(self) -> None:
+        self.goodput.thrown_away(Phase.RESTARTING)
         # A dead process is the likely root cause of the others' errors: listeners see it first too.
         failures = sorted(
             (self._describe(e) for e in self.book.failed.values()), key=lambda f: (f.kind not in DEATHS, f.world_rank)
@@ -385,6 +409,7 @@ class Controller:
         elif charge is Charge.FAILURE:
             if not self.policy.may_restart(charge, self.storage.num_failures):
                 self.error = self._error(failures, budget_exhausted=self.policy.config.max_failures != 0)
+                self.goodput.switch(Phase.WAITING)
                 self.state = State.FAILED
                 return
             self.storage.record_failure()
@@ -417,6 +442,7 @@ class Controller:
         size = self.workers.resize_to()
         if size is not None:
             old = self.workers.world_size
+            self.goodput.thrown_away(Phase.RESTARTING)  # it restarts from the latest checkpoint
             self.workers.shutdown()
             for listener in self.listeners:
                 listener.on_resize(self.run_context, old, size)
@@ -427,6 +453,7 @@ class Controller:
     def _preempted(self, *, drain_timed_out: bool, failures: list[RankFailure] | None = None) -> None:
         """A preemption ended this attempt: restart on the nodes left from the latest checkpoint
         while ``FailureConfig.max_preemption_failures`` allows, else fail with ``PreemptionError``."""
+        self.goodput.thrown_away(Phase.RESTARTING)
         self.workers.shutdown()
         info = self._preemption
         if info is None:  # the node went before its drain was noticed
@@ -443,6 +470,7 @@ class Controller:
             self.state = State.RESTARTING
             return
         self.error = PreemptionError(info, drain_timed_out)
+        self.goodput.switch(Phase.WAITING)
         self.state = State.FAILED
 
     # -- errors ----------------------------------------------------------------------------------

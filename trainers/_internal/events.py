@@ -35,6 +35,8 @@ class ReportEvent:
     upload: Any = None
     #: Where this rank's data iterators stood when it reported (``DataPositions.record``), or None.
     data_position: RankPosition | None = None
+    #: The upload ran in the background (``CheckpointUploadMode.ASYNC``): it blocked no training.
+    uploaded_in_background: bool = False
     #: Seconds of its own work in the step this report ends (``StepHealth.busy_s``): what stragglers
     #: are judged on; None when not measured (an attempt's first report).
     busy_s: float | None = None

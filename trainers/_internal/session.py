@@ -192,7 +192,11 @@ class WorkerSession:
                     shutil.rmtree(local_copy, ignore_errors=True)
                 self.emit(
                     dataclasses.replace(
-                        event, dir_name=placement.dir_name, in_place=placement.in_place, upload=placement.upload
+                        event,
+                        dir_name=placement.dir_name,
+                        in_place=placement.in_place,
+                        upload=placement.upload,
+                        uploaded_in_background=True,
                     )
                 )
 

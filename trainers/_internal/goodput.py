@@ -1,0 +1,112 @@
+"""The goodput account of one ``fit()`` call: where its wall time went, kept by the controller as
+it moves from phase to phase.
+
+Every moment from the controller's start to its end belongs to exactly one phase: starting (the
+first attempt's workers and backend), training, restarting (from a failure, a preemption or a
+resize until the next attempt trains), or waiting (the run's end: workers finishing, a failed
+run's last moments). Two parts are then moved out of training: the time ranks were blocked
+uploading a checkpoint synchronously, and the training since the latest committed checkpoint that
+a failure or resize threw away (rolled back: those steps are trained again). Each part is also
+counted in worker-seconds (its seconds times the workers held then), for worker- and GPU-hours.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+
+from storage.health import GoodputAccount
+from trainers._internal.events import ReportEvent
+
+
+class Phase(enum.Enum):
+    STARTING = "starting"
+    TRAINING = "training"
+    RESTARTING = "restarting"
+    WAITING = "waiting"
+
+
+class GoodputClock:
+    """Time per phase, and the parts moved out of training. Not thread-safe: the controller's loop
+    is its only user."""
+
+    def __init__(self, clock: Callable[[], float], gpus_per_worker: float = 0.0) -> None:
+        self._clock = clock
+        self.gpus_per_worker = gpus_per_worker
+        self._phase: Phase | None = None
+        self._since = 0.0
+        self._started = 0.0
+        self._workers = 0
+        self.seconds = {phase: 0.0 for phase in Phase}
+        self._worker_s = 0.0
+        self.checkpoint_s = 0.0
+        self.rolled_back_s = 0.0
+        #: When this attempt's training began or its latest checkpoint was committed: what a
+        #: failure now would throw away is the training since then.
+        self._kept_until: float | None = None
+
+    def start(self, workers: int) -> None:
+        self._started = self._since = self._clock()
+        self._phase, self._workers = Phase.STARTING, workers
+
+    def switch(self, phase: Phase, workers: int | None = None) -> None:
+        """The controller moves to ``phase`` now (holding ``workers`` workers from now on)."""
+        now = self._clock()
+        self._close(now)
+        if phase is Phase.TRAINING and self._phase is not Phase.TRAINING:
+            self._kept_until = now
+        self._phase = phase
+        if workers is not None:
+            self._workers = workers
+
+    def _close(self, now: float) -> None:
+        if self._phase is not None:
+            elapsed = now - self._since
+            self.seconds[self._phase] += elapsed
+            self._worker_s += elapsed * self._workers
+        self._since = now
+
+    @property
+    def phase(self) -> Phase | None:
+        return self._phase
+
+    def committed(self, blocked_s: float) -> None:
+        """A checkpoint was committed; its ranks were blocked uploading it for ``blocked_s``."""
+        self.checkpoint_s += blocked_s
+        if self._phase is Phase.TRAINING:
+            self._kept_until = self._clock()
+
+    def thrown_away(self, next_phase: Phase, workers: int | None = None) -> None:
+        """The attempt ends without its work since the latest checkpoint (a failure, a resize):
+        that training is rolled back, and the controller moves to ``next_phase``."""
+        if self._phase is Phase.TRAINING and self._kept_until is not None:
+            self.rolled_back_s += self._clock() - self._kept_until
+        self._kept_until = None
+        self.switch(next_phase, workers)
+
+    def account(self) -> GoodputAccount:
+        """The account so far (closing the current phase's time at now)."""
+        now = self._clock()
+        self._close(now)
+        training = self.seconds[Phase.TRAINING]
+        # What was moved out cannot exceed the training it came from (clocks of other processes).
+        checkpoint = min(self.checkpoint_s, training)
+        rolled_back = min(self.rolled_back_s, training - checkpoint)
+        worker_hours = self._worker_s / 3600
+        return GoodputAccount(
+            wall_s=now - self._started,
+            starting_s=self.seconds[Phase.STARTING],
+            training_s=training - checkpoint - rolled_back,
+            checkpoint_s=checkpoint,
+            restarting_s=self.seconds[Phase.RESTARTING],
+            rolled_back_s=rolled_back,
+            waiting_s=self.seconds[Phase.WAITING],
+            worker_hours=worker_hours,
+            gpu_hours=worker_hours * self.gpus_per_worker,
+        )
+
+
+def blocked_on_upload_s(round_: Iterable[ReportEvent]) -> float:
+    """How long a committed round's checkpoint kept its ranks from training: the slowest rank's
+    synchronous upload (an ASYNC upload runs beside the training and blocks nothing)."""
+    return max((e.upload.seconds for e in round_ if e.upload is not None and not e.uploaded_in_background), default=0.0)
