@@ -7,7 +7,9 @@ Prefect prints every log record of a run on the console and keeps it with the ru
   lines and, on a terminal, redraw over them. Datasets opened inside keep these settings wherever
   they run, Ray Data's split coordinator included (it runs with a copy of its dataset's settings).
 - Ray's own log records and the Python warnings raised in this thread (``fit()``'s "0.5 CPU per
-  worker" warning, say) become log records of the task run, instead of lines on stderr.
+  worker" warning, say) become log records of the task run, instead of lines on stderr. Ray's
+  notices that it logs as warnings but that ask nothing of the user (``RAY_NOTICES``: a new local
+  Ray turned token authentication on) are logged at INFO.
 - With ``run_name``, what the run's training workers print becomes log records of the task run
   (stderr, where ``warnings.warn``, ``logging`` and tracebacks go, as warnings) instead of lines
   Ray prints (``trainers.worker_output``).
@@ -35,6 +37,10 @@ from trainers.worker_output import capture_worker_output, is_ray_data_notice, ra
 #: Ray Data settings while a task run drives Ray Data (``ray.data.DataContext`` fields).
 QUIET_RAY_DATA = {"enable_progress_bars": False, "print_on_execution_start": False}
 
+#: Starts of Ray's log messages that Ray logs as WARNING but that report a default, not a
+#: problem: a task run logs them at INFO.
+RAY_NOTICES = ("Token authentication is enabled for this Ray cluster",)
+
 _run_logger: contextvars.ContextVar[Any] = contextvars.ContextVar("flowtrain_run_logger", default=None)
 _lock = threading.Lock()
 _open = 0
@@ -55,9 +61,12 @@ class _RayRecords(logging.Filter):
         logger = _run_logger.get()
         if logger is None:
             return True
+        level = record.levelno
+        if level == logging.WARNING and message.startswith(RAY_NOTICES):
+            level = logging.INFO
         if record.exc_info:
             message += "\n" + logging.Formatter().formatException(record.exc_info)
-        logger.log(record.levelno, "%s", message)
+        logger.log(level, "%s", message)
         return False
 
 
