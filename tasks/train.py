@@ -95,7 +95,7 @@ def build_trainer(
         scaling_config=scaling.to_config(),
         run_config=run_config,
         datasets=datasets or None,
-        dataset_config=DataConfig(datasets_to_split=[TRAIN_DATASET_KEY]),
+        dataset_config=DataConfig(datasets_to_split=[name for name in datasets if name == TRAIN_DATASET_KEY]),
         validation_config=training.validation.to_config() if training.validation else None,
     )
 

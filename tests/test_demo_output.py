@@ -99,3 +99,21 @@ def test_ingest_logs_one_line_per_dataset_and_ray_s_token_notice_is_not_a_warnin
     notice = [(level, message) for level, message in logs if message.startswith("Token authentication is enabled")]
     assert [level for level, _ in notice] == [logging.INFO], logs
     assert all(level < logging.WARNING for level, _ in logs), logs
+
+
+def test_the_pipeline_s_loop_trainers_split_the_train_dataset_only():
+    from tasks.params import Scaling, TorchTraining
+    from tasks.train import build_trainer
+    from trainers import RunConfig
+
+    def split(names: list[str]) -> object:
+        trainer = build_trainer(
+            TorchTraining(train_loop="tasks.loops:tabular_mlp_loop"),
+            run_config=RunConfig(name="split", storage_path="/tmp/unused"),
+            scaling=Scaling(num_workers=2),
+            datasets=dict.fromkeys(names, list),  # a function returning a dataset: not called before fit()
+        )
+        return trainer.dataset_config.datasets_to_split
+
+    assert split(["train", "valid"]) == ["train"]
+    assert split(["valid"]) == [] and split([]) == []  # a loop without "train" gets every dataset whole
