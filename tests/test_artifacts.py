@@ -28,7 +28,7 @@ from tasks.charts import (
     svg_image_markdown,
     table_rows,
 )
-from tasks.checkpoints import checkpoint_rows
+from tasks.checkpoints import UPLOAD_COLUMNS, best_checkpoint_markdown, checkpoint_rows, upload_cells
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -398,3 +398,37 @@ def test_charts_count_reports_when_no_step_increases_through_every_report():
     assert (chart.title, chart.x_label, chart.x) == ("loss per report", "report", ())
     axis = [t.text for t in ET.fromstring(render_svg(chart)).iter(f"{SVG}text") if t.get("text-anchor") == "middle"]
     assert axis == ["1", "2", "report"]
+
+
+def test_the_checkpoint_table_puts_why_before_short_upload_figures(tmp_path):
+    config = CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="valid_loss", checkpoint_score_order="min")
+    storage = RunStorage(str(tmp_path), "r", checkpoint_config=config)
+    storage.open("test")
+    attempt = storage.start_attempt()
+    for index, metrics in enumerate(DEMO_REPORTS[:2]):
+        os.makedirs(storage.layout.staging_path(attempt, index))
+        storage.record_report(ReportRound(metrics, report_index=index, attempt=attempt, staged=True))
+    storage.finish()
+    rows = checkpoint_rows(load_run(storage.run_uri).snapshot, config)
+    assert [list(row) for row in rows] == [
+        ["checkpoint", "report", "epoch", "valid_loss", "status", "why", *UPLOAD_COLUMNS]
+    ] * 2
+    assert [row["valid_loss"] for row in rows] == [float(f"{m['valid_loss']:.4g}") for m in DEMO_REPORTS[:2]]
+
+    from storage.upload import UploadStats
+
+    seconds, megabytes = UPLOAD_COLUMNS
+    assert upload_cells(UploadStats(bytes=14_687, seconds=0.0123456)) == {seconds: 0.01, megabytes: 0.01}
+    assert upload_cells(UploadStats(bytes=2_345_678_901, seconds=12.3456)) == {seconds: 12.35, megabytes: 2345.68}
+
+
+def test_the_best_checkpoint_page_rounds_as_the_tables_do():
+    from tasks.params import TrainSummary
+
+    best = DEMO_REPORTS[5]
+    summary = TrainSummary(run_name="demo", run_path="/runs/demo", metrics=best, checkpoint_path=None, num_reports=8)
+    page = best_checkpoint_markdown(summary, ["/runs/demo/checkpoint_000005"], best, "valid_loss")
+    assert f"**valid_loss** = `{best['valid_loss']:.4g}`" in page
+    cells = dict(re.findall(r"^\| (\S+) \| (\S+) \|$", page, flags=re.MULTILINE))
+    assert cells == {"metric": "value", "---": "---", **{k: str(round_sig(v)) for k, v in best.items()}}
+    assert cells["valid_accuracy"] == "0.9442" and cells["valid_rows"] == "113"
