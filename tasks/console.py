@@ -14,6 +14,8 @@ Prefect prints every log record of a run on the console and keeps it with the ru
   (stderr, where ``warnings.warn``, ``logging`` and tracebacks go, as warnings) instead of lines
   Ray prints (``trainers.worker_output``).
 
+After a run, ``flow_run_ui_lines`` says where to see it in Prefect's UI.
+
 Ray Data's settings and the filter on Ray's console logging hold for the whole process while any
 ``run_output()`` is open (a sweep trains several runs at once in threads of one process); Ray's
 defaults come back when the last one closes.
@@ -125,3 +127,23 @@ def run_output(run_name: str | None = None) -> Iterator[None]:
                 context = ray.data.DataContext.get_current()
                 for key, value in _ray_data_defaults.items():
                     setattr(context, key, value)
+
+
+def flow_run_ui_lines(flow_run_id: Any, prefect_cli: str = "prefect") -> list[str]:
+    """Where a person sees the flow run ``flow_run_id`` in Prefect's UI, as lines to print after
+    the run: with ``PREFECT_API_URL`` set, the page on that server's UI (``PREFECT_UI_URL``, which
+    Prefect derives from it); unset (the run went to a temporary local server), the command that
+    serves the same local database (``prefect_cli``: the path of the ``prefect`` command) and the
+    page at the address it serves (``PREFECT_SERVER_API_HOST``/``PORT``, 127.0.0.1:4200 by default).
+    """
+    import prefect.settings
+
+    page = f"runs/flow-run/{flow_run_id}"
+    api = prefect.settings.PREFECT_API_URL.value()
+    if api:
+        ui = prefect.settings.PREFECT_UI_URL.value() or api.removesuffix("/api")
+        return [f"  open {ui.rstrip('/')}/{page}"]
+    host = prefect.settings.PREFECT_SERVER_API_HOST.value()
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # listens everywhere: browse it here
+    port = prefect.settings.PREFECT_SERVER_API_PORT.value()
+    return [f"  {prefect_cli} server start", f"  then open http://{host}:{port}/{page}"]

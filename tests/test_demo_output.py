@@ -117,3 +117,23 @@ def test_the_pipeline_s_loop_trainers_split_the_train_dataset_only():
 
     assert split(["train", "valid"]) == ["train"]
     assert split(["valid"]) == [] and split([]) == []  # a loop without "train" gets every dataset whole
+
+
+def test_the_closing_hint_names_the_server_the_run_went_to():
+    import uuid
+
+    import prefect.settings as settings
+
+    from tasks.console import flow_run_ui_lines
+
+    run_id = uuid.uuid4()
+    with settings.temporary_settings({settings.PREFECT_API_URL: "http://10.1.2.3:4300/api"}):
+        assert flow_run_ui_lines(run_id) == [f"  open http://10.1.2.3:4300/runs/flow-run/{run_id}"]
+    # PREFECT_API_URL unset: the run went to a temporary server on the local database; a server
+    # started on it listens where the server settings say.
+    unset = {settings.PREFECT_API_URL, settings.PREFECT_UI_URL}
+    with settings.temporary_settings({settings.PREFECT_SERVER_API_PORT: 4321}, restore_defaults=unset):
+        assert flow_run_ui_lines(run_id, prefect_cli="/venv/bin/prefect") == [
+            "  /venv/bin/prefect server start",
+            f"  then open http://127.0.0.1:4321/runs/flow-run/{run_id}",
+        ]
