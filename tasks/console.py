@@ -91,6 +91,9 @@ def _showwarning(message, category, filename, lineno, file=None, line=None) -> N
 
 def _worker_lines_to(logger: Any):
     def sink(rank: int, lines: list[str], is_err: bool) -> None:
+        # A dataset that reaches the workers whole (not split) runs in each worker's process, and
+        # Ray Data there logs its per-execution notices as it does in a split's coordinator.
+        lines = [line for line in lines if not is_ray_data_notice(line)]
         if any(line.strip() for line in lines):
             logger.log(logging.WARNING if is_err else logging.INFO, "rank %d: %s", rank, "\n".join(lines))
 
