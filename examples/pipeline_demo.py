@@ -4,8 +4,9 @@
 
 Writes the breast cancer set as parquet, then runs the ``flowtrain-pipeline`` flow: Ray Data
 ingests it, an MLP trains on 2 CPU workers of a local Ray, checkpoints are committed, kept by
-validation loss and the best one published. Prefect records the run in its local database
-(``PREFECT_API_URL`` unset: a temporary local server), so ``prefect server start`` shows it after.
+validation loss and the best one published. Prefect records the run on the server that
+``PREFECT_API_URL`` names, or unset in its local database (a temporary local server), which
+``prefect server start`` shows after; the demo's last lines say which, and where to look.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 from flows.pipeline import training_pipeline
+from tasks.console import flow_run_ui_lines
 from tasks.example_data import LABEL, write_breast_cancer
 from trainers import Result
 
@@ -49,8 +51,8 @@ def main() -> None:
     print(
         "\nTo see the run in Prefect's UI (artifacts: metric chart, metrics table, checkpoints kept and why, best checkpoint):"
     )
-    print(f"  {os.path.dirname(sys.executable)}/prefect server start")
-    print(f"  then open http://127.0.0.1:4200/runs/flow-run/{flow_run_id}")
+    prefect_cli = os.path.join(os.path.dirname(sys.executable), "prefect")
+    print("\n".join(flow_run_ui_lines(flow_run_id, prefect_cli=prefect_cli)))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ plotted line carries its values in ``data-*`` attributes, so a test (or a curiou
 the exact numbers back from the artifact.
 
 Tables round floats to 4 significant digits and put the report number, the step and the score
-metric in the first columns.
+metric in the first columns. A run's charts count along the step its reports carry (epoch 0, 1,
+...: the numbers its table and its log lines show), or along the reports (1, 2, ...) without one.
 """
 
 from __future__ import annotations
@@ -74,6 +75,12 @@ def is_loss_key(key: str) -> bool:
     return "loss" in key.lower()
 
 
+def is_accuracy_key(key: str) -> bool:
+    """Whether ``key`` names an accuracy: "accuracy" in its name, or "acc" as a word of it (``val_acc``)."""
+    name = key.lower()
+    return "accuracy" in name or "acc" in name.replace("/", "_").replace("-", "_").split("_")
+
+
 def ordered_columns(keys: Iterable[str], score: str | None = None) -> list[str]:
     """``keys`` with the step-like ones first, then ``score``, then the rest in the order given."""
     unique = list(dict.fromkeys(keys))
@@ -121,17 +128,30 @@ class Series:
 
 @dataclasses.dataclass(frozen=True)
 class Chart:
-    """Lines sharing one y axis; x is the report number (1-based)."""
+    """Lines sharing one y axis; x is each report's ``x`` value (its epoch, say), or without
+    ``x`` the report number (1-based)."""
 
     title: str
     series: tuple[Series, ...]
     x_label: str = "report"
     #: Which end is best ("min" or "max"); None: low for losses, high for anything else.
     best: str | None = None
+    #: The x value of each report, increasing (``step_axis``); empty: 1, 2, ... (the report numbers).
+    x: tuple[float, ...] = ()
 
     @property
     def num_reports(self) -> int:
         return max((len(s.values) for s in self.series), default=0)
+
+    def x_of(self, report: int) -> float:
+        """The x value of the report numbered ``report`` (1-based)."""
+        return self.x[report - 1] if self.x else report
+
+    def x_text(self, report: int) -> str:
+        """The x value of the report numbered ``report`` as the axis labels it: whole numbers in
+        full (step 120000, not 1.2e+05), others to 4 significant digits."""
+        value = self.x_of(report)
+        return str(int(value)) if float(value).is_integer() else f"{value:.4g}"
 
 
 def metric_series(history: Sequence[Sequence[dict[str, Any]]], metric: str) -> list[Series]:
@@ -164,15 +184,30 @@ def _same_where_reported(
 
 
 def plotted_metrics(keys: Iterable[str], score: str | None = None) -> list[list[str]]:
-    """Which metrics to draw, grouped by chart: every loss together, the score metric on its own
-    (when it is not a loss). Without either, each numeric metric gets its own chart (a few at most).
-    Step-like metrics (epoch, step, ...) are never drawn: they are the x axis."""
+    """Which metrics to draw, grouped by chart: every loss together, every accuracy together, the
+    score metric on its own (when it is neither). Without any, each numeric metric gets its own
+    chart (a few at most). Step-like metrics (epoch, step, ...) are never drawn: they are the x axis."""
     measured = [k for k in dict.fromkeys(keys) if not is_step_key(k)]
     losses = [k for k in measured if is_loss_key(k)]
-    groups = [losses] if losses else []
-    if score in measured and score not in losses:
+    accuracies = [k for k in measured if is_accuracy_key(k) and k not in losses]
+    groups = [group for group in (losses, accuracies) if group]
+    if score in measured and score not in losses + accuracies:
         groups.append([score])
     return groups or [[k] for k in measured[:MAX_FALLBACK_CHARTS]]
+
+
+def step_axis(history: Sequence[dict[str, Any]]) -> tuple[str, tuple[float, ...]] | None:
+    """The step metric to count a run's reports by (``history``: rank 0's flattened metrics per
+    report) and its value at each report: the first step-like metric (epoch, step, ...) that every
+    report carries as a number, increasing from report to report. None when there is none."""
+    if not history:
+        return None
+    for key in (k for k in history[0] if is_step_key(k)):
+        values = [as_number(metrics.get(key)) for metrics in history]
+        numbers = [v for v in values if v is not None]
+        if len(numbers) == len(values) and all(a < b for a, b in zip(numbers, numbers[1:], strict=False)):
+            return key, tuple(numbers)
+    return None
 
 
 def run_charts(
@@ -182,24 +217,28 @@ def run_charts(
     ``score_order`` ("min"/"max") says which end of the ``score`` metric is best."""
     flat = [[flatten(metrics) for metrics in ranks] for ranks in history]
     numeric = (k for ranks in flat for metrics in ranks for k, v in metrics.items() if as_number(v) is not None)
+    axis = step_axis([ranks[0] if ranks else {} for ranks in flat])
+    x_label, x = axis if axis is not None else ("report", ())
     charts = []
     for group in plotted_metrics(numeric, score):
         series = tuple(s for metric in group for s in metric_series(flat, metric))
         if series:
             best = score_order if group == [score] else None
-            charts.append(Chart(title=_chart_title(group, score), series=series, best=best))
+            title = _chart_title(group, score, x_label)
+            charts.append(Chart(title=title, series=series, best=best, x_label=x_label, x=x))
     return charts
 
 
-def _chart_title(group: list[str], score: str | None) -> str:
+def _chart_title(group: list[str], score: str | None, per: str) -> str:
     names = ", ".join(group)
     if group == [score]:
-        return f"{score} per report (the score metric)"
-    return f"{names} per report" + (f" (score: {score})" if score in group else "")
+        return f"{score} per {per} (the score metric)"
+    return f"{names} per {per}" + (f" (score: {score})" if score in group else "")
 
 
-def describe(series: Series, *, best: str | None = None) -> str:
-    """A line a person reads instead of the chart: first, last and best value of ``series``.
+def describe(series: Series, *, best: str | None = None, chart: Chart | None = None) -> str:
+    """A line a person reads instead of the chart: first, last and best value of ``series``, each
+    at the x of ``chart`` (its epoch, say; without a chart, the report number).
 
     ``best`` ("min"/"max") says which end is best; without it losses are best low, others high.
     """
@@ -209,9 +248,13 @@ def describe(series: Series, *, best: str | None = None) -> str:
     lower = best == "min" or (best is None and is_loss_key(series.metric))
     top_at, top = (min if lower else max)(points, key=lambda p: p[1])
     (first_at, first), (last_at, last) = points[0], points[-1]
+
+    def at(report: int) -> str:
+        return f"at {chart.x_label} {chart.x_text(report)}" if chart is not None else f"at report {report}"
+
     return (
-        f"**{series.label}**: {first:.4g} at report {first_at} → {last:.4g} at report {last_at}; "
-        f"best ({'lowest' if lower else 'highest'}) {top:.4g} at report {top_at}"
+        f"**{series.label}**: {first:.4g} {at(first_at)} → {last:.4g} {at(last_at)}; "
+        f"best ({'lowest' if lower else 'highest'}) {top:.4g} {at(top_at)}"
     )
 
 
@@ -278,12 +321,16 @@ def _legend_layout(labels: Sequence[str]) -> tuple[list[tuple[float, float]], fl
 class _Frame:
     """Where the plot area of a chart is, and how reports and values map into it."""
 
-    num_reports: int
+    chart: Chart
     top: float
     y_ticks: tuple[float, ...]
     log: bool
     left: float = MARGIN_LEFT
     right: float = WIDTH - MARGIN_RIGHT
+
+    @property
+    def num_reports(self) -> int:
+        return self.chart.num_reports
 
     @property
     def bottom(self) -> float:
@@ -293,9 +340,11 @@ class _Frame:
         return math.log10(value) if self.log else value
 
     def x_at(self, report: int) -> float:
+        """Where the report numbered ``report`` (1-based) sits: by its x value, first to last."""
         if self.num_reports <= 1:
             return (self.left + self.right) / 2
-        return self.left + (report - 1) * (self.right - self.left) / (self.num_reports - 1)
+        first, last = self.chart.x_of(1), self.chart.x_of(self.num_reports)
+        return self.left + (self.chart.x_of(report) - first) * (self.right - self.left) / (last - first)
 
     def y_at(self, value: float) -> float:
         low, high = self.scale(self.y_ticks[0]), self.scale(self.y_ticks[-1])
@@ -306,7 +355,8 @@ def render_svg(chart: Chart) -> str:
     """``chart`` as a standalone SVG document (white background, so it reads on a dark page too).
 
     Each line is a ``<path>`` with ``data-metric``, ``data-rank`` and ``data-values`` (JSON, null
-    where nothing was reported); a point is a ``<circle>`` with ``data-report`` and ``data-value``.
+    where nothing was reported); a point is a ``<circle>`` with ``data-report``, ``data-x`` (its
+    value on the x axis: the epoch, say) and ``data-value``.
     A y axis spanning many orders of magnitude is logarithmic (and says so).
     """
     legend, legend_height = _legend_layout([s.label for s in chart.series])
@@ -315,7 +365,7 @@ def render_svg(chart: Chart) -> str:
     ticks = (
         log_ticks(min(values), max(values)) if log else nice_ticks(min(values, default=0.0), max(values, default=1.0))
     )
-    frame = _Frame(num_reports=chart.num_reports, top=40 + legend_height, y_ticks=tuple(ticks), log=log)
+    frame = _Frame(chart=chart, top=40 + legend_height, y_ticks=tuple(ticks), log=log)
     height = frame.bottom + MARGIN_BOTTOM
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height:g}" viewBox="0 0 {WIDTH} {height:g}" '
@@ -323,7 +373,7 @@ def render_svg(chart: Chart) -> str:
         f"<title>{escape(chart.title)}</title>",
         f'<rect width="{WIDTH}" height="{height:g}" rx="6" fill="#ffffff"/>',
         f'<text x="{frame.left}" y="24" font-size="15" font-weight="bold" fill="#222">{escape(chart.title)}</text>',
-        *_axes_svg(frame, chart.x_label, height),
+        *_axes_svg(frame, height),
     ]
     for index, (series, position) in enumerate(zip(chart.series, legend, strict=True)):
         colour, dash = PALETTE[index % len(PALETTE)], DASHES[index // len(PALETTE) % len(DASHES)]
@@ -334,8 +384,9 @@ def render_svg(chart: Chart) -> str:
     return "\n".join(parts)
 
 
-def _axes_svg(frame: _Frame, x_label: str, height: float) -> list[str]:
-    """Grid lines and labels of the y ticks, report ticks on the x axis, and the axis captions."""
+def _axes_svg(frame: _Frame, height: float) -> list[str]:
+    """Grid lines and labels of the y ticks, a tick per report (a few at most) on the x axis,
+    labelled with its x value, and the axis captions."""
     parts = []
     for tick in frame.y_ticks:
         y = frame.y_at(tick)
@@ -345,10 +396,12 @@ def _axes_svg(frame: _Frame, x_label: str, height: float) -> list[str]:
     for report in x_ticks(frame.num_reports):
         x = frame.x_at(report)
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{bottom}" y2="{bottom + 5}" stroke="#888"/>')
-        parts.append(f'<text x="{x:.1f}" y="{bottom + 19}" text-anchor="middle" fill="#444">{report}</text>')
+        label = frame.chart.x_text(report)
+        parts.append(f'<text x="{x:.1f}" y="{bottom + 19}" text-anchor="middle" fill="#444">{label}</text>')
     parts.append(f'<line x1="{frame.left}" x2="{frame.right}" y1="{bottom}" y2="{bottom}" stroke="#888"/>')
     middle = (frame.left + frame.right) / 2
-    parts.append(f'<text x="{middle:.1f}" y="{height - 6:g}" text-anchor="middle" fill="#444">{escape(x_label)}</text>')
+    x_label = escape(frame.chart.x_label)
+    parts.append(f'<text x="{middle:.1f}" y="{height - 6:g}" text-anchor="middle" fill="#444">{x_label}</text>')
     if frame.log:
         parts.append(f'<text x="{frame.right}" y="{height - 6:g}" text-anchor="end" fill="#444">log scale</text>')
     return parts
@@ -373,7 +426,8 @@ def _series_svg(series: Series, colour: str, dash_attr: str, frame: _Frame) -> s
         commands.append(f"{'L' if pen_down else 'M'}{x:.1f},{y:.1f}")
         pen_down = True
         dots.append(
-            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}" data-report="{report}" data-value="{value!r}"/>'
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}" data-report="{report}" '
+            f'data-x="{frame.chart.x_of(report)!r}" data-value="{value!r}"/>'
         )
     path = (
         f'<path d="{" ".join(commands)}" fill="none" stroke="{colour}" stroke-width="2"{dash_attr} '
@@ -401,7 +455,7 @@ def charts_markdown(title: str, charts: Sequence[Chart], *, intro: str = "") -> 
         lines.append("Nothing numeric was reported, so there is nothing to draw.")
     for chart in charts:
         lines += [svg_image_markdown(render_svg(chart), chart.title), ""]
-        lines += [f"- {describe(s, best=chart.best)}" for s in chart.series]
+        lines += [f"- {describe(s, best=chart.best, chart=chart)}" for s in chart.series]
         lines.append("")
     return "\n".join(lines)
 

@@ -38,7 +38,7 @@ def checkpoints(summary: TrainSummary, checkpointing: Checkpointing) -> Checkpoi
     attribute = config.checkpoint_score_attribute
     get_run_logger().info("run %r keeps %d checkpoint(s); best: %s", summary.run_name, len(kept), best and best.path)
     create_markdown_artifact(
-        markdown=_best_checkpoint_markdown(summary, [c.path for c in kept], best_metrics, attribute),
+        markdown=best_checkpoint_markdown(summary, [c.path for c in kept], best_metrics, attribute),
         key=artifact_key(summary.run_name, "best-checkpoint"),
         description=f"Best checkpoint of training run {summary.run_name!r}",
     )
@@ -56,13 +56,15 @@ def checkpoints(summary: TrainSummary, checkpointing: Checkpointing) -> Checkpoi
     )
 
 
-def _best_checkpoint_markdown(
+def best_checkpoint_markdown(
     summary: TrainSummary, kept: list[str], best_metrics: dict | None, attribute: str | None
 ) -> str:
+    """The best-checkpoint page: its path, why it is the best, its metrics (rounded to 4
+    significant digits, as the metrics and checkpoint tables are) and the others kept."""
     if not kept:
         return f"# {summary.run_name}\n\nThe run reported no checkpoint. Run folder: `{summary.run_path}`\n"
     rank = f"by `{attribute}`" if attribute else "the most recent (no checkpoint_score_attribute set)"
-    flat = flatten(best_metrics or {})
+    flat = {k: round_sig(v) for k, v in flatten(best_metrics or {}).items()}
     score = f"\n\n**{attribute}** = `{flat.get(attribute)}`" if attribute else ""
     rows = "\n".join(f"| {k} | {v} |" for k, v in flat.items())
     others = "\n".join(f"- `{path}`" for path in kept[1:]) or "- (none)"
@@ -74,9 +76,10 @@ def _best_checkpoint_markdown(
 
 def checkpoint_rows(snapshot: RunSnapshot, config: CheckpointConfig) -> list[dict[str, Any]]:
     """One row per checkpoint the run committed, oldest first: its report and step, its score,
-    how long its upload took and how big it was (``UPLOAD_COLUMNS``; blank when nothing was
-    uploaded), whether retention kept it, and why, as storage's retention decided it (for a kept
-    one, as it ranks now; for a dropped one, as recorded in run.json when it was dropped)."""
+    whether retention kept it, and why, as storage's retention decided it (for a kept one, as it
+    ranks now; for a dropped one, as recorded in run.json when it was dropped); last, how long its
+    upload took and how big it was (``UPLOAD_COLUMNS``; blank when nothing was uploaded), so that
+    a narrow window cuts those rather than the reason."""
     attribute = config.checkpoint_score_attribute
     decided = decide([(c.seq, c.metrics) for c in snapshot.checkpoints], config)
     found = {
@@ -97,9 +100,9 @@ def checkpoint_rows(snapshot: RunSnapshot, config: CheckpointConfig) -> list[dic
         row.update({k: round_sig(flat.get(k)) for k in steps})
         if attribute is not None:
             row[attribute] = round_sig(flat.get(attribute))
-        row.update(upload_cells(upload))
         row["status"] = status
         row["why"] = why
+        row.update(upload_cells(upload))
         rows.append(row)
     return rows
 
@@ -107,11 +110,15 @@ def checkpoint_rows(snapshot: RunSnapshot, config: CheckpointConfig) -> list[dic
 #: Table columns of a checkpoint's upload: the slowest rank's seconds, and the megabytes
 #: (10^6 bytes) of all ranks.
 UPLOAD_COLUMNS = ("upload s", "upload MB")
+#: Decimals the upload cells keep: hundredths of a second and of a megabyte, short enough to
+#: leave the table's room to the "why" column (run.json keeps the exact figures).
+UPLOAD_DECIMALS = 2
 
 
 def upload_cells(upload: UploadStats | None) -> dict[str, Any]:
-    """The ``UPLOAD_COLUMNS`` cells of a checkpoint whose record holds ``upload`` (None: blank)."""
+    """The ``UPLOAD_COLUMNS`` cells of a checkpoint whose record holds ``upload`` (None: blank),
+    to ``UPLOAD_DECIMALS`` decimals."""
     seconds, megabytes = UPLOAD_COLUMNS
     if upload is None:
         return {seconds: None, megabytes: None}
-    return {seconds: round_sig(upload.seconds, 3), megabytes: round_sig(upload.bytes / 1e6, 4)}
+    return {seconds: round(upload.seconds, UPLOAD_DECIMALS), megabytes: round(upload.bytes / 1e6, UPLOAD_DECIMALS)}

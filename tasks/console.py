@@ -7,10 +7,14 @@ Prefect prints every log record of a run on the console and keeps it with the ru
   lines and, on a terminal, redraw over them. Datasets opened inside keep these settings wherever
   they run, Ray Data's split coordinator included (it runs with a copy of its dataset's settings).
 - Ray's own log records and the Python warnings raised in this thread (``fit()``'s "0.5 CPU per
-  worker" warning, say) become log records of the task run, instead of lines on stderr.
+  worker" warning, say) become log records of the task run, instead of lines on stderr. Ray's
+  notices that it logs as warnings but that ask nothing of the user (``RAY_NOTICES``: a new local
+  Ray turned token authentication on) are logged at INFO.
 - With ``run_name``, what the run's training workers print becomes log records of the task run
   (stderr, where ``warnings.warn``, ``logging`` and tracebacks go, as warnings) instead of lines
   Ray prints (``trainers.worker_output``).
+
+After a run, ``flow_run_ui_lines`` says where to see it in Prefect's UI.
 
 Ray Data's settings and the filter on Ray's console logging hold for the whole process while any
 ``run_output()`` is open (a sweep trains several runs at once in threads of one process); Ray's
@@ -35,6 +39,10 @@ from trainers.worker_output import capture_worker_output, is_ray_data_notice, ra
 #: Ray Data settings while a task run drives Ray Data (``ray.data.DataContext`` fields).
 QUIET_RAY_DATA = {"enable_progress_bars": False, "print_on_execution_start": False}
 
+#: Starts of Ray's log messages that Ray logs as WARNING but that report a default, not a
+#: problem: a task run logs them at INFO.
+RAY_NOTICES = ("Token authentication is enabled for this Ray cluster",)
+
 _run_logger: contextvars.ContextVar[Any] = contextvars.ContextVar("flowtrain_run_logger", default=None)
 _lock = threading.Lock()
 _open = 0
@@ -55,9 +63,12 @@ class _RayRecords(logging.Filter):
         logger = _run_logger.get()
         if logger is None:
             return True
+        level = record.levelno
+        if level == logging.WARNING and message.startswith(RAY_NOTICES):
+            level = logging.INFO
         if record.exc_info:
             message += "\n" + logging.Formatter().formatException(record.exc_info)
-        logger.log(record.levelno, "%s", message)
+        logger.log(level, "%s", message)
         return False
 
 
@@ -80,6 +91,9 @@ def _showwarning(message, category, filename, lineno, file=None, line=None) -> N
 
 def _worker_lines_to(logger: Any):
     def sink(rank: int, lines: list[str], is_err: bool) -> None:
+        # A dataset that reaches the workers whole (not split) runs in each worker's process, and
+        # Ray Data there logs its per-execution notices as it does in a split's coordinator.
+        lines = [line for line in lines if not is_ray_data_notice(line)]
         if any(line.strip() for line in lines):
             logger.log(logging.WARNING if is_err else logging.INFO, "rank %d: %s", rank, "\n".join(lines))
 
@@ -116,3 +130,23 @@ def run_output(run_name: str | None = None) -> Iterator[None]:
                 context = ray.data.DataContext.get_current()
                 for key, value in _ray_data_defaults.items():
                     setattr(context, key, value)
+
+
+def flow_run_ui_lines(flow_run_id: Any, prefect_cli: str = "prefect") -> list[str]:
+    """Where a person sees the flow run ``flow_run_id`` in Prefect's UI, as lines to print after
+    the run: with ``PREFECT_API_URL`` set, the page on that server's UI (``PREFECT_UI_URL``, which
+    Prefect derives from it); unset (the run went to a temporary local server), the command that
+    serves the same local database (``prefect_cli``: the path of the ``prefect`` command) and the
+    page at the address it serves (``PREFECT_SERVER_API_HOST``/``PORT``, 127.0.0.1:4200 by default).
+    """
+    import prefect.settings
+
+    page = f"runs/flow-run/{flow_run_id}"
+    api = prefect.settings.PREFECT_API_URL.value()
+    if api:
+        ui = prefect.settings.PREFECT_UI_URL.value() or api.removesuffix("/api")
+        return [f"  open {ui.rstrip('/')}/{page}"]
+    host = prefect.settings.PREFECT_SERVER_API_HOST.value()
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # listens everywhere: browse it here
+    port = prefect.settings.PREFECT_SERVER_API_PORT.value()
+    return [f"  {prefect_cli} server start", f"  then open http://{host}:{port}/{page}"]

@@ -34,5 +34,6 @@ def ingest(name: str, source: DatasetSource) -> DatasetSpec:
     if num_rows == 0:
         raise DatasetError(f"{source.uri}: dataset {name!r} has no rows.")
     columns = {column: str(kind) for column, kind in zip(schema.names, schema.types, strict=True)}
-    get_run_logger().info("dataset %r at %s: %d rows, columns %s", name, source.uri, num_rows, columns)
+    # One line per dataset; its columns and their kinds are in the task's result (DatasetSpec).
+    get_run_logger().info("dataset %r at %s: %d rows, %d columns", name, source.uri, num_rows, len(columns))
     return DatasetSpec(name=name, uri=source.uri, format=source.format, columns=columns, num_rows=num_rows)

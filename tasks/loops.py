@@ -19,9 +19,11 @@ def tabular_mlp_loop(config: dict[str, Any]) -> None:
     ``config``: ``label_column`` (required; integer classes 0..num_classes-1), ``feature_columns``
     (default: every other column), ``num_classes`` (2), ``epochs`` (5), ``lr`` (0.01),
     ``batch_size`` (64 per worker), ``hidden`` (32). With a ``valid`` dataset each report also has
-    ``valid_loss`` and ``valid_accuracy``. Every epoch is checkpointed; a restart or a rerun of the
-    same run resumes at the next epoch. ``validate`` (False): ask the trainer's ValidationConfig to
-    score every checkpoint (e.g. with ``tabular_mlp_validation``).
+    ``valid_loss``, ``valid_accuracy`` and ``valid_rows``, over every row of it: ``valid`` must
+    reach every worker whole (``DataConfig(datasets_to_split=["train"])``, as the pipeline gives
+    it), and rank 0 scores it with the weights its checkpoint saves. Every epoch is checkpointed;
+    a restart or a rerun of the same run resumes at the next epoch. ``validate`` (False): ask the
+    trainer's ValidationConfig to score every checkpoint (e.g. with ``tabular_mlp_validation``).
     """
     import torch
 
@@ -44,7 +46,9 @@ def tabular_mlp_loop(config: dict[str, Any]) -> None:
         optimizer.load_state_dict(state["optimizer"])
         start_epoch = state["epoch"] + 1
     model = prepare_model(model)
+    inner = getattr(model, "module", model)  # without DDP's wrapper: what a checkpoint saves
     valid_shard = _optional_shard("valid")
+    rank = trainers.get_context().get_world_rank()
 
     def batches(shard):
         for batch in shard.iter_torch_batches(batch_size=batch_size):
@@ -64,17 +68,18 @@ def tabular_mlp_loop(config: dict[str, Any]) -> None:
         metrics = {"epoch": epoch, **_summed("train", totals)}
         if valid_shard is not None:
             model.eval()
-            totals = torch.zeros(3)
+            totals = torch.zeros(3)  # the other ranks add nothing: rank 0 alone scores the whole set
             with torch.no_grad():
-                for x, y in batches(valid_shard):
-                    logits = model(x)
+                # The unwrapped model: no collective per batch, and rank 0's own BatchNorm
+                # statistics, the ones its checkpoint saves.
+                for x, y in batches(valid_shard) if rank == 0 else ():
+                    logits = inner(x)
                     loss = torch.nn.functional.cross_entropy(logits, y, reduction="sum")
                     totals += torch.tensor([loss.item(), (logits.argmax(1) == y).sum().item(), len(y)])
             metrics.update(_summed("valid", totals))
         with tempfile.TemporaryDirectory() as folder:
             checkpoint = None
-            if trainers.get_context().get_world_rank() == 0:
-                inner = getattr(model, "module", model)
+            if rank == 0:
                 state = {
                     "model": inner.state_dict(),
                     "optimizer": optimizer.state_dict(),

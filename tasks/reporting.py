@@ -3,8 +3,8 @@
 ``PrefectReporter`` is a ``UserCallback``: every report becomes a log line and moves one progress
 artifact; every checkpoint and restart becomes a Prefect event; worker failures and resizes are
 logged. After ``fit()``, ``publish_metrics`` writes a table of every report and
-``publish_metric_chart`` a chart of the losses and the score metric (every rank's values where the
-ranks differ).
+``publish_metric_chart`` charts of the losses, the accuracies and the score metric per epoch (per
+report when the reports carry no step), every rank's values where the ranks differ.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def publish_metrics(
     reporter: PrefectReporter | None = None,
     checkpointing: Checkpointing | None = None,
 ) -> None:
-    """After ``fit()``: a table of every report and a chart of the losses and the score metric.
+    """After ``fit()``: a table of every report and charts of the losses, accuracies and score metric.
 
     ``history`` is rank 0's metrics per report, as the run stored them; ``reporter`` adds the
     other ranks' metrics for the reports it saw; ``checkpointing`` names the score metric.
@@ -198,7 +198,8 @@ def publish_metrics_table(run_name: str, history: list[dict[str, Any]], *, score
 def publish_metric_chart(
     run_name: str, history: list[list[dict[str, Any]]], *, score_attribute: str | None = None, score_order: str = "max"
 ) -> None:
-    """A markdown artifact charting the run's losses and ``score_attribute`` per report.
+    """A markdown artifact charting the run's losses, accuracies and ``score_attribute`` per epoch
+    (the step the reports carry: ``tasks.charts.step_axis``), or per report without one.
 
     ``history`` holds every rank's metrics per report (``PrefectReporter.every_rank``): where the
     ranks reported different values, each rank gets its own line.
@@ -208,7 +209,7 @@ def publish_metric_chart(
     create_markdown_artifact(
         markdown=charts_markdown(f"Metrics of {run_name}", charts, intro=f"{len(history)} reports{score}."),
         key=artifact_key(run_name, "metric-chart"),
-        description=f"Losses and score metric of training run {run_name!r} per report.",
+        description=f"Losses, accuracies and score metric of training run {run_name!r}.",
     )
 
 

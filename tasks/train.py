@@ -28,7 +28,7 @@ from tasks.params import (
 from tasks.reporting import PrefectReporter, log_failure, publish_metrics, without_traceback
 from tasks.retries import train_task_options
 from tasks.tracking import tracking_callbacks
-from trainers import DataParallelTrainer, RunConfig, TrainingFailedError, UserCallback
+from trainers import TRAIN_DATASET_KEY, DataConfig, DataParallelTrainer, RunConfig, TrainingFailedError, UserCallback
 
 if TYPE_CHECKING:
     from trainers.lightgbm import LightGBMTrainer
@@ -61,7 +61,12 @@ def _callbacks(paths: list[str]) -> list[UserCallback]:
 def build_trainer(
     training: TorchTraining | BoostingTraining, *, run_config: RunConfig, scaling: Scaling, datasets: dict[str, Any]
 ) -> Any:
-    """The Ray Train-style trainer for ``training`` (checked here, before any worker starts)."""
+    """The Ray Train-style trainer for ``training`` (checked here, before any worker starts).
+
+    A training loop gets ``datasets["train"]`` in equal shards, one per worker, and every other
+    dataset whole on every worker (as the boosting trainers do): an equal split drops the rows
+    left over (1 of 113 rows on 2 workers), and a validation set must be scored on all of its rows.
+    """
     if isinstance(training, BoostingTraining):
         GBDTTrainer: type[XGBoostTrainer | LightGBMTrainer]
         if training.framework == "xgboost":
@@ -90,6 +95,7 @@ def build_trainer(
         scaling_config=scaling.to_config(),
         run_config=run_config,
         datasets=datasets or None,
+        dataset_config=DataConfig(datasets_to_split=[name for name in datasets if name == TRAIN_DATASET_KEY]),
         validation_config=training.validation.to_config() if training.validation else None,
     )
 

@@ -18,15 +18,33 @@ from storage.protocol import ReportRound
 from tasks.charts import (
     Chart,
     Series,
+    charts_markdown,
     metric_series,
     plotted_metrics,
     render_svg,
     round_sig,
     run_charts,
+    step_axis,
     svg_image_markdown,
     table_rows,
 )
-from tasks.checkpoints import checkpoint_rows
+from tasks.checkpoints import UPLOAD_COLUMNS, best_checkpoint_markdown, checkpoint_rows, upload_cells
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+#: Reports shaped as the demo's (``tasks.loops:tabular_mlp_loop``, 8 epochs), full of digits.
+DEMO_REPORTS = [
+    {
+        "epoch": epoch,
+        "train_loss": 0.6931471805599453 / (epoch + 1),
+        "train_accuracy": 0.8 + epoch / 51,
+        "train_rows": 456,
+        "valid_loss": 0.5123456789 / (epoch + 1) + 0.01 * epoch,
+        "valid_accuracy": 0.9 + epoch / 113,
+        "valid_rows": 113,
+    }
+    for epoch in range(8)
+]
 
 #: valid_loss per epoch of the scripted run: with num_to_keep=2 by min, epochs 1 and 2 are the
 #: best two, epoch 3 is kept only as the latest, and epoch 0 is dropped.
@@ -123,8 +141,10 @@ def test_the_chart_artifact_holds_every_report_of_every_rank_where_they_differ(f
     assert artifact.type == "markdown"
     drawn = lines(svg_images(artifact.data))
 
-    # valid_loss: the same on both ranks, so one line; train_loss differs, so one line per rank.
-    assert set(drawn) == {("train_loss", "0"), ("train_loss", "1"), ("valid_loss", "all")}
+    # valid_loss: the same on both ranks, so one line; train_loss differs, so one line per rank;
+    # the accuracy gets a chart of its own.
+    accuracy = ("eval/accuracy_on_the_held_out_rows", "all")
+    assert set(drawn) == {("train_loss", "0"), ("train_loss", "1"), ("valid_loss", "all"), accuracy}
     valid = drawn[("valid_loss", "all")]
     assert valid["values"] == [m["valid_loss"] for m in reports] == VALID_LOSSES
     assert valid["path_points"] == len(valid["dots"]) == len(reports)
@@ -134,7 +154,7 @@ def test_the_chart_artifact_holds_every_report_of_every_rank_where_they_differ(f
     assert [cy for _, _, cy in by_value] == sorted((cy for _, _, cy in valid["dots"]), reverse=True)
     assert drawn[("train_loss", "0")]["values"] == [m["train_loss"] for m in reports]  # rank 0 is what the run stored
     assert drawn[("train_loss", "1")]["values"] == pytest.approx([1.0 / (e + 1) + 0.1 for e in range(4)])
-    assert "best (lowest) 0.5123 at report 2" in artifact.data
+    assert "best (lowest) 0.5123 at epoch 1" in artifact.data  # counted as the table counts: by epoch
 
 
 def test_the_metrics_table_is_rounded_with_report_step_and_score_first(finished_run):
@@ -271,14 +291,19 @@ def test_missing_nan_and_none_values_break_the_line_and_are_not_drawn():
 def test_losses_share_a_chart_the_score_gets_its_own_and_steps_are_never_drawn():
     keys = ["epoch", "train_loss", "valid_loss", "acc", "rows"]
     assert plotted_metrics(keys, "acc") == [["train_loss", "valid_loss"], ["acc"]]
-    assert plotted_metrics(keys, "valid_loss") == [["train_loss", "valid_loss"]]
+    assert plotted_metrics(keys, "valid_loss") == [["train_loss", "valid_loss"], ["acc"]]  # accuracies too
     assert plotted_metrics(["epoch", "rows", "score"], None) == [["rows"], ["score"]]
+    assert plotted_metrics(["loss", "valid_accuracy", "val_acc", "accumulated", "f1"], "f1") == [
+        ["loss"],
+        ["valid_accuracy", "val_acc"],
+        ["f1"],
+    ]
     charts = run_charts(
         [[{"epoch": 0, "loss": 1.0, "acc": 0.5}], [{"epoch": 1, "loss": 0.5, "acc": 0.7}]], "acc", "max"
     )
     assert [(c.title, c.best, [s.metric for s in c.series]) for c in charts] == [
-        ("loss per report", None, ["loss"]),
-        ("acc per report (the score metric)", "max", ["acc"]),
+        ("loss per epoch", None, ["loss"]),
+        ("acc per epoch (the score metric)", "max", ["acc"]),
     ]
 
 
@@ -334,3 +359,76 @@ def test_losses_spanning_many_decades_get_a_log_axis_drawn_in_order():
     assert [cy for _, _, cy in dots] == sorted(cy for _, _, cy in dots)  # each lower than the one before
     linear = ET.fromstring(render_svg(Chart("loss", (Series("loss", "all", (3.0, 1.0, 0.5)),))))
     assert "log scale" not in [t.text for t in linear.iter("{http://www.w3.org/2000/svg}text")]
+
+
+def test_the_demo_s_charts_count_epochs_as_its_table_does_and_chart_the_accuracy():
+    charts = run_charts([[metrics] for metrics in DEMO_REPORTS], "valid_loss", "min")
+    markdown = charts_markdown("Metrics of demo", charts, intro="8 reports.")
+    svgs = svg_images(markdown)
+    drawn = lines(svgs)
+    assert set(drawn) == {(m, "all") for m in ("train_loss", "valid_loss", "train_accuracy", "valid_accuracy")}
+    assert [svg.find(f"{SVG}title").text for svg in svgs] == [
+        "train_loss, valid_loss per epoch (score: valid_loss)",
+        "train_accuracy, valid_accuracy per epoch",
+    ]
+    for svg in svgs:
+        # The x axis: a tick per epoch labelled 0-7 (not the reports 1-8), then its caption.
+        axis = [t.text for t in svg.iter(f"{SVG}text") if t.get("text-anchor") == "middle"]
+        assert axis == [str(epoch) for epoch in range(8)] + ["epoch"]
+        assert [float(c.get("data-x")) for c in svg.iter(f"{SVG}circle")][:8] == list(range(8))
+    valid = drawn[("valid_loss", "all")]
+    assert [value for _, value, _ in valid["dots"]] == [m["valid_loss"] for m in DEMO_REPORTS]  # exact in the data
+    best = min(range(8), key=lambda epoch: DEMO_REPORTS[epoch]["valid_loss"])
+    assert f"best (lowest) {DEMO_REPORTS[best]['valid_loss']:.4g} at epoch {best}" in markdown
+    assert "at epoch 0 →" in markdown and "at report" not in markdown
+
+    # The table beside it counts the same epochs, each value to 4 significant digits.
+    rows = table_rows(DEMO_REPORTS, "valid_loss")
+    assert [(row["report"], row["epoch"]) for row in rows] == [(n + 1, n) for n in range(8)]
+    for row, metrics in zip(rows, DEMO_REPORTS, strict=True):
+        for key, value in metrics.items():
+            assert row[key] == (float(f"{value:.4g}") if isinstance(value, float) else value)
+
+
+def test_charts_count_reports_when_no_step_increases_through_every_report():
+    assert step_axis([{"loss": 1.0, "step": 10}, {"step": 20, "loss": 0.5}]) == ("step", (10.0, 20.0))
+    assert step_axis([{"epoch": 0}, {"epoch": 0}]) is None  # not increasing: a repeated epoch
+    assert step_axis([{"epoch": 0}, {"loss": 1.0}]) is None  # not in every report
+    (chart,) = run_charts([[{"loss": 1.0}], [{"loss": 0.5}]])
+    assert (chart.title, chart.x_label, chart.x) == ("loss per report", "report", ())
+    axis = [t.text for t in ET.fromstring(render_svg(chart)).iter(f"{SVG}text") if t.get("text-anchor") == "middle"]
+    assert axis == ["1", "2", "report"]
+
+
+def test_the_checkpoint_table_puts_why_before_short_upload_figures(tmp_path):
+    config = CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="valid_loss", checkpoint_score_order="min")
+    storage = RunStorage(str(tmp_path), "r", checkpoint_config=config)
+    storage.open("test")
+    attempt = storage.start_attempt()
+    for index, metrics in enumerate(DEMO_REPORTS[:2]):
+        os.makedirs(storage.layout.staging_path(attempt, index))
+        storage.record_report(ReportRound(metrics, report_index=index, attempt=attempt, staged=True))
+    storage.finish()
+    rows = checkpoint_rows(load_run(storage.run_uri).snapshot, config)
+    assert [list(row) for row in rows] == [
+        ["checkpoint", "report", "epoch", "valid_loss", "status", "why", *UPLOAD_COLUMNS]
+    ] * 2
+    assert [row["valid_loss"] for row in rows] == [float(f"{m['valid_loss']:.4g}") for m in DEMO_REPORTS[:2]]
+
+    from storage.upload import UploadStats
+
+    seconds, megabytes = UPLOAD_COLUMNS
+    assert upload_cells(UploadStats(bytes=14_687, seconds=0.0123456)) == {seconds: 0.01, megabytes: 0.01}
+    assert upload_cells(UploadStats(bytes=2_345_678_901, seconds=12.3456)) == {seconds: 12.35, megabytes: 2345.68}
+
+
+def test_the_best_checkpoint_page_rounds_as_the_tables_do():
+    from tasks.params import TrainSummary
+
+    best = DEMO_REPORTS[5]
+    summary = TrainSummary(run_name="demo", run_path="/runs/demo", metrics=best, checkpoint_path=None, num_reports=8)
+    page = best_checkpoint_markdown(summary, ["/runs/demo/checkpoint_000005"], best, "valid_loss")
+    assert f"**valid_loss** = `{best['valid_loss']:.4g}`" in page
+    cells = dict(re.findall(r"^\| (\S+) \| (\S+) \|$", page, flags=re.MULTILINE))
+    assert cells == {"metric": "value", "---": "---", **{k: str(round_sig(v)) for k, v in best.items()}}
+    assert cells["valid_accuracy"] == "0.9442" and cells["valid_rows"] == "113"
