@@ -200,3 +200,72 @@ class RunHealth:
     stragglers: tuple[StragglerRecord, ...] = ()
     #: The goodput account of each ``fit()`` call on the run (a driver rerun adds one), oldest first.
     goodput: tuple[GoodputAccount, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TimelineRound:
+    """One committed report round on the timeline: when (seconds since the ``fit()`` call's
+    controller started), which, and each rank's step (None: not measured)."""
+
+    t: float
+    attempt: int
+    index: int
+    checkpoint: bool
+    steps: tuple[float | None, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TimelineMark:
+    """Something that happened to one rank: ``what`` is a failure's kind ("died", "error", ...) or
+    "straggler"."""
+
+    t: float
+    attempt: int
+    rank: int
+    what: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+    """What a ``fit()`` call's timeline picture is drawn from (``health/timeline-attemptNNNN.json``
+    in the run folder): the phases, the rounds, failures and stragglers, in seconds since the
+    controller started."""
+
+    run_name: str
+    world_size: int
+    #: (phase, start, end): "starting", "training", "restarting" or "waiting".
+    phases: tuple[tuple[str, float, float], ...]
+    #: (start, end) of the training a failure or resize threw away.
+    rolled_back: tuple[tuple[float, float], ...]
+    rounds: tuple[TimelineRound, ...]
+    marks: tuple[TimelineMark, ...]
+
+    @property
+    def first_attempt(self) -> int:
+        return min((r.attempt for r in self.rounds), default=0)
+
+    @property
+    def notable(self) -> bool:
+        """Whether there is something to look at: a restart, a failure or a straggler."""
+        return bool(self.marks) or any(phase == "restarting" for phase, _, _ in self.phases)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_name": self.run_name,
+            "world_size": self.world_size,
+            "phases": [list(p) for p in self.phases],
+            "rolled_back": [list(span) for span in self.rolled_back],
+            "rounds": [[r.t, r.attempt, r.index, r.checkpoint, list(r.steps)] for r in self.rounds],
+            "marks": [dataclasses.asdict(m) for m in self.marks],
+        }
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> Timeline:
+        return cls(
+            str(body["run_name"]),
+            int(body["world_size"]),
+            tuple((str(p), float(a), float(b)) for p, a, b in body["phases"]),
+            tuple((float(a), float(b)) for a, b in body["rolled_back"]),
+            tuple(TimelineRound(t, a, i, bool(c), tuple(s)) for t, a, i, c, s in body["rounds"]),
+            tuple(TimelineMark(**m) for m in body["marks"]),
+        )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import threading
 import time
 import warnings
@@ -32,7 +33,7 @@ from storage.commit import adopt_folder, commit_folder, is_committed, try_delete
 from storage.config import CheckpointConfig
 from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, exists, is_local, resolve_filesystem, write_bytes
-from storage.health import GoodputAccount, MemoryPeak, RunHealth, StragglerRecord
+from storage.health import GoodputAccount, MemoryPeak, RunHealth, StragglerRecord, Timeline
 from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name, join_run
 from storage.lease import Lease
 from storage.positions import DataResume, RoundPosition
@@ -382,6 +383,35 @@ class RunStorage:
         """Keep the goodput account of the ``fit()`` call that ends now."""
         self.snapshot.goodput.append(account)
         self._write()
+
+    def record_timeline(self, timeline: Timeline) -> str:
+        """Keep a ``fit()`` call's timeline in the run's ``health/`` folder; return its path there."""
+        path = self.layout.health_path(f"timeline-attempt{timeline.first_attempt:04d}.json")
+        self.filesystem.create_dir(self.layout.health_path(""), recursive=True)
+        write_bytes(self.filesystem, path, json.dumps(timeline.to_json()).encode())
+        return path
+
+    def latest_timeline(self) -> Timeline | None:
+        """The timeline of the run's latest ``fit()`` call, or None when it has none."""
+        selector = pafs.FileSelector(self.layout.health_path(""), allow_not_found=True)
+        names = sorted(
+            info.base_name
+            for info in self.filesystem.get_file_info(selector)
+            if info.base_name.startswith("timeline-") and info.base_name.endswith(".json")
+        )
+        if not names:
+            return None
+        with self.filesystem.open_input_stream(self.layout.health_path(names[-1])) as stream:
+            return Timeline.from_json(json.loads(stream.read()))
+
+    def put_health_file(self, local_path: str, name: str) -> str:
+        """Copy the local file ``local_path`` into the run's ``health/`` folder as ``name``; return
+        where it is, as a path or URI a person can open."""
+        path = self.layout.health_path(name)
+        self.filesystem.create_dir(self.layout.health_path(""), recursive=True)
+        with open(local_path, "rb") as source:
+            write_bytes(self.filesystem, path, source.read())
+        return display_path(self.filesystem, path)
 
     def _keep_peaks(self, memory: tuple[MemoryPeak | None, ...]) -> None:
         """Each rank's peak memory in the run: the larger of what is kept and what it reports now."""

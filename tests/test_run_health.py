@@ -399,14 +399,18 @@ def _fails_once(config):
 
     rank, attempt = get_context().get_world_rank(), get_context().get_attempt()
     checkpoint = get_checkpoint()
-    start = int(open(os.path.join(checkpoint.path, "step")).read()) + 1 if checkpoint else 0
+    start = 0
+    if checkpoint:
+        with open(os.path.join(checkpoint.path, "step")) as saved:
+            start = int(saved.read()) + 1
     for step in range(start, STEPS):
         time.sleep(STEP_S)
         if rank == 1 and attempt == 1 and step == FAIL_AT:
             raise RuntimeError("planted failure")
         if step % 4 == 3:
             with tempfile.TemporaryDirectory() as folder:
-                open(os.path.join(folder, "step"), "w").write(str(step))
+                with open(os.path.join(folder, "step"), "w") as saved:
+                    saved.write(str(step))
                 report({"step": step}, checkpoint=Checkpoint.from_directory(folder))
         else:
             report({"step": step})
@@ -433,3 +437,82 @@ def test_a_restarted_runs_goodput_parts_add_up_and_its_rolled_back_time_is_the_s
     assert account.worker_hours > 0 and account.gpu_hours == 0
     record = json.loads((tmp_path / "goodput" / "run.json").read_text())
     assert record["goodput"] == [account.to_json()]
+
+
+# -- the timeline picture -----------------------------------------------------------------------------------
+
+
+def _straggles_then_fails_once(config):
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+
+    from trainers import Checkpoint, get_checkpoint
+
+    rank, attempt = get_context().get_world_rank(), get_context().get_attempt()
+    start = 0
+    if checkpoint := get_checkpoint():
+        with open(os.path.join(checkpoint.path, "step")) as saved:
+            start = int(saved.read()) + 1
+    for step in range(start, 12):
+        if rank == 1:
+            time.sleep(0.15)  # a straggler all along
+            if attempt == 1 and step == 9:
+                raise RuntimeError("planted failure")
+        with waiting():
+            dist.all_reduce(torch.ones(2))
+        if step % 4 == 3:
+            with tempfile.TemporaryDirectory() as folder:
+                with open(os.path.join(folder, "step"), "w") as saved:
+                    saved.write(str(step))
+                report({"step": step}, checkpoint=Checkpoint.from_directory(folder))
+        else:
+            report({"step": step})
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_run_with_a_restart_and_a_straggler_draws_its_timeline_from_data_that_holds_them(tmp_path, monkeypatch):
+    import matplotlib.image
+
+    from storage.health import Timeline
+    from trainers import FailureConfig as Failures
+    from trainers.health import draw_timeline
+    from trainers.torch import TorchTrainer
+
+    monkeypatch.setenv("FLOWTRAIN_TIMELINE", "auto")  # drawn since the run has a restart and a straggler
+    result = TorchTrainer(
+        _straggles_then_fails_once,
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="timeline", storage_path=str(tmp_path), failure_config=Failures(max_failures=1)),
+    ).fit()
+    health = tmp_path / "timeline" / "health"
+    picture = matplotlib.image.imread(health / "timeline-attempt0001.png")
+    assert picture.shape[:2] == (244, 1100)  # 11 inches at 100 dpi; 1.8 + 0.32 per rank high
+    timeline = Timeline.from_json(json.loads((health / "timeline-attempt0001.json").read_text()))
+    assert timeline.world_size == 2 and {len(r.steps) for r in timeline.rounds} == {2}
+    assert {r.attempt for r in timeline.rounds} == {1, 2}
+    assert [p for p, _, _ in timeline.phases] == ["starting", "training", "restarting", "training", "waiting"]
+    assert (1, 1, "error") in {(m.attempt, m.rank, m.what) for m in timeline.marks}
+    assert {m.rank for m in timeline.marks if m.what == "straggler"} == {1}
+    assert timeline.rolled_back and result.health.stragglers
+    again = draw_timeline(result)  # redrawn afterwards, from the run folder
+    assert again == str(health / "timeline-attempt0001.png")
+
+
+def test_the_timeline_setting_is_checked_and_a_quiet_run_draws_nothing_by_default(tmp_path, monkeypatch):
+    from trainers.health import timeline_setting
+
+    monkeypatch.setenv("FLOWTRAIN_TIMELINE", "sometimes")
+    with pytest.raises(ValueError, match="FLOWTRAIN_TIMELINE='sometimes': choose one of auto, always, never"):
+        timeline_setting()
+    monkeypatch.delenv("FLOWTRAIN_TIMELINE")
+    from trainers import DataParallelTrainer
+
+    def quiet(config):
+        report({"x": 1})
+
+    DataParallelTrainer(
+        quiet, scaling_config=ScalingConfig(num_workers=0), run_config=RunConfig(name="quiet", storage_path=str(tmp_path))
+    ).fit()
+    assert sorted(os.listdir(tmp_path / "quiet" / "health")) == ["timeline-attempt0001.json"]  # no picture

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import logging
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 from storage import Checkpoint, CheckpointConfig, RunStorage
+from storage.health import Timeline
 from storage.lease import new_owner
 from trainers._internal.attempt import LocalWorkers, RayWorkers, RunSpec
 from trainers._internal.controller import Controller, ControllerSettings
@@ -24,7 +26,7 @@ from trainers.callback import TrainRunContext
 from trainers.config import DataConfig, FailureConfig, RunConfig, ScalingConfig
 from trainers.context import StorageInfo
 from trainers.errors import ControllerError, PreemptionError, TrainingFailedError, WorkerGroupError
-from trainers.health import StragglerSettings
+from trainers.health import StragglerSettings, draw_timeline_into, timeline_setting
 from trainers.result import Result
 from trainers.tuning import worker_start_timeout_s
 from trainers.validation import ValidationConfig
@@ -99,6 +101,9 @@ def _caller_stacklevel() -> int:
     while frame is not None and frame.f_globals.get("__name__", "").startswith("trainers."):
         frame, level = frame.f_back, level + 1
     return level - 1
+
+
+logger = logging.getLogger(__name__)
 
 
 class DataParallelTrainer(TuneTrainableAttributes):
@@ -304,6 +309,7 @@ class DataParallelTrainer(TuneTrainableAttributes):
 
     def _run(self, name: str, storage: RunStorage, scaling: ScalingConfig, datasets: dict[str, Any]) -> Result:
         run_config = self.run_config
+        timeline_wanted = timeline_setting()  # a bad value fails here, before any worker starts
         spec = self._run_spec(name, storage, scaling, datasets)
         progress = ProgressLine(name)
         validations = make_runner(self.validation_config, storage, scaling, run_config.worker_runtime_env)
@@ -335,6 +341,21 @@ class DataParallelTrainer(TuneTrainableAttributes):
                 validations.cancel_all()  # a failed run's pending validations rerun when it resumes
             if controller.account is not None:
                 progress.note(controller.account.describe())  # the controller logs it too
+            if controller.timeline is not None:
+                _draw_timeline_if_wanted(storage, controller.timeline, timeline_wanted)
             progress.close()
         storage.finish()
         return hooks.finished(Result._from_run(storage, return_value=value, error=None))
+
+
+def _draw_timeline_if_wanted(storage: RunStorage, timeline: Timeline, setting: str) -> None:
+    """Draw the run's timeline picture when ``FLOWTRAIN_TIMELINE`` asks for it (by default when the
+    run had something to look at); a picture that cannot be drawn is only logged."""
+    if setting == "never" or (setting == "auto" and not timeline.notable):
+        return
+    try:
+        path = draw_timeline_into(storage, timeline)
+    except Exception as error:  # noqa: BLE001 - the run's outcome matters, not its picture
+        logger.warning("the run's timeline picture was not drawn: %s", error)
+        return
+    logger.info("%s: timeline picture at %s", timeline.run_name, path)

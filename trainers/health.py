@@ -26,6 +26,9 @@ their own. Settings (read at each ``fit()``):
   take to be slow; ``0`` turns detection off.
 - ``FLOWTRAIN_STRAGGLER_STEPS`` (default 5): slow reports in a row before a rank is named (and normal
   ones in a row that end its episode).
+- ``FLOWTRAIN_TIMELINE`` (default ``auto``): when ``fit()`` draws the timeline picture
+  (``health/timeline-attemptNNNN.png`` in the run folder): ``auto`` when the run had a restart, a
+  failure or a straggler, ``always``, or ``never``. ``draw_timeline`` draws it afterwards too.
 """
 
 from __future__ import annotations
@@ -33,10 +36,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import tempfile
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pyarrow.fs
+
+if TYPE_CHECKING:
+    from storage.health import Timeline
+    from storage.run_storage import RunStorage
+    from trainers.result import Result
 
 FACTOR_ENV = "FLOWTRAIN_STRAGGLER_FACTOR"
 STEPS_ENV = "FLOWTRAIN_STRAGGLER_STEPS"
+TIMELINE_ENV = "FLOWTRAIN_TIMELINE"
+TIMELINE_CHOICES = ("auto", "always", "never")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,3 +99,39 @@ def waiting() -> Iterator[None]:
         return
     with session.health.waiting():
         yield
+
+
+def timeline_setting() -> str:
+    """``FLOWTRAIN_TIMELINE``: "auto" (the default), "always" or "never"."""
+    value = os.environ.get(TIMELINE_ENV, "auto").strip().lower()
+    if value not in TIMELINE_CHOICES:
+        raise ValueError(f"{TIMELINE_ENV}={value!r}: choose one of {', '.join(TIMELINE_CHOICES)}.")
+    return value
+
+
+def draw_timeline(
+    run: str | os.PathLike | Result, storage_filesystem: pyarrow.fs.FileSystem | None = None
+) -> str | None:
+    """Draw the timeline picture of the latest ``fit()`` call on ``run`` (its folder, as
+    ``Result.path`` or a URI, or the ``Result`` itself) into its ``health/`` folder; return where
+    the PNG is, or None when the run has no timeline (it ended before flowtrain kept one). Needs
+    matplotlib."""
+    from storage.run_storage import RunStorage
+
+    if isinstance(run, (str, os.PathLike)):
+        path = os.fspath(run)
+    else:
+        path, storage_filesystem = run.path, run.filesystem
+    storage = RunStorage.at(path, storage_filesystem)
+    timeline = storage.latest_timeline()
+    return None if timeline is None else draw_timeline_into(storage, timeline)
+
+
+def draw_timeline_into(storage: RunStorage, timeline: Timeline) -> str:
+    """Draw ``timeline`` as ``health/timeline-attemptNNNN.png`` of ``storage``'s run; return its path."""
+    from trainers._internal.timeline_picture import draw
+
+    with tempfile.TemporaryDirectory(prefix="flowtrain-timeline-") as folder:
+        local = os.path.join(folder, "timeline.png")
+        draw(timeline, local)
+        return storage.put_health_file(local, f"timeline-attempt{timeline.first_attempt:04d}.png")

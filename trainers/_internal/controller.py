@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from storage import Checkpoint, RunRecord
-from storage.health import GoodputAccount, StragglerRecord
+from storage.health import GoodputAccount, StragglerRecord, Timeline
 from storage.positions import DataResume, RoundPosition
 from storage.snapshot import RestartRecord
 from trainers._internal.attempt_book import LAUNCH, AttemptBook
@@ -32,6 +32,7 @@ from trainers._internal.preemption_watch import merge as merge_preemptions
 from trainers._internal.reported_checkpoints import PendingQueries
 from trainers._internal.round_commit import report_round, round_steps
 from trainers._internal.stragglers import StragglerWatch, Straggling
+from trainers._internal.timeline import TimelineBook
 from trainers.callback import TrainRunContext, UserCallback
 from trainers.errors import (
     PreemptionError,
@@ -157,6 +158,9 @@ class Controller:
         #: Where this fit() call's wall time goes (``account`` once ``run`` returns).
         self.goodput = GoodputClock(settings.clock, settings.gpus_per_worker)
         self.account: GoodputAccount | None = None
+        #: The rounds, failures and stragglers of this fit() call (``timeline`` once ``run`` returns).
+        self.timeline_book = TimelineBook()
+        self.timeline: Timeline | None = None
         #: This attempt's ranks' step times, judged round by round.
         self._stragglers = StragglerWatch(settings.stragglers)
         self._last_failures: list[RankFailure] = []
@@ -202,12 +206,15 @@ class Controller:
 
     def _close_account(self) -> None:
         """Keep this fit() call's goodput account in the run's record and say it in one line."""
+        name = self.settings.run_context.name or "run"
         self.account = self.goodput.account()
-        logger.info("%s: %s", self.settings.run_context.name or "run", self.account.describe())
+        self.timeline = self.timeline_book.close(name, self.workers.world_size, self.goodput)
+        logger.info("%s: %s", name, self.account.describe())
         try:
             self.storage.record_goodput(self.account)
+            self.storage.record_timeline(self.timeline)
         except Exception as error:  # noqa: BLE001 - the run's own outcome (or error) must come out, not this
-            logger.warning("the goodput account was not written to the run's record: %s", error)
+            logger.warning("the goodput account and timeline were not written to the run's folder: %s", error)
 
     def _launch(self) -> None:
         self.attempt = self.storage.start_attempt()
@@ -282,7 +289,9 @@ class Controller:
             metrics = [round_[rank].metrics if rank in round_ else {} for rank in range(size)]
             for listener in self.listeners:
                 listener.after_report(self.run_context, metrics, checkpoint)
-            for straggling in self._stragglers.observe(round_steps(round_, size)):
+            steps = round_steps(round_, size)
+            self.timeline_book.round(self.goodput.elapsed(), self.attempt, index, checkpoint is not None, steps)
+            for straggling in self._stragglers.observe(steps):
                 self._name_straggler(index, straggling)
 
     def _name_straggler(self, index: int, straggling: Straggling) -> None:
@@ -300,6 +309,7 @@ class Controller:
             straggling.median_step_s,
         )
         logger.warning("%s: straggler: %s", self.settings.run_context.name or "run", record.describe())
+        self.timeline_book.mark(self.goodput.elapsed(), self.attempt, straggling.rank, "straggler")
         self.storage.record_straggler(record)
         for listener in self.listeners:
             listener.on_straggler(self.run_context, record)
@@ -385,6 +395,8 @@ class Controller:
             (self._describe(e) for e in self.book.failed.values()), key=lambda f: (f.kind not in DEATHS, f.world_rank)
         )
         errors = {rank: event.error for rank, event in self.book.failed.items()}
+        for failure in failures:
+            self.timeline_book.mark(self.goodput.elapsed(), self.attempt, failure.world_rank, failure.kind)
         charge = self.policy.charge(
             failures,
             list(errors.values()),

@@ -44,6 +44,9 @@ class GoodputClock:
         #: When this attempt's training began or its latest checkpoint was committed: what a
         #: failure now would throw away is the training since then.
         self._kept_until: float | None = None
+        #: The phases as spans of seconds since the start, and the training thrown away (the timeline).
+        self.spans: list[tuple[Phase, float, float]] = []
+        self.thrown_away_spans: list[tuple[float, float]] = []
 
     def start(self, workers: int) -> None:
         self._started = self._since = self._clock()
@@ -60,11 +63,19 @@ class GoodputClock:
             self._workers = workers
 
     def _close(self, now: float) -> None:
-        if self._phase is not None:
+        if self._phase is not None and now > self._since:
             elapsed = now - self._since
             self.seconds[self._phase] += elapsed
             self._worker_s += elapsed * self._workers
+            start, end = self._since - self._started, now - self._started
+            if self.spans and self.spans[-1][0] is self._phase and self.spans[-1][2] == start:
+                start = self.spans.pop()[1]  # the same phase goes on
+            self.spans.append((self._phase, start, end))
         self._since = now
+
+    def elapsed(self) -> float:
+        """Seconds since the start: when things happen, on the timeline."""
+        return self._clock() - self._started
 
     @property
     def phase(self) -> Phase | None:
@@ -80,7 +91,9 @@ class GoodputClock:
         """The attempt ends without its work since the latest checkpoint (a failure, a resize):
         that training is rolled back, and the controller moves to ``next_phase``."""
         if self._phase is Phase.TRAINING and self._kept_until is not None:
-            self.rolled_back_s += self._clock() - self._kept_until
+            now = self._clock()
+            self.rolled_back_s += now - self._kept_until
+            self.thrown_away_spans.append((self._kept_until - self._started, now - self._started))
         self._kept_until = None
         self.switch(next_phase, workers)
 
