@@ -513,6 +513,8 @@ def test_the_timeline_setting_is_checked_and_a_quiet_run_draws_nothing_by_defaul
         report({"x": 1})
 
     DataParallelTrainer(
-        quiet, scaling_config=ScalingConfig(num_workers=0), run_config=RunConfig(name="quiet", storage_path=str(tmp_path))
+        quiet,
+        scaling_config=ScalingConfig(num_workers=0),
+        run_config=RunConfig(name="quiet", storage_path=str(tmp_path)),
     ).fit()
     assert sorted(os.listdir(tmp_path / "quiet" / "health")) == ["timeline-attempt0001.json"]  # no picture
