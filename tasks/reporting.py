@@ -26,6 +26,7 @@ from prefect.events import emit_event
 from storage import Checkpoint
 from storage.health import StragglerRecord
 from tasks.charts import charts_markdown, run_charts, table_rows
+from tasks.health_report import health_markdown
 from tasks.params import Checkpointing
 from trainers import TrainRunContext, UserCallback
 from trainers.errors import WorkerGroupError
@@ -206,11 +207,47 @@ def publish_metric_chart(
     """
     charts = run_charts(history, score_attribute, score_order)
     score = f"; checkpoints are ranked by **{score_attribute}** ({score_order})" if score_attribute else ""
+    health = artifact_key(run_name, "health")
+    intro = f"{len(history)} reports{score}. The run's timeline and goodput: [{health}](/artifacts/key/{health})."
     create_markdown_artifact(
-        markdown=charts_markdown(f"Metrics of {run_name}", charts, intro=f"{len(history)} reports{score}."),
+        markdown=charts_markdown(f"Metrics of {run_name}", charts, intro=intro),
         key=artifact_key(run_name, "metric-chart"),
         description=f"Losses, accuracies and score metric of training run {run_name!r}.",
     )
+
+
+def publish_run_health(run_name: str, run_path: str) -> str | None:
+    """A markdown artifact of the run's health (``tasks.health_report``): where the latest fit()
+    call's time went, its timeline picture (drawn now into the run folder), stragglers and peak
+    memory. Works for a failed run too. Returns the artifact's key, or None when the run folder
+    could not be read (the run's own outcome is what matters then)."""
+    from storage import load_run
+    from storage.filesystem import read_bytes, resolve_filesystem
+    from trainers.health import draw_timeline
+
+    logger = get_run_logger()
+    try:
+        run = load_run(run_path)
+    except Exception as error:  # noqa: BLE001 - a health page must never hide the run's outcome
+        logger.warning("no health page for run %r: its folder could not be read (%s)", run_name, error)
+        return None
+    picture, where = None, ""
+    try:
+        where = draw_timeline(run_path) or ""
+        if where:
+            filesystem, inner = resolve_filesystem(where)
+            picture = read_bytes(filesystem, inner)
+    except Exception as error:  # noqa: BLE001 - the page without its picture beats no page
+        logger.warning("the run's timeline picture was not drawn: %s", error)
+    key = artifact_key(run_name, "health")
+    create_markdown_artifact(
+        markdown=health_markdown(run_name, run.health, picture, timeline_path=where),
+        key=key,
+        description=f"Goodput, timeline, stragglers and memory of training run {run_name!r}.",
+    )
+    if run.health.goodput:
+        logger.info("run %r: %s", run_name, run.health.goodput[-1].describe())
+    return key
 
 
 def log_failure(error: BaseException) -> None:

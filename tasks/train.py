@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 
+from storage.layout import run_folder
 from tasks.console import run_output
 from tasks.params import (
     BoostingTraining,
@@ -25,7 +26,7 @@ from tasks.params import (
     import_object,
     resolve_train_loop,
 )
-from tasks.reporting import PrefectReporter, log_failure, publish_metrics, without_traceback
+from tasks.reporting import PrefectReporter, log_failure, publish_metrics, publish_run_health, without_traceback
 from tasks.retries import train_task_options
 from tasks.tracking import tracking_callbacks
 from trainers import TRAIN_DATASET_KEY, DataConfig, DataParallelTrainer, RunConfig, TrainingFailedError, UserCallback
@@ -142,10 +143,12 @@ def train(
             result = trainer.fit()
         except TrainingFailedError as error:
             log_failure(error)
+            publish_run_health(run.name, run_folder(run.storage_path, run.name))  # its failures on the timeline
             raise without_traceback(error) from None  # the traceback is in the log just written: once
     reporter.finish()
     history = result.metrics_dataframe.to_dict("records") if result.metrics_dataframe is not None else []
     publish_metrics(run.name, history, reporter=reporter, checkpointing=checkpointing)
+    publish_run_health(run.name, result.uri)
     logger.info(
         "run %r finished: %d reports, latest checkpoint %s",
         run.name,

@@ -7,6 +7,7 @@ Prefect API what a user would see: task runs and their retries, artifacts, logs.
 from __future__ import annotations
 
 import json
+import re
 import pathlib
 
 import pytest
@@ -122,6 +123,9 @@ def test_pipeline_trains_publishes_artifacts_and_keeps_the_best_checkpoint(tmp_p
     assert found["mlp-progress"].data == 100.0
     assert summary["best_checkpoint"] in found["mlp-best-checkpoint"].data
     assert "valid_loss" in found["mlp-best-checkpoint"].data
+    health = found["mlp-health"].data  # goodput, the timeline picture (the pipeline always draws it), memory
+    assert "**Goodput " in health and "| training |" in health and "data:image/png;base64," in health
+    assert "| 0 | RSS " in health and "| 1 | RSS " in health and "/artifacts/key/mlp-health" in found["mlp-metric-chart"].data
 
     runs = task_runs(_flow_run_id(state))
     assert sorted(r.name for r in runs["ingest"]) == ["ingest train", "ingest valid"]
@@ -157,6 +161,8 @@ def test_a_killed_worker_resumes_inside_the_same_task_run(tmp_path, data):
     logs = log_text(_flow_run_id(state))
     # Only the killed rank was replaced; rank 0 kept its process.
     assert "attempt 1 failed" in logs and "replaced rank 1 (its process died); kept rank(s) 0" in logs
+    restarting = re.search(r"\| restarting \| ([0-9.]+) \|", artifacts(_flow_run_id(state))["killed-health"].data)
+    assert restarting and float(restarting.group(1)) > 0  # the goodput account shows the restart
     assert flowtrain_events("killed", expected=4) == ["flowtrain.checkpoint.committed"] * 3 + [
         "flowtrain.run.restarted"
     ]
@@ -189,6 +195,7 @@ def test_a_driver_failure_is_retried_by_prefect_and_resumes_from_the_snapshot(tm
     assert starts == [0, 2]  # the retry resumed after the epoch-1 checkpoint, not from scratch
     history = [r["metrics"]["epoch"] for r in run_json(storage, "driver")["reports"]]
     assert history == [0, 1, 2, 3]
+    assert len(run_json(storage, "driver")["goodput"]) == 2  # an account per fit() call: the failed one and the rerun
 
 
 def test_the_prefect_reporter_forgets_the_reports_a_resize_makes_again(tmp_path):

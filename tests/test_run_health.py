@@ -518,3 +518,23 @@ def test_the_timeline_setting_is_checked_and_a_quiet_run_draws_nothing_by_defaul
         run_config=RunConfig(name="quiet", storage_path=str(tmp_path)),
     ).fit()
     assert sorted(os.listdir(tmp_path / "quiet" / "health")) == ["timeline-attempt0001.json"]  # no picture
+
+
+def test_the_health_page_shows_the_account_as_a_table_the_stragglers_the_memory_and_the_picture():
+    from storage.health import GoodputAccount
+    from tasks.health_report import health_markdown
+
+    account = GoodputAccount(20.0, 2.0, 15.0, 1.0, 1.5, 0.25, 0.25, 0.011, 0.0)
+    health = RunHealth(
+        peak_memory=(MemoryPeak(300 * 2**20), MemoryPeak(2**30, 5 * 2**20, 8 * 2**20)),
+        stragglers=(StragglerRecord(1, 1, "10.0.0.1", 7, 5, 1.8, 0.36, 0.2),),
+        goodput=(account,),
+    )
+    page = health_markdown("demo", health, b"\x89PNG...", timeline_path="/runs/demo/health/timeline-attempt0001.png")
+    assert "**Goodput 75%**: 15 s of 20 s trained; 0.011 worker-hours." in page
+    assert "| rolled back | 0.25 | 1.2% |" in page and "| training | 15 | 75.0% |" in page
+    assert "![timeline of demo](data:image/png;base64,iVBORy4uLg==)" in page
+    assert "- attempt 1, report 7: rank 1 on node 10.0.0.1: 1.8x the median step" in page
+    assert "| 0 | RSS 300 MiB |" in page and "| 1 | RSS 1 GiB, CUDA allocated 5 MiB, reserved 8 MiB |" in page
+    quiet = health_markdown("quiet", RunHealth(), None)
+    assert "No rank trained persistently slower" in quiet and "Timeline" not in quiet
