@@ -7,8 +7,8 @@ Prefect API what a user would see: task runs and their retries, artifacts, logs.
 from __future__ import annotations
 
 import json
-import re
 import pathlib
+import re
 
 import pytest
 
@@ -125,7 +125,11 @@ def test_pipeline_trains_publishes_artifacts_and_keeps_the_best_checkpoint(tmp_p
     assert "valid_loss" in found["mlp-best-checkpoint"].data
     health = found["mlp-health"].data  # goodput, the timeline picture (the pipeline always draws it), memory
     assert "**Goodput " in health and "| training |" in health and "data:image/png;base64," in health
-    assert "| 0 | RSS " in health and "| 1 | RSS " in health and "/artifacts/key/mlp-health" in found["mlp-metric-chart"].data
+    assert (
+        "| 0 | RSS " in health
+        and "| 1 | RSS " in health
+        and "/artifacts/key/mlp-health" in found["mlp-metric-chart"].data
+    )
 
     runs = task_runs(_flow_run_id(state))
     assert sorted(r.name for r in runs["ingest"]) == ["ingest train", "ingest valid"]
