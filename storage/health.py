@@ -190,6 +190,34 @@ class GoodputAccount:
 
 
 @dataclasses.dataclass(frozen=True)
+class PreflightRecord:
+    """The pre-flight check of one ``fit()`` call: how long it took, each worker's compute rate,
+    and the group's all-reduce bus bandwidth (None without a process group)."""
+
+    seconds: float
+    #: GFLOP/s of each worker's matrix-multiply probe, by world rank.
+    gflops: tuple[float, ...]
+    bus_gbps: float | None = None
+
+    def describe(self) -> str:
+        rates = f"{min(self.gflops):.3g}-{max(self.gflops):.3g} GFLOP/s per worker" if self.gflops else "no worker"
+        bus = f", all-reduce {self.bus_gbps:.3g} GB/s bus bandwidth" if self.bus_gbps is not None else ""
+        return f"pre-flight check passed in {self.seconds:.2g} s: {rates}{bus}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seconds": round(self.seconds, 4),
+            "gflops": [round(g, 4) for g in self.gflops],
+            "bus_gbps": self.bus_gbps,
+        }
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> PreflightRecord:
+        bus = body.get("bus_gbps")
+        return cls(float(body["seconds"]), tuple(float(g) for g in body["gflops"]), None if bus is None else float(bus))
+
+
+@dataclasses.dataclass(frozen=True)
 class RunHealth:
     """How a run's ranks fared, as ``Result.health`` gives it (flowtrain's own; Ray Train's
     ``Result`` has no such attribute)."""
@@ -200,6 +228,8 @@ class RunHealth:
     stragglers: tuple[StragglerRecord, ...] = ()
     #: The goodput account of each ``fit()`` call on the run (a driver rerun adds one), oldest first.
     goodput: tuple[GoodputAccount, ...] = ()
+    #: The pre-flight check of each ``fit()`` call that ran one, oldest first.
+    preflight: tuple[PreflightRecord, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

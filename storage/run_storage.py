@@ -33,7 +33,7 @@ from storage.commit import adopt_folder, commit_folder, is_committed, try_delete
 from storage.config import CheckpointConfig
 from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, exists, is_local, resolve_filesystem, write_bytes
-from storage.health import GoodputAccount, MemoryPeak, RunHealth, StragglerRecord, Timeline
+from storage.health import GoodputAccount, MemoryPeak, PreflightRecord, RunHealth, StragglerRecord, Timeline
 from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name, join_run
 from storage.lease import Lease
 from storage.positions import DataResume, RoundPosition
@@ -379,6 +379,11 @@ class RunStorage:
         self.snapshot.stragglers.append(straggler)
         self._write()
 
+    def record_preflight(self, record: PreflightRecord) -> None:
+        """Keep the pre-flight check of the ``fit()`` call under way."""
+        self.snapshot.preflight.append(record)
+        self._write()
+
     def record_goodput(self, account: GoodputAccount) -> None:
         """Keep the goodput account of the ``fit()`` call that ends now."""
         self.snapshot.goodput.append(account)
@@ -450,7 +455,9 @@ class RunStorage:
     def health(self) -> RunHealth:
         """Each rank's peak memory and the run's straggler episodes."""
         snapshot = self.snapshot
-        return RunHealth(tuple(snapshot.peak_memory), tuple(snapshot.stragglers), tuple(snapshot.goodput))
+        return RunHealth(
+            tuple(snapshot.peak_memory), tuple(snapshot.stragglers), tuple(snapshot.goodput), tuple(snapshot.preflight)
+        )
 
     @property
     def metrics_history(self) -> list[dict[str, Any]]:

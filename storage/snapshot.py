@@ -16,7 +16,7 @@ import pyarrow.fs as pafs
 
 from storage.errors import SnapshotCorruptError
 from storage.filesystem import exists, read_bytes, write_bytes
-from storage.health import GoodputAccount, MemoryPeak, StragglerRecord
+from storage.health import GoodputAccount, MemoryPeak, PreflightRecord, StragglerRecord
 from storage.layout import RunLayout
 from storage.metric_values import decode, encode
 from storage.positions import DataResume, RoundPosition
@@ -199,6 +199,8 @@ class RunSnapshot:
     stragglers: list[StragglerRecord] = dataclasses.field(default_factory=list)
     #: The goodput account of each ``fit()`` call, oldest first.
     goodput: list[GoodputAccount] = dataclasses.field(default_factory=list)
+    #: The pre-flight check of each ``fit()`` call that ran one, oldest first.
+    preflight: list[PreflightRecord] = dataclasses.field(default_factory=list)
 
     @property
     def latest(self) -> CheckpointRecord | None:
@@ -223,6 +225,7 @@ class RunSnapshot:
                 "peak_memory": [p.to_json() if p is not None else None for p in self.peak_memory],
                 "stragglers": [s.to_json() for s in self.stragglers],
                 "goodput": [g.to_json() for g in self.goodput],
+                "preflight": [p.to_json() for p in self.preflight],
             }
         )
         for name in _GROWING:
@@ -263,6 +266,7 @@ class RunSnapshot:
         body["peak_memory"] = [MemoryPeak.from_json(p) if p else None for p in body.get("peak_memory", [])]
         body["stragglers"] = [StragglerRecord.from_json(s) for s in body.get("stragglers", [])]
         body["goodput"] = [GoodputAccount.from_json(g) for g in body.get("goodput", [])]
+        body["preflight"] = [PreflightRecord.from_json(p) for p in body.get("preflight", [])]
         return cls(**body)
 
 

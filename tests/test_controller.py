@@ -69,6 +69,8 @@ class MemoryStore:
 class ScriptedWorkers:
     """Hands out one scripted batch of events per poll, per attempt."""
 
+    preflight = None  # no pre-flight check in scripted runs
+
     def __init__(self, world_size, attempts, fail_launch=()):
         self.world_size = world_size
         self.attempts = attempts  # list (per attempt) of lists (per poll) of events

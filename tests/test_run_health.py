@@ -135,6 +135,7 @@ class _Store:
 
 class _Workers:
     world_size = 2
+    preflight = None
 
     def __init__(self, events):
         self.events = events
@@ -538,3 +539,99 @@ def test_the_health_page_shows_the_account_as_a_table_the_stragglers_the_memory_
     assert "| 0 | RSS 300 MiB |" in page and "| 1 | RSS 1 GiB, CUDA allocated 5 MiB, reserved 8 MiB |" in page
     quiet = health_markdown("quiet", RunHealth(), None)
     assert "No rank trained persistently slower" in quiet and "Timeline" not in quiet
+
+
+# -- the pre-flight check ---------------------------------------------------------------------------------------
+
+CPU_CGROUPS = "/sys/fs/cgroup/cpu"
+
+
+def _throttle(cgroup: str) -> int:
+    """In a worker: move this process into ``cgroup`` (5% of one CPU); return its pid."""
+    with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
+        procs.write(str(os.getpid()))
+    return os.getpid()
+
+
+def _slow_rank_one_backend(cgroup: str):
+    from trainers.torch import TorchConfig
+    from trainers.torch.config import TorchBackend
+
+    class SlowRankOne(TorchBackend):
+        """Sets torch.distributed up, then throttles rank 1's CPU: a node that is throttled or shared."""
+
+        def on_start(self, worker_group, backend_config):
+            super().on_start(worker_group, backend_config)
+            worker_group.execute_single(1, _throttle, cgroup)
+
+    class SlowRankOneConfig(TorchConfig):
+        @property
+        def backend_cls(self):
+            return SlowRankOne
+
+    return SlowRankOneConfig()
+
+
+def _never_trains(config):
+    raise AssertionError("the pre-flight check must stop the run before its first step")
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_the_preflight_check_fails_fit_before_step_0_naming_a_throttled_worker_and_its_figures(tmp_path, monkeypatch):
+    from trainers.errors import PreflightError
+    from trainers.torch import TorchTrainer
+
+    if not os.access(CPU_CGROUPS, os.W_OK):
+        pytest.skip("this machine gives no writable cpu cgroup (cgroup v1) to throttle a worker with")
+    cgroup = os.path.join(CPU_CGROUPS, f"flowtrain-test-{os.getpid()}")
+    os.mkdir(cgroup)
+    try:
+        with open(os.path.join(cgroup, "cpu.cfs_quota_us"), "w") as quota:
+            quota.write("5000")  # 5 ms of every 100 ms
+        monkeypatch.setenv("FLOWTRAIN_PREFLIGHT", "on")  # a CPU run: the check is opt-in
+        trainer = TorchTrainer(
+            _never_trains,
+            torch_config=_slow_rank_one_backend(cgroup),
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(name="preflight", storage_path=str(tmp_path)),
+        )
+        with pytest.raises(PreflightError) as raised:
+            trainer.fit()
+    finally:
+        with open(os.path.join(cgroup, "cgroup.procs")) as procs:
+            throttled = procs.read().split()
+        for pid in throttled:  # back to full speed, whatever became of the process
+            with open(os.path.join(CPU_CGROUPS, "cgroup.procs"), "w") as root:
+                root.write(pid)
+        os.rmdir(cgroup)
+    error = raised.value
+    assert error.slow_ranks == (1,) and error.record.gflops[1] * 2.5 < error.record.gflops[0]
+    message = str(error)
+    assert "pre-flight check: 1 of 2 worker(s) compute more than 2.5x slower than the median worker" in message
+    assert "  - rank 1 on node " in message and "x below the median" in message
+    assert f"rank 0 {error.record.gflops[0]:.3g}, rank 1 {error.record.gflops[1]:.3g} GFLOP/s" in message
+    record = json.loads((tmp_path / "preflight" / "run.json").read_text())
+    assert record["reports"] == [] and record["checkpoints"] == []  # nothing trained, nothing lost
+
+
+def _trains_a_little(config):
+    report({"step": 0})
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_healthy_runs_preflight_check_passes_and_keeps_every_workers_figures(tmp_path, monkeypatch):
+    from trainers.torch import TorchTrainer
+
+    monkeypatch.setenv("FLOWTRAIN_PREFLIGHT", "on")
+    result = TorchTrainer(
+        _trains_a_little,
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="healthy", storage_path=str(tmp_path)),
+    ).fit()
+    (check,) = result.health.preflight
+    assert len(check.gflops) == 2 and all(rate > 0 for rate in check.gflops)
+    assert check.bus_gbps is not None and check.bus_gbps > 0 and check.seconds > 0
+    assert check.describe().startswith("pre-flight check passed in ")
+    monkeypatch.setenv("FLOWTRAIN_PREFLIGHT", "sometimes")
+    with pytest.raises(ValueError, match="FLOWTRAIN_PREFLIGHT='sometimes': choose one of auto, on, off"):
+        TorchTrainer(_trains_a_little, scaling_config=ScalingConfig(num_workers=2)).fit()

@@ -26,7 +26,7 @@ from trainers.callback import TrainRunContext
 from trainers.config import DataConfig, FailureConfig, RunConfig, ScalingConfig
 from trainers.context import StorageInfo
 from trainers.errors import ControllerError, PreemptionError, TrainingFailedError, WorkerGroupError
-from trainers.health import StragglerSettings, draw_timeline_into, timeline_setting
+from trainers.health import PreflightSettings, StragglerSettings, draw_timeline_into, timeline_setting
 from trainers.result import Result
 from trainers.tuning import worker_start_timeout_s
 from trainers.validation import ValidationConfig
@@ -285,6 +285,7 @@ class DataParallelTrainer(TuneTrainableAttributes):
             log_level=self._log_level,
             data_context=capture_data_context(),
             validation_config=self.validation_config,
+            preflight=PreflightSettings.from_env(),
         )
 
     def _failure_policy(self, scaling: ScalingConfig) -> FailurePolicy:

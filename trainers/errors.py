@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from storage.health import MemoryPeak
+from storage.health import MemoryPeak, PreflightRecord
 from storage.upload import CheckpointUploadError
 
 if TYPE_CHECKING:
@@ -201,3 +201,22 @@ class InsufficientResourcesError(ValueError):
 
 class WorkerError(RuntimeError):
     """Stand-in for an exception from a worker that could not be sent back as itself."""
+
+
+class PreflightError(TrainingFailedError):
+    """The pre-flight check found a worker far slower than the others, before training began
+    (flowtrain's own; see ``trainers.health``). ``slow_ranks`` are the ranks it names and
+    ``record`` every worker's figures. Nothing of the run was trained or lost: fix or leave out
+    the node, then run ``fit()`` again."""
+
+    def __init__(self, message: str, *, record: PreflightRecord, slow_ranks: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.record = record
+        self.slow_ranks = slow_ranks
+
+    def __reduce__(self):
+        return (_rebuild_preflight_error, (str(self), self.record, self.slow_ranks))
+
+
+def _rebuild_preflight_error(message: str, record: PreflightRecord, slow_ranks: tuple[int, ...]) -> PreflightError:
+    return PreflightError(message, record=record, slow_ranks=slow_ranks)

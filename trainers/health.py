@@ -26,6 +26,10 @@ their own. Settings (read at each ``fit()``):
   take to be slow; ``0`` turns detection off.
 - ``FLOWTRAIN_STRAGGLER_STEPS`` (default 5): slow reports in a row before a rank is named (and normal
   ones in a row that end its episode).
+- ``FLOWTRAIN_PREFLIGHT`` (default ``auto``): the pre-flight check before the first step (a compute
+  probe per worker and an all-reduce); ``auto`` runs it for GPU runs, ``on`` for every run, ``off``
+  never. A worker more than ``FLOWTRAIN_PREFLIGHT_FACTOR`` (default 2.5) times slower than the
+  median worker fails ``fit()`` with ``trainers.errors.PreflightError`` before training.
 - ``FLOWTRAIN_TIMELINE`` (default ``auto``): when ``fit()`` draws the timeline picture
   (``health/timeline-attemptNNNN.png`` in the run folder): ``auto`` when the run had a restart, a
   failure or a straggler, ``always``, or ``never``. ``draw_timeline`` draws it afterwards too.
@@ -50,6 +54,8 @@ if TYPE_CHECKING:
 FACTOR_ENV = "FLOWTRAIN_STRAGGLER_FACTOR"
 STEPS_ENV = "FLOWTRAIN_STRAGGLER_STEPS"
 TIMELINE_ENV = "FLOWTRAIN_TIMELINE"
+PREFLIGHT_ENV = "FLOWTRAIN_PREFLIGHT"
+PREFLIGHT_FACTOR_ENV = "FLOWTRAIN_PREFLIGHT_FACTOR"
 TIMELINE_CHOICES = ("auto", "always", "never")
 
 
@@ -85,6 +91,40 @@ class StragglerSettings:
                 f"{FACTOR_ENV}/{STEPS_ENV}: {error}; set a number (e.g. {FACTOR_ENV}=1.5, {STEPS_ENV}=5)."
             ) from None
         return cls(factor, steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreflightSettings:
+    """Whether the pre-flight check runs (``mode``: "auto", "on", "off") and how far below the
+    median worker's compute rate a worker fails it (``factor``)."""
+
+    mode: str = "auto"
+    factor: float = 2.5
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("auto", "on", "off"):
+            raise ValueError(f"{PREFLIGHT_ENV}={self.mode!r}: choose one of auto, on, off.")
+        if not self.factor > 1:
+            raise ValueError(
+                f"{PREFLIGHT_FACTOR_ENV}={self.factor}: a worker fails when it is this many times slower than the "
+                "median one; give a number above 1 (e.g. 2.5)."
+            )
+
+    def runs(self, use_gpu: bool) -> bool:
+        """Whether a run on GPUs (``use_gpu``) or CPUs gets the check."""
+        return self.mode == "on" or (self.mode == "auto" and use_gpu)
+
+    @classmethod
+    def from_env(cls) -> PreflightSettings:
+        """``FLOWTRAIN_PREFLIGHT`` and ``FLOWTRAIN_PREFLIGHT_FACTOR``, else the defaults."""
+        mode = os.environ.get(PREFLIGHT_ENV, cls.mode).strip().lower()
+        try:
+            factor = float(os.environ.get(PREFLIGHT_FACTOR_ENV, cls.factor))
+        except ValueError:
+            raise ValueError(
+                f"{PREFLIGHT_FACTOR_ENV}={os.environ[PREFLIGHT_FACTOR_ENV]!r}: give a number above 1 (e.g. 2.5)."
+            ) from None
+        return cls(mode, factor)
 
 
 @contextlib.contextmanager

@@ -20,10 +20,11 @@ from typing import Any
 import pyarrow.fs
 
 from storage import Checkpoint
+from storage.health import PreflightRecord
 from storage.layout import RunLayout
 from storage.positions import DataResume, RoundPosition
 from storage.snapshot import RestartRecord
-from trainers._internal import warm_workers
+from trainers._internal import preflight, warm_workers
 from trainers._internal.attempt_book import LAUNCH
 from trainers._internal.data import (
     execution_options_for,
@@ -48,6 +49,7 @@ from trainers._internal.worker_group import RayWorkerGroup, WorkerStartError
 from trainers.backend import Backend, BackendConfig
 from trainers.config import DataConfig, ScalingConfig
 from trainers.context import StorageInfo, TrainContext
+from trainers.health import PreflightSettings
 from trainers.tuning import NODE_DEATH_WAIT_S
 
 logger = logging.getLogger(__name__)
@@ -80,6 +82,8 @@ class RunSpec:
     log_level: str | None = None
     #: The trainer's ``ValidationConfig``: ``report(validation=...)`` checks requests against it.
     validation_config: Any = None
+    #: Whether the first attempt runs the pre-flight check (``FLOWTRAIN_PREFLIGHT``), and its bar.
+    preflight: PreflightSettings = PreflightSettings()
 
 
 def _resume_plan(spec: RunSpec, world_size: int, saved: RoundPosition | None) -> ResumePlan | None:
@@ -158,6 +162,8 @@ class RayWorkers:
         self._shards: list[dict[str, Any]] = []
         #: ``launch`` is re-forming the group around kept workers: a failure now restarts them all.
         self._reforming = False
+        #: The first attempt's pre-flight check, when it ran (the controller keeps it in run.json).
+        self.preflight: PreflightRecord | None = None
         # Settings read now, so a bad value fails before any worker starts.
         warm_workers.keep_s()
         replacing_enabled()
@@ -269,6 +275,8 @@ class RayWorkers:
 
             group.execute(apply_log_level, spec.log_level)
         self.backend.on_start(group, spec.backend_config)
+        if self._started_at == self._first_started_at and spec.preflight.runs(spec.scaling.use_gpu):
+            self.preflight = self._preflight(group)  # before step 0: PreflightError names a slow worker
         plan = _resume_plan(spec, self.world_size, data_position)
         session_args = []
         for worker, ids, shard in zip(group.workers, accelerators, shards, strict=True):
@@ -295,6 +303,12 @@ class RayWorkers:
             spec.backend_config.train_func_context,
         )
         return plan.note if plan is not None else None
+
+    def _preflight(self, group: RayWorkerGroup) -> PreflightRecord:
+        """Every worker's compute probe and the group's all-reduce, judged against the median worker."""
+        started = time.monotonic()
+        figures = group.execute(preflight.probe, self.spec.scaling.use_gpu, timeout_s=self.spec.start_timeout_s)
+        return preflight.judge(figures, self._nodes, self.spec.preflight, time.monotonic() - started)
 
     def poll(self, timeout_s: float) -> list[Event | PreemptionNotice]:
         events: list[Event | PreemptionNotice] = [*self.group.poll(timeout_s)] if self.group is not None else []
@@ -420,6 +434,8 @@ class LocalWorkers:
     """``num_workers=0``: the training function runs in a thread of this process, as rank 0 of 1."""
 
     world_size = 1
+    #: One worker in this process: nothing to compare it with.
+    preflight: PreflightRecord | None = None
 
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec

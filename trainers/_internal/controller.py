@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from storage import Checkpoint, RunRecord
-from storage.health import GoodputAccount, StragglerRecord, Timeline
+from storage.health import GoodputAccount, PreflightRecord, StragglerRecord, Timeline
 from storage.positions import DataResume, RoundPosition
 from storage.snapshot import RestartRecord
 from trainers._internal.attempt_book import LAUNCH, AttemptBook
@@ -36,6 +36,7 @@ from trainers._internal.timeline import TimelineBook
 from trainers.callback import TrainRunContext, UserCallback
 from trainers.errors import (
     PreemptionError,
+    PreflightError,
     RankFailure,
     TrainingFailedError,
     WorkerGroupError,
@@ -56,6 +57,8 @@ class Workers(Protocol):
     """What the controller needs from one attempt's workers."""
 
     world_size: int
+    #: The first attempt's pre-flight check, once it ran (None: not run).
+    preflight: PreflightRecord | None
 
     def launch(
         self, attempt: int, checkpoint: Checkpoint | None, data_position: RoundPosition | None = None
@@ -161,6 +164,7 @@ class Controller:
         #: The rounds, failures and stragglers of this fit() call (``timeline`` once ``run`` returns).
         self.timeline_book = TimelineBook()
         self.timeline: Timeline | None = None
+        self._preflight_kept = False
         #: This attempt's ranks' step times, judged round by round.
         self._stragglers = StragglerWatch(settings.stragglers)
         self._last_failures: list[RankFailure] = []
@@ -227,14 +231,18 @@ class Controller:
             resumed = self.workers.launch(
                 self.attempt, self.storage.latest_checkpoint, self.storage.latest_data_position
             )
-        except (ValueError, TypeError):
-            raise  # a configuration mistake: restarting cannot help
+        except (ValueError, TypeError, PreflightError):
+            raise  # a configuration mistake, or a node the pre-flight check found wanting: restarting cannot help
         except Exception as error:  # noqa: BLE001 - any other start failure is an attempt's failure, which the policy may retry
             self.book.failed[LAUNCH] = FailedEvent(LAUNCH, error, traceback.format_exc(), kind="failed to start")
             self._fail()
             return
         if resumed is not None:
             self.storage.record_data_resume(resumed)
+        if self.workers.preflight is not None and not self._preflight_kept:
+            self._preflight_kept = True
+            logger.info("%s: %s", self.settings.run_context.name or "run", self.workers.preflight.describe())
+            self.storage.record_preflight(self.workers.preflight)
         self.goodput.switch(Phase.TRAINING, self.workers.world_size)
         self.state = State.RUNNING
 
