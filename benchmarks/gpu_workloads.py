@@ -248,6 +248,48 @@ def check_nccl_reform(setup: Setup) -> dict:
     return found
 
 
+# -- a rank that runs out of CUDA memory (issue 48) ---------------------------------------------
+
+
+def oom_loop(config: dict) -> None:
+    """The last rank allocates more than its device holds (on a CPU run: raises CUDA's error itself)."""
+    from trainers import get_context, report
+
+    report({"step": 0})
+    context = get_context()
+    if context.get_world_rank() == context.get_world_size() - 1:
+        if config["use_gpu"]:
+            held = []
+            while True:  # until CUDA refuses: a real out-of-memory error, from the allocator
+                held.append(torch.empty(2**30, dtype=torch.uint8, device=f"cuda:{torch.cuda.current_device()}"))
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (faked on a CPU run)")
+    report({"step": 1})
+
+
+def check_cuda_oom(setup: Setup) -> dict:
+    """A rank out of CUDA memory fails the run naming the rank, the step and its memory, and leaves
+    a memory summary (with ``torch.cuda.memory_summary()`` on a GPU) in the run's health folder."""
+    from trainers.errors import TrainingFailedError
+
+    last = setup.num_workers - 1  # the rank that runs out: rank 0 on a one-GPU machine
+    try:
+        flowtrain_fit(oom_loop, {"use_gpu": setup.use_gpu}, setup, "cuda-oom")
+    except TrainingFailedError as error:
+        failures = getattr(error, "failures", {})
+        failure = failures.get(last)
+        expect(failure is not None and failure.out_of_memory, f"not named as out of memory: {error}")
+        expect(failure.reports == 1, f"the step is wrong: {failure.reports} report(s), expected 1")
+        summary = failure.memory_summary or ""
+        expect(os.path.exists(summary), f"no memory summary at {summary!r}")
+        with open(summary) as text:
+            body = text.read()
+        if setup.use_gpu:
+            expect(failure.memory.cuda_allocated_bytes, f"no CUDA figures in {failure.memory}")
+            expect("PyTorch CUDA memory summary" in body, "the summary lacks torch.cuda.memory_summary()")
+        return {"message": failure.describe(), "memory": failure.memory.to_json(), "summary": summary}
+    raise CheckFailed(f"the run did not fail although rank {last} ran out of memory")
+
+
 # -- 1 and 2: process group, placement -------------------------------------------------------
 
 
@@ -863,6 +905,7 @@ CHECKS: dict[str, tuple[Callable[[Setup], dict], float]] = {
     "placement": (check_placement, 150),
     "checkpoint_resume": (check_checkpoint_resume, 180),
     "nccl_reform": (check_nccl_reform, 150),
+    "cuda_oom": (check_cuda_oom, 150),
     "fsdp": (check_fsdp, 180),
     "amp": (check_amp, 180),
     "deepspeed": (check_deepspeed, 240),

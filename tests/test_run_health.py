@@ -635,3 +635,13 @@ def test_a_healthy_runs_preflight_check_passes_and_keeps_every_workers_figures(t
     monkeypatch.setenv("FLOWTRAIN_PREFLIGHT", "sometimes")
     with pytest.raises(ValueError, match="FLOWTRAIN_PREFLIGHT='sometimes': choose one of auto, on, off"):
         TorchTrainer(_trains_a_little, scaling_config=ScalingConfig(num_workers=2)).fit()
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_the_gpu_checks_cuda_oom_check_passes_on_cpu_workers(tmp_path):
+    """``make gpu-check``'s cuda_oom check, on two CPU workers: the error faked, the rest real."""
+    from benchmarks.gpu_workloads import Setup, check_cuda_oom
+
+    found = check_cuda_oom(Setup(use_gpu=False, num_gpus=0, workdir=str(tmp_path), seconds=1))
+    assert "rank 1 on node" in found["message"] and "after 1 report(s) in this attempt" in found["message"]
+    assert found["summary"].endswith("health/oom-attempt0001-rank0001.txt")
