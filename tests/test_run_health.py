@@ -572,6 +572,23 @@ def _slow_rank_one_backend(cgroup: str):
     return SlowRankOneConfig()
 
 
+def _remove_cgroup(cgroup: str) -> None:
+    """Every task of ``cgroup`` back to full speed (the root cgroup), then the cgroup gone. A task
+    may start a thread while the others move: move until none is left."""
+    while True:
+        with open(os.path.join(cgroup, "tasks")) as tasks:
+            left = tasks.read().split()
+        if not left:
+            break
+        for task in left:
+            try:
+                with open(os.path.join(CPU_CGROUPS, "tasks"), "w") as root:
+                    root.write(task)
+            except OSError:
+                pass  # it ended meanwhile
+    os.rmdir(cgroup)
+
+
 def _never_trains(config):
     raise AssertionError("the pre-flight check must stop the run before its first step")
 
@@ -598,12 +615,7 @@ def test_the_preflight_check_fails_fit_before_step_0_naming_a_throttled_worker_a
         with pytest.raises(PreflightError) as raised:
             trainer.fit()
     finally:
-        with open(os.path.join(cgroup, "cgroup.procs")) as procs:
-            throttled = procs.read().split()
-        for pid in throttled:  # back to full speed, whatever became of the process
-            with open(os.path.join(CPU_CGROUPS, "cgroup.procs"), "w") as root:
-                root.write(pid)
-        os.rmdir(cgroup)
+        _remove_cgroup(cgroup)
     error = raised.value
     assert error.slow_ranks == (1,) and error.record.gflops[1] * 2.5 < error.record.gflops[0]
     message = str(error)

@@ -14,15 +14,12 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from typing import TYPE_CHECKING
 
 import pyarrow.fs
 
 from storage.filesystem import write_bytes
 from storage.health import MemoryPeak
-
-if TYPE_CHECKING:
-    from trainers._internal.session import WorkerSession
+from storage.layout import RunLayout
 
 #: Set to 1 to record CUDA allocations from each attempt's start and dump PyTorch's memory snapshot
 #: (``torch.cuda.memory._dump_snapshot``; open it at https://pytorch.org/memory_viz) when a rank runs
@@ -52,13 +49,22 @@ def record_cuda_history() -> None:
         torch.cuda.memory._record_memory_history()
 
 
-def leave_memory_summary(session: WorkerSession, error: BaseException, memory: MemoryPeak) -> str | None:
-    """Write what rank ``session``'s memory looked like when ``error`` stopped it into the run's
-    ``health/`` folder; return the summary's path there (None when it could not be written)."""
-    rank, attempt = session.context.world_rank, session.attempt
+def leave_memory_summary(
+    layout: RunLayout,
+    filesystem: pyarrow.fs.FileSystem,
+    *,
+    rank: int,
+    attempt: int,
+    reports: int,
+    error: BaseException,
+    memory: MemoryPeak,
+) -> str | None:
+    """Write what rank ``rank``'s memory looked like when ``error`` stopped it (after ``reports``
+    reports of ``attempt``) into the run's ``health/`` folder; return the summary's path there
+    (None when it could not be written)."""
     stem = f"oom-attempt{attempt:04d}-rank{rank:04d}"
     lines = [
-        f"rank {rank}, attempt {attempt}, after {session.num_reports} report(s)",
+        f"rank {rank}, attempt {attempt}, after {reports} report(s)",
         f"error: {type(error).__name__}: {error}",
         f"peak memory in this attempt: {memory.describe()}",
     ]
@@ -66,18 +72,18 @@ def leave_memory_summary(session: WorkerSession, error: BaseException, memory: M
     cuda = torch is not None and torch.cuda.is_initialized()
     if cuda:
         lines += ["", torch.cuda.memory_summary()]  # type: ignore[union-attr]
-    path = session.layout.health_path(f"{stem}.txt")
+    path = layout.health_path(f"{stem}.txt")
     try:
-        session.filesystem.create_dir(session.layout.health_path(""), recursive=True)
-        write_bytes(session.filesystem, path, "\n".join(lines).encode())
+        filesystem.create_dir(layout.health_path(""), recursive=True)
+        write_bytes(filesystem, path, "\n".join(lines).encode())
         if cuda and os.environ.get(SNAPSHOT_ENV, "") in ("1", "true", "yes", "on"):
-            _upload_snapshot(session, f"{stem}.pickle")
+            _upload_snapshot(layout, filesystem, f"{stem}.pickle")
     except Exception:  # noqa: BLE001 - the failure itself must reach the controller whatever storage does
         return None
     return path
 
 
-def _upload_snapshot(session: WorkerSession, name: str) -> None:
+def _upload_snapshot(layout: RunLayout, filesystem: pyarrow.fs.FileSystem, name: str) -> None:
     import torch
 
     with tempfile.TemporaryDirectory(prefix="flowtrain-oom-") as folder:
@@ -85,7 +91,7 @@ def _upload_snapshot(session: WorkerSession, name: str) -> None:
         torch.cuda.memory._dump_snapshot(local)
         pyarrow.fs.copy_files(
             local,
-            session.layout.health_path(name),
+            layout.health_path(name),
             source_filesystem=pyarrow.fs.LocalFileSystem(),
-            destination_filesystem=session.filesystem,
+            destination_filesystem=filesystem,
         )

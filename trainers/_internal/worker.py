@@ -85,7 +85,15 @@ def run_training_function(
         failure = FailedEvent(rank, sendable(error), traceback.format_exc())
         if is_out_of_memory(error):
             memory = session.health.now()
-            summary = leave_memory_summary(session, error, memory)
+            summary = leave_memory_summary(
+                session.layout,
+                session.filesystem,
+                rank=rank,
+                attempt=session.attempt,
+                reports=session.num_reports,
+                error=error,
+                memory=memory,
+            )
             failure = dataclasses.replace(failure, memory=memory, memory_summary=summary)
         _finish_uploads_quietly(session)
         emit(failure)
