@@ -1,11 +1,12 @@
-"""A run's health while it trains: straggler detection and peak memory (flowtrain's own; Ray
-Train 2.60 has none of it). See docs/health.md.
+"""A run's health while it trains: stragglers, peak memory, the goodput account, the timeline
+picture and the pre-flight check (flowtrain's own; Ray Train 2.60 has none of it). See
+docs/health.md; what a run found is ``Result.health``.
 
 Every report a rank makes carries how long its step took (from the end of its previous
 ``report()`` to this one) and its peak memory; nothing else is sent. The controller names a rank
 whose steps are persistently slower than the median rank's, once per episode: in the log, the
 terminal's progress line, ``UserCallback.on_straggler`` (the Prefect pipeline's reporter turns it
-into a ``flowtrain.rank.straggling`` event) and run.json (``Result.stragglers``).
+into a ``flowtrain.rank.straggling`` event) and run.json (``Result.health.stragglers``).
 
 When the ranks wait for each other every step (an all-reduce, DDP's gradient sync), they all
 report at the same pace, and the wait hides which one the others waited for. Mark the wait with
@@ -38,7 +39,6 @@ their own. Settings (read at each ``fit()``):
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import tempfile
 from collections.abc import Iterator
@@ -46,85 +46,35 @@ from typing import TYPE_CHECKING
 
 import pyarrow.fs
 
+from trainers._internal.health_settings import (
+    FACTOR_ENV,
+    PREFLIGHT_ENV,
+    PREFLIGHT_FACTOR_ENV,
+    STEPS_ENV,
+    TIMELINE_ENV,
+    PreflightSettings,
+    StragglerSettings,
+    timeline_setting,
+)
+
+__all__ = [
+    "FACTOR_ENV",
+    "PREFLIGHT_ENV",
+    "PREFLIGHT_FACTOR_ENV",
+    "STEPS_ENV",
+    "TIMELINE_ENV",
+    "PreflightSettings",
+    "StragglerSettings",
+    "draw_timeline",
+    "draw_timeline_into",
+    "timeline_setting",
+    "waiting",
+]
+
 if TYPE_CHECKING:
     from storage.health import Timeline
     from storage.run_storage import RunStorage
     from trainers.result import Result
-
-FACTOR_ENV = "FLOWTRAIN_STRAGGLER_FACTOR"
-STEPS_ENV = "FLOWTRAIN_STRAGGLER_STEPS"
-TIMELINE_ENV = "FLOWTRAIN_TIMELINE"
-PREFLIGHT_ENV = "FLOWTRAIN_PREFLIGHT"
-PREFLIGHT_FACTOR_ENV = "FLOWTRAIN_PREFLIGHT_FACTOR"
-TIMELINE_CHOICES = ("auto", "always", "never")
-
-
-@dataclasses.dataclass(frozen=True)
-class StragglerSettings:
-    """When a rank counts as a straggler: ``factor`` times the median rank's step for ``steps``
-    reports in a row."""
-
-    factor: float = 1.5
-    steps: int = 5
-
-    def __post_init__(self) -> None:
-        if self.factor != 0 and self.factor <= 1:
-            raise ValueError(
-                f"{FACTOR_ENV}={self.factor}: a straggler is a rank slower than the median by a factor above 1 "
-                "(e.g. 1.5), or 0 to turn detection off."
-            )
-        if self.steps < 1:
-            raise ValueError(f"{STEPS_ENV}={self.steps}: give the number of reports in a row, at least 1 (e.g. 5).")
-
-    @property
-    def enabled(self) -> bool:
-        return self.factor > 0
-
-    @classmethod
-    def from_env(cls) -> StragglerSettings:
-        """The settings in ``FLOWTRAIN_STRAGGLER_FACTOR`` and ``FLOWTRAIN_STRAGGLER_STEPS``, else the defaults."""
-        try:
-            factor = float(os.environ.get(FACTOR_ENV, cls.factor))
-            steps = int(os.environ.get(STEPS_ENV, cls.steps))
-        except ValueError as error:
-            raise ValueError(
-                f"{FACTOR_ENV}/{STEPS_ENV}: {error}; set a number (e.g. {FACTOR_ENV}=1.5, {STEPS_ENV}=5)."
-            ) from None
-        return cls(factor, steps)
-
-
-@dataclasses.dataclass(frozen=True)
-class PreflightSettings:
-    """Whether the pre-flight check runs (``mode``: "auto", "on", "off") and how far below the
-    median worker's compute rate a worker fails it (``factor``)."""
-
-    mode: str = "auto"
-    factor: float = 2.5
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("auto", "on", "off"):
-            raise ValueError(f"{PREFLIGHT_ENV}={self.mode!r}: choose one of auto, on, off.")
-        if not self.factor > 1:
-            raise ValueError(
-                f"{PREFLIGHT_FACTOR_ENV}={self.factor}: a worker fails when it is this many times slower than the "
-                "median one; give a number above 1 (e.g. 2.5)."
-            )
-
-    def runs(self, use_gpu: bool) -> bool:
-        """Whether a run on GPUs (``use_gpu``) or CPUs gets the check."""
-        return self.mode == "on" or (self.mode == "auto" and use_gpu)
-
-    @classmethod
-    def from_env(cls) -> PreflightSettings:
-        """``FLOWTRAIN_PREFLIGHT`` and ``FLOWTRAIN_PREFLIGHT_FACTOR``, else the defaults."""
-        mode = os.environ.get(PREFLIGHT_ENV, cls.mode).strip().lower()
-        try:
-            factor = float(os.environ.get(PREFLIGHT_FACTOR_ENV, cls.factor))
-        except ValueError:
-            raise ValueError(
-                f"{PREFLIGHT_FACTOR_ENV}={os.environ[PREFLIGHT_FACTOR_ENV]!r}: give a number above 1 (e.g. 2.5)."
-            ) from None
-        return cls(mode, factor)
 
 
 @contextlib.contextmanager
@@ -139,14 +89,6 @@ def waiting() -> Iterator[None]:
         return
     with session.health.waiting():
         yield
-
-
-def timeline_setting() -> str:
-    """``FLOWTRAIN_TIMELINE``: "auto" (the default), "always" or "never"."""
-    value = os.environ.get(TIMELINE_ENV, "auto").strip().lower()
-    if value not in TIMELINE_CHOICES:
-        raise ValueError(f"{TIMELINE_ENV}={value!r}: choose one of {', '.join(TIMELINE_CHOICES)}.")
-    return value
 
 
 def draw_timeline(

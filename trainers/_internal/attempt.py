@@ -37,6 +37,7 @@ from trainers._internal.data_position import DataPositions, ResumePlan, plan_res
 from trainers._internal.devices import assign_visible_devices
 from trainers._internal.elastic import ElasticSizer, NodeResources, wait_released
 from trainers._internal.events import Event, FailedEvent, ReportEvent, take_events
+from trainers._internal.health_settings import PreflightSettings
 from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
 from trainers._internal.ray_private import end_dataset_splits
 from trainers._internal.resources import capturing_placement_group
@@ -49,7 +50,6 @@ from trainers._internal.worker_group import RayWorkerGroup, WorkerStartError
 from trainers.backend import Backend, BackendConfig
 from trainers.config import DataConfig, ScalingConfig
 from trainers.context import StorageInfo, TrainContext
-from trainers.health import PreflightSettings
 from trainers.tuning import NODE_DEATH_WAIT_S
 
 logger = logging.getLogger(__name__)

@@ -26,6 +26,7 @@ from trainers._internal.attempt_book import LAUNCH, AttemptBook
 from trainers._internal.events import NOT_TRAINING, CheckpointsQuery, Event, FailedEvent
 from trainers._internal.failure_policy import Charge, FailurePolicy
 from trainers._internal.goodput import GoodputClock, Phase, blocked_on_upload_s
+from trainers._internal.health_settings import StragglerSettings
 from trainers._internal.memory_failure import is_out_of_memory
 from trainers._internal.preemption_watch import PreemptionNotice, deadline_passed
 from trainers._internal.preemption_watch import merge as merge_preemptions
@@ -43,7 +44,6 @@ from trainers.errors import (
     run_error_type,
     worker_group_error_type,
 )
-from trainers.health import StragglerSettings
 from trainers.preemption import PreemptionInfo
 from trainers.tuning import DRAIN_POLL_S, ENDED_DRAIN_S, VALIDATION_POLL_S
 

@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 from storage.health import PreflightRecord
+from trainers._internal.health_settings import PreflightSettings
 from trainers.errors import PreflightError
-from trainers.health import PreflightSettings
 
 #: Matrix side and repetitions of the compute probe: ~0.1 s on a CPU core, milliseconds on a GPU.
 CPU_SIDE, CPU_REPEATS = 256, 40
