@@ -40,7 +40,7 @@ class ReportEvent:
     #: Seconds of its own work in the step this report ends (``StepHealth.busy_s``): what stragglers
     #: are judged on; None when not measured (an attempt's first report).
     busy_s: float | None = None
-    #: Its peak memory in this attempt when it grew since its previous report, else None.
+    #: Its peak memory in this attempt when it grew past what it last sent (by 1 MiB or 1%), else None.
     memory: MemoryPeak | None = None
 
 
