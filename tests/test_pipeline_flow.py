@@ -229,6 +229,24 @@ def test_the_prefect_reporter_forgets_the_reports_a_resize_makes_again(tmp_path)
     assert [len(ranks) for ranks in reporter.every_rank([{"epoch": e} for e in range(4)])] == [1, 2, 2, 2]
 
 
+def test_a_straggler_becomes_a_prefect_event_with_its_figures(tmp_path):
+    from prefect import flow
+
+    from storage.health import StragglerRecord
+    from tasks.reporting import PrefectReporter
+    from trainers import TrainRunContext
+
+    straggler = StragglerRecord(1, 1, "10.0.0.2 (abc)", 6, 5, 4.1, 0.82, 0.2)
+
+    @flow
+    def name_a_straggler() -> None:
+        context = TrainRunContext("straggling", str(tmp_path), 1, None, None, None)
+        PrefectReporter("straggling").on_straggler(context, straggler)
+
+    name_a_straggler()
+    assert flowtrain_events("straggling", expected=1) == ["flowtrain.rank.straggling"]
+
+
 def test_bad_parameters_fail_at_once_without_retry(tmp_path, data):
     from flows.pipeline import training_pipeline
 

@@ -1,0 +1,108 @@
+"""What run health costs the report path, measured apart from everything else (issue 48).
+
+    python -m benchmarks.health_cost [--ranks 64] [--rounds 2000]
+
+``benchmarks/scale.py`` measures the whole report path at 64 workers on this 2-core machine,
+where the driver's thread shares the cores with 64 busy workers and its CPU per round moves by
+half from run to run. This measures the health parts alone, in this process, the best of 5:
+
+- ``worker_us_per_report``: what a rank adds to each ``report()`` (``RankHealth.report_starts``
+  and ``report_ends``: two clock reads, one ``getrusage``, a peak compared);
+- ``driver_us_per_round``: what the controller adds to each committed round of ``--ranks`` ranks
+  (each rank's report count and memory kept, the steps read, the straggler judge, the timeline,
+  the round's memory), on steps with the spread of a real run.
+
+Results go to ``results/<date>-health-cost.json`` with the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import random
+import sys
+import time
+
+from benchmarks.bench import RESULTS, machine
+
+
+def worker_us_per_report(reports: int = 20_000) -> float:
+    from trainers._internal.rank_health import RankHealth
+
+    health = RankHealth()
+
+    def one_pass() -> float:
+        started = time.perf_counter()
+        for _ in range(reports):
+            health.report_starts()
+            health.report_ends()
+        return time.perf_counter() - started
+
+    return min(one_pass() for _ in range(5)) / reports * 1e6
+
+
+def driver_us_per_round(ranks: int, rounds: int) -> float:
+    from trainers._internal.attempt_book import AttemptBook
+    from trainers._internal.events import ReportEvent
+    from trainers._internal.goodput import GoodputClock
+    from trainers._internal.health_settings import StragglerSettings
+    from trainers._internal.round_commit import round_memory, round_steps
+    from trainers._internal.stragglers import StragglerWatch
+    from trainers._internal.timeline import TimelineBook
+
+    spread = random.Random(0)
+    batches = [
+        {
+            rank: ReportEvent(rank, index, {"step": index}, False, busy_s=0.01 * spread.uniform(0.8, 1.3))
+            for rank in range(ranks)
+        }
+        for index in range(rounds)
+    ]
+
+    def one_pass() -> float:
+        book, watch, timeline = AttemptBook(time.monotonic), StragglerWatch(StragglerSettings()), TimelineBook()
+        clock = GoodputClock(time.monotonic)
+        clock.start(ranks)
+        started = time.perf_counter()
+        for index, round_ in enumerate(batches):
+            for rank, event in round_.items():  # what AttemptBook.add now keeps per report
+                book.reports_made[rank] = event.index + 1
+                if event.memory is not None:
+                    book.memory[rank] = event.memory
+            round_memory(round_, ranks)
+            steps = round_steps(round_, ranks)
+            timeline.round(clock.elapsed(), 1, index, False, steps)
+            watch.observe(steps)
+        return time.perf_counter() - started
+
+    return min(one_pass() for _ in range(5)) / rounds * 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2000)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    report = {
+        "date": datetime.date.today().isoformat(),
+        "machine": machine(),
+        "ranks": args.ranks,
+        "worker_us_per_report": round(worker_us_per_report(), 2),
+        "driver_us_per_round": round(driver_us_per_round(args.ranks, args.rounds), 1),
+    }
+    print(
+        f"worker: +{report['worker_us_per_report']} us per report; "
+        f"driver: +{report['driver_us_per_round']} us per {args.ranks}-rank round",
+        flush=True,
+    )
+    out = args.out or RESULTS / f"{report['date']}-health-cost.json"
+    with open(out, "w") as file:
+        json.dump(report, file, indent=2)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
