@@ -657,3 +657,12 @@ def test_the_gpu_checks_cuda_oom_check_passes_on_cpu_workers(tmp_path):
     found = check_cuda_oom(Setup(use_gpu=False, num_gpus=0, workdir=str(tmp_path), seconds=1))
     assert "rank 1 on node" in found["message"] and "after 1 report(s) in this attempt" in found["message"]
     assert found["summary"].endswith("health/oom-attempt0001-rank0001.txt")
+
+
+def test_the_health_cost_benchmark_measures_both_sides_and_writes_its_json(tmp_path):
+    from benchmarks import health_cost
+
+    out = tmp_path / "health-cost.json"
+    assert health_cost.main(["--ranks", "8", "--rounds", "50", "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["ranks"] == 8 and written["worker_us_per_report"] > 0 and written["driver_us_per_round"] > 0
