@@ -91,12 +91,15 @@ def _larger(first: int | None, second: int | None) -> int | None:
 
 
 def _size(num_bytes: int) -> str:
+    """``num_bytes`` in B, KiB, MiB or GiB, to 3 significant digits (never in exponent form)."""
     value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.3g} {unit}"
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            break
         value /= 1024
-    return f"{value:.3g} GiB"  # not reached: the loop returns at GiB
+    else:
+        unit = "GiB"
+    return f"{value:.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
 
 
 @dataclasses.dataclass(frozen=True)

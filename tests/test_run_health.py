@@ -666,3 +666,31 @@ def test_the_health_cost_benchmark_measures_both_sides_and_writes_its_json(tmp_p
     assert health_cost.main(["--ranks", "8", "--rounds", "50", "--out", str(out)]) == 0
     written = json.loads(out.read_text())
     assert written["ranks"] == 8 and written["worker_us_per_report"] > 0 and written["driver_us_per_round"] > 0
+
+
+def test_out_of_memory_is_told_from_errors_and_from_a_death_at_the_limit():
+    from trainers._internal.memory_failure import is_out_of_memory
+    from trainers.errors import RankFailure
+
+    assert is_out_of_memory(MemoryError())
+    assert is_out_of_memory(
+        RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+    )
+    assert is_out_of_memory(
+        "worker process (pid 7) on node 10.0.0.2 died: ray.exceptions.OutOfMemoryError: Task was killed due to the "
+        "node running low on memory."
+    )  # Ray's memory monitor, as a dead worker's message carries it
+    assert not is_out_of_memory(RuntimeError("planted failure")) and not is_out_of_memory("SIGKILL")
+
+    near = MemoryPeak(900 * 2**20, limit_bytes=1000 * 2**20)
+    far = MemoryPeak(300 * 2**20, limit_bytes=1000 * 2**20)
+    assert near.near_limit and not far.near_limit and not MemoryPeak(900 * 2**20).near_limit
+
+    died = RankFailure(
+        1, "abcdef0123456789", "10.0.0.2", "died", "WorkerError", "died: SIGKILL", "", reports=4, memory=far
+    )
+    assert died.describe().endswith(
+        "[after 4 report(s) in this attempt; memory at its last report: RSS 300 MiB of a 1000 MiB limit]"
+    )
+    raised = RankFailure(1, "abcdef0123456789", "10.0.0.2", "error", "ValueError", "bad", "", reports=4, memory=far)
+    assert raised.describe() == "rank 1 on node 10.0.0.2 (abcdef012345) error: ValueError: bad"  # its own error says it
