@@ -92,14 +92,10 @@ def _larger(first: int | None, second: int | None) -> int | None:
 
 def _size(num_bytes: int) -> str:
     """``num_bytes`` in B, KiB, MiB or GiB, to 3 significant digits (never in exponent form)."""
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB"):
-        if value < 1024:
-            break
-        value /= 1024
-    else:
-        unit = "GiB"
-    return f"{value:.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
+    value, units = float(num_bytes), ["B", "KiB", "MiB", "GiB"]
+    while value >= 1024 and len(units) > 1:
+        value, units = value / 1024, units[1:]
+    return f"{value:.0f} {units[0]}" if value >= 100 else f"{value:.3g} {units[0]}"
 
 
 @dataclasses.dataclass(frozen=True)
