@@ -90,7 +90,7 @@ def test_a_failed_rank_s_traceback_is_printed_once(prefect_server, tmp_path):
 def test_worker_lines_reach_the_sink_of_their_own_run():
     """The router alone, fed batches as Ray's log thread hands them over: two runs captured at once
     (a sweep's trials) each get only their workers' lines; other lines are printed as before."""
-    from trainers.worker_output import _Router, capture_worker_output, worker_label
+    from trainers._internal.worker_output import _Router, capture_worker_output, worker_label
 
     printed, got = [], {"a": [], "b": []}
     router = _Router(printed.append)

@@ -10,8 +10,8 @@ from typing import Any, TextIO
 
 from storage import Checkpoint
 from storage.health import StragglerRecord
+from trainers._internal.worker_output import is_captured
 from trainers.callback import TrainRunContext, UserCallback
-from trainers.worker_output import is_captured
 
 logger = logging.getLogger(__name__)
 

@@ -14,6 +14,6 @@ def ensure_ray() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     address = os.environ.get("RAY_ADDRESS") or None
     ray.init(address=address, log_to_driver=True, include_dashboard=False if address is None else None)
-    from trainers.worker_output import install
+    from trainers._internal.worker_output import install
 
     install()  # worker lines of runs whose output a caller captures go to it, not the terminal

@@ -29,9 +29,9 @@ from trainers._internal.fresh_process import ProcessBaseline
 from trainers._internal.memory_failure import is_out_of_memory, leave_memory_summary
 from trainers._internal.reuse import process_refusal
 from trainers._internal.session import TrainingInterrupted, WorkerSession, set_session
+from trainers._internal.worker_output import announce, worker_label
 from trainers.errors import WorkerError
 from trainers.tuning import INTERRUPT_EVERY_S, INTERRUPT_GRACE_S
-from trainers.worker_output import announce, worker_label
 
 
 @dataclasses.dataclass(frozen=True)
