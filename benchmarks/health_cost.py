@@ -28,52 +28,31 @@ from benchmarks.bench import RESULTS, machine
 
 
 def worker_us_per_report(reports: int = 20_000) -> float:
-    from trainers._internal.rank_health import RankHealth
+    from trainers.testing import RankHealthMeter
 
-    health = RankHealth()
+    meter = RankHealthMeter()
 
     def one_pass() -> float:
         started = time.perf_counter()
         for _ in range(reports):
-            health.report_starts()
-            health.report_ends()
+            meter.report()
         return time.perf_counter() - started
 
     return min(one_pass() for _ in range(5)) / reports * 1e6
 
 
 def driver_us_per_round(ranks: int, rounds: int) -> float:
-    from trainers._internal.attempt_book import AttemptBook
-    from trainers._internal.events import ReportEvent
-    from trainers._internal.goodput import GoodputClock
-    from trainers._internal.health_settings import StragglerSettings
-    from trainers._internal.round_commit import round_memory, round_steps
-    from trainers._internal.stragglers import StragglerWatch
-    from trainers._internal.timeline import TimelineBook
+    from trainers.testing import RoundHealthJudge
 
     spread = random.Random(0)
-    batches = [
-        {
-            rank: ReportEvent(rank, index, {"step": index}, False, busy_s=0.01 * spread.uniform(0.8, 1.3))
-            for rank in range(ranks)
-        }
-        for index in range(rounds)
-    ]
+    steps = [[0.01 * spread.uniform(0.8, 1.3) for _ in range(ranks)] for _ in range(rounds)]
 
     def one_pass() -> float:
-        book, watch, timeline = AttemptBook(time.monotonic), StragglerWatch(StragglerSettings()), TimelineBook()
-        clock = GoodputClock(time.monotonic)
-        clock.start(ranks)
+        judge = RoundHealthJudge(ranks)
+        prepared = judge.rounds(steps)
         started = time.perf_counter()
-        for index, round_ in enumerate(batches):
-            for rank, event in round_.items():  # what AttemptBook.add now keeps per report
-                book.reports_made[rank] = event.index + 1
-                if event.memory is not None:
-                    book.memory[rank] = event.memory
-            round_memory(round_, ranks)
-            steps = round_steps(round_, ranks)
-            timeline.round(clock.elapsed(), 1, index, False, steps)
-            watch.observe(steps)
+        for round_ in prepared:
+            judge.judge(round_)
         return time.perf_counter() - started
 
     return min(one_pass() for _ in range(5)) / rounds * 1e6

@@ -694,3 +694,12 @@ def test_out_of_memory_is_told_from_errors_and_from_a_death_at_the_limit():
     )
     raised = RankFailure(1, "abcdef0123456789", "10.0.0.2", "error", "ValueError", "bad", "", reports=4, memory=far)
     assert raised.describe() == "rank 1 on node 10.0.0.2 (abcdef012345) error: ValueError: bad"  # its own error says it
+
+
+def test_the_testing_seams_time_health_as_a_run_does_and_judge_the_same():
+    from trainers.testing import RankHealthMeter, RoundHealthJudge
+
+    RankHealthMeter().report()
+    judge = RoundHealthJudge(3)
+    named = [judge.judge(round_) for round_ in judge.rounds([[0.1, 0.1, 0.9]] * 6)]
+    assert named == [[], [], [], [], [2], []]  # the fifth slow step names it (the default setting), once

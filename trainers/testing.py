@@ -42,15 +42,17 @@ checkpoint resumes at the exact row (``DataConfig(checkpoint_data_position=True)
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from storage.positions import RankPosition
 from trainers._internal.data_position import DataPositions, ShardPosition
 from trainers._internal.event_channel import EventTap, Fate, tap_event_road
+from trainers._internal.rank_health import RankHealth
 from trainers._internal.ray_private import count_items
 
-__all__ = ["EventTap", "Fate", "ShardCounter", "tap_event_road"]
+__all__ = ["EventTap", "Fate", "RankHealthMeter", "RoundHealthJudge", "ShardCounter", "tap_event_road"]
 
 
 class ShardCounter:
@@ -73,3 +75,59 @@ class ShardCounter:
     def position(self) -> RankPosition | None:
         """Where every tracked shard stands: what each ``report()`` reads and carries."""
         return self._positions.record()
+
+
+class RankHealthMeter:
+    """What every ``report()`` measures of its rank (its step and its peak memory), outside a run:
+    to time it. One ``report()`` is ``meter.report()``."""
+
+    def __init__(self) -> None:
+        self._health = RankHealth()
+
+    def report(self) -> None:
+        self._health.report_starts()
+        self._health.report_ends()
+
+
+class RoundHealthJudge:
+    """What the controller does with the health of each committed round of ``ranks`` ranks (each
+    rank's report count and memory kept, the steps read, the straggler judge, the timeline),
+    outside a run: to time it. ``rounds(steps)`` builds the rounds from each rank's step, ``judge``
+    takes them one by one and returns the ranks it named stragglers."""
+
+    def __init__(self, ranks: int) -> None:
+        from trainers._internal.attempt_book import AttemptBook
+        from trainers._internal.goodput import GoodputClock
+        from trainers._internal.health_settings import StragglerSettings
+        from trainers._internal.stragglers import StragglerWatch
+        from trainers._internal.timeline import TimelineBook
+
+        self.ranks = ranks
+        self._book = AttemptBook(time.monotonic)
+        self._watch = StragglerWatch(StragglerSettings())
+        self._timeline = TimelineBook()
+        self._clock = GoodputClock(time.monotonic)
+        self._clock.start(ranks)
+
+    def rounds(self, steps: Sequence[Sequence[float]]) -> list[Any]:
+        """One round per entry of ``steps`` (each rank's step in seconds), ready to ``judge``."""
+        from trainers._internal.events import ReportEvent
+
+        return [
+            {rank: ReportEvent(rank, index, {"step": index}, False, busy_s=busy) for rank, busy in enumerate(row)}
+            for index, row in enumerate(steps)
+        ]
+
+    def judge(self, round_: Any) -> list[int]:
+        from trainers._internal.round_commit import round_memory, round_steps
+
+        book = self._book
+        for rank, event in round_.items():  # what AttemptBook.add keeps of each report's health
+            book.reports_made[rank] = event.index + 1
+            if event.memory is not None:
+                book.memory[rank] = event.memory
+        index = next(iter(round_.values())).index
+        round_memory(round_, self.ranks)
+        steps = round_steps(round_, self.ranks)
+        self._timeline.round(self._clock.elapsed(), 1, index, False, steps)
+        return [named.rank for named in self._watch.observe(steps)]
