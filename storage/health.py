@@ -256,7 +256,7 @@ class TimelineMark:
 
 @dataclasses.dataclass(frozen=True)
 class Timeline:
-    """What a ``fit()`` call's timeline picture is drawn from (``health/timeline-attemptNNNN.json``
+    """What a ``fit()`` call's timeline picture is drawn from (``.health/timeline-attemptNNNN.json``
     in the run folder): the phases, the rounds, failures and stragglers, in seconds since the
     controller started."""
 

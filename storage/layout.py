@@ -21,8 +21,9 @@ LEASE_PREFIX = "lease."
 STAGING = ".staging"
 COMMIT_MARKER = ".committed"
 CHECKPOINT_PREFIX = "checkpoint_"
-#: The run's health files: memory summaries of ranks that ran out of memory, the timeline picture.
-HEALTH = "health"
+#: The run's health files (memory summaries of ranks that ran out of memory, the timeline): hidden,
+#: as .staging is, so that the run folder shows what Ray Train's does (its checkpoints).
+HEALTH = ".health"
 #: Names in the run folder that belong to flowtrain, never to a checkpoint.
 RESERVED_NAMES = frozenset({SNAPSHOT, SNAPSHOT_PREVIOUS, SNAPSHOT_NEW, STAGING, HEALTH})
 
@@ -39,7 +40,7 @@ def check_dir_name(name: object, field: str = "report(checkpoint_dir_name)") -> 
         )
     if name.startswith(".") or name in RESERVED_NAMES:
         raise ValueError(
-            f"{field}={name!r}: names starting with '.' and {sorted(RESERVED_NAMES - {STAGING})} are "
+            f"{field}={name!r}: names starting with '.' and {sorted(RESERVED_NAMES - {STAGING, HEALTH})} are "
             "flowtrain's own files in the run folder; choose another name."
         )
     return name
@@ -85,7 +86,7 @@ class RunLayout:
         return self._join(SNAPSHOT_NEW)
 
     def health_path(self, file_name: str) -> str:
-        """A file of the run's health folder (``health/``)."""
+        """A file of the run's health folder (``.health/``)."""
         return self._join(HEALTH, file_name)
 
     @property

@@ -390,7 +390,7 @@ class RunStorage:
         self._write()
 
     def record_timeline(self, timeline: Timeline) -> str:
-        """Keep a ``fit()`` call's timeline in the run's ``health/`` folder; return its path there."""
+        """Keep a ``fit()`` call's timeline in the run's ``.health/`` folder; return its path there."""
         path = self.layout.health_path(f"timeline-attempt{timeline.first_attempt:04d}.json")
         self.filesystem.create_dir(self.layout.health_path(""), recursive=True)
         write_bytes(self.filesystem, path, json.dumps(timeline.to_json()).encode())
@@ -410,7 +410,7 @@ class RunStorage:
             return Timeline.from_json(json.loads(stream.read()))
 
     def put_health_file(self, local_path: str, name: str) -> str:
-        """Copy the local file ``local_path`` into the run's ``health/`` folder as ``name``; return
+        """Copy the local file ``local_path`` into the run's ``.health/`` folder as ``name``; return
         where it is, as a path or URI a person can open."""
         path = self.layout.health_path(name)
         self.filesystem.create_dir(self.layout.health_path(""), recursive=True)

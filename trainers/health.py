@@ -32,7 +32,7 @@ their own. Settings (read at each ``fit()``):
   never. A worker more than ``FLOWTRAIN_PREFLIGHT_FACTOR`` (default 2.5) times slower than the
   median worker fails ``fit()`` with ``trainers.errors.PreflightError`` before training.
 - ``FLOWTRAIN_TIMELINE`` (default ``auto``): when ``fit()`` draws the timeline picture
-  (``health/timeline-attemptNNNN.png`` in the run folder): ``auto`` when the run had a restart, a
+  (``.health/timeline-attemptNNNN.png`` in the run folder): ``auto`` when the run had a restart, a
   failure or a straggler, ``always``, or ``never``. ``draw_timeline`` draws it afterwards too.
 """
 
@@ -95,7 +95,7 @@ def draw_timeline(
     run: str | os.PathLike | Result, storage_filesystem: pyarrow.fs.FileSystem | None = None
 ) -> str | None:
     """Draw the timeline picture of the latest ``fit()`` call on ``run`` (its folder, as
-    ``Result.path`` or a URI, or the ``Result`` itself) into its ``health/`` folder; return where
+    ``Result.path`` or a URI, or the ``Result`` itself) into its ``.health/`` folder; return where
     the PNG is, or None when the run has no timeline (it ended before flowtrain kept one). Needs
     matplotlib."""
     from storage.run_storage import RunStorage
@@ -110,7 +110,7 @@ def draw_timeline(
 
 
 def draw_timeline_into(storage: RunStorage, timeline: Timeline) -> str:
-    """Draw ``timeline`` as ``health/timeline-attemptNNNN.png`` of ``storage``'s run; return its path."""
+    """Draw ``timeline`` as ``.health/timeline-attemptNNNN.png`` of ``storage``'s run; return its path."""
     from trainers._internal.timeline_picture import draw
 
     with tempfile.TemporaryDirectory(prefix="flowtrain-timeline-") as folder:

@@ -165,6 +165,8 @@ class Controller:
         self.timeline_book = TimelineBook()
         self.timeline: Timeline | None = None
         self._preflight_kept = False
+        #: When the events being handled arrived: the training a checkpoint keeps ends there.
+        self._arrived_at: float | None = None
         #: This attempt's ranks' step times, judged round by round.
         self._stragglers = StragglerWatch(settings.stragglers)
         self._last_failures: list[RankFailure] = []
@@ -248,6 +250,7 @@ class Controller:
 
     def _handle(self, events: Sequence[Event | PreemptionNotice]) -> None:
         book = self.book
+        self._arrived_at = self.settings.clock()  # when these reports reached the driver
         for event in events:
             if isinstance(event, CheckpointsQuery):
                 self._queries.add(event)
@@ -293,7 +296,7 @@ class Controller:
                 report_round(round_, index=index, attempt=self.attempt, world_size=size)
             )
             if checkpoint is not None:
-                self.goodput.committed(blocked_on_upload_s(round_.values()))
+                self.goodput.committed(blocked_on_upload_s(round_.values()), reported_at=self._arrived_at)
             metrics = [round_[rank].metrics if rank in round_ else {} for rank in range(size)]
             for listener in self.listeners:
                 listener.after_report(self.run_context, metrics, checkpoint)

@@ -81,11 +81,14 @@ class GoodputClock:
     def phase(self) -> Phase | None:
         return self._phase
 
-    def committed(self, blocked_s: float) -> None:
-        """A checkpoint was committed; its ranks were blocked uploading it for ``blocked_s``."""
+    def committed(self, blocked_s: float, reported_at: float | None = None) -> None:
+        """A checkpoint was committed; its ranks were blocked uploading it for ``blocked_s``. The
+        training kept is that up to ``reported_at`` (when the round's reports arrived; the commit's
+        own work on the driver is not the ranks'), or now."""
         self.checkpoint_s += blocked_s
         if self._phase is Phase.TRAINING:
-            self._kept_until = self._clock()
+            kept = self._clock() if reported_at is None else reported_at
+            self._kept_until = kept if self._kept_until is None else max(self._kept_until, kept)
 
     def thrown_away(self, next_phase: Phase, workers: int | None = None) -> None:
         """The attempt ends without its work since the latest checkpoint (a failure, a resize):

@@ -1,5 +1,5 @@
 """Failures for want of memory: telling them from others, and what a rank leaves behind when it
-runs out (a memory summary in the run's ``health/`` folder; with ``FLOWTRAIN_CUDA_MEMORY_SNAPSHOT``
+runs out (a memory summary in the run's ``.health/`` folder; with ``FLOWTRAIN_CUDA_MEMORY_SNAPSHOT``
 set, PyTorch's CUDA memory snapshot too).
 
 A rank that raises a CUDA out-of-memory error, a ``MemoryError`` or an allocator's "can't
@@ -60,7 +60,7 @@ def leave_memory_summary(
     memory: MemoryPeak,
 ) -> str | None:
     """Write what rank ``rank``'s memory looked like when ``error`` stopped it (after ``reports``
-    reports of ``attempt``) into the run's ``health/`` folder; return the summary's path there
+    reports of ``attempt``) into the run's ``.health/`` folder; return the summary's path there
     (None when it could not be written)."""
     stem = f"oom-attempt{attempt:04d}-rank{rank:04d}"
     lines = [

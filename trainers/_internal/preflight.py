@@ -19,9 +19,9 @@ from trainers._internal.health_settings import PreflightSettings
 from trainers.errors import PreflightError
 
 #: Matrix side and repetitions of one round of the compute probe: ~50 ms on a CPU core,
-#: milliseconds on a GPU; the better of ``PROBE_ROUNDS`` rounds counts.
+#: milliseconds on a GPU; the best of ``PROBE_ROUNDS`` rounds counts.
 CPU_SIDE, CPU_REPEATS = 256, 20
-PROBE_ROUNDS = 2
+PROBE_ROUNDS = 3
 GPU_SIDE, GPU_REPEATS = 4096, 20
 #: All-reduce payload (bytes) and repetitions: big enough to measure bandwidth, small enough to be quick.
 CPU_ALLREDUCE_BYTES, GPU_ALLREDUCE_BYTES, ALLREDUCE_REPEATS = 4 * 2**20, 256 * 2**20, 5
@@ -29,23 +29,32 @@ CPU_ALLREDUCE_BYTES, GPU_ALLREDUCE_BYTES, ALLREDUCE_REPEATS = 4 * 2**20, 256 * 2
 
 def probe(use_gpu: bool) -> dict[str, float | None]:
     """Run in each worker: its compute rate (GFLOP/s) and, with a process group, the group's
-    all-reduce bus bandwidth (GB/s) as this rank saw it."""
+    all-reduce bus bandwidth (GB/s) as this rank saw it. On a CPU the multiply runs on one thread
+    (the rate of one core, whatever the worker's thread settings), which is put back after."""
     import torch
 
     device = torch.device("cuda", torch.cuda.current_device()) if use_gpu and torch.cuda.is_available() else None
     side, repeats = (GPU_SIDE, GPU_REPEATS) if device is not None else (CPU_SIDE, CPU_REPEATS)
-    left = torch.rand(side, side, device=device)
-    right = torch.rand(side, side, device=device)
-    _synchronize(torch, device)
-    left @ right  # warm up: the first multiply loads kernels
-    rates = []
-    for _ in range(PROBE_ROUNDS):  # the better round: a worker descheduled once is not slow, a throttled one is
+    threads = torch.get_num_threads()
+    if device is None:
+        torch.set_num_threads(1)
+    try:
+        left = torch.rand(side, side, device=device)
+        right = torch.rand(side, side, device=device)
         _synchronize(torch, device)
-        started = time.perf_counter()
-        for _ in range(repeats):
-            left @ right
-        _synchronize(torch, device)
-        rates.append(2 * side**3 * repeats / (time.perf_counter() - started) / 1e9)
+        left @ right  # warm up: the first multiply loads kernels
+        rates = []
+        for _ in range(
+            PROBE_ROUNDS
+        ):  # the best round: a worker descheduled now and then is not slow, a throttled one is
+            _synchronize(torch, device)
+            started = time.perf_counter()
+            for _ in range(repeats):
+                left @ right
+            _synchronize(torch, device)
+            rates.append(2 * side**3 * repeats / (time.perf_counter() - started) / 1e9)
+    finally:
+        torch.set_num_threads(threads)
     return {"gflops": max(rates), "bus_gbps": _allreduce_gbps(torch, device)}
 
 

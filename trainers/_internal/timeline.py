@@ -1,6 +1,6 @@
 """The timeline of one ``fit()`` call, gathered by the controller as the run goes: every committed
 round (with each rank's step), failures and stragglers; the phases come from the goodput clock.
-Kept in the run folder (``health/timeline-attemptNNNN.json``) and drawn from there
+Kept in the run folder (``.health/timeline-attemptNNNN.json``) and drawn from there
 (``trainers.health.draw_timeline``)."""
 
 from __future__ import annotations
