@@ -113,6 +113,7 @@ def test_every_check_fits_the_budget_alone_and_names_itself():
         "placement",
         "checkpoint_resume",
         "nccl_reform",
+        "cuda_oom",
         "fsdp",
         "amp",
         "deepspeed",
