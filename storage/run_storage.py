@@ -240,7 +240,7 @@ class RunStorage:
         commit's own retries are added to ``upload``'s count.
         """
         metrics, report_index, attempt = round_.metrics, round_.report_index, round_.attempt
-        staged, validation, dir_name, upload = round_.staged, round_.validation, round_.dir_name, round_.upload
+        validation, dir_name, upload = round_.validation, round_.dir_name, round_.upload
         if attempt != self.snapshot.attempt:
             raise StorageError(
                 f"report {report_index} of attempt {attempt} arrived after attempt {self.snapshot.attempt} began "
@@ -253,6 +253,22 @@ class RunStorage:
             if time.monotonic() - self._last_write > METRICS_FLUSH_INTERVAL_S:
                 self._write()
             return None
+        entry, index = self.snapshot.reports[-1], len(self.snapshot.reports) - 1
+        try:
+            return self._commit(round_, metrics, validation, dir_name, upload)
+        except BaseException:
+            # Failed before its checkpoint was recorded: a later write of run.json (the run's end)
+            # must not keep this report as if it had been. Once recorded, the two stay together.
+            recorded = any(c.report == index for c in self.snapshot.checkpoints[-1:])
+            if not recorded and self.snapshot.reports and self.snapshot.reports[-1] is entry:
+                self.snapshot.reports.pop()
+            raise
+
+    def _commit(
+        self, round_: ReportRound, metrics: dict[str, Any], validation: Any, dir_name: str | None, upload: Any
+    ) -> Checkpoint:
+        """Commit ``round_``'s checkpoint (its report entry is the snapshot's last) and return it."""
+        attempt, report_index, staged = round_.attempt, round_.report_index, round_.staged
         staging = self.layout.staging_path(attempt, report_index)
         self._check_lease()  # before its commit: the folder it goes to may be another driver's by now
         attribute = self.checkpoint_config.checkpoint_score_attribute

@@ -317,3 +317,14 @@ def test_end_dataset_splits(ray_local):
         assert ray_private.end_dataset_splits(shards) == 1
     reader.join(30)
     assert not reader.is_alive() and "error" in outcome, outcome
+
+
+def test_count_items():
+    """Not a use of Ray's private parts: the counting that ``counting_iterator``'s passes do, for
+    batches already in hand (``trainers.testing.ShardCounter.count``)."""
+    from trainers._internal.data_position import ShardPosition
+
+    position = ShardPosition()
+    position.start_pass()
+    items = ray_private.count_items(["a", "b", "c"], position, 10)
+    assert list(items) == ["a", "b", "c"] and (position.epoch, position.rows) == (1, 0)  # a full pass ends the epoch

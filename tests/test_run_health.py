@@ -293,13 +293,16 @@ def _killed_at_its_memory_limit(config):
     for step in range(10):
         if get_context().get_world_rank() == 1:
             if step == 0:
+                # The limit is its RSS + 256 MiB, so at three steps of 64 MiB its RSS is near the
+                # limit. Only what it allocates from now on is charged to the cgroup (cgroup v1), so
+                # the fourth step allocates more than the whole limit: the kernel kills it there.
+                rss = resource_usage_bytes()
                 with open(os.path.join(config["cgroup"], "memory.limit_in_bytes"), "w") as limit:
-                    # Only what it allocates from now on is charged to the cgroup (cgroup v1), so a
-                    # limit of its RSS + 256 MiB: three steps of 64 MiB fit, the fourth's 512 do not.
-                    limit.write(str(resource_usage_bytes() + 256 * 2**20))
+                    limit.write(str(rss + 256 * 2**20))
                 with open(os.path.join(config["cgroup"], "cgroup.procs"), "w") as procs:
                     procs.write(str(os.getpid()))
-            held.append(np.ones(64 * 2**20 // 8 if step < 3 else 512 * 2**20 // 8))  # the fourth goes past the limit
+            size = 64 * 2**20 if step < 3 else rss + 512 * 2**20
+            held.append(np.ones(size // 8))
         report({"step": step})
 
 
