@@ -196,8 +196,11 @@ def reform_loop(config: dict) -> dict:
     ones = torch.ones(4, device=device)
     dist.all_reduce(ones)
     report({"pid": os.getpid(), "sum": float(ones[0].item()), "backend": str(dist.get_backend())})
-    if get_checkpoint() is None and not os.path.exists(config["marker"]):
-        open(config["marker"], "w").close()
+    # Every rank decides alike from the attempt (a marker file one rank writes would race the
+    # others' look at it: a rank that saw it would skip the in-flight collective and hang its peer).
+    if context.get_attempt() == 1 and get_checkpoint() is None:
+        if context.get_world_rank() == 0:
+            open(config["marker"], "w").close()
         if device.type == "cuda":
             torch.cuda._sleep(2_000_000_000)  # about a second of GPU time, queued ahead of the collective
         dist.all_reduce(torch.ones(4, device=device), async_op=True)
