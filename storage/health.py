@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from storage.filesystem import write_bytes
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+    from storage.layout import RunLayout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,3 +305,13 @@ class Timeline:
             tuple(TimelineRound(t, a, i, bool(c), tuple(s)) for t, a, i, c, s in body["rounds"]),
             tuple(TimelineMark(**m) for m in body["marks"]),
         )
+
+
+def write_health_file(filesystem: pafs.FileSystem, layout: RunLayout, name: str, data: bytes) -> str:
+    """Write ``data`` as the file ``name`` of the run's ``.health/`` folder (made when missing);
+    return its path there. The one writer of that folder: the driver's timeline and picture, a
+    worker's memory summary."""
+    filesystem.create_dir(layout.health_path(""), recursive=True)
+    path = layout.health_path(name)
+    write_bytes(filesystem, path, data)
+    return path

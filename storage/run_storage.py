@@ -33,7 +33,15 @@ from storage.commit import adopt_folder, commit_folder, is_committed, try_delete
 from storage.config import CheckpointConfig
 from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, exists, is_local, resolve_filesystem, write_bytes
-from storage.health import GoodputAccount, MemoryPeak, PreflightRecord, RunHealth, StragglerRecord, Timeline
+from storage.health import (
+    GoodputAccount,
+    MemoryPeak,
+    PreflightRecord,
+    RunHealth,
+    StragglerRecord,
+    Timeline,
+    write_health_file,
+)
 from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name, join_run
 from storage.lease import Lease
 from storage.positions import DataResume, RoundPosition
@@ -407,10 +415,8 @@ class RunStorage:
 
     def record_timeline(self, timeline: Timeline) -> str:
         """Keep a ``fit()`` call's timeline in the run's ``.health/`` folder; return its path there."""
-        path = self.layout.health_path(f"timeline-attempt{timeline.first_attempt:04d}.json")
-        self.filesystem.create_dir(self.layout.health_path(""), recursive=True)
-        write_bytes(self.filesystem, path, json.dumps(timeline.to_json()).encode())
-        return path
+        name = f"timeline-attempt{timeline.first_attempt:04d}.json"
+        return write_health_file(self.filesystem, self.layout, name, json.dumps(timeline.to_json()).encode())
 
     def latest_timeline(self) -> Timeline | None:
         """The timeline of the run's latest ``fit()`` call, or None when it has none."""
@@ -428,10 +434,8 @@ class RunStorage:
     def put_health_file(self, local_path: str, name: str) -> str:
         """Copy the local file ``local_path`` into the run's ``.health/`` folder as ``name``; return
         where it is, as a path or URI a person can open."""
-        path = self.layout.health_path(name)
-        self.filesystem.create_dir(self.layout.health_path(""), recursive=True)
         with open(local_path, "rb") as source:
-            write_bytes(self.filesystem, path, source.read())
+            path = write_health_file(self.filesystem, self.layout, name, source.read())
         return display_path(self.filesystem, path)
 
     def _keep_peaks(self, memory: tuple[MemoryPeak | None, ...]) -> None:

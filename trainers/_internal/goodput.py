@@ -77,10 +77,6 @@ class GoodputClock:
         """Seconds since the start: when things happen, on the timeline."""
         return self._clock() - self._started
 
-    @property
-    def phase(self) -> Phase | None:
-        return self._phase
-
     def committed(self, blocked_s: float, reported_at: float | None = None) -> None:
         """A checkpoint was committed; its ranks were blocked uploading it for ``blocked_s``. The
         training kept is that up to ``reported_at`` (when the round's reports arrived; the commit's

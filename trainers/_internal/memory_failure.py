@@ -17,8 +17,7 @@ import tempfile
 
 import pyarrow.fs
 
-from storage.filesystem import write_bytes
-from storage.health import MemoryPeak
+from storage.health import MemoryPeak, write_health_file
 from storage.layout import RunLayout
 
 #: Set to 1 to record CUDA allocations from each attempt's start and dump PyTorch's memory snapshot
@@ -72,10 +71,8 @@ def leave_memory_summary(
     cuda = torch is not None and torch.cuda.is_initialized()
     if cuda:
         lines += ["", torch.cuda.memory_summary()]  # type: ignore[union-attr]
-    path = layout.health_path(f"{stem}.txt")
     try:
-        filesystem.create_dir(layout.health_path(""), recursive=True)
-        write_bytes(filesystem, path, "\n".join(lines).encode())
+        path = write_health_file(filesystem, layout, f"{stem}.txt", "\n".join(lines).encode())
         if cuda and os.environ.get(SNAPSHOT_ENV, "") in ("1", "true", "yes", "on"):
             _upload_snapshot(layout, filesystem, f"{stem}.pickle")
     except Exception:  # noqa: BLE001 - the failure itself must reach the controller whatever storage does
