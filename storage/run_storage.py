@@ -408,9 +408,12 @@ class RunStorage:
         self.snapshot.preflight.append(record)
         self._write()
 
-    def record_goodput(self, account: GoodputAccount) -> None:
-        """Keep the goodput account of the ``fit()`` call that ends now."""
+    def record_goodput(self, account: GoodputAccount, workers_parked: str | None = None) -> None:
+        """Keep the goodput account of the ``fit()`` call that ends now, and whether its workers
+        were parked for the next one (None: it did not end cleanly with a worker group)."""
         self.snapshot.goodput.append(account)
+        if workers_parked is not None:
+            self.snapshot.workers_parked.append(workers_parked)
         self._write()
 
     def record_timeline(self, timeline: Timeline) -> str:

@@ -201,6 +201,9 @@ class RunSnapshot:
     goodput: list[GoodputAccount] = dataclasses.field(default_factory=list)
     #: The pre-flight check of each ``fit()`` call that ran one, oldest first.
     preflight: list[PreflightRecord] = dataclasses.field(default_factory=list)
+    #: For each ``fit()`` call that ended cleanly with a worker group, oldest first: whether its
+    #: workers were parked for the next ``fit()`` and, where not, why.
+    workers_parked: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def latest(self) -> CheckpointRecord | None:

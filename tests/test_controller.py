@@ -58,7 +58,7 @@ class MemoryStore:
     def record_straggler(self, straggler):
         self.stragglers.append(straggler)
 
-    def record_goodput(self, account):
+    def record_goodput(self, account, workers_parked=None):
         self.accounts.append(account)
 
     def rewind_to_latest_checkpoint(self):
@@ -69,7 +69,7 @@ class MemoryStore:
 class ScriptedWorkers:
     """Hands out one scripted batch of events per poll, per attempt."""
 
-    preflight = None  # no pre-flight check in scripted runs
+    preflight = workers_parked = None  # no pre-flight check, no worker process to park in scripted runs
 
     def __init__(self, world_size, attempts, fail_launch=()):
         self.world_size = world_size

@@ -127,7 +127,7 @@ class _Store:
     def record_straggler(self, straggler):
         self.stragglers.append(straggler)
 
-    def record_goodput(self, account):
+    def record_goodput(self, account, workers_parked=None):
         self.account = account
 
     latest_checkpoint = latest_data_position = None
@@ -135,7 +135,7 @@ class _Store:
 
 class _Workers:
     world_size = 2
-    preflight = None
+    preflight = workers_parked = None
 
     def __init__(self, events):
         self.events = events

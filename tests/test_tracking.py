@@ -314,6 +314,32 @@ def test_setup_mlflow_logs_to_the_callbacks_run_and_finds_it_again_on_a_rerun(tm
     ]  # the loop's own logging repeats
 
 
+def test_a_deleted_mlflow_run_is_not_logged_to_again_and_run_json_names_the_new_one(tmp_path, mlflow_server):
+    from mlflow.tracking import MlflowClient
+
+    def fit() -> None:
+        DataParallelTrainer(
+            lambda: report({"x": 1}),
+            scaling_config=ScalingConfig(num_workers=0),
+            run_config=RunConfig(
+                name="gone",
+                storage_path=str(tmp_path),
+                callbacks=[MLflowLoggerCallback(mlflow_server, experiment_name="deleted")],
+            ),
+        ).fit()
+
+    fit()
+    client = MlflowClient(mlflow_server)
+    first = the_only_run(client, "deleted")
+    client.delete_run(first.info.run_id)
+    with pytest.warns(UserWarning, match=f"MLflow run {first.info.run_id} .* is deleted"):
+        fit()
+    second = the_only_run(client, "deleted")  # search_runs lists live runs only
+    assert second.info.run_id != first.info.run_id and second.info.status == "FINISHED"
+    recorded = json.loads((tmp_path / "gone" / "run.json").read_text())["tracking"]["mlflow"]["run_id"]
+    assert recorded == second.info.run_id
+
+
 def test_tensorboard_refuses_a_run_folder_on_an_object_store():
     from trainers.callback import TrainRunContext
 

@@ -4,6 +4,7 @@ another shape, and a backend that does not say it can be reused get new processe
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -60,6 +61,11 @@ def pids(found):
     return sorted(row["pid"] for row in found)
 
 
+def workers_parked(tmp_path, name):
+    """What the run's record says became of its workers at each clean end (one line per fit())."""
+    return json.loads((tmp_path / name / "run.json").read_text())["workers_parked"]
+
+
 def test_the_next_run_of_the_same_shape_gets_the_same_processes_reset(tmp_path):
     import ray
 
@@ -67,6 +73,7 @@ def test_the_next_run_of_the_same_shape_gets_the_same_processes_reset(tmp_path):
     # Parked, the workers hold nothing: the whole cluster is free for other work.
     wait_until(lambda: ray.available_resources().get("CPU") == TEST_NUM_CPUS, timeout_s=30, what="the run's CPUs freed")
     assert len(warm_workers.parked_actor_ids()) == 2
+    assert workers_parked(tmp_path, "first") == ["parked 2 of 2"]
     second = run(tmp_path, "second")
     assert pids(second) == pids(first)
     for row in second:  # nothing the first run changed is seen by the second
@@ -108,6 +115,7 @@ def test_a_keep_time_of_zero_keeps_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv(warm_workers.KEEP_ENV, "0")
     first = run(tmp_path, "a")
     assert warm_workers.parked_actor_ids() == set()
+    assert workers_parked(tmp_path, "a") == ["not parked: FLOWTRAIN_KEEP_WORKERS_S=0"]
     assert set(pids(run(tmp_path, "b"))).isdisjoint(pids(first))
 
 
@@ -143,6 +151,8 @@ def test_a_backend_that_does_not_say_so_gets_new_processes(tmp_path):
 
     first = fit("custom-1")
     assert warm_workers.parked_actor_ids() == set()
+    [line] = workers_parked(tmp_path, "custom-1")
+    assert line.startswith("not parked: the _CustomBackend backend has not declared") and "reuses_workers" in line
     assert fit("custom-2") != first
 
 
@@ -163,6 +173,9 @@ def test_a_process_that_loaded_deepspeed_is_not_kept(tmp_path):
     )
     pid = trainer.fit().return_value
     assert warm_workers.parked_actor_ids() == set()
+    assert workers_parked(tmp_path, "deepspeed-like") == [
+        "not parked: rank 0: it loaded deepspeed, which keep process-wide distributed state"
+    ]
     wait_until(lambda: not process_alive(pid), timeout_s=30, what=f"worker {pid} killed")
 
 

@@ -156,6 +156,8 @@ class RayWorkers:
         self._nodes: dict[int, tuple[str, str]] = {}
         #: The backend was torn down after a clean end: the workers may be kept for the next run.
         self._clean = False
+        #: After a clean end: whether the workers were parked for the next ``fit()``, and why not.
+        self.workers_parked: str | None = None
         #: The attempt under way (for the restart record).
         self._attempt = 0
         #: Its dataset shards, one ``{name: DataIterator}`` per rank.
@@ -425,7 +427,7 @@ class RayWorkers:
         if self.group is not None:
             if self.group.workers:
                 self._released = self._held()
-            self.group.shutdown(keep=self._clean)
+            self.workers_parked = self.group.shutdown(keep=self._clean) or self.workers_parked
             self._clean = False
             self.group = None
 
@@ -436,6 +438,8 @@ class LocalWorkers:
     world_size = 1
     #: One worker in this process: nothing to compare it with.
     preflight: PreflightRecord | None = None
+    #: No worker process to park.
+    workers_parked: str | None = None
 
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec

@@ -59,6 +59,8 @@ class Workers(Protocol):
     world_size: int
     #: The first attempt's pre-flight check, once it ran (None: not run).
     preflight: PreflightRecord | None
+    #: After a clean end: whether the workers were parked for the next ``fit()``, and why not.
+    workers_parked: str | None
 
     def launch(
         self, attempt: int, checkpoint: Checkpoint | None, data_position: RoundPosition | None = None
@@ -217,7 +219,7 @@ class Controller:
         self.timeline = self.timeline_book.close(name, self.workers.world_size, self.goodput)
         logger.info("%s: %s", name, self.account.describe())
         try:
-            self.storage.record_goodput(self.account)
+            self.storage.record_goodput(self.account, self.workers.workers_parked)
             self.storage.record_timeline(self.timeline)
         except Exception as error:  # noqa: BLE001 - the run's own outcome (or error) must come out, not this
             logger.warning("the goodput account and timeline were not written to the run's folder: %s", error)

@@ -10,7 +10,8 @@ torch and ``torch._dynamo``: about 6 s of CPU each):
 
 Either way a reused process is put back as a fresh one first (``fresh_process``). ``refusal``
 answers for a group, in the driver; ``process_refusal`` for one process, in the worker. The
-reasons are logged at debug level, and a restart's is kept in the run's record.
+reasons are logged at debug level and kept in the run's record: a restart's in ``restarts``, a
+clean end's in ``workers_parked``.
 """
 
 from __future__ import annotations

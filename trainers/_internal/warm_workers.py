@@ -86,16 +86,14 @@ def _expire(parked: _Parked) -> None:
         _kill(parked.workers)
 
 
-def park(key: tuple, workers: list[tuple[Any, str, str]]) -> None:
+def park(key: tuple, workers: list[tuple[Any, str, str]]) -> str | None:
     """Keep ``workers`` (reset, holding no resources) for a group of shape ``key``; whatever was
-    parked before is killed."""
+    parked before is killed. Returns why they were killed instead, or None when they were parked."""
     global _parked
     seconds = keep_s()
     if seconds <= 0 or not workers:
-        if workers:
-            logger.debug("%d worker(s) not parked: %s=0", len(workers), KEEP_ENV)
         _kill(workers)
-        return
+        return f"{KEEP_ENV}=0" if workers else None
     parked = _Parked(key, list(workers), threading.Timer(seconds, lambda: _expire(parked)))
     parked.timer.daemon = True
     with _lock:
@@ -104,6 +102,7 @@ def park(key: tuple, workers: list[tuple[Any, str, str]]) -> None:
         previous.timer.cancel()
         _kill(previous.workers)
     parked.timer.start()
+    return None
 
 
 def take(key: tuple, nodes: list[str]) -> list[Any | None]:

@@ -117,6 +117,7 @@ class RayWorkerGroup:
         self.reusable = reusable
         #: Set by ``start``: these workers hold no resources of their own and may be parked.
         self._keepable = False
+        self._parking_refusal: str | None = None
         #: Set by ``start``: what decides whether these workers are reused (``reuse.refusal``).
         self.facts = GroupFacts(backend_reuses=reusable, backend_name="")
         #: World rank -> bundle of the workers ``stop_training`` let go, for ``refill`` to replace.
@@ -195,9 +196,9 @@ class RayWorkerGroup:
             in_tune_trial=not self._owns_pg or trial_group is not None,
             resources=tuple(sorted(bundle)),
         )
-        parking = refusal(self.facts, Reuse.BETWEEN_RUNS)
-        logger.debug("workers may be parked after a clean end: %s", f"no, {parking}" if parking else "yes")
-        self._keepable = parking is None
+        self._parking_refusal = refusal(self.facts, Reuse.BETWEEN_RUNS)
+        logger.debug("workers may be parked after a clean end: %s", self._parking_refusal or "yes")
+        self._keepable = self._parking_refusal is None
         if self._keepable:
             self._shape = warm_workers.shape_key(bundle, self.runtime_env)
         bundles = list(range(first_bundle, first_bundle + self.world_size))
@@ -510,25 +511,29 @@ class RayWorkerGroup:
             kind="preempted" if getattr(error, "preempted", False) else "died",
         )
 
-    def _park(self) -> None:
-        """Reset the workers and hand those that answer to ``warm_workers``; they leave ``workers``."""
+    def _park(self) -> str:
+        """Reset the workers and hand those that answer to ``warm_workers``; they leave ``workers``.
+        Returns what became of them, in one line, with the reasons of those not parked."""
         refs = [w.actor.stop.remote() for w in self.workers]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=KEPT_WORKER_ANSWER_S)
         done = set(ready)
         keep: list[tuple[Any, str, str]] = []
+        why_not: list[str] = []
         for worker, ref in zip(list(self.workers), refs, strict=True):
-            if ref not in done:
-                continue
             try:
-                answer = ray.get(ref)
+                answer = ray.get(ref) if ref in done else None
             except RayError:  # it died as the run ended: nothing to keep
-                continue
-            if answer.actor_id is not None:
+                answer = None
+            if answer is not None and answer.actor_id is not None:
                 keep.append((worker.actor, worker.metadata.node_id, answer.actor_id))
                 self.workers.remove(worker)
             else:
-                logger.debug("worker of rank %d not parked: %s", worker.ranks.world_rank, answer.why_not)
-        warm_workers.park(self._shape, keep)
+                why = answer.why_not if answer is not None else "it did not answer its reset"
+                why_not.append(f"rank {worker.ranks.world_rank}: {why}")
+        refused = warm_workers.park(self._shape, keep)
+        if refused is not None or not keep:
+            return "not parked: " + "; ".join(([refused] if refused is not None else []) + why_not)
+        return "; ".join([f"parked {len(keep)} of {len(keep) + len(why_not)}", *why_not])
 
     # -- replacing failed ranks -------------------------------------------------------------------
 
@@ -614,16 +619,19 @@ class RayWorkerGroup:
         for actor in self.spares.fill(nodes, per_node):
             _kill(actor)
 
-    def shutdown(self, keep: bool = False) -> None:
+    def shutdown(self, keep: bool = False) -> str | None:
         """Kill every actor and release the placement group. Safe to call twice.
 
         ``keep``: the run ended cleanly, so workers that can be kept are reset and parked for the
-        next run of the same shape (``warm_workers``) instead of killed."""
+        next run of the same shape (``warm_workers``) instead of killed; then it returns whether
+        they were, and why not (None when not ``keep``)."""
         if self._inbox is not None:
             self._inbox.close()  # first: the actors' deaths below are no news
             self._inbox = None
-        if keep and self._keepable and self.workers:
-            self._park()
+        parked = None
+        if keep and self.workers:
+            parked = self._park() if self._keepable else f"not parked: {self._parking_refusal}"
+            logger.debug("the workers after a clean end: %s", parked)
         for actor in [w.actor for w in self.workers] + self.spares.clear():
             _kill(actor)
         self.workers = []
@@ -636,3 +644,4 @@ class RayWorkerGroup:
                 pass
         self._pg = None
         self._slices = None
+        return parked

@@ -4,12 +4,13 @@
 and its best checkpoint. ``setup_mlflow()`` gives the training function the ``mlflow`` module on
 rank 0 (a no-op stand-in on the other ranks) to log anything else.
 
-One flowtrain run is one MLflow run, however often it is resumed. The callback keeps the MLflow
-run's id in the run's record (run.json), and the MLflow run remembers the last step it holds (the
-``flowtrain.last_step`` tag, set in the same request as the step's metrics), so a resumed run
-logs the steps after it and no step twice. ``setup_mlflow()`` finds its run again by the run's
-folder (the ``flowtrain.run_path`` tag); in the callback's experiment, rank 0 finds the
-callback's run.
+One flowtrain run is one MLflow run, however often it is resumed. Which MLflow run is ours has
+one answer, ``our_run``: the run of the experiment tagged with the flowtrain run's folder and the
+rank (``flowtrain.run_path``, ``flowtrain.rank``), for the callback (rank 0) and ``setup_mlflow()``
+alike, so in the callback's experiment rank 0's ``setup_mlflow()`` logs to the callback's run. The
+callback also writes the id into the run's record (run.json) for people and tools to read. The
+MLflow run remembers the last step it holds (the ``flowtrain.last_step`` tag, set in the same
+request as the step's metrics), so a resumed run logs the steps after it and no step twice.
 """
 
 from __future__ import annotations
@@ -112,14 +113,13 @@ class MLflowLoggerCallback(UserCallback):
         return f"{uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
 
     def before_run(self, run_context: TrainRunContext, history: list[dict[str, Any]]) -> None:
-        """Open the MLflow run (the one in the run's record when resuming), log the parameters, and
+        """Open the MLflow run (``our_run`` when resuming), log the parameters, and
         log the history's steps the MLflow run does not hold yet."""
         self._client = client = connect(self.tracking_uri, self.registry_uri, self.tracking_token)
         self.resolved_tracking_uri = client.tracking_uri
-        recorded = run_context.tracking.get(TRACKER)
-        run = _existing_run(client, recorded["run_id"]) if recorded else None
+        experiment_id = experiment_id_for(client, None, self.experiment_name, create=True)
+        run = our_run(client, experiment_id, run_context.run_path, 0)
         if run is None:
-            experiment_id = experiment_id_for(client, None, self.experiment_name, create=True)
             run = client.create_run(
                 experiment_id, run_name=run_context.name, tags={RUN_PATH_TAG: run_context.run_path, RANK_TAG: "0"}
             )
@@ -273,15 +273,15 @@ def setup_mlflow(
     found = None
     if context is not None:
         rank = context.get_world_rank()
-        key = {RUN_PATH_TAG: context.get_storage().experiment_path, RANK_TAG: str(rank)}
-        found = _find_run(client, experiment, key)
-        run_tags.update(key)
+        run_path = context.get_storage().experiment_path
+        found = our_run(client, experiment, run_path, rank)
+        run_tags.update({RUN_PATH_TAG: run_path, RANK_TAG: str(rank)})
         run_name = run_name or (
             context.get_experiment_name() if rank == 0 else f"{context.get_experiment_name()}-rank{rank}"
         )
     if mlflow.active_run() is None:
         if found is not None:
-            mlflow.start_run(run_id=found)
+            mlflow.start_run(run_id=found.info.run_id)
             mlflow.set_tags(run_tags)
         else:
             mlflow.start_run(experiment_id=experiment, run_name=run_name, tags=run_tags)
@@ -361,33 +361,25 @@ def log_params(client: Any, run: Any, config: dict[str, Any] | None) -> None:
         client.log_batch(run.info.run_id, params=new[start : start + MAX_PARAMS_PER_BATCH], synchronous=True)
 
 
-def _existing_run(client: Any, run_id: str) -> Any:
-    """The MLflow run ``run_id``, or None (with a warning) when it was deleted."""
-    from mlflow.exceptions import MlflowException
+def our_run(client: Any, experiment_id: str, run_path: str, rank: int) -> Any:
+    """The MLflow run that rank ``rank`` of the flowtrain run in ``run_path`` logs to: the oldest
+    run of the experiment tagged with both, or None when there is none yet. One whose runs were
+    all deleted gets a new MLflow run: a warning says so."""
+    from mlflow.entities import ViewType
 
-    try:
-        run = client.get_run(run_id)
-    except MlflowException as error:
-        if error.error_code != "RESOURCE_DOES_NOT_EXIST":
-            raise
-        run = None
-    if run is None or run.info.lifecycle_stage == "deleted":
+    where = f"tags.`{RUN_PATH_TAG}` = '{run_path}' and tags.`{RANK_TAG}` = '{rank}'"
+    runs = client.search_runs(
+        [experiment_id], filter_string=where, run_view_type=ViewType.ALL, order_by=["attributes.start_time ASC"]
+    )
+    live = [run for run in runs if run.info.lifecycle_stage != "deleted"]
+    if runs and not live:
         warnings.warn(
-            f"The MLflow run {run_id} this run logged to is gone from {client.tracking_uri}; logging to a new MLflow run.",
+            f"The MLflow run {runs[0].info.run_id} this run logged to is deleted at {client.tracking_uri}; "
+            "logging to a new MLflow run.",
             UserWarning,
             stacklevel=3,
         )
-        return None
-    return run
-
-
-def _find_run(client: Any, experiment_id: str, tags: dict[str, str]) -> str | None:
-    """The id of the oldest live MLflow run of the experiment with all of ``tags``, or None."""
-    where = " and ".join(f"tags.`{key}` = '{value}'" for key, value in tags.items())
-    runs = client.search_runs(
-        [experiment_id], filter_string=where, max_results=1, order_by=["attributes.start_time ASC"]
-    )
-    return runs[0].info.run_id if runs else None
+    return live[0] if live else None
 
 
 def _prefect_tags() -> dict[str, str]:
