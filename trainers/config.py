@@ -7,6 +7,7 @@ re-exported here.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import re
@@ -19,7 +20,7 @@ from storage.config import DEPRECATED
 from storage.config import deprecated as _deprecated
 from storage.filesystem import is_uri
 from storage.layout import resolve_storage_path
-from trainers._internal.validation import (
+from trainers._checks import (
     check_bool,
     check_choice,
     check_int,
@@ -33,6 +34,29 @@ if TYPE_CHECKING:
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 #: Ray's resource for "this node has accelerator X" (``accelerator_type:A100``).
 ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"
+
+
+def tpu_slice_shape(
+    topology: str, accelerator_type: str, resources_per_worker: dict | None
+) -> tuple[int, dict[str, float]]:
+    """How many workers one slice of ``topology`` holds, and what each worker reserves (a whole
+    host's chips and 1 CPU unless ``resources_per_worker`` says otherwise). ``ValueError`` when
+    Ray cannot read the topology for that accelerator."""
+    from ray.util.tpu import get_tpu_worker_resources
+
+    try:
+        return get_tpu_worker_resources(
+            topology=topology,
+            accelerator_type=accelerator_type,
+            resources_per_worker=resources_per_worker,
+            num_slices=1,
+        )
+    except Exception as error:  # noqa: BLE001 - Ray's parser raises many kinds; all mean the same bad topology
+        raise ValueError(
+            f"Could not parse TPU topology details for type={accelerator_type}, topology={topology}. Error: {error} "
+            "Set ScalingConfig.topology to the slice's shape, e.g. '2x2x2', and accelerator_type to its generation, "
+            "e.g. 'TPU-V4'."
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,9 +190,7 @@ class ScalingConfig:
         whole slices."""
         shape = None
         if self.use_tpu and self.topology and self.accelerator_type:
-            from trainers._internal.tpu import slice_shape
-
-            shape = slice_shape(self.topology, self.accelerator_type, self.resources_per_worker)
+            shape = tpu_slice_shape(self.topology, self.accelerator_type, self.resources_per_worker)
             per_slice, resources = shape
             for field, count in (("num_workers", self.max_workers), ("min_workers", self.min_workers)):
                 if count % per_slice:
@@ -420,17 +442,52 @@ class DataConfig:
         **kwargs: Any,
     ) -> list[dict[str, Any]]:
         """One ``{name: DataIterator}`` per worker rank. Override it in a subclass to decide the
-        shards yourself, as with Ray Train's ``DataConfig.configure``."""
-        from trainers._internal.data import configure
+        shards yourself, as with Ray Train's ``DataConfig.configure``.
 
-        return configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs)
+        Each dataset runs on a copy with its own execution options (the dataset you passed is left
+        as it is, except that an unnamed one is named after its key, as Ray Train does). Datasets in
+        ``datasets_to_split`` are streamed in equal shards; with ``enable_shard_locality`` each
+        shard prefers blocks on its worker's node (``worker_node_ids``, in rank order). The others
+        reach every rank whole. ``worker_handles`` and ``kwargs`` are accepted for Ray's signature
+        and not used."""
+        to_split = set(datasets) if self.datasets_to_split == "all" else set(self.datasets_to_split)
+        hints = list(worker_node_ids) if self.enable_shard_locality and worker_node_ids else None
+        shards: list[dict[str, Any]] = [{} for _ in range(world_size)]
+        for name, dataset in datasets.items():
+            if dataset.name is None:
+                dataset.set_name(name)
+            # A copy with a context of its own: the options set here must not reach the caller's dataset.
+            dataset = type(dataset).copy(dataset, _deep_copy=True)
+            dataset.context.execution_options = self.execution_options_for(name)
+            if name in to_split and world_size > 1:
+                parts = dataset.streaming_split(world_size, equal=True, locality_hints=hints)
+            else:
+                # With one worker a split dataset is read whole: a plain iterator needs no split
+                # coordinator actor (a process of its own), so the first batch comes sooner.
+                parts = [dataset.iterator()] * world_size
+            for rank in range(world_size):
+                shards[rank][name] = parts[rank]
+        return shards
 
     @staticmethod
     def default_ingest_options() -> Any:
-        """The ``ray.data.ExecutionOptions`` a dataset gets when ``execution_options`` names none for it."""
-        from trainers._internal.data import default_ingest_options
+        """The ``ray.data.ExecutionOptions`` a dataset gets when ``execution_options`` names none
+        for it: a copy of those set in the current ``DataContext`` (resource limits, excluded
+        resources, label selector, ordering, progress verbosity), as in Ray Train."""
+        from ray.data import DataContext
 
-        return default_ingest_options()
+        # A copy, not ExecutionOptions(exclude_resources=...): Ray 2.60 warns on every
+        # exclude_resources it is given (deprecated for label_selector), the default zero included.
+        return copy.deepcopy(DataContext.get_current().execution_options)
+
+    def execution_options_for(self, name: str) -> Any:
+        """A fresh copy of the ``ExecutionOptions`` dataset ``name`` runs with: the one given for
+        all datasets, or the one given for ``name`` in a dict, or else ``default_ingest_options()``
+        (which a subclass may override, as in Ray Train)."""
+        given = self.execution_options
+        if isinstance(given, dict):
+            given = given.get(name)
+        return copy.deepcopy(self.default_ingest_options() if given is None else given)
 
 
 #: The log levels ``LoggingConfig`` accepts, as Python's logging spells them.

@@ -52,7 +52,7 @@ def _check_picklable(field: str, value: Any) -> None:
     """Workers receive ``value`` pickled: fail before the run folder exists when it cannot be."""
     import reprlib
 
-    from trainers._internal.validation import pickling_error
+    from trainers._checks import pickling_error
 
     error = pickling_error(value)
     if error is not None:

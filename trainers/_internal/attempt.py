@@ -27,7 +27,6 @@ from storage.snapshot import RestartRecord
 from trainers._internal import preflight, warm_workers
 from trainers._internal.attempt_book import LAUNCH
 from trainers._internal.data import (
-    execution_options_for,
     install_data_context,
     is_dataset,
     names_to_split,
@@ -106,7 +105,7 @@ def _resume_plan(spec: RunSpec, world_size: int, saved: RoundPosition | None) ->
         return None
     if not saved:
         return ResumePlan([None] * world_size)
-    ordered = {name: bool(execution_options_for(config, name).preserve_order) for name in spec.datasets}
+    ordered = {name: bool(config.execution_options_for(name).preserve_order) for name in spec.datasets}
     plan = plan_resume(saved, world_size=world_size, ordered=ordered, split=names_to_split(spec.datasets, config))
     if plan.warning is not None:
         warnings.warn(plan.warning, UserWarning, stacklevel=4)

@@ -12,30 +12,10 @@ from __future__ import annotations
 import copy
 import sys
 import warnings
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-
-class DataConfig(Protocol):
-    """What this module reads of a ``trainers.DataConfig`` (named so, to read as one)."""
-
-    # Read-only, as the frozen dataclass's fields are.
-    @property
-    def datasets_to_split(self) -> Any: ...
-    @property
-    def execution_options(self) -> Any: ...
-    @property
-    def enable_shard_locality(self) -> bool: ...
-    @property
-    def checkpoint_data_position(self) -> bool: ...
-
-    def configure(
-        self,
-        datasets: dict[str, Any],
-        world_size: int,
-        worker_handles: Any = None,
-        worker_node_ids: list[str] | None = None,
-        **kwargs: Any,
-    ) -> list[dict[str, Any]]: ...
+if TYPE_CHECKING:
+    from trainers.config import DataConfig
 
 
 def is_dataset(value: Any) -> bool:
@@ -139,69 +119,6 @@ def install_data_context(context: Any) -> None:
     set_current_data_context(context)
 
 
-# -- DataConfig's meaning, as Ray Train's ------------------------------------------------------
-
-
-def default_ingest_options() -> Any:
-    """The Ray Data ``ExecutionOptions`` a dataset gets when ``DataConfig.execution_options`` names
-    none for it: a copy of those set in the current ``DataContext`` (resource limits, excluded
-    resources, label selector, ordering, progress verbosity), as Ray Train's
-    ``DataConfig.default_ingest_options``."""
-    from ray.data import DataContext
-
-    # A copy, not ExecutionOptions(exclude_resources=...): Ray 2.60 warns on every
-    # exclude_resources it is given (deprecated for label_selector), the default zero included.
-    return copy.deepcopy(DataContext.get_current().execution_options)
-
-
-def execution_options_for(config: DataConfig, name: str) -> Any:
-    """A fresh copy of the ``ExecutionOptions`` dataset ``name`` runs with: the one given for all
-    datasets, or the one given for ``name`` in a dict, or else the config's
-    ``default_ingest_options()`` (a ``DataConfig`` subclass may override it, as in Ray Train)."""
-    given = config.execution_options
-    if isinstance(given, dict):
-        given = given.get(name)
-    if given is None:
-        given = getattr(config, "default_ingest_options", default_ingest_options)()
-    return copy.deepcopy(given)
-
-
-def configure(
-    config: DataConfig,
-    datasets: dict[str, Any],
-    world_size: int,
-    worker_handles: list[Any] | None = None,
-    worker_node_ids: list[str] | None = None,
-    **kwargs: Any,
-) -> list[dict[str, Any]]:
-    """One ``{name: DataIterator}`` per worker rank, as Ray Train's ``DataConfig.configure``.
-
-    Each dataset runs on a copy with its own execution options (the dataset you passed is left as
-    it is, except that an unnamed one is named after its key, as Ray Train does). Datasets in
-    ``datasets_to_split`` are streamed in equal shards; with ``enable_shard_locality`` each shard
-    prefers blocks on its worker's node (``worker_node_ids``, in rank order). The others reach every
-    rank whole. ``worker_handles`` and ``kwargs`` are accepted for Ray's signature and not used.
-    """
-    to_split = names_to_split(datasets, config)
-    hints = list(worker_node_ids) if config.enable_shard_locality and worker_node_ids else None
-    shards: list[dict[str, Any]] = [{} for _ in range(world_size)]
-    for name, dataset in datasets.items():
-        if dataset.name is None:
-            dataset.set_name(name)
-        # A copy with a context of its own: the options set here must not reach the caller's dataset.
-        dataset = type(dataset).copy(dataset, _deep_copy=True)
-        dataset.context.execution_options = execution_options_for(config, name)
-        if name in to_split and world_size > 1:
-            parts = dataset.streaming_split(world_size, equal=True, locality_hints=hints)
-        else:
-            # With one worker a split dataset is read whole: a plain iterator needs no split
-            # coordinator actor (a process of its own), so the first batch comes sooner.
-            parts = [dataset.iterator()] * world_size
-        for rank in range(world_size):
-            shards[rank][name] = parts[rank]
-    return shards
-
-
 def split_datasets(
     datasets: dict[str, Any], config: DataConfig, world_size: int, worker_node_ids: list[str] | None = None
 ) -> list[dict[str, Any]]:
@@ -209,13 +126,7 @@ def split_datasets(
     subclass that overrides it decides, as in Ray Train); ``worker_node_ids`` are the workers'
     nodes in rank order, for shard locality."""
     check_datasets_to_split(datasets, config)
-    # A DataConfig without a configure method of its own (ours, until DataConfig carries one)
-    # gets this module's, which is what DataConfig.configure means.
-    method = getattr(config, "configure", None)
-    if method is None:
-        shards = configure(config, datasets, world_size, None, worker_node_ids)
-    else:
-        shards = method(datasets, world_size=world_size, worker_handles=None, worker_node_ids=worker_node_ids)
+    shards = config.configure(datasets, world_size=world_size, worker_handles=None, worker_node_ids=worker_node_ids)
     if not isinstance(shards, list) or len(shards) != world_size:
         raise TypeError(
             f"{type(config).__name__}.configure returned {type(shards).__name__} of length "

@@ -20,6 +20,7 @@ import pyarrow.fs
 from storage import Checkpoint
 from storage.layout import RunLayout
 from storage.retention import flatten
+from trainers._checks import pickling_error
 from trainers._internal import checkpoint_upload
 from trainers._internal.data_position import DataPositions
 from trainers._internal.events import Event, ReportEvent, SyncEvent, TrainingInterrupted
@@ -27,7 +28,6 @@ from trainers._internal.memory_failure import record_cuda_history
 from trainers._internal.rank_health import RankHealth, StepHealth
 from trainers._internal.reported_checkpoints import Answer, Answers
 from trainers._internal.uploader import OrderedUploader
-from trainers._internal.validation import pickling_error
 from trainers.context import TrainContext, _set_context
 from trainers.report_config import CheckpointUploadMode
 from trainers.tuning import BROADCAST_WARN_BYTES, SYNC_WAKE_S

@@ -17,29 +17,6 @@ SLICE_NAME_LABEL = "ray.io/tpu-slice-name"
 WORKER_ID_LABEL = "ray.io/tpu-worker-id"
 
 
-def slice_shape(
-    topology: str, accelerator_type: str, resources_per_worker: dict | None
-) -> tuple[int, dict[str, float]]:
-    """How many workers one slice of ``topology`` holds, and what each worker reserves (a whole
-    host's chips and 1 CPU unless ``resources_per_worker`` says otherwise). ``ValueError`` when
-    Ray cannot read the topology for that accelerator."""
-    from ray.util.tpu import get_tpu_worker_resources
-
-    try:
-        return get_tpu_worker_resources(
-            topology=topology,
-            accelerator_type=accelerator_type,
-            resources_per_worker=resources_per_worker,
-            num_slices=1,
-        )
-    except Exception as error:  # noqa: BLE001 - Ray's parser raises many kinds; all mean the same bad topology
-        raise ValueError(
-            f"Could not parse TPU topology details for type={accelerator_type}, topology={topology}. Error: {error} "
-            "Set ScalingConfig.topology to the slice's shape, e.g. '2x2x2', and accelerator_type to its generation, "
-            "e.g. 'TPU-V4'."
-        ) from None
-
-
 def num_slices(num_workers: int, workers_per_slice: int) -> int:
     """How many slices ``num_workers`` workers span."""
     return max(1, math.ceil(num_workers / workers_per_slice))

@@ -13,8 +13,8 @@ import logging
 import os
 from typing import Any
 
+from trainers._checks import check_bool, check_number
 from trainers._internal.tpu import multislice_env
-from trainers._internal.validation import check_bool, check_number
 from trainers.backend import Backend, BackendConfig, free_port
 from trainers.tuning import JAX_SHUTDOWN_TIMEOUT_S
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from trainers._internal.validation import check_choice, check_number
+from trainers._checks import check_choice, check_number
 from trainers.backend import Backend, BackendConfig, free_port
 
 BACKENDS = ("gloo", "nccl")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from trainers._internal.validation import check_number
+from trainers._checks import check_number
 from trainers.config import ScalingConfig
 
 #: What the trial's own process (the trainer's controller) reserves by default.

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from trainers._internal.validation import check_choice
+from trainers._checks import check_choice
 from trainers.backend import Backend, BackendConfig
 
 logger = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ import tempfile
 import uuid
 from typing import Any
 
+from trainers._checks import check_choice, check_number
 from trainers._extras import MissingExtraError
-from trainers._internal.validation import check_choice, check_number
 from trainers.backend import Backend
 from trainers.torch.config import INIT_METHODS, TorchConfig, free_port, join_process_group, leave_process_group
 
