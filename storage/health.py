@@ -198,29 +198,40 @@ class GoodputAccount:
 @dataclasses.dataclass(frozen=True)
 class PreflightRecord:
     """The pre-flight check of one ``fit()`` call: how long it took, each worker's compute rate,
-    and the group's all-reduce bus bandwidth (None without a process group)."""
+    the group's all-reduce bus bandwidth (None without a process group), and the network interface
+    each worker's collectives use."""
 
     seconds: float
     #: GFLOP/s of each worker's matrix-multiply probe, by world rank.
     gflops: tuple[float, ...]
     bus_gbps: float | None = None
+    #: By world rank: the interface gloo/NCCL use (``GLOO_SOCKET_IFNAME``), "" where none was set.
+    interfaces: tuple[str, ...] = ()
 
     def describe(self) -> str:
         rates = f"{min(self.gflops):.3g}-{max(self.gflops):.3g} GFLOP/s per worker" if self.gflops else "no worker"
         bus = f", all-reduce {self.bus_gbps:.3g} GB/s bus bandwidth" if self.bus_gbps is not None else ""
-        return f"pre-flight check passed in {self.seconds:.2g} s: {rates}{bus}"
+        names = sorted(set(self.interfaces) - {""})
+        over = f", collectives over {', '.join(names)}" if names else ""
+        return f"pre-flight check passed in {self.seconds:.2g} s: {rates}{bus}{over}"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "seconds": round(self.seconds, 4),
             "gflops": [round(g, 4) for g in self.gflops],
             "bus_gbps": self.bus_gbps,
+            "interfaces": list(self.interfaces),
         }
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> PreflightRecord:
         bus = body.get("bus_gbps")
-        return cls(float(body["seconds"]), tuple(float(g) for g in body["gflops"]), None if bus is None else float(bus))
+        return cls(
+            float(body["seconds"]),
+            tuple(float(g) for g in body["gflops"]),
+            None if bus is None else float(bus),
+            tuple(str(name) for name in body.get("interfaces", ())),
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ import os
 import time
 
 import pytest
+import ray
 
 from storage.health import MemoryPeak, RunHealth, StragglerRecord
 from storage.snapshot import RunSnapshot
@@ -23,6 +24,7 @@ from trainers import FailureConfig, RunConfig, ScalingConfig, UserCallback, get_
 from trainers._internal.controller import Controller, ControllerSettings, State
 from trainers._internal.events import FinishedEvent, ReportEvent
 from trainers._internal.failure_policy import FailurePolicy
+from trainers._internal.network import interface_carrying
 from trainers._internal.rank_health import RankHealth, memory_limit, peak_memory, reset_peaks
 from trainers._internal.stragglers import StragglerWatch
 from trainers.health import StragglerSettings, waiting
@@ -651,6 +653,10 @@ def test_a_healthy_runs_preflight_check_passes_and_keeps_every_workers_figures(t
     assert len(check.gflops) == 2 and all(rate > 0 for rate in check.gflops)
     assert check.bus_gbps is not None and check.bus_gbps > 0 and check.seconds > 0
     assert check.describe().startswith("pre-flight check passed in ")
+    # No GLOO_SOCKET_IFNAME was set: each worker's collectives use the interface of its node's address.
+    [node] = [n for n in ray.nodes() if n["Alive"]]
+    assert check.interfaces == (interface_carrying(node["NodeManagerAddress"]),) * 2
+    assert check.describe().endswith(f"collectives over {check.interfaces[0]}")
     monkeypatch.setenv("FLOWTRAIN_PREFLIGHT", "sometimes")
     with pytest.raises(ValueError, match="FLOWTRAIN_PREFLIGHT='sometimes': choose one of auto, on, off"):
         TorchTrainer(_trains_a_little, scaling_config=ScalingConfig(num_workers=2)).fit()

@@ -397,7 +397,7 @@ class RayWorkers:
         why = self._why_not_in_place(failed)
         if why is None and self.group is not None:
             end_dataset_splits(self._shards)  # a rank waiting in an epoch barrier for a dead one gets out
-            replaced = self.group.stop_training(failed)
+            replaced = self.group.stop_training(failed, lost_hosts=self._lost_hosts(failed))
             kept = tuple(w.ranks.world_rank for w in self.group.workers)
             if kept:
                 self._drain = None
@@ -407,6 +407,14 @@ class RayWorkers:
         self.shutdown()
         logger.info("attempt %d: restarting every worker: %s", self._attempt, why)
         return RestartRecord(self._attempt, full_restart=why)
+
+    def _lost_hosts(self, failed: dict[int, str]) -> frozenset[str]:
+        """The addresses of the failed ranks' nodes that Ray has declared dead."""
+        import ray
+
+        nodes = {self._nodes.get(rank, ("", ""))[0] for rank in failed} - {""}
+        dead = {node["NodeID"] for node in ray.nodes() if not node.get("Alive")} & nodes
+        return frozenset(address for node, address in self._nodes.values() if node in dead)
 
     def _why_not_in_place(self, failed: dict[int, str]) -> str | None:
         """Why the next attempt cannot keep this one's healthy workers, or None when it can."""

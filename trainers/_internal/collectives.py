@@ -7,7 +7,9 @@ imported. How a rank blocked in a collective gets out depends on the library und
   collective waiting on it fails at once ("Connection closed by peer"). ``abort`` does not wake a
   waiting gloo collective (torch 2.13), and destroying a group another thread is using is unsafe,
   so a rank leaves its group only once its training thread has ended; the controller kills hung
-  ranks first, which closes their sockets.
+  ranks first, which closes their sockets. A host cut off from the network closes nothing: the
+  survivors shut their own connections to it (``cut_connections_to``), which fails their waiting
+  collectives the same way, and each rank that leaves its group then frees the ranks waiting on it.
 - **nccl**: collectives run on the GPU and a rank waits in a CUDA synchronisation, which no closed
   socket ends: the communicator is aborted (``abort_nccl``) before the thread is waited for, and
   CUDA is checked usable (``cuda_usable``) before the process is reused.
@@ -15,6 +17,8 @@ imported. How a rank blocked in a collective gets out depends on the library und
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 
 
@@ -42,6 +46,28 @@ def abort_nccl() -> bool:
 
     distributed_c10d._abort_process_group()
     return True
+
+
+def cut_connections_to(addresses: frozenset[str]) -> int:
+    """Shut down this process's TCP connections to ``addresses`` (hosts Ray has declared dead):
+    whatever waits on one, a gloo collective included, fails at once instead of waiting for a
+    peer that will never answer. Returns how many were shut."""
+    if not addresses:
+        return 0
+    import psutil  # type: ignore[import-untyped]  # Ray ships it (ray/thirdparty_files)
+
+    cut = 0
+    for connection in psutil.Process().net_connections(kind="tcp"):
+        if connection.raddr and connection.raddr.ip in addresses and connection.fd >= 0:
+            try:
+                # A second descriptor of the same socket: shutting it down ends the connection for
+                # its owner too, and closing it leaves the owner's descriptor to the owner.
+                with socket.socket(fileno=os.dup(connection.fd)) as duplicate:
+                    duplicate.shutdown(socket.SHUT_RDWR)
+                cut += 1
+            except OSError:  # closed meanwhile
+                continue
+    return cut
 
 
 def leave() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from storage.health import PreflightRecord
 from trainers._internal.health_settings import PreflightSettings
+from trainers._internal.network import INTERFACE_VARIABLES
 from trainers.errors import PreflightError
 
 #: Matrix side and repetitions of one round of the compute probe: ~50 ms on a CPU core,
@@ -27,10 +28,13 @@ GPU_SIDE, GPU_REPEATS = 4096, 20
 CPU_ALLREDUCE_BYTES, GPU_ALLREDUCE_BYTES, ALLREDUCE_REPEATS = 4 * 2**20, 256 * 2**20, 5
 
 
-def probe(use_gpu: bool) -> dict[str, float | None]:
-    """Run in each worker: its compute rate (GFLOP/s) and, with a process group, the group's
-    all-reduce bus bandwidth (GB/s) as this rank saw it. On a CPU the multiply runs on one thread
-    (the rate of one core, whatever the worker's thread settings), which is put back after."""
+def probe(use_gpu: bool) -> dict[str, Any]:
+    """Run in each worker: its compute rate (GFLOP/s), with a process group the group's all-reduce
+    bus bandwidth (GB/s) as this rank saw it, and the interface its collectives use. On a CPU the
+    multiply runs on one thread (the rate of one core, whatever the worker's thread settings),
+    which is put back after."""
+    import os
+
     import torch
 
     device = torch.device("cuda", torch.cuda.current_device()) if use_gpu and torch.cuda.is_available() else None
@@ -55,7 +59,8 @@ def probe(use_gpu: bool) -> dict[str, float | None]:
             rates.append(2 * side**3 * repeats / (time.perf_counter() - started) / 1e9)
     finally:
         torch.set_num_threads(threads)
-    return {"gflops": max(rates), "bus_gbps": _allreduce_gbps(torch, device)}
+    interface = os.environ.get(INTERFACE_VARIABLES[0], "")
+    return {"gflops": max(rates), "bus_gbps": _allreduce_gbps(torch, device), "interface": interface}
 
 
 def _allreduce_gbps(torch: Any, device: Any) -> float | None:
@@ -82,7 +87,7 @@ def _synchronize(torch: Any, device: Any) -> None:
 
 
 def judge(
-    figures: list[dict[str, float | None]],
+    figures: list[dict[str, Any]],
     nodes: dict[int, tuple[str, str]],
     settings: PreflightSettings,
     seconds: float,
@@ -95,6 +100,7 @@ def judge(
         seconds=seconds,
         gflops=tuple(rates),
         bus_gbps=min(buses) if buses else None,
+        interfaces=tuple(str(f.get("interface") or "") for f in figures),
     )
     median = statistics.median_high(rates) if rates else 0.0
     slow = [rank for rank, rate in enumerate(rates) if rate * settings.factor < median]

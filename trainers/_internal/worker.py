@@ -187,7 +187,9 @@ class TrainWorker:
             gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()),
         )
 
-    def stop(self, wait_s: float = 0.0, reuse: bool = True, failed: bool = False) -> StopAnswer:
+    def stop(
+        self, wait_s: float = 0.0, reuse: bool = True, failed: bool = False, lost_hosts: frozenset[str] = frozenset()
+    ) -> StopAnswer:
         """End this worker's attempt and make the process ready for another, as a fresh worker
         would be (``fresh_process``). Answers the actor's id, or why the process cannot serve again.
 
@@ -198,8 +200,9 @@ class TrainWorker:
         C code, or swallowing the error) means the process is not reused. Then the torch process
         group is left (gloo: the peers still waiting on this rank fail at once). ``failed``: the
         attempt failed, so an NCCL group is aborted even when the function has ended (its last
-        collectives may still wait on the GPU for a rank that is gone). ``reuse=False`` stops and
-        leaves without resetting.
+        collectives may still wait on the GPU for a rank that is gone). ``lost_hosts``: addresses of
+        nodes that left the cluster, whose connections are shut first (a partitioned host closes
+        none itself). ``reuse=False`` stops and leaves without resetting.
         """
         from trainers._internal import collectives
 
@@ -209,6 +212,8 @@ class TrainWorker:
         running = thread is not None and thread.is_alive()
         if running or failed:
             collectives.abort_nccl()
+        if running:
+            collectives.cut_connections_to(lost_hosts)
         if thread is not None and running:
             deadline = time.monotonic() + wait_s
             thread.join(min(INTERRUPT_GRACE_S, wait_s))

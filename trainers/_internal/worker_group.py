@@ -537,11 +537,14 @@ class RayWorkerGroup:
 
     # -- replacing failed ranks -------------------------------------------------------------------
 
-    def stop_training(self, failed: dict[int, str], wait_s: float = SURVIVOR_STOP_S) -> dict[int, str]:
+    def stop_training(
+        self, failed: dict[int, str], wait_s: float = SURVIVOR_STOP_S, lost_hosts: frozenset[str] = frozenset()
+    ) -> dict[int, str]:
         """End the attempt but keep the processes that can train again: the ranks of ``failed``
         (world rank -> failure kind) whose process died, hung or was preempted are killed, every
         other rank's training function is stopped and its process reset (``TrainWorker.stop``).
         Returns, for each rank to be replaced by ``refill``, why; the others stay in ``workers``.
+        ``lost_hosts``: addresses of nodes that left the cluster, which the survivors cut off.
 
         The failed processes go first: a gloo collective waiting on a dead or killed peer fails
         as its sockets close, so the survivors blocked in one can stop.
@@ -557,7 +560,9 @@ class RayWorkerGroup:
         for rank in replaced:
             _kill(self.workers[rank].actor)
         stopping = {
-            w.actor.stop.remote(wait_s, failed=True): w for w in self.workers if w.ranks.world_rank not in replaced
+            w.actor.stop.remote(wait_s, failed=True, lost_hosts=lost_hosts): w
+            for w in self.workers
+            if w.ranks.world_rank not in replaced
         }
         ready, _ = ray.wait(list(stopping), num_returns=len(stopping), timeout=wait_s + KEPT_WORKER_ANSWER_S)
         for ref, worker in stopping.items():

@@ -10,7 +10,10 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
+import ray
+
 from trainers._checks import check_choice, check_number
+from trainers._internal.network import pin_collective_interface
 from trainers.backend import Backend, BackendConfig, free_port
 
 BACKENDS = ("gloo", "nccl")
@@ -154,6 +157,7 @@ def join_process_group(backend: str, env: dict[str, str], timeout_s: float, init
     import torch.distributed as dist
 
     leave_process_group()
+    pin_collective_interface(ray.util.get_node_ip_address())
     dist.init_process_group(
         backend=backend,
         init_method=init_method_url(init_method, env["MASTER_ADDR"], env["MASTER_PORT"]),

@@ -20,6 +20,10 @@ import threading
 import uuid
 from typing import Any
 
+import ray
+
+from trainers._internal.network import pin_collective_interface
+
 _lock = threading.Lock()
 _store: Any = None
 
@@ -57,6 +61,7 @@ def join_at_store(host: str, port: int, prefix: str, backend: str, timeout_s: fl
     os.environ.update(env)
     if dist.is_initialized():
         dist.destroy_process_group()
+    pin_collective_interface(ray.util.get_node_ip_address())
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.PrefixStore(prefix, dist.TCPStore(host, port, is_master=False, timeout=timeout))
     dist.init_process_group(

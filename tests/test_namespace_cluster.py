@@ -1,0 +1,216 @@
+"""From one machine to a cluster, proven on hosts with their own addresses.
+
+Three network namespaces joined through a bridge (``netns_cluster``) are three hosts, 10.213.0.1-3;
+``ray start --head`` runs on the first and ``ray start --address`` on the others, with Ray 2.60's
+token authentication, as a user sets up a cluster. The user's script (``cluster_script.py``) is the
+one a laptop runs; only where it runs changes. Nothing here sets ``GLOO_SOCKET_IFNAME``: every
+host's name resolves to loopback, so without flowtrain finding the interface that carries each
+node's address, gloo fails to connect (``connectFullMesh ... remote=[127.0.0.1]``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from netns_cluster import NamespaceCluster, can_make_namespaces
+from prefect_server import wait_until
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+RAY = str(pathlib.Path(sys.executable).with_name("ray"))
+#: Logical CPUs per host: six workers spread two to a host, and the two hosts left after one is
+#: lost still hold all six.
+CPUS_PER_HOST = 3
+#: Ray's own bound on declaring a silent node dead (GCS health checks: every second, dead after
+#: five misses), set on the cluster as a user would for faster recovery (docs/scaling-out.md).
+HEALTH_CHECK = {
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "1000",
+    "RAY_health_check_failure_threshold": "5",
+}
+
+pytestmark = pytest.mark.skipif(can_make_namespaces() is not None, reason=str(can_make_namespaces()))
+
+
+class RayHosts:
+    """The namespace hosts with a Ray cluster on them, and how to run a process on one."""
+
+    def __init__(self, root: pathlib.Path) -> None:
+        self.net = NamespaceCluster(3)
+        self.root = root
+        self.home = root / "home"  # each host's ~/.ray/auth_token, one file here as all share a disk
+        self.home.mkdir()
+        environ = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+        environ.pop("RAY_ADDRESS", None)
+        self.env = {
+            **environ,
+            "HOME": str(self.home),
+            "RAY_AUTH_MODE": "token",
+            "PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)]),
+            **HEALTH_CHECK,
+        }
+
+    @property
+    def head(self):
+        return self.net.hosts[0]
+
+    @property
+    def address(self) -> str:
+        return f"{self.head.address}:6379"
+
+    def start(self) -> RayHosts:
+        self.net.up()
+        subprocess.run([RAY, "get-auth-token", "--generate"], env=self.env, check=True, capture_output=True)
+        common = [f"--num-cpus={CPUS_PER_HOST}", "--object-store-memory=150000000", "--disable-usage-stats"]
+        self._ray(
+            self.head,
+            [
+                "--head",
+                "--port=6379",
+                "--include-dashboard=false",
+                f"--temp-dir={self.root / 'ray'}",
+                *common,
+            ],
+        )
+        for host in self.net.hosts[1:]:
+            self._ray(host, [f"--address={self.address}", *common])
+        return self
+
+    def _ray(self, host, args: list[str]) -> None:
+        done = self.net.run(
+            host,
+            [RAY, "start", f"--node-ip-address={host.address}", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def python(self, host, args: list[str], log: pathlib.Path, **env: str) -> subprocess.Popen:
+        """Start ``python ARGS`` on ``host``, joined to the cluster by RAY_ADDRESS; output to ``log``."""
+        with open(log, "w") as out:
+            return self.net.popen(
+                host,
+                [sys.executable, *args],
+                env={**self.env, "RAY_ADDRESS": self.address, **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    cluster = RayHosts(tmp_path_factory.mktemp("hosts"))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.net.down()
+
+
+def run_script(
+    hosts: RayHosts, tmp_path: pathlib.Path, name: str, *extra: str, host=None
+) -> tuple[subprocess.Popen, pathlib.Path, pathlib.Path]:
+    out, log = tmp_path / f"{name}.json", tmp_path / f"{name}.log"
+    driver = hosts.python(
+        host or hosts.head, [str(TESTS / "cluster_script.py"), str(tmp_path / "runs"), name, str(out), *extra], log
+    )
+    return driver, out, log
+
+
+def finished(driver: subprocess.Popen, out: pathlib.Path, log: pathlib.Path, timeout_s: float = 400) -> dict:
+    try:
+        driver.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        driver.kill()
+        pytest.fail(f"the driver did not finish in {timeout_s} s:\n{log.read_text()[-6000:]}")
+    assert driver.returncode == 0 and out.exists(), log.read_text()[-6000:]
+    return json.loads(out.read_text())
+
+
+def shards(run: pathlib.Path) -> dict[str, list[dict]]:
+    """Each committed checkpoint's rank files, by checkpoint folder."""
+    record = json.loads((run / "run.json").read_text())
+    return {
+        c["dir_name"]: [json.loads(p.read_text()) for p in sorted((run / c["dir_name"]).glob("rank*.json"))]
+        for c in record["checkpoints"]
+    }
+
+
+#: Each run's wall seconds by name, for the partitioned run's cost beside the plain one (printed).
+SECONDS: dict[str, float] = {}
+
+
+def cut_ranks(written: dict[str, list[dict]], cut) -> set[int]:
+    """The ranks that ran on ``cut`` in the first attempt."""
+    return {f["rank"] for files in written.values() for f in files if f["node"] == cut.address and f["attempt"] == 1}
+
+
+def test_six_workers_on_three_hosts_train_with_no_interface_set(hosts, tmp_path):
+    summary = finished(*run_script(hosts, tmp_path, "plain"))
+    SECONDS["plain"] = summary["seconds"]
+    assert summary["error"] is None and summary["gloo_set_by_user"] is None
+    assert summary["steps"] == list(range(12)) and summary["worlds"] == [6]
+    written = shards(pathlib.Path(summary["path"]))
+    assert len(written) == 12
+    for files in written.values():
+        assert sorted(f["rank"] for f in files) == list(range(6))
+        assert sorted({f["node"] for f in files}) == [h.address for h in hosts.net.hosts]  # two ranks a host
+
+
+def test_a_partitioned_host_costs_its_ranks_and_commits_nothing_after_them(hosts, tmp_path):
+    """The link of the third host is cut at a random step, after that step's all-reduce and before
+    its report, its processes alive: its ranks are replaced on the hosts left, the run finishes
+    with every step once, and the cut host's workers, which wrote their checkpoint files and
+    reported into the cut network, have nothing committed (nor after the link is back)."""
+    import random
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    hold_at = random.Random().randint(2, 8)
+    cut = hosts.net.hosts[2]
+    driver, out, log = run_script(hosts, tmp_path, "partitioned", str(hold_at), str(markers))
+    try:
+        wait_until(
+            lambda: (markers / f"step-{hold_at}-attempt-1").exists() or driver.poll() is not None,
+            timeout_s=300,
+            what=f"step {hold_at}",
+        )
+        hosts.net.partition(cut)
+        (markers / "go").touch()
+        # The link comes back once the run has gone past the cut step in a later attempt: the cut
+        # host's workers, alive all along, can then reach the driver with their stale reports.
+        wait_until(
+            lambda: any(markers.glob(f"step-{hold_at + 1}-attempt-*")) or driver.poll() is not None,
+            timeout_s=300,
+            what="the run past the cut step",
+        )
+    finally:
+        hosts.net.heal(cut)
+    summary = finished(driver, out, log)
+    assert summary["error"] is None
+    assert summary["steps"] == list(range(12)), summary["steps"]
+    written = shards(pathlib.Path(summary["path"]))
+    assert len(written) == 12
+    for name, files in written.items():
+        assert sorted(f["rank"] for f in files) == list(range(6)), name
+        step = files[0]["step"]
+        assert {f["step"] for f in files} == {step}
+        if step >= hold_at:
+            assert cut.address not in {f["node"] for f in files}, (name, files)
+            assert {f["attempt"] for f in files} != {1}, (name, files)
+    record = json.loads((pathlib.Path(summary["path"]) / "run.json").read_text())
+    [restart] = record["restarts"]
+    # Only the cut host's ranks were replaced: the others, blocked in an all-reduce with them, were
+    # freed (their connections to the lost host shut) and kept.
+    lost = cut_ranks(written, cut)
+    assert sorted(restart["replaced"]) == sorted(str(r) for r in lost), restart
+    assert restart["full_restart"] is None and sorted(restart["kept"]) == sorted(set(range(6)) - lost), restart
+    plain = SECONDS.get("plain")
+    extra = f", {summary['seconds'] - plain:+.1f} s against the unfaulted run" if plain else ""
+    print(f"host {cut.address} cut at step {hold_at}: {summary['seconds']:.1f} s{extra}; {restart}")
