@@ -73,7 +73,8 @@ class RayHosts:
             [
                 "--head",
                 "--port=6379",
-                "--include-dashboard=false",
+                "--include-dashboard=true",  # Ray Jobs go through the dashboard
+                f"--dashboard-host={self.head.address}",
                 f"--temp-dir={self.root / 'ray'}",
                 *common,
             ],
@@ -214,3 +215,31 @@ def test_a_partitioned_host_costs_its_ranks_and_commits_nothing_after_them(hosts
     plain = SECONDS.get("plain")
     extra = f", {summary['seconds'] - plain:+.1f} s against the unfaulted run" if plain else ""
     print(f"host {cut.address} cut at step {hold_at}: {summary['seconds']:.1f} s{extra}; {restart}")
+
+
+def test_the_same_script_submitted_as_a_ray_job_from_another_host(hosts, tmp_path):
+    out = tmp_path / "job.json"
+    submitted = hosts.net.run(
+        hosts.net.hosts[1],
+        [
+            RAY,
+            "job",
+            "submit",
+            f"--address=http://{hosts.head.address}:8265",
+            "--",
+            sys.executable,
+            str(TESTS / "cluster_script.py"),
+            str(tmp_path / "runs"),
+            "as-a-job",
+            str(out),
+        ],
+        env=hosts.env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert submitted.returncode == 0 and "succeeded" in submitted.stdout, (
+        submitted.stdout[-4000:] + submitted.stderr[-2000:]
+    )
+    summary = json.loads(out.read_text())
+    assert summary["error"] is None and summary["steps"] == list(range(12)) and summary["worlds"] == [6]
