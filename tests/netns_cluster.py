@@ -50,12 +50,19 @@ class Host:
 
 
 class NamespaceCluster:
-    """``count`` hosts on 10.<n>.0.0/24, the first at .1; see the module's docstring."""
+    """``count`` hosts on 10.<n>.0.0/24, the first at .1; see the module's docstring.
 
-    def __init__(self, count: int, subnet: str = "10.213.0") -> None:
+    ``private``: folders each host has its own copy of (a real host's /tmp is its own; Ray keeps a
+    node's address and sockets under its temp folder, and a process that found the head's there
+    would attach to the head's raylet from another host). Every process started on a host sees
+    ``<folder>-<host>`` at ``<folder>``; the rest of the disk is shared, as a network file system is.
+    """
+
+    def __init__(self, count: int, subnet: str = "10.213.0", private: Sequence[str] = ()) -> None:
         tag = uuid.uuid4().hex[:5]
         self.switch = f"ftsw{tag}"
         self.hosts = [Host(f"fth{tag}{i}", f"{subnet}.{i + 1}", f"p{tag}{i}") for i in range(count)]
+        self.private = list(private)
         self._made: list[str] = []
 
     def up(self) -> NamespaceCluster:
@@ -76,13 +83,41 @@ class NamespaceCluster:
             _ip("link", "set", host.switch_port, "up", netns=self.switch)
         return self
 
+    def on(self, host: Host, argv: Sequence[str]) -> list[str]:
+        """The command line that runs ``argv`` on ``host``: in its network namespace, with its own
+        copy of each private folder mounted over the shared one."""
+        mounts = []
+        for folder in self.private:
+            own = f"{folder}-{host.netns}"
+            os.makedirs(own, exist_ok=True)
+            os.makedirs(folder, exist_ok=True)
+            mounts.append(f"mount --bind {own} {folder}")
+        if not mounts:
+            return ["ip", "netns", "exec", host.netns, *argv]
+        script = " && ".join([*mounts, 'exec "$@"'])
+        return [
+            "ip",
+            "netns",
+            "exec",
+            host.netns,
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            *argv,
+        ]
+
     def popen(self, host: Host, argv: Sequence[str], **kwargs: object) -> subprocess.Popen:
-        """Start ``argv`` on ``host`` (in its namespace)."""
-        return subprocess.Popen(["ip", "netns", "exec", host.netns, *argv], **kwargs)  # type: ignore[call-overload]
+        """Start ``argv`` on ``host``."""
+        return subprocess.Popen(self.on(host, argv), **kwargs)  # type: ignore[call-overload]
 
     def run(self, host: Host, argv: Sequence[str], **kwargs: object) -> subprocess.CompletedProcess:
         """Run ``argv`` on ``host`` to its end."""
-        return subprocess.run(["ip", "netns", "exec", host.netns, *argv], **kwargs)  # type: ignore[call-overload]
+        return subprocess.run(self.on(host, argv), **kwargs)  # type: ignore[call-overload]
 
     def partition(self, host: Host) -> None:
         """Cut ``host``'s link at the switch: its processes live on and reach no other host."""

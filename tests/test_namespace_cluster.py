@@ -42,7 +42,7 @@ class RayHosts:
     """The namespace hosts with a Ray cluster on them, and how to run a process on one."""
 
     def __init__(self, root: pathlib.Path) -> None:
-        self.net = NamespaceCluster(3)
+        self.net = NamespaceCluster(3, private=[str(root / "ray")])
         self.root = root
         self.home = root / "home"  # each host's ~/.ray/auth_token, one file here as all share a disk
         self.home.mkdir()
@@ -164,6 +164,118 @@ def test_six_workers_on_three_hosts_train_with_no_interface_set(hosts, tmp_path)
         assert sorted({f["node"] for f in files}) == [h.address for h in hosts.net.hosts]  # two ranks a host
 
 
+def test_the_same_script_submitted_as_a_ray_job_from_another_host(hosts, tmp_path):
+    out = tmp_path / "job.json"
+    submitted = hosts.net.run(
+        hosts.net.hosts[1],
+        [
+            RAY,
+            "job",
+            "submit",
+            f"--address=http://{hosts.head.address}:8265",
+            "--",
+            sys.executable,
+            str(TESTS / "cluster_script.py"),
+            str(tmp_path / "runs"),
+            "as-a-job",
+            str(out),
+        ],
+        env=hosts.env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert submitted.returncode == 0 and "succeeded" in submitted.stdout, (
+        submitted.stdout[-4000:] + submitted.stderr[-2000:]
+    )
+    summary = json.loads(out.read_text())
+    assert summary["error"] is None and summary["steps"] == list(range(12)) and summary["worlds"] == [6]
+    written = shards(pathlib.Path(summary["path"]))
+    assert {f["node"] for files in written.values() for f in files} == {h.address for h in hosts.net.hosts}
+
+
+#: Deploys the flow on the server in PREFECT_API_URL and runs it to its end (run on the head host).
+DEPLOY_AND_RUN = """
+import sys
+from prefect.deployments import run_deployment
+from cluster_flow import train_on_cluster
+
+tests, storage, out = sys.argv[1:]
+train_on_cluster.from_source(source=tests, entrypoint="cluster_flow.py:train_on_cluster").deploy(
+    name="cluster", work_pool_name="cluster-pool", print_next_steps=False
+)
+run = run_deployment("cluster-train/cluster", parameters={"storage": storage, "name": "by-prefect", "out": out}, timeout=400)
+print("FINAL", run.state.type.value, run.state.message)
+"""
+
+
+def test_a_prefect_worker_on_another_host_runs_the_flow_that_trains_on_the_cluster(hosts, tmp_path):
+    """A Prefect server on the head's address, a process worker on the second host: the flow run it
+    picks up joins the cluster by the worker's RAY_ADDRESS and trains 6 workers on the 3 hosts."""
+    head, other = hosts.head, hosts.net.hosts[1]
+    api = f"http://{head.address}:4200/api"
+    prefect_env = {k: v for k, v in hosts.env.items() if not k.startswith("PREFECT_")}
+    prefect_env.update(
+        PREFECT_HOME=str(tmp_path / "prefect"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_UI_ENABLED="false",
+        PREFECT_API_URL=api,
+    )
+    prefect = str(pathlib.Path(sys.executable).with_name("prefect"))
+    with open(tmp_path / "server.log", "w") as log:
+        server = hosts.net.popen(
+            head,
+            [prefect, "server", "start", "--host", head.address, "--port", "4200"],
+            env=prefect_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
+    health = [sys.executable, "-c", f"import httpx; httpx.get('{api}/health', timeout=2).raise_for_status()"]
+    wait_until(
+        lambda: hosts.net.run(head, health, capture_output=True).returncode == 0 or server.poll() is not None,
+        timeout_s=180,
+        what="the Prefect server on the head",
+    )
+    assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+    created = hosts.net.run(
+        head,
+        [prefect, "work-pool", "create", "cluster-pool", "--type", "process"],
+        env=prefect_env,
+        capture_output=True,
+        text=True,
+    )
+    assert created.returncode == 0, created.stdout + created.stderr
+    worker_env = {**prefect_env, "RAY_ADDRESS": hosts.address, "PREFECT_WORKER_QUERY_SECONDS": "1"}
+    with open(tmp_path / "worker.log", "w") as log:
+        worker = hosts.net.popen(
+            other,
+            [prefect, "worker", "start", "--pool", "cluster-pool", "--limit", "1"],
+            env=worker_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=TESTS,
+        )
+    out = tmp_path / "prefect.json"
+    ran = hosts.net.run(
+        head,
+        [sys.executable, "-c", DEPLOY_AND_RUN, str(TESTS), str(tmp_path / "runs"), str(out)],
+        env=prefect_env,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
+    assert worker.poll() is None and server.poll() is None
+    assert "FINAL COMPLETED" in ran.stdout, (
+        ran.stdout[-3000:] + ran.stderr[-3000:] + (tmp_path / "worker.log").read_text()[-4000:]
+    )
+    summary = json.loads(out.read_text())
+    assert summary["error"] is None and summary["steps"] == list(range(12)) and summary["worlds"] == [6]
+    written = shards(pathlib.Path(summary["path"]))
+    assert {f["node"] for files in written.values() for f in files} == {h.address for h in hosts.net.hosts}
+
+
+# Last: the cut host's raylet is declared dead for good.
 def test_a_partitioned_host_costs_its_ranks_and_commits_nothing_after_them(hosts, tmp_path):
     """The link of the third host is cut at a random step, after that step's all-reduce and before
     its report, its processes alive: its ranks are replaced on the hosts left, the run finishes
@@ -215,31 +327,3 @@ def test_a_partitioned_host_costs_its_ranks_and_commits_nothing_after_them(hosts
     plain = SECONDS.get("plain")
     extra = f", {summary['seconds'] - plain:+.1f} s against the unfaulted run" if plain else ""
     print(f"host {cut.address} cut at step {hold_at}: {summary['seconds']:.1f} s{extra}; {restart}")
-
-
-def test_the_same_script_submitted_as_a_ray_job_from_another_host(hosts, tmp_path):
-    out = tmp_path / "job.json"
-    submitted = hosts.net.run(
-        hosts.net.hosts[1],
-        [
-            RAY,
-            "job",
-            "submit",
-            f"--address=http://{hosts.head.address}:8265",
-            "--",
-            sys.executable,
-            str(TESTS / "cluster_script.py"),
-            str(tmp_path / "runs"),
-            "as-a-job",
-            str(out),
-        ],
-        env=hosts.env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert submitted.returncode == 0 and "succeeded" in submitted.stdout, (
-        submitted.stdout[-4000:] + submitted.stderr[-2000:]
-    )
-    summary = json.loads(out.read_text())
-    assert summary["error"] is None and summary["steps"] == list(range(12)) and summary["worlds"] == [6]

@@ -97,12 +97,11 @@ class XGBoostBackend(Backend[XGBoostConfig]):
         self._stop_tracker()
         if worker_group.world_size < 2:
             return
-        import ray
         from xgboost.tracker import RabitTracker
 
         # sortby="task": ranks follow the task ids (our world ranks), not the order of arrival.
         self._tracker = RabitTracker(
-            n_workers=worker_group.world_size, host_ip=ray.util.get_node_ip_address(), sortby="task"
+            n_workers=worker_group.world_size, host_ip=worker_group.driver_address(), sortby="task"
         )
         self._tracker.start()
         worker_group.execute(_set_tracker_args, self._tracker.worker_args())
