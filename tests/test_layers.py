@@ -30,6 +30,7 @@ INTERNAL = "trainers._internal"
 UPPER = (
     "trainers.data_parallel_trainer",
     "trainers.cluster",
+    "trainers.doctor",
     "trainers.torch",
     "trainers.xgboost",
     "trainers.lightgbm",
