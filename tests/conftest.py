@@ -34,9 +34,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-# The slowest modules, printed after the slowest tests (tests/module_durations.py); pytester
+# The slowest modules, printed after the slowest tests (tests/module_durations.py); --quick, the
+# edit-loop tier (tests/quick_tier.py); pytester
 # runs a suite inside a test (tests/test_module_durations.py).
-pytest_plugins = ("module_durations", "pytester")
+pytest_plugins = ("module_durations", "quick_tier", "pytester")
 
 #: CPUs the shared test Ray advertises: 2 training workers plus room for Ray Data and the driver.
 TEST_NUM_CPUS = 4

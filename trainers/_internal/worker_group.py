@@ -470,9 +470,11 @@ class RayWorkerGroup:
         """Where the workers reach this process: loopback when they all run on its node, else the
         address of the Ray node it is attached to. (Not Ray's own guess of this process's
         address: on a host with no route out, Ray gives a driver the head's.)"""
-        attached = ray.get_runtime_context().get_node_id()
-        nodes = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
-        here = nodes.get(attached) or ray.util.get_node_ip_address()
+        try:
+            attached = ray.get_runtime_context().get_node_id()
+            here = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == attached)
+        except Exception:  # noqa: BLE001 - a Ray Client driver is on no node: Ray's guess is all there is
+            here = ray.util.get_node_ip_address()
         if all(w.metadata.node_ip == here for w in self.workers):
             return "127.0.0.1"
         return here
