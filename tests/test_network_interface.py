@@ -12,8 +12,11 @@ from trainers._internal.network import INTERFACE_VARIABLES, interface_carrying, 
 
 @pytest.fixture(autouse=True)
 def no_interface_set(monkeypatch):
+    """Unset for the test, and put back as it was after it, whatever the test set: a value left in
+    this process would reach the Ray workers started later in the session."""
     for variable in INTERFACE_VARIABLES:
-        monkeypatch.delenv(variable, raising=False)
+        monkeypatch.setenv(variable, "")  # records the value before, so teardown restores it
+        monkeypatch.delenv(variable)
 
 
 def test_each_local_address_names_its_own_interface():
