@@ -14,17 +14,48 @@ export NO_MKDOCS_2_WARNING := 1
 
 install: $(STAMP)
 
+# Cold (a fresh venv, empty pip, uv and DeepSpeed-wheel caches) on 2 shared cores, 2026-11-28:
+# 5 min 52 s with the recipe before issue 49 (torch 33 s, the project and its extras 170 s,
+# DeepSpeed 143 s), 3 min 25 s as below with the machine twice as loaded; 33 s with the caches
+# warm. Step by step in benchmarks/README.md, "How long `make install` takes".
+#
+# The project and its extras install with uv, pinned and put into the venv by pip: it fetches and
+# unpacks in parallel and compiles no .pyc (the project step 33-70 s; pip 170 s, 68 s with --no-compile).
+# INSTALLER=pip installs with pip alone, as does a machine where uv cannot be had.
+INSTALLER ?= uv
+UV_VERSION ?= 0.13.9
+INSTALL = $$(test "$(INSTALLER)" = uv -a -x $(VENV)/bin/uv && echo "$(VENV)/bin/uv pip install --python $(PY)" || echo "$(PY) -m pip install --no-compile")
+# DeepSpeed wheels built here, one folder per DeepSpeed version, torch version, Python and machine,
+# shared by every venv of this user: a fresh venv installs in seconds what the first one compiled.
+DS_WHEELS ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/flowtrain/deepspeed-wheels
+
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch first, pinned, so no resolver step can reach for a multi-GB CUDA build.
-	$(PY) -m pip install --quiet -c constraints.txt torch
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,docs,lint]'
+	# torch first, pinned, with pip, so no resolver step can reach for a multi-GB CUDA build: pip reads
+	# this machine's configuration, which offers the CPU build (uv reads none of it, and would download
+	# the CUDA build). uv then keeps the torch it finds installed, which satisfies the pin.
+	# --no-compile: no .pyc for torch's 2,300 modules now (pip's byte-compiling was three quarters of
+	# the step's CPU); Python writes one on a module's first import, as for what uv installs.
+	$(PY) -m pip install --quiet --no-compile -c constraints.txt torch
+	test "$(INSTALLER)" != uv || $(PY) -m pip install --quiet 'uv==$(UV_VERSION)' || echo "uv could not be installed: pip installs all" >&2
+	$(INSTALL) --quiet -c constraints.txt -e '.[test,docs,lint]'
 	# DeepSpeed (the deepspeed extra) is a source distribution that imports torch to build: build it
 	# against the torch above (--no-build-isolation), with no CUDA ops (DS_BUILD_OPS=0) but the CPU
-	# shared-memory comm op compiled now, or DeepSpeed compiles it on first use in every fresh
-	# environment. --no-cache-dir: a wheel cached from a build with other DS_BUILD_* flags would be reused.
-	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(PY) -m pip install --quiet --no-cache-dir --no-build-isolation -c constraints.txt deepspeed
+	# shared-memory comm op compiled now, or DeepSpeed compiles it on first use in every fresh venv
+	# (40 s, inside the first test's workers). Built once into $(DS_WHEELS), never from pip's or uv's
+	# caches (--no-cache-dir: those key a wheel by its source alone, not by the DS_BUILD_* flags).
+	# The op compiles with ninja, both files at once (DS_ENABLE_NINJA), and without debug information
+	# (CFLAGS=-g0: Python's own CFLAGS carry -g, a 15 MB library for 0.3 MB of code): the wheel builds
+	# in 67 s where the install took 143 s, and is most of what a cold install still waits for.
+	key=$$(sed -n 's/^deepspeed==//p' constraints.txt)-$$($(PY) -c 'import platform, sys, torch; print(f"torch{torch.__version__}-{sys.implementation.cache_tag}-{platform.machine()}")')-shm && \
+	if ! ls $(DS_WHEELS)/$$key/deepspeed-*.whl >/dev/null 2>&1; then \
+	  mkdir -p $(DS_WHEELS) && build=$$(mktemp -d $(DS_WHEELS)/.build-XXXXXX) && \
+	  PATH=$(abspath $(VENV))/bin:$$PATH DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 DS_ENABLE_NINJA=1 MAX_JOBS=$$(nproc) CFLAGS=-g0 \
+	    $(PY) -m pip wheel --quiet --no-deps --no-cache-dir --no-build-isolation -w $$build -c constraints.txt deepspeed && \
+	  { mv -T $$build $(DS_WHEELS)/$$key 2>/dev/null || rm -rf $$build; }; \
+	fi && \
+	$(INSTALL) --quiet -c constraints.txt $(DS_WHEELS)/$$key/deepspeed-*.whl
 	touch $(STAMP)
 
 # The 25 slowest tests are listed at the end so that what makes the suite slow stays in sight.

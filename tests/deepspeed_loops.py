@@ -72,6 +72,23 @@ def zero_engine(stage: int):
     return engine
 
 
+def shm_all_reduce() -> dict:
+    """Sums each rank's ``rank + 1`` with DeepSpeed's CPU shared-memory all-reduce, the op
+    ``make install`` compiles (``deepspeed.initialize`` loaded it). Returns where the op was loaded
+    from, the vector kernel level it runs at (0: it falls back to the process group) and the sums."""
+    import deepspeed.comm as ds_comm
+    from deepspeed.comm import comm as ds_state
+
+    backend = ds_state.cdb
+    tensor = torch.full((4096,), float(get_context().get_world_rank() + 1))
+    summed = ds_comm.inference_all_reduce(tensor)
+    return {
+        "module": getattr(backend.shm_comm_op, "__file__", None),
+        "kernel_level": getattr(backend, "shm_vector_kernel_level", 0),
+        "sums": sorted(set(summed.tolist())),
+    }
+
+
 def compare_loop(config: dict) -> dict:
     """Trains ``steps`` steps with plain DDP, then ZeRO stages 1, 2 and 3, in the same workers.
 
@@ -101,11 +118,13 @@ def compare_loop(config: dict) -> dict:
             engine.step()
             losses[f"zero{stage}"].append(global_mean(loss))
         engine.destroy()
+    shm = shm_all_reduce()
     report({"done": 1})
     from deepspeed.accelerator import get_accelerator
 
     return {
         "losses": losses,
+        "shm": shm,
         "ddp_weights": {name: value.tolist() for name, value in ddp.module.state_dict().items()},
         "accelerator": get_accelerator().device_name(),
         "env": {name: os.environ.get(name) for name in ("DS_ACCELERATOR", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")},

@@ -44,6 +44,18 @@ def test_zero_stages_1_2_3_train_like_ddp_on_cpu(compared):
         torch.testing.assert_close(torch.tensor(losses[f"zero{stage}"]), ddp, **TOLERANCE, msg=f"ZeRO-{stage}")
 
 
+def test_the_shared_memory_op_is_the_one_make_install_compiled_and_sums_across_ranks(compared):
+    shm = compared["shm"]
+    # Imported from the installed package (the Makefile builds it into DeepSpeed's wheel), not
+    # compiled on first use into torch's extensions folder.
+    assert shm["module"] is not None, "DeepSpeed loaded no shared-memory op: was it built at install?"
+    module = pathlib.Path(shm["module"])
+    assert module.name.startswith("deepspeed_shm_comm_op.") and module.parent.parts[-3:] == ("deepspeed", "ops", "comm")
+    # Level 1 (AVX2) runs the op's own fp32 kernel; at 0 the sum would come from gloo instead.
+    assert shm["kernel_level"] >= 1, shm
+    assert shm["sums"] == [3.0]  # 1 + 2 in every element
+
+
 class Restarts(UserCallback):
     def __init__(self):
         self.restarts = 0
