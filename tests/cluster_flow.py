@@ -9,6 +9,7 @@ import cluster_script
 
 
 @flow(name="cluster-train", retries=1)
-def train_on_cluster(storage: str, name: str, out: str) -> None:
-    """Train ``cluster_script``'s 6 workers; its summary goes to ``out``."""
-    cluster_script.main([storage, name, out])
+def train_on_cluster(storage: str, name: str, out: str, hold_at: int | None = None, markers: str | None = None) -> None:
+    """Train ``cluster_script``'s 6 workers; its summary goes to ``out`` (``hold_at``/``markers``:
+    see ``cluster_script``)."""
+    cluster_script.main([storage, name, out, *([str(hold_at), markers] if markers else [])])

@@ -71,5 +71,6 @@ def record_from_junit(report: pathlib.Path) -> dict[str, float]:
         seconds["/".join(parts) + f".py{owner}::{case.get('name')}"] = round(float(case.get("time", 0.0)), 2)
     return seconds
 
+
 if __name__ == "__main__":
     RECORD.write_text(json.dumps(record_from_junit(pathlib.Path(sys.argv[1])), indent=0, sort_keys=True) + "\n")
