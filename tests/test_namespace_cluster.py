@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -42,7 +44,10 @@ class RayHosts:
     """The namespace hosts with a Ray cluster on them, and how to run a process on one."""
 
     def __init__(self, root: pathlib.Path) -> None:
-        self.net = NamespaceCluster(3, private=[str(root / "ray")])
+        # Ray's sockets live under its temp folder, and a socket's path must stay under 107 bytes:
+        # a short folder of its own (under pytest-xdist, tmp paths are long), removed in stop().
+        self.ray_root = pathlib.Path(tempfile.mkdtemp(prefix="ftray", dir="/tmp"))
+        self.net = NamespaceCluster(3, private=[str(self.ray_root / "ray")])
         self.root = root
         self.home = root / "home"  # each host's ~/.ray/auth_token, one file here as all share a disk
         self.home.mkdir()
@@ -75,7 +80,7 @@ class RayHosts:
                 "--port=6379",
                 "--include-dashboard=true",  # Ray Jobs go through the dashboard
                 f"--dashboard-host={self.head.address}",
-                f"--temp-dir={self.root / 'ray'}",
+                f"--temp-dir={self.ray_root / 'ray'}",
                 *common,
             ],
         )
@@ -112,6 +117,7 @@ def hosts(tmp_path_factory):
         yield cluster.start()
     finally:
         cluster.net.down()
+        shutil.rmtree(cluster.ray_root, ignore_errors=True)
 
 
 def run_script(
