@@ -16,7 +16,7 @@ from storage.lazy_names import lazy_names
 _HOMES: dict[str, tuple[str, ...]] = {
     "storage.checkpoint": ("Checkpoint",),
     "storage.config": ("CheckpointConfig",),
-    "storage.errors": ("RunInProgressError", "SnapshotCorruptError", "StorageError"),
+    "storage.errors": ("RunInProgressError", "SnapshotCorruptError", "StorageError", "StorageNotSharedError"),
     "storage.filesystem": ("download_directory", "resolve_filesystem"),
     "storage.layout": ("RunLayout",),
     "storage.protocol": ("ReportRound", "RunRecord"),
@@ -31,7 +31,7 @@ __all__, __getattr__, __dir__ = lazy_names("storage", _HOMES, globals())
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time the names load on first use
     from storage.checkpoint import Checkpoint
     from storage.config import CheckpointConfig
-    from storage.errors import RunInProgressError, SnapshotCorruptError, StorageError
+    from storage.errors import RunInProgressError, SnapshotCorruptError, StorageError, StorageNotSharedError
     from storage.filesystem import download_directory, resolve_filesystem
     from storage.layout import RunLayout
     from storage.protocol import ReportRound, RunRecord

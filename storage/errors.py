@@ -24,3 +24,9 @@ class RunInProgressError(StorageError):
 
 class SnapshotCorruptError(StorageError):
     """The run's snapshot (run.json) is unreadable and no previous good copy exists."""
+
+
+class StorageNotSharedError(StorageError):
+    """A node the run's workers were placed on does not see the run's folder where the driver
+    writes it: its checkpoints would land on that node's own disk. The message names each such
+    node and the path. Nothing was trained; use storage every node reaches, then run again."""

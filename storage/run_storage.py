@@ -209,6 +209,12 @@ class RunStorage:
                     write_bytes(self.filesystem, f"{self.layout.path_of(record.dir_name)}/{COMMIT_MARKER}", b"")
         return ray_run.snapshot
 
+    @property
+    def lease_path(self) -> str | None:
+        """The file in the run folder this driver keeps while it owns the run (None: not open). A
+        worker that cannot see it does not share the run's storage."""
+        return self._lease.path if self._lease is not None else None
+
     def _take_lease(self, owner: str) -> None:
         lease = Lease(
             self.filesystem, self.run_path, owner, stale_after_s=self.lease_stale_after_s, display=self.run_uri

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage import RunInProgressError, SnapshotCorruptError, StorageError
+from storage import RunInProgressError, SnapshotCorruptError, StorageError, StorageNotSharedError
 from tasks.params import Failures
 from trainers import ControllerError, WorkerGroupError
 
@@ -23,6 +23,7 @@ RETRY_TABLE: tuple[tuple[type[BaseException], bool, str], ...] = (
     (SnapshotCorruptError, False, "the run's snapshot cannot be read; a retry would read it again"),
     (RunInProgressError, True, "another driver holds the run; its lease goes stale if it died"),
     (ControllerError, True, "the driver failed (Ray, storage or scheduling), not the training code"),
+    (StorageNotSharedError, False, "a node does not see the run's storage; a retry would place workers there again"),
     (StorageError, True, "storage did not answer"),
     (OSError, True, "an I/O error, a dropped connection or a timeout"),
     (ValueError, False, "a mistake in the parameters, the data or the cluster size"),

@@ -297,6 +297,40 @@ def test_storage_a_node_sees_on_its_own_fails_as_not_shared(cluster, tmp_path, c
     assert not list(storage.iterdir())
 
 
+@pytest.mark.skipif(not _can_unshare(), reason="needs root for a mount namespace (unshare -m)")
+def test_fit_with_a_worker_on_a_node_that_does_not_share_the_storage_fails_naming_it(cluster, tmp_path):
+    """What the doctor finds, ``fit()`` finds too, before training: with the storage folder a
+    private tmpfs on one of three nodes, a run with a worker on each fails with
+    ``StorageNotSharedError`` naming that node alone, and its training function never ran."""
+    from storage import StorageNotSharedError
+    from trainers import DataParallelTrainer, RunConfig, ScalingConfig
+
+    storage = tmp_path / "runs"
+    storage.mkdir()
+    trained = tmp_path / "trained"
+    private = f"mount -t tmpfs fit-test {storage}"
+
+    def train_loop_per_worker():
+        trained.touch()
+
+    with node_in_own_mounts(cluster.address, private, tmp_path / "node.log") as (node_id, _):
+        trainer = DataParallelTrainer(
+            train_loop_per_worker,
+            # One CPU a worker on three nodes of one CPU: a worker on each, the blind node's among them.
+            scaling_config=ScalingConfig(num_workers=3, resources_per_worker={"CPU": 1}),
+            run_config=RunConfig(storage_path=str(storage), name="not-shared"),
+        )
+        with pytest.raises(StorageNotSharedError) as caught:
+            trainer.fit()
+    message = str(caught.value)
+    assert f"the run's folder {storage / 'not-shared'} is not shared with every node" in message, message
+    assert f"node {node_id[:8]} (" in message and "does not see it" in message, message
+    assert message.count(" on host ") == 1, message  # the two nodes that share it are not named
+    assert "storage_path" in message and "python -m trainers.doctor" in message
+    assert not trained.exists()  # nothing trained
+    assert (storage / "not-shared" / "run.json").is_file()  # the driver's record is kept
+
+
 # -- Prefect and the JSON form -----------------------------------------------------------------
 
 

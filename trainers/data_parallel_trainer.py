@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from storage import Checkpoint, CheckpointConfig, RunStorage
+from storage.errors import StorageNotSharedError
 from storage.health import Timeline
 from storage.lease import new_owner
 from trainers._internal.attempt import LocalWorkers, RayWorkers, RunSpec
@@ -286,6 +287,7 @@ class DataParallelTrainer(TuneTrainableAttributes):
             data_context=capture_data_context(),
             validation_config=self.validation_config,
             preflight=PreflightSettings.from_env(),
+            storage_marker=storage.lease_path,
         )
 
     def _failure_policy(self, scaling: ScalingConfig) -> FailurePolicy:
@@ -328,7 +330,14 @@ class DataParallelTrainer(TuneTrainableAttributes):
             value = controller.run()
             if validations is not None:
                 validations.wait_all()  # the Result includes every validation's metrics
-        except (WorkerGroupError, PreemptionError, ValueError, TypeError, TrainingFailedError) as error:
+        except (
+            WorkerGroupError,
+            PreemptionError,
+            ValueError,
+            TypeError,
+            TrainingFailedError,
+            StorageNotSharedError,
+        ) as error:
             if isinstance(error, (WorkerGroupError, PreemptionError)):
                 storage.finish(error=str(error))
             hooks.failed(error)

@@ -24,7 +24,7 @@ from storage.health import PreflightRecord
 from storage.layout import RunLayout
 from storage.positions import DataResume, RoundPosition
 from storage.snapshot import RestartRecord
-from trainers._internal import preflight, warm_workers
+from trainers._internal import preflight, shared_storage, warm_workers
 from trainers._internal.attempt_book import LAUNCH
 from trainers._internal.data import (
     install_data_context,
@@ -83,6 +83,9 @@ class RunSpec:
     validation_config: Any = None
     #: Whether the first attempt runs the pre-flight check (``FLOWTRAIN_PREFLIGHT``), and its bar.
     preflight: PreflightSettings = PreflightSettings()
+    #: A file of the run folder every worker must see before it trains (``shared_storage``): the
+    #: driver's lease. None: not checked.
+    storage_marker: str | None = None
 
 
 def _resume_plan(spec: RunSpec, world_size: int, saved: RoundPosition | None) -> ResumePlan | None:
@@ -254,11 +257,20 @@ class RayWorkers:
             if spec.data_context is not None
             else []
         )
+        marker = spec.storage_marker
+        looked = group.execute_async(shared_storage.what_this_node_sees, spec.filesystem, marker) if marker else []
         self._nodes = {w.ranks.world_rank: (w.metadata.node_id, w.metadata.node_ip) for w in group.workers}
         node_to_ranks: dict[str, list[int]] = {}
         for rank, (node_id, _) in self._nodes.items():
             node_to_ranks.setdefault(node_id, []).append(rank)
         self._drain = DrainWatch(node_to_ranks)
+        if marker:  # before any process group or training: a node that does not share the run's folder
+            shared_storage.check_every_node_sees(
+                spec.filesystem,
+                marker,
+                group.wait_all(looked, timeout_s=spec.start_timeout_s),
+                [w.metadata.node_id for w in group.workers],
+            )
         accelerators: list[tuple[int, ...]] = [() for _ in group.workers]
         if spec.scaling.use_gpu:
             visible = assign_visible_devices(

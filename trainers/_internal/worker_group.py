@@ -49,8 +49,14 @@ logger = logging.getLogger(__name__)
 
 #: Inside a Tune trial, how often a worker group waiting its turn checks the cluster could still hold it.
 TURN_CHECK_S = 5.0
-#: How long a kept worker may take to answer that it is alive (or to reset) before it is replaced.
-KEPT_WORKER_ANSWER_S = 5.0
+#: How long a kept worker may take to answer that it is alive, or a worker to answer its reset when a
+#: run ends cleanly, before it is replaced (or not kept). Milliseconds on a quiet machine, but seconds
+#: on an overloaded one (5 s were missed on 2 busy cores, and the next run started every process
+#: anew); only a wedged process, which is rare once its training has ended, makes a run wait this long.
+KEPT_WORKER_ANSWER_S = 30.0
+#: How long a surviving rank may take past its stop's own wait to answer, before it is replaced:
+#: short, since a failed attempt's recovery waits on it.
+SURVIVOR_ANSWER_S = 5.0
 
 
 _remote_cls = None
@@ -570,10 +576,10 @@ class RayWorkerGroup:
             for w in self.workers
             if w.ranks.world_rank not in replaced
         }
-        ready, _ = ray.wait(list(stopping), num_returns=len(stopping), timeout=wait_s + KEPT_WORKER_ANSWER_S)
+        ready, _ = ray.wait(list(stopping), num_returns=len(stopping), timeout=wait_s + SURVIVOR_ANSWER_S)
         for ref, worker in stopping.items():
             rank = worker.ranks.world_rank
-            why = f"it did not answer within {wait_s + KEPT_WORKER_ANSWER_S:g} s"
+            why = f"it did not answer within {wait_s + SURVIVOR_ANSWER_S:g} s"
             if ref in ready:
                 try:
                     answer = ray.get(ref)

@@ -1,0 +1,56 @@
+"""Does every worker see the run's storage where the driver writes it?
+
+A ``storage_path`` on a disk of the driver's host only (``/tmp/runs`` on a laptop, then run on a
+cluster) still "works" on the other nodes: each writes its checkpoints under the same path on
+its own disk, and the run resumes from nothing after a crash. Ray Train guards against it with a
+marker file the workers look for; so does this: the driver's lease file, which only this driver
+writes and which it keeps fresh, is looked for by every worker before training starts (one
+``stat`` each, on local disk and object stores alike). ``python -m trainers.doctor`` checks the
+same from every node, writing and reading, before any run.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+
+import pyarrow.fs as pafs
+
+from storage.errors import StorageNotSharedError
+from storage.filesystem import display_path
+from trainers._internal.start_failure import node_name
+
+
+def what_this_node_sees(filesystem: pafs.FileSystem, path: str) -> tuple[str, str | None]:
+    """Run in a worker: this host's name, and why ``path`` is not there for it (None: it is)."""
+    host = socket.gethostname()
+    try:
+        found = filesystem.get_file_info(path).type == pafs.FileType.File
+    except OSError as error:  # credentials or a route this node lacks
+        return host, f"cannot read it ({error})"
+    return host, None if found else "does not see it"
+
+
+def check_every_node_sees(
+    filesystem: pafs.FileSystem,
+    marker: str,
+    answers: Sequence[tuple[str, str | None]],
+    node_ids: Sequence[str],
+) -> None:
+    """Raise ``StorageNotSharedError`` naming each node whose workers answered (in ``answers``,
+    beside their nodes' ids in ``node_ids``) that they do not see ``marker``."""
+    blind: dict[str, str] = {}
+    for (host, problem), node_id in zip(answers, node_ids, strict=True):
+        if problem is not None:
+            blind.setdefault(f"{node_name(node_id)} on host {host}", problem)
+    if not blind:
+        return
+    folder = display_path(filesystem, marker.rpartition("/")[0])
+    nodes = "; ".join(f"{node} {problem}" for node, problem in sorted(blind.items()))
+    raise StorageNotSharedError(
+        f"the run's folder {folder} is not shared with every node: the driver keeps its lease file "
+        f"{marker.rpartition('/')[2]} there, and {nodes}. Its checkpoints would land on its own disk. "
+        "Set RunConfig(storage_path=...) to storage every node reaches at the same path (a shared "
+        "filesystem, or an object store such as s3://bucket/runs); `python -m trainers.doctor "
+        "--storage-path PATH` checks it from every node. Nothing was trained."
+    )
