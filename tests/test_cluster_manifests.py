@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from prefect_server import PREFECT, api_get, api_post, prefect
+from prefect_server import PREFECT, api_get, api_post, prefect, wait_until
 
 DEPLOY = ROOT / "deploy"
 PAGE = ROOT / "docs" / "scaling-out.md"
@@ -265,6 +265,54 @@ def test_prefect_refuses_what_these_checks_would_let_through(deployed_to_pools, 
         timeout=10,
     )
     assert response.status_code in (409, 422) and "network_mode" in response.text, response.text
+
+
+def test_the_crashed_runs_automation_marks_a_silent_flow_run_crashed(prefect_server, tmp_path):
+    """deploy/prefect/crashed-runs.yaml as the page creates it, then a copy that waits 10 s instead
+    of 90: a running flow run sends one heartbeat and falls silent, and the server marks it Crashed.
+    Both are deleted at the end: other modules' flow runs on this server must not be touched."""
+    import datetime
+    import uuid
+
+    import httpx
+
+    env = prefect_server
+    path = DEPLOY / "prefect" / "crashed-runs.yaml"
+    prefect(env, "automation", "create", "--from-file", str(path))
+    quick = load(path) | {"name": f"crashed-runs-test-{uuid.uuid4().hex[:8]}"}
+    quick["trigger"] = quick["trigger"] | {"within": 10}  # the least Prefect accepts
+    quick_path = tmp_path / "quick.yaml"
+    quick_path.write_text(yaml.safe_dump(quick))
+    prefect(env, "automation", "create", "--from-file", str(quick_path))
+    names = {load(path)["name"], quick["name"]}
+    automations = {a["name"]: a for a in api_post(env, "/automations/filter", {}) if a["name"] in names}
+    try:
+        assert automations.keys() == names
+        created = automations[load(path)["name"]]
+        assert created["trigger"]["posture"] == "Proactive" and created["trigger"]["within"] == 90.0
+        [action] = created["actions"]
+        assert action["type"] == "change-flow-run-state" and action["state"] == "CRASHED"
+
+        flow = api_post(env, "/flows/", {"name": "crashed-runs-test"})
+        run = api_post(env, "/flow_runs/", {"flow_id": flow["id"], "state": {"type": "RUNNING", "name": "Running"}})
+        heartbeat = {
+            "id": str(uuid.uuid4()),
+            "occurred": datetime.datetime.now(datetime.UTC).isoformat(),
+            "event": "prefect.flow-run.heartbeat",
+            "resource": {"prefect.resource.id": f"prefect.flow-run.{run['id']}"},
+        }
+        response = httpx.post(f"{env['PREFECT_API_URL']}/events", json=[heartbeat], timeout=10)
+        assert response.status_code == 204, response.text
+        crashed = wait_until(
+            lambda: (state := api_get(env, f"/flow_runs/{run['id']}")["state"])["type"] == "CRASHED" and state,
+            timeout_s=120,
+            what="the silent flow run marked Crashed",
+            interval_s=1,
+        )
+        assert "No heartbeat" in crashed["message"], crashed
+    finally:
+        for automation in automations.values():  # a deployment's flow run elsewhere must not be crashed by them
+            httpx.delete(f"{env['PREFECT_API_URL']}/automations/{automation['id']}", timeout=10)
 
 
 @pytest.mark.usefixtures("prefect_harness", "ray_local")
