@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import tempfile
+import time
 
 import pytest
 
@@ -123,7 +124,12 @@ def replace_loop(config: dict) -> dict:
             loss.backward()
             optimizer.step()
             if planted and how == "stop":
-                os.kill(os.getpid(), signal.SIGSTOP)  # hung after the collective: the others report on
+                # Hung after the collective: the others report on. The stop is the process's, taken by
+                # whichever thread the kernel hands it to, so this thread may run on for a few ms (it
+                # once reported this step, and the others then waited in the next collective, where no
+                # rank lags): it sleeps until the stop lands.
+                os.kill(os.getpid(), signal.SIGSTOP)
+                time.sleep(3600)
             rows.extend(int(i) for i in batch["id"])
             step += 1
             metrics = {
