@@ -26,7 +26,10 @@ class SnapshotCorruptError(StorageError):
     """The run's snapshot (run.json) is unreadable and no previous good copy exists."""
 
 
-class StorageNotSharedError(StorageError):
+class StorageNotSharedError(StorageError, ValueError):
     """A node the run's workers were placed on does not see the run's folder where the driver
     writes it: its checkpoints would land on that node's own disk. The message names each such
-    node and the path. Nothing was trained; use storage every node reaches, then run again."""
+    node and the path. Nothing was trained; use storage every node reaches, then run again.
+
+    Also a ``ValueError``: ``storage_path`` does not suit this cluster, a mistake that restarting
+    the workers cannot mend (``fit()`` raises it at once, as it does a bad configuration)."""

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 from storage import Checkpoint, CheckpointConfig, RunStorage
-from storage.errors import StorageNotSharedError
 from storage.health import Timeline
 from storage.lease import new_owner
 from trainers._internal.attempt import LocalWorkers, RayWorkers, RunSpec
@@ -330,14 +329,7 @@ class DataParallelTrainer(TuneTrainableAttributes):
             value = controller.run()
             if validations is not None:
                 validations.wait_all()  # the Result includes every validation's metrics
-        except (
-            WorkerGroupError,
-            PreemptionError,
-            ValueError,
-            TypeError,
-            TrainingFailedError,
-            StorageNotSharedError,
-        ) as error:
+        except (WorkerGroupError, PreemptionError, ValueError, TypeError, TrainingFailedError) as error:
             if isinstance(error, (WorkerGroupError, PreemptionError)):
                 storage.finish(error=str(error))
             hooks.failed(error)

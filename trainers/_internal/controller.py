@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from storage import Checkpoint, RunRecord
-from storage.errors import StorageNotSharedError
 from storage.health import GoodputAccount, PreflightRecord, StragglerRecord, Timeline
 from storage.positions import DataResume, RoundPosition
 from storage.snapshot import RestartRecord
@@ -236,8 +235,8 @@ class Controller:
             resumed = self.workers.launch(
                 self.attempt, self.storage.latest_checkpoint, self.storage.latest_data_position
             )
-        except (ValueError, TypeError, PreflightError, StorageNotSharedError):
-            raise  # a configuration mistake, or a node found wanting before training: restarting cannot help
+        except (ValueError, TypeError, PreflightError):
+            raise  # a configuration mistake, or a node the pre-flight check found wanting: restarting cannot help
         except Exception as error:  # noqa: BLE001 - any other start failure is an attempt's failure, which the policy may retry
             self.book.failed[LAUNCH] = FailedEvent(LAUNCH, error, traceback.format_exc(), kind="failed to start")
             self._fail()
