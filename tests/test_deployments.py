@@ -1,6 +1,7 @@
 """Every deployment in prefect.yaml, as an operator runs it: a real `prefect server start` (SQLite,
 scheduler on), `prefect deploy --all` with stdin closed, a real `process` worker started from this
-checkout, and each deployment run to Completed, the nightly one by the scheduler itself.
+checkout, and each deployment run to Completed, the nightly one by the scheduler itself (on a
+server backed by PostgreSQL).
 
 Flow runs join this session's Ray through the worker's RAY_ADDRESS, and find the example data under
 the worker's HOME (``~/flowtrain_data``), as prefect.yaml's parameters say.
@@ -298,15 +299,13 @@ def test_sweep_deployment_runs_as_defined(worker):
     assert all(len(t["reports"]) == FEW_EPOCHS["epochs"] for t in trials)
 
 
-def test_nightly_deployment_runs_when_its_schedule_fires(worker):
-    """The scheduler service creates the run and the worker runs it: the nightly deployment, deployed
-    again from prefect.yaml with a schedule that fires in a few seconds added to its cron."""
-    assert_schedule_fires(worker)
-
-
 @pytest.mark.usefixtures("_ray_session")
 def test_nightly_deployment_runs_when_its_schedule_fires_on_postgres(operator_home, tmp_path_factory):
-    """The same with the Prefect server on PostgreSQL, as a production server runs."""
+    """The scheduler service creates the run and the worker runs it: the nightly deployment, deployed
+    again from prefect.yaml with a schedule that fires in a few seconds added to its cron, on a
+    Prefect server backed by PostgreSQL as a production server runs. (The scheduler is the same
+    code on SQLite, the embedded default, where every other test here runs its flow runs: one
+    scheduled run to the end, not two, for the suite's time.)"""
     from postgres_server import running_postgres
     from prefect_server import running_prefect_server
 

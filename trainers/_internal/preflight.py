@@ -19,10 +19,15 @@ from trainers._internal.health_settings import PreflightSettings
 from trainers._internal.network import INTERFACE_VARIABLES
 from trainers.errors import PreflightError
 
-#: Matrix side and repetitions of one round of the compute probe: ~50 ms on a CPU core,
-#: milliseconds on a GPU; the best of ``PROBE_ROUNDS`` rounds counts.
+#: Matrix side and repetitions of one batch of the compute probe (5 to 50 ms on a CPU core, tens
+#: of milliseconds on a GPU); a round repeats batches for at least ``PROBE_ROUND_S`` and the best of
+#: ``PROBE_ROUNDS`` rounds counts.
 CPU_SIDE, CPU_REPEATS = 256, 20
 PROBE_ROUNDS = 3
+#: A round's least length. A CPU quota (a container's or cgroup's CFS limit) lets a process run at
+#: full speed for its share of each 100 ms period and then stops it: a round shorter than that
+#: share can fit inside it and see a throttled worker at full speed, one of 50 ms cannot.
+PROBE_ROUND_S = 0.05
 GPU_SIDE, GPU_REPEATS = 4096, 20
 #: All-reduce payload (bytes) and repetitions: big enough to measure bandwidth, small enough to be quick.
 CPU_ALLREDUCE_BYTES, GPU_ALLREDUCE_BYTES, ALLREDUCE_REPEATS = 4 * 2**20, 256 * 2**20, 5
@@ -52,11 +57,14 @@ def probe(use_gpu: bool) -> dict[str, Any]:
             PROBE_ROUNDS
         ):  # the best round: a worker descheduled now and then is not slow, a throttled one is
             _synchronize(torch, device)
-            started = time.perf_counter()
-            for _ in range(repeats):
-                left @ right
-            _synchronize(torch, device)
-            rates.append(2 * side**3 * repeats / (time.perf_counter() - started) / 1e9)
+            started, multiplies, elapsed = time.perf_counter(), 0, 0.0
+            while elapsed < PROBE_ROUND_S:
+                for _ in range(repeats):
+                    left @ right
+                _synchronize(torch, device)
+                multiplies += repeats
+                elapsed = time.perf_counter() - started
+            rates.append(2 * side**3 * multiplies / elapsed / 1e9)
     finally:
         torch.set_num_threads(threads)
     interface = os.environ.get(INTERFACE_VARIABLES[0], "")
