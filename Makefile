@@ -60,19 +60,23 @@ $(STAMP): pyproject.toml constraints.txt
 
 # The 25 slowest tests are listed at the end so that what makes the suite slow stays in sight.
 # Modules can run on two pytest-xdist workers (tests/conftest.py keeps a module on one worker and
-# starts the longest first): make test PYTEST_ARGS="-n 2 --dist loadgroup --durations=25". Not the
+# starts the longest first): make test PYTEST_ARGS='$(XDIST) --durations=25'. Not the
 # default: a fresh-clone run that way on 2026-11-28 had 2 failures the one-process run did not
 # (issue 49's condition for the default was a green run); three workers were no faster at all
 # (benchmarks/README.md, "Where the test suite's CPU goes").
 PYTEST_ARGS ?= --durations=25
+# Two workers, a module's tests on one of them, the groups in tests/conftest.py's order (xdist's
+# own reorder would put the modules with the most tests first, not the longest).
+XDIST = -n 2 --dist loadgroup --no-loadscope-reorder
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The edit loop's tier: every module's quickest tests, by a recorded full run's seconds
-# (tests/quick_tier.py, tests/durations.json); about a quarter of the suite's time.
+# (tests/quick_tier.py, tests/durations.json), leaving out tests that need a fixture of their
+# module's own when the module has others.
 test-quick: $(STAMP)
-	$(PY) -m pytest --quick -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest --quick $(XDIST) $(PYTEST_ARGS)
 
 # Lint, formatting and types, as configured in pyproject.toml ([tool.ruff], [tool.mypy]); .ci/run
 # and .pre-commit-config.yaml run the same. `$(VENV)/bin/ruff format .` fixes the formatting.

@@ -45,7 +45,7 @@ TEST_NUM_CPUS = 4
 
 
 #: Modules that take longest (minutes: soaks, real Prefect workers, benchmarks, many clusters),
-#: longest first. With pytest-xdist (`make test PYTEST_ARGS="-n 2 --dist loadgroup"`) starting
+#: longest first. With pytest-xdist (`make test PYTEST_ARGS='$(XDIST)'`, see the Makefile) starting
 #: these first keeps a long one from being the last to begin.
 LONGEST_FIRST = (
     "test_chaos",
@@ -85,7 +85,11 @@ def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist's ``--dist loadgroup``: run the longest modules first (the order inside
     a module is kept) and keep a module's tests on one worker, so its module-scoped Ray, cluster
     or server starts once, except the tests in ``ON_THEIR_OWN``."""
-    if getattr(config.option, "dist", "no") != "loadgroup":
+    # pytest-xdist sets its workers' `dist` to "no" (they collect; its controller schedules) and
+    # says "loadgroup" in `loadgroup` instead: without the groups named here, in the workers, each
+    # test is a group of its own and a module's tests go to both workers, each setting the
+    # module's fixtures (a cluster, a benchmark run) up again.
+    if not getattr(config.option, "loadgroup", False):
         return  # one process: the modules in their usual order
     rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.module.__name__, len(rank)) if item.module else len(rank))
