@@ -48,9 +48,7 @@ def needs_own_setup(item: pytest.Item) -> bool:
     """Whether ``item`` uses a fixture wider than one test that not every module shares."""
     definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
     return any(
-        found and found[-1].scope != "function"
-        for name, found in definitions.items()
-        if name not in SHARED_FIXTURES
+        found and found[-1].scope != "function" for name, found in definitions.items() if name not in SHARED_FIXTURES
     )
 
 
