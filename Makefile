@@ -59,11 +59,13 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # The 25 slowest tests are listed at the end so that what makes the suite slow stays in sight.
-# Modules run on two pytest-xdist workers (tests/conftest.py keeps a module on one worker and
-# starts the longest first): one process leaves 40% of two cores idle while tests wait on Ray,
-# Prefect and the clock; three workers were no faster at all (benchmarks/README.md, "Where the
-# test suite's CPU goes"). One process: make test PYTEST_ARGS=--durations=25.
-PYTEST_ARGS ?= $(XDIST) --durations=25
+# Modules can run on two pytest-xdist workers (tests/conftest.py keeps a module on one worker and
+# starts the longest first): make test PYTEST_ARGS='$(XDIST) --durations=25'. Not the default: on
+# 2026-11-29 such a fresh-clone run was 56% through after 37 minutes (little ahead of one process:
+# the suite is CPU-bound on two cores) and met an order dependency the one-process order never
+# shows (fixed); three workers were no faster at all (benchmarks/README.md, "Where the test
+# suite's CPU goes").
+PYTEST_ARGS ?= --durations=25
 # Two workers, a module's tests on one of them, the groups in tests/conftest.py's order (xdist's
 # own reorder would put the modules with the most tests first, not the longest).
 XDIST = -n 2 --dist loadgroup --no-loadscope-reorder

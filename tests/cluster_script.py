@@ -4,15 +4,16 @@ ranks all-reduce every step and each write a shard of every checkpoint.
 Run as a script (on the head host, as a Ray Job, or by a Prefect flow), it joins the cluster by
 ``RAY_ADDRESS`` and writes what it saw to ``OUT``::
 
-    python cluster_script.py STORAGE NAME OUT [HOLD_AT] [MARKERS]
+    python cluster_script.py STORAGE NAME OUT [--workers N] [--hold-at STEP --markers FOLDER]
 
-``HOLD_AT``/``MARKERS`` (tests): rank 0 marks each step's all-reduce done in ``MARKERS``
+``--hold-at``/``--markers`` (tests): rank 0 marks each step's all-reduce done in ``MARKERS``
 (``step-<n>-attempt-<a>``), and at step ``HOLD_AT`` every rank waits until ``MARKERS/go`` exists,
 so the test can cut a host at that exact step.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
@@ -67,14 +68,14 @@ def train_loop(config: dict) -> None:
             )
 
 
-def trainer(storage: str, name: str, hold_at: int | None = None, markers: str | None = None):
+def trainer(storage: str, name: str, hold_at: int | None = None, markers: str | None = None, workers: int = 6):
     from trainers import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from trainers.torch import TorchTrainer
 
     return TorchTrainer(
         train_loop,
         train_loop_config={"steps": STEPS, "hold_at": hold_at, "markers": markers},
-        scaling_config=ScalingConfig(num_workers=6, placement_strategy="SPREAD"),
+        scaling_config=ScalingConfig(num_workers=workers, placement_strategy="SPREAD"),
         run_config=RunConfig(
             name=name,
             storage_path=storage,
@@ -85,22 +86,48 @@ def trainer(storage: str, name: str, hold_at: int | None = None, markers: str | 
 
 
 def main(argv: list[str]) -> None:
-    storage, name, out = argv[:3]
-    hold_at = int(argv[3]) if len(argv) > 3 else None
-    markers = argv[4] if len(argv) > 4 else None
+    parser = argparse.ArgumentParser()
+    parser.add_argument("storage")
+    parser.add_argument("name")
+    parser.add_argument("out")
+    parser.add_argument("--workers", type=int, default=6)
+    parser.add_argument("--hold-at", type=int)
+    parser.add_argument("--markers")
+    args = parser.parse_args(argv)
     started = time.monotonic()
-    result = trainer(storage, name, hold_at, markers).fit()
+    result = trainer(args.storage, args.name, args.hold_at, args.markers, args.workers).fit()
     frame = result.metrics_dataframe
+    import ray
+
     summary = {
         "seconds": time.monotonic() - started,
         "error": repr(result.error) if result.error else None,
         "steps": [int(s) for s in frame["step"]],
         "worlds": sorted({int(w) for w in frame["world"]}),
         "driver_host": socket.gethostname(),
+        "driver_node": ray.util.get_node_ip_address(),
         "gloo_set_by_user": os.environ.get("GLOO_SOCKET_IFNAME"),
         "path": result.path,
+        "uri": result.uri,
     }
-    pathlib.Path(out).write_text(json.dumps(summary))
+    pathlib.Path(args.out).write_text(json.dumps(summary))
+
+
+def committed(run_uri: str) -> dict:
+    """The run's record (``run.json``) and each committed checkpoint's rank files by checkpoint
+    folder, read from wherever the run is stored (a local folder, S3)."""
+    import pyarrow.fs as pafs
+
+    from storage.filesystem import read_bytes, resolve_filesystem
+
+    fs, root = resolve_filesystem(run_uri)
+    record = json.loads(read_bytes(fs, f"{root}/run.json"))
+    shards = {}
+    for checkpoint in record["checkpoints"]:
+        found = fs.get_file_info(pafs.FileSelector(f"{root}/{checkpoint['dir_name']}"))
+        names = sorted(info.path for info in found if info.base_name.startswith("rank"))
+        shards[checkpoint["dir_name"]] = [json.loads(read_bytes(fs, name)) for name in names]
+    return {"record": record, "shards": shards}
 
 
 if __name__ == "__main__":

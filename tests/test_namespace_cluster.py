@@ -37,6 +37,11 @@ HEALTH_CHECK = {
     "RAY_health_check_failure_threshold": "5",
 }
 
+#: S3 on the head's address (a moto server), a store every host reaches through the cluster's
+#: network: a host cut from the network loses its storage too.
+S3_PORT = 9000
+BUCKET = "flowtrain"
+
 pytestmark = pytest.mark.skipif(can_make_namespaces() is not None, reason=str(can_make_namespaces()))
 
 
@@ -59,6 +64,13 @@ class RayHosts:
             "RAY_AUTH_MODE": "token",
             "PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)]),
             **HEALTH_CHECK,
+            # Every process, Ray's workers included, reaches S3 on the head (s3_on_head) as a
+            # cluster's nodes reach their object store: by the environment.
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": f"http://{self.net.hosts[0].address}:{S3_PORT}",
+            "AWS_EC2_METADATA_DISABLED": "true",
         }
 
     @property
@@ -118,6 +130,52 @@ def hosts(tmp_path_factory):
     finally:
         cluster.net.down()
         shutil.rmtree(cluster.ray_root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def s3_on_head(hosts, tmp_path_factory):
+    """A moto S3 server on the head's address with the bucket ``BUCKET``: ``s3://BUCKET``."""
+    log = tmp_path_factory.mktemp("s3") / "moto.log"
+    with open(log, "w") as out:
+        server = hosts.net.popen(
+            hosts.head,
+            [sys.executable, "-m", "moto.server", "-H", hosts.head.address, "-p", str(S3_PORT)],
+            env=hosts.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    # pyarrow's S3FileSystem() does not read AWS_ENDPOINT_URL (FileSystem.from_uri, which fit() uses, does).
+    bucket = (
+        "import pyarrow.fs as fs; fs.S3FileSystem(allow_bucket_creation=True, scheme='http', "
+        f"endpoint_override='{hosts.head.address}:{S3_PORT}').create_dir({BUCKET!r})"
+    )
+    try:
+        wait_until(
+            lambda: (
+                server.poll() is not None
+                or hosts.net.run(
+                    hosts.head, [sys.executable, "-c", bucket], env=hosts.env, capture_output=True
+                ).returncode
+                == 0
+            ),
+            timeout_s=120,
+            what="S3 on the head",
+        )
+        assert server.poll() is None, log.read_text()[-3000:]
+        yield f"s3://{BUCKET}"
+    finally:
+        server.kill()
+        server.wait()
+
+
+def committed_on_head(hosts: RayHosts, run_uri: str) -> dict:
+    """``cluster_script.committed`` of a run, read on the head (S3 is reached only from the hosts)."""
+    read = "import json, sys, cluster_script; print(json.dumps(cluster_script.committed(sys.argv[1])))"
+    done = hosts.net.run(
+        hosts.head, [sys.executable, "-c", read, run_uri], env=hosts.env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def run_script(
@@ -252,22 +310,44 @@ class PrefectOnCluster:
             what="the Prefect server on the head",
         )
         assert self.server.poll() is None, (home / "server.log").read_text()[-3000:]
-        for argv in (
-            [prefect, "work-pool", "create", "cluster-pool", "--type", "process"],
-            [sys.executable, "-c", DEPLOY, str(TESTS)],
-        ):
-            done = hosts.net.run(head, argv, env=self.env, capture_output=True, text=True)
-            assert done.returncode == 0, done.stdout + done.stderr
-        worker_env = {**self.env, "RAY_ADDRESS": hosts.address, "PREFECT_WORKER_QUERY_SECONDS": "1"}
-        with open(home / "worker.log", "w") as log:
-            self.worker = hosts.net.popen(
-                other,
-                [prefect, "worker", "start", "--pool", "cluster-pool", "--limit", "1"],
-                env=worker_env,
+        self.prefect = prefect
+        self.on_head(prefect, "work-pool", "create", "cluster-pool", "--type", "process")
+        self.on_head(sys.executable, "-c", DEPLOY, str(TESTS))
+        self.workers = [self.start_worker(other, "worker.log")]
+        self.worker = self.workers[0]
+
+    def start_worker(self, host, log_name: str) -> subprocess.Popen:
+        """A process worker for the pool on ``host``, its flow runs joining the cluster by RAY_ADDRESS."""
+        env = {
+            **self.env,
+            "RAY_ADDRESS": self.hosts.address,
+            "PREFECT_WORKER_QUERY_SECONDS": "1",
+            # A heartbeat every 30 s (the least Prefect takes), as deploy/prefect/prefect.yaml's
+            # deployments send them: the crashed-runs automation watches for them.
+            "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
+        }
+        with open(self.home / log_name, "w") as log:
+            return self.hosts.net.popen(
+                host,
+                [self.prefect, "worker", "start", "--pool", "cluster-pool", "--limit", "1"],
+                env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=TESTS,
             )
+
+    def on_head(self, *argv: str) -> str:
+        """Run ``argv`` on the head with the server's address; its output."""
+        done = self.hosts.net.run(
+            self.hosts.head, list(argv), env=self.env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout
+
+    def flow_run(self, flow_run_id: str) -> dict:
+        """The flow run as the server has it."""
+        get = "import httpx, os, sys; print(httpx.get(os.environ['PREFECT_API_URL'] + sys.argv[1], timeout=10).text)"
+        return json.loads(self.on_head(sys.executable, "-c", get, f"/flow_runs/{flow_run_id}").strip().splitlines()[-1])
 
     def run(self, tmp_path: pathlib.Path, name: str, **extra: object) -> tuple[subprocess.Popen, pathlib.Path]:
         """Start a flow run of the deployment; returns the waiting process and where the summary goes."""
@@ -291,7 +371,7 @@ class PrefectOnCluster:
         return json.loads(out.read_text())
 
     def stop(self) -> None:
-        for process in (self.worker, self.server):
+        for process in (*self.workers, self.server):
             process.kill()
             process.wait()
 
@@ -316,7 +396,7 @@ def test_a_prefect_worker_on_another_host_runs_the_flow_that_trains_on_the_clust
     assert {f["node"] for files in written.values() for f in files} == {h.address for h in hosts.net.hosts}
 
 
-# Last: the cut host's raylet is declared dead for good.
+# Last but one: the cut host's raylet is declared dead for good.
 def test_a_partitioned_host_costs_its_ranks_and_commits_nothing_after_them(prefect_on_cluster, tmp_path):
     """Through the Prefect worker on the second host, the third host's link is cut at a random
     step, after that step's all-reduce and before its report, its processes alive: its ranks are
@@ -370,3 +450,94 @@ def test_a_partitioned_host_costs_its_ranks_and_commits_nothing_after_them(prefe
     plain = SECONDS.get("by-prefect")
     extra = f", {summary['seconds'] - plain:+.1f} s against the unfaulted run" if plain else ""
     print(f"host {cut.address} cut at step {hold_at}: {summary['seconds']:.1f} s{extra}; {restart}")
+
+
+#: The crashed-runs automation's wait for a flow run's next heartbeat, shortened from the page's
+#: 90 s: more than the 30 s between heartbeats, or it would mark live runs Crashed.
+SILENT_S = 45
+
+
+# Last: the cut host's raylet is declared dead for good (the third host's already is).
+def test_a_flow_run_whose_host_is_cut_off_is_marked_crashed_and_a_rerun_resumes(
+    prefect_on_cluster, s3_on_head, tmp_path
+):
+    """The host of the Prefect worker (the second) is cut off at a random step of a flow run it
+    runs, with the run's driver and maybe a rank, all alive: deploy/prefect/crashed-runs.yaml's
+    automation marks the silent flow run Crashed, and the deployment run again with the same
+    parameters (a worker on the head takes it) resumes from the last checkpoint on S3 once the cut
+    driver, unable to renew its lease there, gave the run up: every step committed once, nothing
+    from the cut host after the cut step, nor once the link is back, and the cut flow run's late
+    report of its own end leaves the new run Completed."""
+    import random
+
+    import yaml
+
+    hosts, prefect = prefect_on_cluster.hosts, prefect_on_cluster
+    cut = hosts.net.hosts[1]
+    automation = yaml.safe_load((REPO / "deploy" / "prefect" / "crashed-runs.yaml").read_text())
+    automation["trigger"]["within"] = SILENT_S
+    automation_file = tmp_path / "crashed-runs.yaml"
+    automation_file.write_text(yaml.safe_dump(automation))
+    prefect.on_head(prefect.prefect, "automation", "create", "--from-file", str(automation_file))
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    hold_at = random.Random().randint(2, 8)
+    parameters = dict(storage=f"{s3_on_head}/runs", hold_at=hold_at, markers=str(markers), workers=2)
+    waiting, out = prefect.run(tmp_path, "driver-cut", **parameters)
+    try:
+        wait_until(
+            lambda: (markers / f"step-{hold_at}-attempt-1").exists() or waiting.poll() is not None,
+            timeout_s=300,
+            what=f"step {hold_at}",
+        )
+        [started] = markers.glob("flow-run-*-pid-*")
+        flow_run_id, cut_driver = started.name[len("flow-run-") :].rsplit("-pid-", 1)
+        hosts.net.partition(cut)
+        (markers / "go").touch()
+        crashed = wait_until(
+            lambda: (state := prefect.flow_run(flow_run_id)["state"])["type"] == "CRASHED" and state,
+            timeout_s=SILENT_S + 60,
+            what="the cut-off flow run marked Crashed",
+            interval_s=2,
+        )
+        assert "No heartbeat" in crashed["message"], crashed
+        waiting.communicate(timeout=60)  # run_deployment on the head saw the run end
+        prefect.workers.append(prefect.start_worker(hosts.head, "head-worker.log"))
+        rerun, out = prefect.run(tmp_path, "driver-cut", **parameters)
+        # The link comes back once the rerun has trained past the cut step: the cut driver and its
+        # rank, if they still live, can then reach the storage and the server again.
+        wait_until(
+            lambda: any(markers.glob(f"step-{hold_at + 1}-attempt-*")) or rerun.poll() is not None,
+            timeout_s=300,
+            what="the rerun past the cut step",
+        )
+    finally:
+        hosts.net.heal(cut)
+    summary = prefect.summary(rerun, out)
+    assert summary["error"] is None and summary["driver_node"] == hosts.head.address, summary
+    [rerun_id] = {m.name[len("flow-run-") :].rsplit("-pid-", 1)[0] for m in markers.glob("flow-run-*")} - {flow_run_id}
+    # The cut driver ends (Ray gives up on a GCS it cannot reach) after reporting its flow run's end
+    # once it can: then what is committed, and the new run's state, must hold nothing of it.
+    wait_until(lambda: not process_alive(int(cut_driver)), timeout_s=180, what="the cut-off driver's end")
+    run = committed_on_head(hosts, summary["uri"])
+    steps = sorted(files[0]["step"] for files in run["shards"].values())
+    assert steps == list(range(12)), steps
+    for name, files in run["shards"].items():
+        step = files[0]["step"]
+        assert len(files) == 2 and {f["step"] for f in files} == {step}, (name, files)
+        if step >= hold_at:
+            assert cut.address not in {f["node"] for f in files}, (name, files)
+    assert prefect.flow_run(rerun_id)["state"]["type"] == "COMPLETED"
+    late = prefect.flow_run(flow_run_id)["state"]
+    print(
+        f"driver host {cut.address} cut at step {hold_at}: Crashed, rerun on the head; the cut run ends {late['type']}"
+    )
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
