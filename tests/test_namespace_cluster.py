@@ -20,6 +20,8 @@ import tempfile
 
 import pytest
 
+import cluster_script
+from conftest import process_alive
 from netns_cluster import NamespaceCluster, can_make_namespaces
 from prefect_server import wait_until
 
@@ -199,12 +201,14 @@ def finished(driver: subprocess.Popen, out: pathlib.Path, log: pathlib.Path, tim
 
 
 def shards(run: pathlib.Path) -> dict[str, list[dict]]:
-    """Each committed checkpoint's rank files, by checkpoint folder."""
-    record = json.loads((run / "run.json").read_text())
-    return {
-        c["dir_name"]: [json.loads(p.read_text()) for p in sorted((run / c["dir_name"]).glob("rank*.json"))]
-        for c in record["checkpoints"]
-    }
+    """Each committed checkpoint's rank files, by checkpoint folder (a run on the shared disk)."""
+    return cluster_script.committed(str(run))["shards"]
+
+
+def flow_runs_in(markers: pathlib.Path) -> dict[str, int]:
+    """The flow runs ``cluster_flow`` started with these markers: flow run id -> its process's pid."""
+    found = (m.name[len("flow-run-") :].rsplit("-pid-", 1) for m in markers.glob("flow-run-*-pid-*"))
+    return {flow_run_id: int(pid) for flow_run_id, pid in found}
 
 
 #: Each run's wall seconds by name, for the partitioned run's cost beside the plain one (printed).
@@ -491,8 +495,7 @@ def test_a_flow_run_whose_host_is_cut_off_is_marked_crashed_and_a_rerun_resumes(
             timeout_s=300,
             what=f"step {hold_at}",
         )
-        [started] = markers.glob("flow-run-*-pid-*")
-        flow_run_id, cut_driver = started.name[len("flow-run-") :].rsplit("-pid-", 1)
+        [(flow_run_id, cut_driver)] = flow_runs_in(markers).items()
         hosts.net.partition(cut)
         (markers / "go").touch()
         crashed = wait_until(
@@ -516,10 +519,10 @@ def test_a_flow_run_whose_host_is_cut_off_is_marked_crashed_and_a_rerun_resumes(
         hosts.net.heal(cut)
     summary = prefect.summary(rerun, out)
     assert summary["error"] is None and summary["driver_node"] == hosts.head.address, summary
-    [rerun_id] = {m.name[len("flow-run-") :].rsplit("-pid-", 1)[0] for m in markers.glob("flow-run-*")} - {flow_run_id}
+    [rerun_id] = flow_runs_in(markers).keys() - {flow_run_id}
     # The cut driver ends (Ray gives up on a GCS it cannot reach) after reporting its flow run's end
     # once it can: then what is committed, and the new run's state, must hold nothing of it.
-    wait_until(lambda: not process_alive(int(cut_driver)), timeout_s=180, what="the cut-off driver's end")
+    wait_until(lambda: not process_alive(cut_driver), timeout_s=180, what="the cut-off driver's end")
     run = committed_on_head(hosts, summary["uri"])
     steps = sorted(files[0]["step"] for files in run["shards"].values())
     assert steps == list(range(12)), steps
@@ -533,11 +536,3 @@ def test_a_flow_run_whose_host_is_cut_off_is_marked_crashed_and_a_rerun_resumes(
     print(
         f"driver host {cut.address} cut at step {hold_at}: Crashed, rerun on the head; the cut run ends {late['type']}"
     )
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
