@@ -51,11 +51,17 @@ def _asha(metric_epochs: int = EPOCHS) -> tune.TuneConfig:
 
 
 def _check_asha_sweep(grid, lr_of) -> None:
-    """The sweep finished, cut a trial early, and found the best learning rate."""
+    """The sweep finished under ASHA and found the best learning rate, never cutting it.
+
+    ASHA cuts a trial only when it is worse than the trials already at its rung. Here trials take
+    turns for the two CPUs in whatever order their trainers get them, so the worst may reach each
+    rung first and none is cut (seen in CI). That a bad trial is cut is asserted on 4 CPUs by
+    test_asha_stops_bad_trials_early_and_returns_the_best, whose good trials start first.
+    """
     assert not grid.errors, grid.errors
     iterations = {lr_of(r.config): r.metrics["training_iteration"] for r in grid}
     assert len(iterations) == 4
-    assert any(n < EPOCHS for n in iterations.values()), iterations
+    assert all(1 <= n <= EPOCHS for n in iterations.values()), iterations
     best = grid.get_best_result()
     assert lr_of(best.config) == 0.3 and iterations[0.3] == EPOCHS
     assert Result.from_path(best.metrics["run_path"]).metrics["loss"] == best.metrics["loss"]
