@@ -30,12 +30,6 @@ def _distributed():
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-def group_backend() -> str | None:
-    """The backend of this process's default group ("gloo", "nccl"), or None without one."""
-    dist = _distributed()
-    return str(dist.get_backend()) if dist is not None else None
-
-
 def abort_nccl() -> bool:
     """Abort this process's NCCL communicators (their pending collectives fail instead of waiting
     for the watchdog's timeout); True when there was an NCCL group to abort."""
