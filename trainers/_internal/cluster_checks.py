@@ -62,17 +62,7 @@ class NodeFacts:
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> NodeFacts:
-        return cls(
-            node_id=str(body["node_id"]),
-            ip=str(body["ip"]),
-            hostname=str(body["hostname"]),
-            ray_version=str(body["ray_version"]),
-            python_version=str(body["python_version"]),
-            flowtrain_version=body.get("flowtrain_version"),
-            visible_gpus=None if body.get("visible_gpus") is None else int(body["visible_gpus"]),
-            gpu_source=str(body.get("gpu_source", "")),
-            resources={str(k): float(v) for k, v in (body.get("resources") or {}).items()},
-        )
+        return cls(**body)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,13 +95,7 @@ class CheckResult:
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> CheckResult:
-        return cls(
-            name=str(body["name"]),
-            status=body["status"],
-            found=str(body["found"]),
-            fix=str(body.get("fix", "")),
-            where=str(body.get("where", "")),
-        )
+        return cls(**body)
 
 
 # -- facts -----------------------------------------------------------------------------------
