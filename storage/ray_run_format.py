@@ -108,9 +108,7 @@ def _parse(body: Any, name: str) -> RayRun:
     records = [_record(result) for result in results]
     ranked = [dir_name for dir_name, _ in records]
 
-    status = {}
-    for key, ended in _ENDED_VALIDATIONS.items():
-        status.update(dict.fromkeys(body.get(key, []), ended))
+    status = {dir_name: ended for key, ended in _ENDED_VALIDATIONS.items() for dir_name in body.get(key, [])}
     pending = [_record(result)[0] for result in body.get("pending_training_results", [])]
     validation = dict(
         zip(pending, body.get("pending_validation_specs", []), strict=True)

@@ -60,25 +60,23 @@ PERMANENT_ERRNOS = frozenset(
 )
 #: Error codes of S3 (as pyarrow names them: "AWS Error ACCESS_DENIED during ..."), Google Cloud
 #: Storage and Azure that mean the bucket is missing or the credentials may not write there.
-PERMANENT_CODES = tuple(
-    [
-        "ACCESS_DENIED",
-        "NO_SUCH_BUCKET",
-        "INVALID_ACCESS_KEY_ID",
-        "SIGNATURE_DOES_NOT_MATCH",
-        "INVALID_CLIENT_TOKEN_ID",
-        "UNRECOGNIZED_CLIENT",
-        "MISSING_AUTHENTICATION_TOKEN",
-        "AccessDenied",
-        "NoSuchBucket",
-        "InvalidAccessKeyId",
-        "SignatureDoesNotMatch",
-        "PERMISSION_DENIED",
-        "UNAUTHENTICATED",
-        "AuthorizationFailure",
-        "AuthorizationPermissionMismatch",
-        "ContainerNotFound",
-    ]
+PERMANENT_CODES = (
+    "ACCESS_DENIED",
+    "NO_SUCH_BUCKET",
+    "INVALID_ACCESS_KEY_ID",
+    "SIGNATURE_DOES_NOT_MATCH",
+    "INVALID_CLIENT_TOKEN_ID",
+    "UNRECOGNIZED_CLIENT",
+    "MISSING_AUTHENTICATION_TOKEN",
+    "AccessDenied",
+    "NoSuchBucket",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "PERMISSION_DENIED",
+    "UNAUTHENTICATED",
+    "AuthorizationFailure",
+    "AuthorizationPermissionMismatch",
+    "ContainerNotFound",
 )
 _PERMANENT_CODE = re.compile(r"\b(" + "|".join(PERMANENT_CODES) + r")\b")
 #: pyarrow's S3 filesystem says this (no error code) when a bucket is missing.
@@ -227,7 +225,6 @@ def retry(
     destination: str,
     source: str | None = None,
     policy: RetryPolicy | None = None,
-    sleep: Callable[[float], None] = time.sleep,
     what: str = "checkpoint files",
 ) -> int:
     """Call ``action`` until it returns, retrying transient errors by ``policy`` (the
@@ -261,7 +258,7 @@ def retry(
                 policy.retries,
                 wait,
             )
-            sleep(wait)
+            time.sleep(wait)
     raise AssertionError("unreachable: the last try returns or raises")  # pragma: no cover
 
 
@@ -295,8 +292,6 @@ def copy_tree(
     dest: str,
     *,
     destination: str | None = None,
-    policy: RetryPolicy | None = None,
-    sleep: Callable[[float], None] = time.sleep,
 ) -> UploadStats:
     """Copy the files of folder ``source`` into folder ``dest`` (merging with what is there),
     retrying transient errors; return the bytes copied, the seconds taken and the retries.
@@ -306,7 +301,7 @@ def copy_tree(
     name the error uses for ``dest`` (a URI; default ``dest``). Within one filesystem the store
     copies each file itself (a server-side copy on S3).
     """
-    policy = policy or RetryPolicy.from_env()
+    policy = RetryPolicy.from_env()
     destination = destination or dest
     start = time.monotonic()
     plan: dict[str, Any] = {}
@@ -322,9 +317,7 @@ def copy_tree(
         remaining = [(path, size) for path, size in plan["files"] if path not in done]
         _copy_files(source_fs, source, dest_fs, dest, remaining, done, policy.threads)
 
-    retries = retry(
-        one_pass, destination=destination, source=display_path(source_fs, source), policy=policy, sleep=sleep
-    )
+    retries = retry(one_pass, destination=destination, source=display_path(source_fs, source), policy=policy)
     return UploadStats(bytes=sum(size for _, size in plan["files"]), seconds=time.monotonic() - start, retries=retries)
 
 
