@@ -19,10 +19,11 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field, model_validator
 
-from tasks.charts import charts_markdown, trials_chart
+from storage.retention import flatten
+from tasks.charts import as_number, charts_markdown, json_safe, trials_chart
 from tasks.console import run_output
 from tasks.params import Checkpointing, DatasetSpec, Failures, ParamsModel, RunSettings, Scaling, TorchTraining
-from tasks.reporting import artifact_key, json_safe
+from tasks.reporting import artifact_key
 from tasks.retries import train_task_options
 from tasks.train import train
 
@@ -230,10 +231,9 @@ def plan_sweep(sweep_name: str, settings: SweepSettings) -> SweepPlan:
     names = [t.name for t in trials]
     if len(set(names)) != len(names):
         raise ValueError("search: some trials have the same parameters; make the grid values distinct.")
-    get_run_logger().info(
-        "sweep %r: %d trial(s), %d at a time", sweep_name, len(trials), min(wanted or holds, len(trials))
-    )
-    return SweepPlan(trials=trials, max_concurrent_trials=max(1, min(wanted or holds, len(trials))))
+    at_once = min(wanted or holds, len(trials))  # at least 1: a search has a trial, a cluster holds one
+    get_run_logger().info("sweep %r: %d trial(s), %d at a time", sweep_name, len(trials), at_once)
+    return SweepPlan(trials=trials, max_concurrent_trials=at_once)
 
 
 def _finished_run(run: RunSettings) -> Any:
@@ -246,15 +246,6 @@ def _finished_run(run: RunSettings) -> Any:
     except StorageError:
         return None
     return Result._from_run(stored, return_value=None, error=None) if stored.snapshot.finished else None
-
-
-def _score(metrics: dict[str, Any] | None, metric: str) -> float | None:
-    from storage.retention import flatten
-
-    value = flatten(metrics or {}).get(metric)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
 
 
 @task(name="trial", task_run_name="trial {trial.name}", persist_result=True)
@@ -282,7 +273,7 @@ def train_trial(trial: Trial, settings: SweepSettings) -> TrialOutcome:
     else:
         logger.info("trial %r finished in an earlier sweep (%s); not training it again", trial.name, found.uri)
     metric = settings.search.metric
-    score = _score(found.metrics, metric)
+    score = as_number(flatten(found.metrics or {}).get(metric))
     logger.info("trial %r %s: %s=%s", trial.name, status, metric, score)
     return TrialOutcome(
         name=trial.name,
