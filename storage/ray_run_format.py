@@ -59,8 +59,6 @@ class RayRunFormatError(StorageError):
 class RayRun:
     """A ``ray.train`` run folder as flowtrain's record of a run."""
 
-    #: The Ray version that wrote the snapshot (``ray.__version__`` there).
-    ray_version: str
     #: The kept checkpoints as the run's first ones (report order), each with its report (attempt 0).
     snapshot: RunSnapshot
     #: The checkpoints' folder names best last, as Ray's snapshot ranks them (it records the
@@ -130,7 +128,7 @@ def _parse(body: Any, name: str) -> RayRun:
             )
         )
     snapshot.next_seq = len(records)
-    return RayRun(ray_version=ray_version, snapshot=snapshot, ranked=ranked)
+    return RayRun(snapshot=snapshot, ranked=ranked)
 
 
 def _record(result: Any) -> tuple[str, dict[str, Any]]:

@@ -258,8 +258,7 @@ class RunStorage:
                 f"at {self.run_uri}; it is not committed."
             )
         self.snapshot.reports.append(ReportEntry(attempt, report_index, metrics))
-        if round_.memory:
-            self._keep_peaks(round_.memory)
+        self._keep_peaks(round_.memory)
         if not round_.commits:
             if time.monotonic() - self._last_write > METRICS_FLUSH_INTERVAL_S:
                 self._write()
@@ -445,8 +444,7 @@ class RunStorage:
     def _keep_peaks(self, memory: tuple[MemoryPeak | None, ...]) -> None:
         """Each rank's peak memory in the run: the larger of what is kept and what it reports now."""
         kept = self.snapshot.peak_memory
-        if len(kept) < len(memory):
-            kept.extend([None] * (len(memory) - len(kept)))
+        kept.extend([None] * (len(memory) - len(kept)))  # nothing when it holds every rank already
         for rank, peak in enumerate(memory):
             if peak is not None:  # a rank sends its peak only when it grew
                 kept[rank] = peak.at_least(kept[rank])
