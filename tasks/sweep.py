@@ -133,9 +133,9 @@ class SweepSettings(ParamsModel):
     failures: Failures
     run: RunSettings
 
-    def trial_config(self, trial: Trial) -> dict[str, Any]:
-        """The ``train_loop_config`` of ``trial``: the base config with the trial's parameters."""
-        return {**self.train_loop_config, **trial.params}
+    def trial_config(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The ``train_loop_config`` of a trial: the base config with the trial's ``params``."""
+        return {**self.train_loop_config, **params}
 
 
 class Trial(ParamsModel):
@@ -226,8 +226,8 @@ def plan_sweep(sweep_name: str, settings: SweepSettings) -> SweepPlan:
         )
     trials = []
     for params in search.configs():
-        config = {**settings.train_loop_config, **params}
-        trials.append(Trial(name=trial_name(sweep_name, settings.train_loop, config, scaling, data), params=params))
+        name = trial_name(sweep_name, settings.train_loop, settings.trial_config(params), scaling, data)
+        trials.append(Trial(name=name, params=params))
     names = [t.name for t in trials]
     if len(set(names)) != len(names):
         raise ValueError("search: some trials have the same parameters; make the grid values distinct.")
@@ -257,7 +257,7 @@ def train_trial(trial: Trial, settings: SweepSettings) -> TrialOutcome:
     found = _finished_run(trial_run)
     status = "reused"
     if found is None:
-        config = settings.trial_config(trial)
+        config = settings.trial_config(trial.params)
         epochs = config.get("epochs") if isinstance(config.get("epochs"), int) else None
         training = TorchTraining(train_loop=settings.train_loop, train_loop_config=config, expected_reports=epochs)
         # The pipeline's train stage, run inside this task run: same reporting, same resume.
