@@ -128,25 +128,9 @@ def training_pipeline(
     )
 
 
-#: The flows that train gradient-boosted trees from parameters alone, one per library: the flow's
-#: name (deployments say ``<flow name>/<deployment>``) and its description.
-BOOSTING_FLOWS: dict[str, tuple[str, str]] = {
-    "xgboost": (
-        "flowtrain-xgboost",
-        """XGBoost on ``scaling.num_workers`` workers from parameters alone: ``datasets["train"]`` is
-    trained on, every other dataset is evaluated each round (``valid-logloss``, ...).""",
-    ),
-    "lightgbm": (
-        "flowtrain-lightgbm",
-        """LightGBM (data parallel) on ``scaling.num_workers`` workers from parameters alone:
-    ``datasets["train"]`` is trained on, every other dataset is evaluated each round.""",
-    ),
-}
-
-
-def _boosting_flow(framework: Literal["xgboost", "lightgbm"]) -> Flow[..., dict[str, Any]]:
-    """The ``BOOSTING_FLOWS`` flow of ``framework``: the same parameters and wiring for every library."""
-    flow_name, description = BOOSTING_FLOWS[framework]
+def _boosting_flow(framework: Literal["xgboost", "lightgbm"], description: str) -> Flow[..., dict[str, Any]]:
+    """The flow ``flowtrain-<framework>`` (deployments say ``<flow name>/<deployment>``) that trains
+    gradient-boosted trees from parameters alone: the same parameters and wiring for every library."""
 
     def pipeline(
         datasets: dict[str, DatasetSource],
@@ -174,8 +158,16 @@ def _boosting_flow(framework: Literal["xgboost", "lightgbm"]) -> Flow[..., dict[
 
     pipeline.__name__ = pipeline.__qualname__ = f"{framework}_pipeline"  # the entrypoint prefect.yaml names
     pipeline.__doc__ = description
-    return flow(name=flow_name, flow_run_name=flow_run_name)(pipeline)
+    return flow(name=f"flowtrain-{framework}", flow_run_name=flow_run_name)(pipeline)
 
 
-xgboost_pipeline = _boosting_flow("xgboost")
-lightgbm_pipeline = _boosting_flow("lightgbm")
+xgboost_pipeline = _boosting_flow(
+    "xgboost",
+    """XGBoost on ``scaling.num_workers`` workers from parameters alone: ``datasets["train"]`` is
+    trained on, every other dataset is evaluated each round (``valid-logloss``, ...).""",
+)
+lightgbm_pipeline = _boosting_flow(
+    "lightgbm",
+    """LightGBM (data parallel) on ``scaling.num_workers`` workers from parameters alone:
+    ``datasets["train"]`` is trained on, every other dataset is evaluated each round.""",
+)

@@ -45,7 +45,7 @@ def commit_folder(fs: pafs.FileSystem, staged: str, final: str, *, announce: Cal
         return 0
     where = display_path(fs, final)
     try:
-        copied = copy_tree(fs, staged, fs, final, destination=where)
+        copied = copy_tree(fs, staged, fs, final)
         marked = retry(lambda: write_bytes(fs, f"{final}/{COMMIT_MARKER}", b""), destination=where)
     except CheckpointUploadError:
         try_delete(fs, final)  # unmarked, so never read; tidied now

@@ -48,12 +48,10 @@ def resolve_filesystem(storage_path: str, filesystem: pafs.FileSystem | None = N
 
 def _fsspec_filesystem(storage_path: str, path: str, pyarrow_error: Exception) -> tuple[pafs.FileSystem, str]:
     """The fallback for schemes pyarrow does not know: fsspec, or a clear error naming the scheme."""
+    import fsspec  # a dependency of ray[data]; imported only for the schemes pyarrow does not know
+
     scheme = path.split("://", 1)[0]
-    try:
-        import fsspec
-    except ImportError:  # pragma: no cover - fsspec ships with ray[data]
-        fsspec = None
-    if fsspec is None or scheme not in fsspec.available_protocols():
+    if scheme not in fsspec.available_protocols():
         raise ValueError(
             f"storage_path={storage_path!r}: the URI scheme {scheme!r} is not supported. Use an absolute "
             "local path, or a URI that pyarrow.fs knows (file://, s3://, gs://, hdfs://) or that an "

@@ -30,25 +30,14 @@ class MemoryPeak:
     limit_bytes: int | None = None
 
     def at_least(self, other: MemoryPeak | None) -> MemoryPeak:
-        """The larger of the two peaks, figure by figure."""
-        if other is None or other == self:
+        """The larger of the two peaks, figure by figure (this peak's limit)."""
+        if other is None:
             return self
-        if other.covers(self):
-            return other
         return MemoryPeak(
             max(self.rss_bytes, other.rss_bytes),
             _larger(self.cuda_allocated_bytes, other.cuda_allocated_bytes),
             _larger(self.cuda_reserved_bytes, other.cuda_reserved_bytes),
             self.limit_bytes,
-        )
-
-    def covers(self, other: MemoryPeak) -> bool:
-        """Whether every figure of this peak is at least ``other``'s."""
-        return (
-            self.limit_bytes == other.limit_bytes
-            and self.rss_bytes >= other.rss_bytes
-            and _larger(self.cuda_allocated_bytes, other.cuda_allocated_bytes) == self.cuda_allocated_bytes
-            and _larger(self.cuda_reserved_bytes, other.cuda_reserved_bytes) == self.cuda_reserved_bytes
         )
 
     def describe(self) -> str:
@@ -63,26 +52,12 @@ class MemoryPeak:
         return text
 
     def to_json(self) -> dict[str, int]:
-        body = {"rss_bytes": self.rss_bytes}
-        if self.cuda_allocated_bytes is not None:
-            body["cuda_allocated_bytes"] = self.cuda_allocated_bytes
-        if self.cuda_reserved_bytes is not None:
-            body["cuda_reserved_bytes"] = self.cuda_reserved_bytes
-        if self.limit_bytes is not None:
-            body["limit_bytes"] = self.limit_bytes
-        return body
+        return {key: value for key, value in dataclasses.asdict(self).items() if value is not None}
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> MemoryPeak:
-        def optional(key: str) -> int | None:
-            return int(body[key]) if body.get(key) is not None else None
-
-        return cls(
-            int(body["rss_bytes"]),
-            optional("cuda_allocated_bytes"),
-            optional("cuda_reserved_bytes"),
-            optional("limit_bytes"),
-        )
+        names = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{key: int(value) for key, value in body.items() if key in names and value is not None})
 
     @property
     def near_limit(self) -> bool:
@@ -92,9 +67,7 @@ class MemoryPeak:
 
 
 def _larger(first: int | None, second: int | None) -> int | None:
-    if first is None or second is None:
-        return second if first is None else first
-    return max(first, second)
+    return max((value for value in (first, second) if value is not None), default=None)
 
 
 def _size(num_bytes: int) -> str:

@@ -101,10 +101,6 @@ class RunLayout:
     def checkpoint_name(seq: int) -> str:
         return f"{CHECKPOINT_PREFIX}{seq:06d}"
 
-    def checkpoint_path(self, seq: int) -> str:
-        """The folder of the committed checkpoint number ``seq`` under its default name."""
-        return self._join(self.checkpoint_name(seq))
-
     def path_of(self, dir_name: str) -> str:
         """The folder ``dir_name`` inside the run folder."""
         return self._join(dir_name)

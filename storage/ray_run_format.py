@@ -59,8 +59,6 @@ class RayRunFormatError(StorageError):
 class RayRun:
     """A ``ray.train`` run folder as flowtrain's record of a run."""
 
-    #: The Ray version that wrote the snapshot (``ray.__version__`` there).
-    ray_version: str
     #: The kept checkpoints as the run's first ones (report order), each with its report (attempt 0).
     snapshot: RunSnapshot
     #: The checkpoints' folder names best last, as Ray's snapshot ranks them (it records the
@@ -108,9 +106,7 @@ def _parse(body: Any, name: str) -> RayRun:
     records = [_record(result) for result in results]
     ranked = [dir_name for dir_name, _ in records]
 
-    status = {}
-    for key, ended in _ENDED_VALIDATIONS.items():
-        status.update(dict.fromkeys(body.get(key, []), ended))
+    status = {dir_name: ended for key, ended in _ENDED_VALIDATIONS.items() for dir_name in body.get(key, [])}
     pending = [_record(result)[0] for result in body.get("pending_training_results", [])]
     validation = dict(
         zip(pending, body.get("pending_validation_specs", []), strict=True)
@@ -132,7 +128,7 @@ def _parse(body: Any, name: str) -> RayRun:
             )
         )
     snapshot.next_seq = len(records)
-    return RayRun(ray_version=ray_version, snapshot=snapshot, ranked=ranked)
+    return RayRun(snapshot=snapshot, ranked=ranked)
 
 
 def _record(result: Any) -> tuple[str, dict[str, Any]]:

@@ -32,7 +32,7 @@ from storage.checkpoint import Checkpoint
 from storage.commit import adopt_folder, commit_folder, is_committed, try_delete
 from storage.config import CheckpointConfig
 from storage.errors import RunInProgressError, StorageError
-from storage.filesystem import display_path, exists, is_local, resolve_filesystem, write_bytes
+from storage.filesystem import display_path, exists, is_local, read_bytes, resolve_filesystem, write_bytes
 from storage.health import (
     GoodputAccount,
     MemoryPeak,
@@ -125,9 +125,7 @@ class RunStorage:
         self._checked("create the run folder", lambda: self.filesystem.create_dir(self.run_path, recursive=True))
         self._take_lease(owner)
         try:
-            found = self._checked(
-                "read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri)
-            )
+            found = self._read_snapshot()
             if found is None:
                 ray_run = self._checked(
                     "read the ray.train run snapshot",
@@ -154,8 +152,7 @@ class RunStorage:
         self.snapshot.finished = error is None
         self.snapshot.error = error
         self._write()
-        try_delete(self.filesystem, self.layout.staging_root)
-        self.close()
+        self.close()  # cleans staging too
 
     def close(self) -> None:
         """Release the lease without marking the run finished (crash or interrupt). Idempotent.
@@ -182,9 +179,7 @@ class RunStorage:
             raise StorageError(f"no run at {self.run_uri}: it has no run.json.")
         self._take_lease(owner)
         try:
-            found = self._checked(
-                "read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri)
-            )
+            found = self._read_snapshot()
             if found is None:  # removed since it was looked for
                 raise StorageError(f"no run at {self.run_uri}: it has no run.json.")
             self.snapshot = found
@@ -214,6 +209,9 @@ class RunStorage:
         """The file in the run folder this driver keeps while it owns the run (None: not open). A
         worker that cannot see it does not share the run's storage."""
         return self._lease.path if self._lease is not None else None
+
+    def _read_snapshot(self) -> RunSnapshot | None:
+        return self._checked("read the run snapshot", lambda: read_snapshot(self.filesystem, self.layout, self.run_uri))
 
     def _take_lease(self, owner: str) -> None:
         lease = Lease(
@@ -254,22 +252,20 @@ class RunStorage:
         commit's own retries are added to ``upload``'s count.
         """
         metrics, report_index, attempt = round_.metrics, round_.report_index, round_.attempt
-        validation, dir_name, upload = round_.validation, round_.dir_name, round_.upload
         if attempt != self.snapshot.attempt:
             raise StorageError(
                 f"report {report_index} of attempt {attempt} arrived after attempt {self.snapshot.attempt} began "
                 f"at {self.run_uri}; it is not committed."
             )
         self.snapshot.reports.append(ReportEntry(attempt, report_index, metrics))
-        if round_.memory:
-            self._keep_peaks(round_.memory)
+        self._keep_peaks(round_.memory)
         if not round_.commits:
             if time.monotonic() - self._last_write > METRICS_FLUSH_INTERVAL_S:
                 self._write()
             return None
         entry, index = self.snapshot.reports[-1], len(self.snapshot.reports) - 1
         try:
-            return self._commit(round_, metrics, validation, dir_name, upload)
+            return self._commit(round_)
         except BaseException:
             # Failed before its checkpoint was recorded: a later write of run.json (the run's end)
             # must not keep this report as if it had been. Once recorded, the two stay together.
@@ -278,10 +274,9 @@ class RunStorage:
                 self.snapshot.reports.pop()
             raise
 
-    def _commit(
-        self, round_: ReportRound, metrics: dict[str, Any], validation: Any, dir_name: str | None, upload: Any
-    ) -> Checkpoint:
+    def _commit(self, round_: ReportRound) -> Checkpoint:
         """Commit ``round_``'s checkpoint (its report entry is the snapshot's last) and return it."""
+        metrics, validation, dir_name, upload = round_.metrics, round_.validation, round_.dir_name, round_.upload
         attempt, report_index, staged = round_.attempt, round_.report_index, round_.staged
         staging = self.layout.staging_path(attempt, report_index)
         self._check_lease()  # before its commit: the folder it goes to may be another driver's by now
@@ -437,8 +432,7 @@ class RunStorage:
         )
         if not names:
             return None
-        with self.filesystem.open_input_stream(self.layout.health_path(names[-1])) as stream:
-            return Timeline.from_json(json.loads(stream.read()))
+        return Timeline.from_json(json.loads(read_bytes(self.filesystem, self.layout.health_path(names[-1]))))
 
     def put_health_file(self, local_path: str, name: str) -> str:
         """Copy the local file ``local_path`` into the run's ``.health/`` folder as ``name``; return
@@ -450,8 +444,7 @@ class RunStorage:
     def _keep_peaks(self, memory: tuple[MemoryPeak | None, ...]) -> None:
         """Each rank's peak memory in the run: the larger of what is kept and what it reports now."""
         kept = self.snapshot.peak_memory
-        if len(kept) < len(memory):
-            kept.extend([None] * (len(memory) - len(kept)))
+        kept.extend([None] * (len(memory) - len(kept)))  # nothing when it holds every rank already
         for rank, peak in enumerate(memory):
             if peak is not None:  # a rank sends its peak only when it grew
                 kept[rank] = peak.at_least(kept[rank])

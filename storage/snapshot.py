@@ -109,8 +109,7 @@ class DroppedCheckpoint:
     upload: UploadStats | None = None
 
     def to_json(self) -> dict[str, Any]:
-        body = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        return {**body, "upload": self.upload.to_record() if self.upload is not None else None}
+        return {**vars(self), "upload": self.upload.to_record() if self.upload is not None else None}
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> DroppedCheckpoint:
@@ -158,6 +157,20 @@ class RestartRecord:
         replaced = "; ".join(f"rank {rank} ({why})" for rank, why in sorted(self.replaced.items()))
         kept = ", ".join(map(str, self.kept)) or "none"
         return f"replaced {replaced or 'no rank'}; kept rank(s) {kept}"
+
+
+#: The snapshot's lists of typed records (None only in ``peak_memory``), and each one's type.
+_RECORDS: dict[str, Any] = {
+    "reports": ReportEntry,
+    "checkpoints": CheckpointRecord,
+    "dropped": DroppedCheckpoint,
+    "data_resumes": DataResume,
+    "restarts": RestartRecord,
+    "peak_memory": MemoryPeak,
+    "stragglers": StragglerRecord,
+    "goodput": GoodputAccount,
+    "preflight": PreflightRecord,
+}
 
 
 @dataclasses.dataclass
@@ -219,18 +232,9 @@ class RunSnapshot:
     def to_json(self) -> bytes:
         """The snapshot as run.json; metric values JSON cannot hold are tagged (``storage.metric_values``)."""
         fields = {key: value for key, value in vars(self).items() if key not in (*_GROWING, _ENCODED)}
-        body = encode(
-            {
-                **fields,
-                "checkpoints": [c.to_json() for c in self.checkpoints],
-                "data_resumes": [r.to_json() for r in self.data_resumes],
-                "restarts": [r.to_json() for r in self.restarts],
-                "peak_memory": [p.to_json() if p is not None else None for p in self.peak_memory],
-                "stragglers": [s.to_json() for s in self.stragglers],
-                "goodput": [g.to_json() for g in self.goodput],
-                "preflight": [p.to_json() for p in self.preflight],
-            }
-        )
+        for name in _RECORDS.keys() - _GROWING:  # each keeps its place among the fields
+            fields[name] = [r.to_json() if r is not None else None for r in getattr(self, name)]
+        body = encode(fields)
         for name in _GROWING:
             body[name] = self._encoded(name)
         body["format"] = FORMAT
@@ -261,15 +265,8 @@ class RunSnapshot:
         body.pop("format")
         known = {f.name for f in dataclasses.fields(cls)}
         body = {k: v for k, v in body.items() if k in known}  # newer writers may add fields
-        body["checkpoints"] = [CheckpointRecord.from_json(c) for c in body.get("checkpoints", [])]
-        body["reports"] = [ReportEntry.from_json(r) for r in body.get("reports", [])]
-        body["dropped"] = [DroppedCheckpoint.from_json(d) for d in body.get("dropped", [])]
-        body["data_resumes"] = [DataResume.from_json(r) for r in body.get("data_resumes", [])]
-        body["restarts"] = [RestartRecord.from_json(r) for r in body.get("restarts", [])]
-        body["peak_memory"] = [MemoryPeak.from_json(p) if p else None for p in body.get("peak_memory", [])]
-        body["stragglers"] = [StragglerRecord.from_json(s) for s in body.get("stragglers", [])]
-        body["goodput"] = [GoodputAccount.from_json(g) for g in body.get("goodput", [])]
-        body["preflight"] = [PreflightRecord.from_json(p) for p in body.get("preflight", [])]
+        for name, record in _RECORDS.items():
+            body[name] = [record.from_json(r) if r is not None else None for r in body.get(name, [])]
         return cls(**body)
 
 

@@ -60,25 +60,23 @@ PERMANENT_ERRNOS = frozenset(
 )
 #: Error codes of S3 (as pyarrow names them: "AWS Error ACCESS_DENIED during ..."), Google Cloud
 #: Storage and Azure that mean the bucket is missing or the credentials may not write there.
-PERMANENT_CODES = tuple(
-    [
-        "ACCESS_DENIED",
-        "NO_SUCH_BUCKET",
-        "INVALID_ACCESS_KEY_ID",
-        "SIGNATURE_DOES_NOT_MATCH",
-        "INVALID_CLIENT_TOKEN_ID",
-        "UNRECOGNIZED_CLIENT",
-        "MISSING_AUTHENTICATION_TOKEN",
-        "AccessDenied",
-        "NoSuchBucket",
-        "InvalidAccessKeyId",
-        "SignatureDoesNotMatch",
-        "PERMISSION_DENIED",
-        "UNAUTHENTICATED",
-        "AuthorizationFailure",
-        "AuthorizationPermissionMismatch",
-        "ContainerNotFound",
-    ]
+PERMANENT_CODES = (
+    "ACCESS_DENIED",
+    "NO_SUCH_BUCKET",
+    "INVALID_ACCESS_KEY_ID",
+    "SIGNATURE_DOES_NOT_MATCH",
+    "INVALID_CLIENT_TOKEN_ID",
+    "UNRECOGNIZED_CLIENT",
+    "MISSING_AUTHENTICATION_TOKEN",
+    "AccessDenied",
+    "NoSuchBucket",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "PERMISSION_DENIED",
+    "UNAUTHENTICATED",
+    "AuthorizationFailure",
+    "AuthorizationPermissionMismatch",
+    "ContainerNotFound",
 )
 _PERMANENT_CODE = re.compile(r"\b(" + "|".join(PERMANENT_CODES) + r")\b")
 #: pyarrow's S3 filesystem says this (no error code) when a bucket is missing.
@@ -227,7 +225,6 @@ def retry(
     destination: str,
     source: str | None = None,
     policy: RetryPolicy | None = None,
-    sleep: Callable[[float], None] = time.sleep,
     what: str = "checkpoint files",
 ) -> int:
     """Call ``action`` until it returns, retrying transient errors by ``policy`` (the
@@ -261,7 +258,7 @@ def retry(
                 policy.retries,
                 wait,
             )
-            sleep(wait)
+            time.sleep(wait)
     raise AssertionError("unreachable: the last try returns or raises")  # pragma: no cover
 
 
@@ -288,26 +285,15 @@ def _failure(
     )
 
 
-def copy_tree(
-    source_fs: pafs.FileSystem,
-    source: str,
-    dest_fs: pafs.FileSystem,
-    dest: str,
-    *,
-    destination: str | None = None,
-    policy: RetryPolicy | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-) -> UploadStats:
+def copy_tree(source_fs: pafs.FileSystem, source: str, dest_fs: pafs.FileSystem, dest: str) -> UploadStats:
     """Copy the files of folder ``source`` into folder ``dest`` (merging with what is there),
     retrying transient errors; return the bytes copied, the seconds taken and the retries.
 
     A retry copies again only the files not yet copied, each from its start, overwriting what a
-    failed try left of it, so a retry never leaves a file half written. ``destination`` is the
-    name the error uses for ``dest`` (a URI; default ``dest``). Within one filesystem the store
-    copies each file itself (a server-side copy on S3).
+    failed try left of it, so a retry never leaves a file half written. Within one filesystem the
+    store copies each file itself (a server-side copy on S3).
     """
-    policy = policy or RetryPolicy.from_env()
-    destination = destination or dest
+    policy = RetryPolicy.from_env()
     start = time.monotonic()
     plan: dict[str, Any] = {}
     done: set[str] = set()
@@ -319,12 +305,11 @@ def copy_tree(
         if "made" not in plan:
             _make_dirs(dest_fs, dest, plan["dirs"])
             plan["made"] = True
-        remaining = [(path, size) for path, size in plan["files"] if path not in done]
+        remaining = [path for path, _ in plan["files"] if path not in done]
         _copy_files(source_fs, source, dest_fs, dest, remaining, done, policy.threads)
 
-    retries = retry(
-        one_pass, destination=destination, source=display_path(source_fs, source), policy=policy, sleep=sleep
-    )
+    where, origin = display_path(dest_fs, dest), display_path(source_fs, source)
+    retries = retry(one_pass, destination=where, source=origin, policy=policy)
     return UploadStats(bytes=sum(size for _, size in plan["files"]), seconds=time.monotonic() - start, retries=retries)
 
 
@@ -336,7 +321,7 @@ def upload_directory(local_dir: str, fs: pafs.FileSystem, dest_path: str) -> Upl
     ``CheckpointUploadError`` names ``dest_path`` and the last error. Returns the bytes copied,
     the seconds it took and the retries.
     """
-    return copy_tree(pafs.LocalFileSystem(), local_dir, fs, dest_path, destination=display_path(fs, dest_path))
+    return copy_tree(pafs.LocalFileSystem(), local_dir, fs, dest_path)
 
 
 def _plan(fs: pafs.FileSystem, root: str) -> dict[str, Any]:
@@ -370,19 +355,18 @@ def _copy_files(
     source: str,
     dest_fs: pafs.FileSystem,
     dest: str,
-    files: list[tuple[str, int]],
+    names: list[str],
     done: set[str],
     threads: int,
 ) -> None:
-    """Copy ``files``, adding each to ``done`` once it is in; raise the worst error of the pass
-    (one waiting cannot fix before one it can) after every file of the pass was tried."""
+    """Copy the files ``names`` (relative paths), adding each to ``done`` once it is in; raise the
+    worst error of the pass (one waiting cannot fix before one it can) after every file was tried."""
     same = same_filesystem(source_fs, dest_fs)
 
     def copy(relative: str) -> None:
         _copy_file(source_fs, f"{source.rstrip('/')}/{relative}", dest_fs, f"{dest.rstrip('/')}/{relative}", same)
         done.add(relative)
 
-    names = [relative for relative, _ in files]
     errors: list[BaseException] = []
     if isinstance(dest_fs, pafs.LocalFileSystem) or threads == 1 or len(names) < 2:
         for relative in names:

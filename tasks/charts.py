@@ -44,17 +44,22 @@ MAX_DOTS = 200  # more points than this: the line alone, as dots would hide it
 # -- numbers and tables -----------------------------------------------------------------------------
 
 
-def round_sig(value: Any, digits: int = 4) -> Any:
-    """``value`` rounded to ``digits`` significant digits when it is a float; ints, bools, text,
-    lists and dicts stay as they are; NaN and infinity become None and other values (a datetime, a
-    Decimal, an object) their text, as a JSON table cannot hold them."""
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return None
-        return float(f"{value:.{digits}g}")
-    if value is None or isinstance(value, (int, str, list, tuple, dict)):
+def json_safe(value: Any) -> Any:
+    """A value a JSON table or log line can hold (NaN and inf become None, a value JSON has no
+    form for, such as a datetime or a Decimal, its text)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (int, float, str, list, tuple, dict)):
         return value
     return str(value)
+
+
+def round_sig(value: Any, digits: int = 4) -> Any:
+    """``value`` rounded to ``digits`` significant digits when it is a finite float, else as
+    ``json_safe`` makes it (NaN and infinity None, a datetime or a Decimal its text)."""
+    if isinstance(value, float) and math.isfinite(value):
+        return float(f"{value:.{digits}g}")
+    return json_safe(value)
 
 
 def as_number(value: Any) -> float | None:
@@ -329,10 +334,6 @@ class _Frame:
     right: float = WIDTH - MARGIN_RIGHT
 
     @property
-    def num_reports(self) -> int:
-        return self.chart.num_reports
-
-    @property
     def bottom(self) -> float:
         return self.top + PLOT_HEIGHT
 
@@ -341,9 +342,9 @@ class _Frame:
 
     def x_at(self, report: int) -> float:
         """Where the report numbered ``report`` (1-based) sits: by its x value, first to last."""
-        if self.num_reports <= 1:
+        if self.chart.num_reports <= 1:
             return (self.left + self.right) / 2
-        first, last = self.chart.x_of(1), self.chart.x_of(self.num_reports)
+        first, last = self.chart.x_of(1), self.chart.x_of(self.chart.num_reports)
         return self.left + (self.chart.x_of(report) - first) * (self.right - self.left) / (last - first)
 
     def y_at(self, value: float) -> float:
@@ -393,7 +394,7 @@ def _axes_svg(frame: _Frame, height: float) -> list[str]:
         parts.append(f'<line x1="{frame.left}" x2="{frame.right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e3e3e3"/>')
         parts.append(f'<text x="{frame.left - 8}" y="{y + 4:.1f}" text-anchor="end" fill="#444">{tick:.4g}</text>')
     bottom = frame.bottom
-    for report in x_ticks(frame.num_reports):
+    for report in x_ticks(frame.chart.num_reports):
         x = frame.x_at(report)
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{bottom}" y2="{bottom + 5}" stroke="#888"/>')
         label = frame.chart.x_text(report)

@@ -32,9 +32,7 @@ def checkpoints(summary: TrainSummary, checkpointing: Checkpointing) -> Checkpoi
     config = checkpointing.to_config()
     storage = RunStorage.at(summary.run_path, checkpoint_config=config)  # the folder the train stage trained in
     kept = storage.verify_and_tidy(owner=new_owner("checkpoints"))
-    metrics = {c.path: m for c, m in storage.best_checkpoints}
-    best = kept[0] if kept else None
-    best_metrics = metrics.get(best.path) if best else None
+    best, best_metrics = storage.best_checkpoints[0] if kept else (None, None)
     attribute = config.checkpoint_score_attribute
     get_run_logger().info("run %r keeps %d checkpoint(s); best: %s", summary.run_name, len(kept), best and best.path)
     create_markdown_artifact(
@@ -96,14 +94,10 @@ def checkpoint_rows(snapshot: RunSnapshot, config: CheckpointConfig) -> list[dic
     rows = []
     for seq in sorted(found):
         dir_name, report, flat, upload, status, why = found[seq]
-        row = {"checkpoint": dir_name, REPORT_COLUMN: report + 1}
-        row.update({k: round_sig(flat.get(k)) for k in steps})
+        row = {"checkpoint": dir_name, REPORT_COLUMN: report + 1, **{k: round_sig(flat.get(k)) for k in steps}}
         if attribute is not None:
             row[attribute] = round_sig(flat.get(attribute))
-        row["status"] = status
-        row["why"] = why
-        row.update(upload_cells(upload))
-        rows.append(row)
+        rows.append({**row, "status": status, "why": why, **upload_cells(upload)})
     return rows
 
 

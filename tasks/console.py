@@ -75,12 +75,6 @@ class _RayRecords(logging.Filter):
 _RAY_RECORDS = _RayRecords()
 
 
-def _filter_ray_console() -> None:
-    for handler in ray_console_handlers():  # Ray's file handlers keep everything
-        if _RAY_RECORDS not in handler.filters:
-            handler.addFilter(_RAY_RECORDS)
-
-
 def _showwarning(message, category, filename, lineno, file=None, line=None) -> None:
     logger = _run_logger.get()
     if logger is None or file is not None:
@@ -117,7 +111,9 @@ def run_output(run_name: str | None = None) -> Iterator[None]:
         _open += 1
         if warnings.showwarning is not _showwarning:
             _python_showwarning, warnings.showwarning = warnings.showwarning, _showwarning
-        _filter_ray_console()
+        for handler in ray_console_handlers():  # Ray's file handlers keep everything
+            if _RAY_RECORDS not in handler.filters:
+                handler.addFilter(_RAY_RECORDS)
     token = _run_logger.set(logger)
     try:
         with capture_worker_output(run_name, _worker_lines_to(logger)) if run_name else contextlib.nullcontext():

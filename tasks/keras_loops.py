@@ -1,7 +1,7 @@
 """A Keras training loop the pipeline runs by import path (``tasks.keras_loops:tabular_keras_loop``).
 
 It runs on the training workers of a ``TensorflowTrainer``, so this module imports no Prefect:
-only TensorFlow (inside the function) and ``trainers``.
+only TensorFlow (inside the function), ``trainers`` and ``tasks.loops``.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 import trainers
+from tasks.loops import optional_shard
 
 
 def tabular_keras_loop(config: dict[str, Any]) -> None:
@@ -65,7 +66,7 @@ def tabular_keras_loop(config: dict[str, Any]) -> None:
                 metrics=["accuracy"],
             )
     start = checkpoint.get_metadata()["epoch"] + 1 if checkpoint else 0
-    valid = _optional_shard("valid")
+    valid = optional_shard("valid")
     model.fit(
         as_tf(train_shard),
         validation_data=as_tf(valid) if valid is not None else None,
@@ -74,10 +75,3 @@ def tabular_keras_loop(config: dict[str, Any]) -> None:
         verbose=0,
         callbacks=[ReportCheckpointCallback()],
     )
-
-
-def _optional_shard(name: str) -> Any:
-    try:
-        return trainers.get_dataset_shard(name)
-    except KeyError:
-        return None

@@ -47,7 +47,7 @@ def tabular_mlp_loop(config: dict[str, Any]) -> None:
         start_epoch = state["epoch"] + 1
     model = prepare_model(model)
     inner = getattr(model, "module", model)  # without DDP's wrapper: what a checkpoint saves
-    valid_shard = _optional_shard("valid")
+    valid_shard = optional_shard("valid")
     rank = trainers.get_context().get_world_rank()
 
     def batches(shard):
@@ -130,7 +130,8 @@ def tabular_mlp_validation(checkpoint: Checkpoint, *, uri: str, label_column: st
     }
 
 
-def _optional_shard(name: str) -> Any:
+def optional_shard(name: str) -> Any:
+    """This worker's shard of the dataset ``name``, or None when the trainer was given no such dataset."""
     try:
         return trainers.get_dataset_shard(name)
     except KeyError:

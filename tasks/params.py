@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from storage.filesystem import is_uri
-from storage.layout import resolve_storage_path, run_folder
+from storage.layout import run_folder
 from trainers import CheckpointConfig, FailureConfig, ScalingConfig
 
 ColumnKind = Literal["float", "int", "number", "string", "bool"]
@@ -178,13 +178,9 @@ class RunSettings(ParamsModel):
         return self.model_copy(update={"name": self.name or default_name, "storage_path": storage_path})
 
     @property
-    def storage_root(self) -> str:
-        """The storage path with the default filled in and ``~`` expanded."""
-        return resolve_storage_path(self.storage_path)
-
-    @property
     def run_path(self) -> str:
-        """The run's folder: ``{storage_root}/{name}`` (``name`` must be set)."""
+        """The run's folder: ``{storage_path}/{name}``, the default storage path when it is unset
+        (``name`` must be set)."""
         assert self.name is not None, "run_path of RunSettings without a name; complete them first"
         return run_folder(self.storage_path, self.name)
 

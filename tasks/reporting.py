@@ -9,7 +9,6 @@ report when the reports carry no step), every rank's values where the ranks diff
 
 from __future__ import annotations
 
-import math
 import re
 import uuid
 from typing import Any, cast
@@ -25,7 +24,7 @@ from prefect.events import emit_event
 
 from storage import Checkpoint
 from storage.health import StragglerRecord
-from tasks.charts import charts_markdown, run_charts, table_rows
+from tasks.charts import charts_markdown, json_safe, run_charts, table_rows
 from tasks.health_report import health_markdown
 from tasks.params import Checkpointing
 from trainers import TrainRunContext, UserCallback
@@ -45,16 +44,6 @@ def run_resource(run_name: str, run_path: str) -> dict[str, str]:
         "prefect.resource.name": run_name,
         "flowtrain.run-path": run_path,
     }
-
-
-def json_safe(value: Any) -> Any:
-    """A value a JSON table or log line can hold (NaN and inf become None, a value JSON has no
-    form for, such as a datetime or a Decimal, its text)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, (int, float, str, list, tuple, dict)):
-        return value
-    return str(value)
 
 
 def _brief(metrics: dict[str, Any]) -> str:

@@ -19,10 +19,11 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field, model_validator
 
-from tasks.charts import charts_markdown, trials_chart
+from storage.retention import flatten
+from tasks.charts import as_number, charts_markdown, json_safe, trials_chart
 from tasks.console import run_output
 from tasks.params import Checkpointing, DatasetSpec, Failures, ParamsModel, RunSettings, Scaling, TorchTraining
-from tasks.reporting import artifact_key, json_safe
+from tasks.reporting import artifact_key
 from tasks.retries import train_task_options
 from tasks.train import train
 
@@ -132,9 +133,9 @@ class SweepSettings(ParamsModel):
     failures: Failures
     run: RunSettings
 
-    def trial_config(self, trial: Trial) -> dict[str, Any]:
-        """The ``train_loop_config`` of ``trial``: the base config with the trial's parameters."""
-        return {**self.train_loop_config, **trial.params}
+    def trial_config(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The ``train_loop_config`` of a trial: the base config with the trial's ``params``."""
+        return {**self.train_loop_config, **params}
 
 
 class Trial(ParamsModel):
@@ -225,15 +226,14 @@ def plan_sweep(sweep_name: str, settings: SweepSettings) -> SweepPlan:
         )
     trials = []
     for params in search.configs():
-        config = {**settings.train_loop_config, **params}
-        trials.append(Trial(name=trial_name(sweep_name, settings.train_loop, config, scaling, data), params=params))
+        name = trial_name(sweep_name, settings.train_loop, settings.trial_config(params), scaling, data)
+        trials.append(Trial(name=name, params=params))
     names = [t.name for t in trials]
     if len(set(names)) != len(names):
         raise ValueError("search: some trials have the same parameters; make the grid values distinct.")
-    get_run_logger().info(
-        "sweep %r: %d trial(s), %d at a time", sweep_name, len(trials), min(wanted or holds, len(trials))
-    )
-    return SweepPlan(trials=trials, max_concurrent_trials=max(1, min(wanted or holds, len(trials))))
+    at_once = min(wanted or holds, len(trials))  # at least 1: a search has a trial, a cluster holds one
+    get_run_logger().info("sweep %r: %d trial(s), %d at a time", sweep_name, len(trials), at_once)
+    return SweepPlan(trials=trials, max_concurrent_trials=at_once)
 
 
 def _finished_run(run: RunSettings) -> Any:
@@ -248,15 +248,6 @@ def _finished_run(run: RunSettings) -> Any:
     return Result._from_run(stored, return_value=None, error=None) if stored.snapshot.finished else None
 
 
-def _score(metrics: dict[str, Any] | None, metric: str) -> float | None:
-    from storage.retention import flatten
-
-    value = flatten(metrics or {}).get(metric)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 @task(name="trial", task_run_name="trial {trial.name}", persist_result=True)
 def train_trial(trial: Trial, settings: SweepSettings) -> TrialOutcome:
     """Train one trial to the end in its own run (``settings.run.storage_path``/``trial.name``), or
@@ -266,7 +257,7 @@ def train_trial(trial: Trial, settings: SweepSettings) -> TrialOutcome:
     found = _finished_run(trial_run)
     status = "reused"
     if found is None:
-        config = settings.trial_config(trial)
+        config = settings.trial_config(trial.params)
         epochs = config.get("epochs") if isinstance(config.get("epochs"), int) else None
         training = TorchTraining(train_loop=settings.train_loop, train_loop_config=config, expected_reports=epochs)
         # The pipeline's train stage, run inside this task run: same reporting, same resume.
@@ -282,7 +273,7 @@ def train_trial(trial: Trial, settings: SweepSettings) -> TrialOutcome:
     else:
         logger.info("trial %r finished in an earlier sweep (%s); not training it again", trial.name, found.uri)
     metric = settings.search.metric
-    score = _score(found.metrics, metric)
+    score = as_number(flatten(found.metrics or {}).get(metric))
     logger.info("trial %r %s: %s=%s", trial.name, status, metric, score)
     return TrialOutcome(
         name=trial.name,

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 
-from storage.layout import run_folder
 from tasks.console import run_output
 from tasks.params import (
     BoostingTraining,
@@ -143,7 +142,7 @@ def train(
             result = trainer.fit()
         except TrainingFailedError as error:
             log_failure(error)
-            publish_run_health(run.name, run_folder(run.storage_path, run.name))  # its failures on the timeline
+            publish_run_health(run.name, run.run_path)  # its failures on the timeline
             raise without_traceback(error) from None  # the traceback is in the log just written: once
     reporter.finish()
     history = result.metrics_dataframe.to_dict("records") if result.metrics_dataframe is not None else []
