@@ -189,14 +189,11 @@ class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]  # a base
 
     def _selected(self, logs: dict, when: str) -> dict[str, Any]:
         wanted = self._metrics
-        if wanted is None:
-            names = {name: name for name in logs}
-        elif isinstance(wanted, str):
-            names = {wanted: wanted}
-        elif isinstance(wanted, list):
-            names = {name: name for name in wanted}
-        else:
+        if isinstance(wanted, dict):
             names = dict(wanted)
+        else:  # every log, one name or a list of names, each reported under its own name
+            listed = logs if wanted is None else [wanted] if isinstance(wanted, str) else wanted
+            names = {name: name for name in listed}
         missing = sorted(set(names.values()) - set(logs))
         if missing:
             raise KeyError(

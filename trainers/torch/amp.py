@@ -12,6 +12,7 @@ a restarted worker starts with a fresh one.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -39,14 +40,11 @@ class _SessionAmp:
 # (the TrainContext of the session it belongs to, its choice). The context object identifies the
 # session: a new attempt or a new fit() in this process builds a new one.
 _session: tuple[Any, _SessionAmp] | None = None
-_warned = False
 
 
+@functools.cache  # once per process
 def _warn_once() -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        warnings.warn(_DEPRECATION, DeprecationWarning, stacklevel=3)
+    warnings.warn(_DEPRECATION, DeprecationWarning, stacklevel=3)
 
 
 def current_amp(create: bool = True) -> _SessionAmp | None:

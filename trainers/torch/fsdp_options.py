@@ -169,10 +169,9 @@ def plan_fsdp(kwargs: dict[str, Any], device: torch.device) -> FSDPPlan:
 
     ignored = [m for key in ("ignored_modules", "ignored_states") for m in (kwargs.get(key) or ())]
     if ignored:
-        params: set[torch.nn.Parameter] = set()
-        for item in ignored:
-            params.update(item.parameters() if isinstance(item, torch.nn.Module) else [item])
-        shard["ignored_params"] = params
+        shard["ignored_params"] = {
+            p for item in ignored for p in (item.parameters() if isinstance(item, torch.nn.Module) else [item])
+        }
 
     if kwargs.get("param_init_fn") is not None:
         raise _error(
