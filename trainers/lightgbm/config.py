@@ -29,14 +29,13 @@ class LightGBMConfig(BackendConfig):
     ``lightgbm.train``. Same name as ``ray.train.lightgbm.LightGBMConfig``.
     """
 
+    #: LightGBM could not bind the port this worker reserved (another process took it after
+    #: ``get_network_params()`` released it): restart on new ports, free of the failure budget.
+    _setup_clashes = ("Binding port",)
+
     @property
     def backend_cls(self) -> type[Backend]:
         return LightGBMBackend
-
-    def is_setup_clash(self, error: BaseException) -> bool:
-        """LightGBM could not bind the port this worker reserved (another process took it after
-        ``get_network_params()`` released it): restart on new ports, free of the failure budget."""
-        return "Binding port" in str(error)
 
     @property
     def framework(self) -> str:

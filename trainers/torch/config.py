@@ -14,7 +14,7 @@ import ray
 
 from trainers._checks import check_choice, check_number
 from trainers._internal.network import pin_collective_interface
-from trainers.backend import Backend, BackendConfig, free_port
+from trainers.backend import Backend, BackendConfig, free_port, host_port
 
 BACKENDS = ("gloo", "nccl")
 INIT_METHODS = ("env", "tcp")
@@ -132,8 +132,7 @@ def init_method_url(init_method: str, master_addr: str, master_port: str) -> str
     """The ``init_method`` argument of ``torch.distributed.init_process_group`` for ``TorchConfig.init_method``."""
     if init_method == "env":
         return "env://"
-    host = f"[{master_addr}]" if ":" in master_addr else master_addr  # an IPv6 address
-    return f"tcp://{host}:{master_port}"
+    return f"tcp://{host_port(master_addr, master_port)}"
 
 
 def _init_process_group(
