@@ -225,8 +225,6 @@ class TorchBackend(Backend[TorchConfig]):
         )
 
     def on_shutdown(self, worker_group: Any, backend_config: TorchConfig) -> None:
-        # The actors are killed right after; destroying first lets nccl release its communicators cleanly.
-        try:
+        # The actors are killed right after, whatever happens here; leaving first lets nccl free its communicators.
+        with contextlib.suppress(Exception):
             worker_group.execute(leave_process_group, timeout_s=5)
-        except Exception:  # noqa: BLE001 - the actors are killed right after whatever happened
-            pass
