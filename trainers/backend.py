@@ -40,6 +40,9 @@ class Backend(Generic[ConfigT]):
 class BackendConfig:
     """Configuration of a backend; ``backend_cls`` names the Backend it configures."""
 
+    #: Texts of the errors ``is_setup_clash`` counts as setup clashes (none by default).
+    _setup_clashes: ClassVar[tuple[str, ...]] = ()
+
     def to_dict(self) -> dict[str, Any]:
         """The configuration's fields as a dict (as Ray's ``BackendConfig.to_dict``)."""
         import dataclasses
@@ -63,8 +66,8 @@ class BackendConfig:
         fresh start resolves, such as a port another process took between its reservation and
         its use. The trainer then restarts the worker group without spending
         ``FailureConfig.max_failures`` (at most ``SETUP_CLASH_RESTARTS`` times in one ``fit()``).
-        Default: never."""
-        return False
+        Default: when the error's text holds one of the config's ``_setup_clashes``."""
+        return any(text in str(error) for text in self._setup_clashes)
 
     @property
     def framework(self) -> str | None:
@@ -83,3 +86,8 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return sock.getsockname()[1]
+
+
+def host_port(host: str, port: int | str) -> str:
+    """``host:port``, with an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -307,9 +307,8 @@ def _storage_round_trip(
     def others(label: str) -> list[str]:
         return [path for who, path in paths.items() if who != label]
 
-    read_errors: dict[str, dict[str, str]] = {}
     driver_label = next(iter(written))
-    read_errors[driver_label] = read_probes(storage_path, others(driver_label))
+    read_errors = {driver_label: read_probes(storage_path, others(driver_label))}
     labels = {node_id: node.label() for node_id, node in facts.items()}
     reads = _gather(
         {n: _on_node(read_back, n).remote(storage_path, others(label)) for n, label in labels.items()}, timeout_s

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -84,10 +85,8 @@ class WorkerGroupError(TrainingFailedError):
         self.budget_exhausted = budget_exhausted
 
     def __reduce__(self):
-        return (
-            _rebuild_worker_group_error,
-            (type(self), str(self), self.worker_failures, self.failures, self.attempt, self.budget_exhausted),
-        )
+        rebuild = functools.partial(type(self), attempt=self.attempt, budget_exhausted=self.budget_exhausted)
+        return (rebuild, (str(self), self.worker_failures, self.failures))
 
 
 class NCCLHangError(WorkerGroupError):
@@ -139,9 +138,6 @@ class CheckpointUploadFailedError(WorkerGroupError, CheckpointUploadError):
         """The last underlying error of the first failed upload."""
         return self._first_upload_error().last_error
 
-    def __reduce__(self):
-        return WorkerGroupError.__reduce__(self)  # the worker failures carry the upload's details
-
 
 def run_error_type(
     error_type: type[WorkerGroupError], worker_errors: Iterable[BaseException]
@@ -152,10 +148,6 @@ def run_error_type(
     if error_type is WorkerGroupError and any(isinstance(e, CheckpointUploadError) for e in worker_errors):
         return CheckpointUploadFailedError
     return error_type
-
-
-def _rebuild_worker_group_error(cls, message, worker_failures, failures, attempt, budget_exhausted):
-    return cls(message, worker_failures, failures, attempt=attempt, budget_exhausted=budget_exhausted)
 
 
 class PreemptionError(TrainingFailedError):
@@ -215,8 +207,4 @@ class PreflightError(TrainingFailedError):
         self.slow_ranks = slow_ranks
 
     def __reduce__(self):
-        return (_rebuild_preflight_error, (str(self), self.record, self.slow_ranks))
-
-
-def _rebuild_preflight_error(message: str, record: PreflightRecord, slow_ranks: tuple[int, ...]) -> PreflightError:
-    return PreflightError(message, record=record, slow_ranks=slow_ranks)
+        return (functools.partial(PreflightError, record=self.record, slow_ranks=self.slow_ranks), (str(self),))

@@ -137,11 +137,8 @@ class Result:
             raise ResultError(
                 f"get_best_checkpoint({metric!r}): the run kept no checkpoint; pass checkpoint= to report() to keep one."
             )
-        scored = []
-        for checkpoint, metrics in self.best_checkpoints:
-            value = _lookup(metrics, metric)
-            if value is not None and not (isinstance(value, float) and math.isnan(value)):
-                scored.append((value, checkpoint))
+        values = ((_lookup(metrics, metric), checkpoint) for checkpoint, metrics in self.best_checkpoints)
+        scored = [(v, c) for v, c in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
         if not scored:
             keys = sorted({k for _, m in self.best_checkpoints for k in metrics_frame([m]).columns})
             raise ResultError(

@@ -249,12 +249,9 @@ def setup_mlflow(
         tags: Tags to set on the MLflow run.
         rank_zero_only: Only rank 0 logs; the others get the no-op stand-in.
     """
-    from trainers.context import get_context
+    from trainers import context as _context
 
-    try:
-        context = get_context()
-    except RuntimeError:
-        context = None
+    context = _context._current  # None outside a training function
     if context is not None and rank_zero_only and context.get_world_rank() != 0:
         return _NoopModule()
     mlflow = require("mlflow", extra="tracking")

@@ -87,9 +87,6 @@ def last_step_written(folder: str) -> int:
     """
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-    last = -1
-    for path in sorted(glob.glob(os.path.join(folder, "events.out.tfevents.*"))):
-        for event in EventFileLoader(path).Load():
-            if event.HasField("summary"):
-                last = max(last, event.step)
-    return last
+    paths = sorted(glob.glob(os.path.join(folder, "events.out.tfevents.*")))
+    events = (event for path in paths for event in EventFileLoader(path).Load())
+    return max((event.step for event in events if event.HasField("summary")), default=-1)

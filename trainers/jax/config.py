@@ -15,13 +15,10 @@ from typing import Any
 
 from trainers._checks import check_bool, check_number
 from trainers._internal.tpu import multislice_env
-from trainers.backend import Backend, BackendConfig, free_port
+from trainers.backend import Backend, BackendConfig, free_port, host_port
 from trainers.tuning import JAX_SHUTDOWN_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
-
-#: What JAX says when the coordinator cannot bind the port reserved for it.
-_BIND_FAILURES = ("Address already in use", "Failed to start RPC server")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +31,10 @@ class JaxConfig(BackendConfig):
     Same name and fields as Ray Train's ``JaxConfig``; ``JaxTrainer`` fills ``use_gpu`` and
     ``use_tpu`` from its ``ScalingConfig`` when you give no config.
     """
+
+    #: The coordinator could not bind its port (another process took it after the backend
+    #: released it): restart on a new port, free of the failure budget.
+    _setup_clashes = ("Address already in use", "Failed to start RPC server")
 
     #: Train on TPUs: ``JAX_PLATFORMS=tpu`` unless the workers set it (needs ``ScalingConfig(use_tpu=True)``).
     use_tpu: bool = False
@@ -66,11 +67,6 @@ class JaxConfig(BackendConfig):
     def platform(self) -> str:
         """The ``JAX_PLATFORMS`` value the workers get unless they set their own."""
         return "tpu" if self.use_tpu else "cuda" if self.use_gpu else "cpu"
-
-    def is_setup_clash(self, error: BaseException) -> bool:
-        """The coordinator could not bind its port (another process took it after the backend
-        released it): restart on a new port, free of the failure budget."""
-        return any(text in str(error) for text in _BIND_FAILURES)
 
 
 # -- worker side --------------------------------------------------------------------------------
@@ -109,7 +105,7 @@ class JaxBackend(Backend[JaxConfig]):
             return
         host = workers[0].metadata.node_ip
         port = ray.get(workers[0].actor.execute.remote(free_port), timeout=60)
-        coordinator = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        coordinator = host_port(host, port)
         per_slice = worker_group.scaling.tpu_workers_per_slice
         if backend_config.use_tpu and per_slice:
             # Across several slices libtpu learns the layout from these, as Ray Train sets them; they

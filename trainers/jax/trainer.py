@@ -63,12 +63,8 @@ class JaxTrainer(DataParallelTrainer):
             metadata=metadata,
             resume_from_checkpoint=resume_from_checkpoint,
         )
-        if jax_config.use_gpu and not self.scaling_config.use_gpu:
-            raise ValueError(
-                "JaxConfig(use_gpu=True) needs GPUs reserved: set ScalingConfig(use_gpu=True), or use_gpu=False."
-            )
-        if jax_config.use_tpu and not self.scaling_config.use_tpu:
-            raise ValueError(
-                "JaxConfig(use_tpu=True) needs TPUs reserved: set ScalingConfig(use_tpu=True, topology=..., "
-                "accelerator_type=...), or use_tpu=False."
-            )
+        for flag, kind, also in (("use_gpu", "GPU", ""), ("use_tpu", "TPU", ", topology=..., accelerator_type=...")):
+            if getattr(jax_config, flag) and not getattr(self.scaling_config, flag):
+                raise ValueError(
+                    f"JaxConfig({flag}=True) needs {kind}s reserved: set ScalingConfig({flag}=True{also}), or {flag}=False."
+                )

@@ -82,13 +82,6 @@ def _all_gather(key: str, value: Any) -> list[Any]:
     return ray.get(actor.exchange.remote(key, context.get_world_rank(), value))  # type: ignore[union-attr]  # Ray's ActorHandle types an async method without its .remote
 
 
-def _sample_size(params: dict[str, Any]) -> int:
-    for name in _SAMPLE_ALIASES:
-        if name in params:
-            return int(params[name])
-    return _DEFAULT_SAMPLE
-
-
 def _rows(data: Any, index: np.ndarray) -> Any:
     return data.iloc[index] if hasattr(data, "iloc") else np.asarray(data)[index]
 
@@ -121,7 +114,7 @@ def shared_bins(data: Any, params: dict[str, Any] | None = None, **dataset_kwarg
     if context.get_world_size() > 1:
         call = next(_exchanges)
         counts = _all_gather(f"{call}/rows", len(data))
-        wanted = _sample_size(params)
+        wanted = next((int(params[name]) for name in _SAMPLE_ALIASES if name in params), _DEFAULT_SAMPLE)
         total = sum(counts)
         take = len(data) if total <= wanted else min(len(data), round(wanted * len(data) / total))
         seed = int(params.get("data_random_seed", params.get("seed", 1))) + context.get_world_rank()

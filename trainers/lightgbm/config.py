@@ -29,14 +29,13 @@ class LightGBMConfig(BackendConfig):
     ``lightgbm.train``. Same name as ``ray.train.lightgbm.LightGBMConfig``.
     """
 
+    #: LightGBM could not bind the port this worker reserved (another process took it after
+    #: ``get_network_params()`` released it): restart on new ports, free of the failure budget.
+    _setup_clashes = ("Binding port",)
+
     @property
     def backend_cls(self) -> type[Backend]:
         return LightGBMBackend
-
-    def is_setup_clash(self, error: BaseException) -> bool:
-        """LightGBM could not bind the port this worker reserved (another process took it after
-        ``get_network_params()`` released it): restart on new ports, free of the failure budget."""
-        return "Binding port" in str(error)
 
     @property
     def framework(self) -> str:
@@ -112,7 +111,8 @@ def get_network_params() -> dict[str, Any]:
 
 
 class LightGBMBackend(Backend[LightGBMConfig]):
-    """Reserves a port on every worker and gives each worker the list of all of them."""
+    """Reserves a port on every worker and gives each worker the list of all of them; nothing to
+    tear down (the ports go with the worker processes)."""
 
     def on_start(self, worker_group: Any, backend_config: LightGBMConfig) -> None:
         if worker_group.world_size < 2:
@@ -122,6 +122,3 @@ class LightGBMBackend(Backend[LightGBMConfig]):
         addresses = [(worker.metadata.node_ip, port) for worker, port in zip(worker_group.workers, ports, strict=True)]
         # ... and learns everyone's, in world-rank order: LightGBM's ranks follow this list.
         worker_group.execute(_set_network, addresses, f"flowtrain-lightgbm-{uuid.uuid4().hex}")
-
-    def on_shutdown(self, worker_group: Any, backend_config: LightGBMConfig) -> None:
-        pass  # the ports go with the worker processes

@@ -49,15 +49,12 @@ class RayLightningEnvironment(LightningEnvironment):
     def set_world_size(self, size: int) -> None:
         """Ignored: the world size is flowtrain's."""
         # Lightning computes a world size from devices x num_nodes; ours comes from the context.
-        pass
 
     def set_global_rank(self, rank: int) -> None:
         """Ignored: the rank is flowtrain's."""
-        pass
 
     def teardown(self) -> None:
         """Leaves the process group and its environment to flowtrain, which tears them down."""
-        pass
 
 
 class _OnFlowtrainWorker:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 from typing import Any, ClassVar
@@ -25,14 +26,8 @@ def load_keras_model(path: str, package: str | None) -> Any:
     ``tf.keras`` is depends on ``TF_USE_LEGACY_KERAS`` in this process: going by the recorded
     package makes the driver load what the workers saved.
     """
-    if package == "tf_keras":
-        import tf_keras
-
-        return tf_keras.models.load_model(path)
-    if package == "keras":
-        import keras
-
-        return keras.models.load_model(path)
+    if package in ("tf_keras", "keras"):
+        return importlib.import_module(package).models.load_model(path)
     import tensorflow as tf
 
     return tf.keras.models.load_model(path)

@@ -13,11 +13,8 @@ import json
 import os
 from typing import Any
 
-from trainers.backend import Backend, BackendConfig, free_port
+from trainers.backend import Backend, BackendConfig, free_port, host_port
 from trainers.tuning import TENSORFLOW_SETUP_TIMEOUT_S
-
-#: What TensorFlow says when its gRPC server cannot bind the port reserved for it.
-_BIND_FAILURES = ("Could not start gRPC server", "Address already in use")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +31,10 @@ class TensorflowConfig(BackendConfig):
     Same name as ``ray.train.tensorflow.TensorflowConfig``.
     """
 
+    #: TensorFlow could not bind the port reserved for it (another process took it after the
+    #: backend released it): restart on new ports, free of the failure budget.
+    _setup_clashes = ("Could not start gRPC server", "Address already in use")
+
     # BackendConfig's hooks, filled in as every framework's config fills them in.
     @property
     def backend_cls(self) -> type[Backend]:
@@ -42,14 +43,6 @@ class TensorflowConfig(BackendConfig):
     @property
     def framework(self) -> str:
         return "tensorflow"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {}
-
-    def is_setup_clash(self, error: BaseException) -> bool:
-        """TensorFlow could not bind the port reserved for it (another process took it after the
-        backend released it): restart on new ports, free of the failure budget."""
-        return any(text in str(error) for text in _BIND_FAILURES)
 
 
 # -- worker side --------------------------------------------------------------------------------
@@ -67,11 +60,6 @@ def _set_environment(addresses: list[str], index: int) -> None:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 
-def address(host: str, port: int) -> str:
-    """``host:port``, with an IPv6 host in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 # -- driver side --------------------------------------------------------------------------------
 
 
@@ -85,7 +73,7 @@ class TensorflowBackend(Backend[TensorflowConfig]):
         if not workers:
             return
         ports = worker_group.execute(free_port, timeout_s=TENSORFLOW_SETUP_TIMEOUT_S)
-        addresses = [address(w.metadata.node_ip, port) for w, port in zip(workers, ports, strict=True)]
+        addresses = [host_port(w.metadata.node_ip, port) for w, port in zip(workers, ports, strict=True)]
         # One call per worker with its own index, all sent before waiting on any.
         ray.get(
             [w.actor.execute.remote(_set_environment, addresses, w.ranks.world_rank) for w in workers],

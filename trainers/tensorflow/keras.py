@@ -8,6 +8,7 @@ importing this module does not import TensorFlow).
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import tempfile
@@ -40,13 +41,8 @@ EVENTS = (
 def _keras_callback_base() -> type:
     """``tf.keras.callbacks.Callback`` without importing TensorFlow: TensorFlow's own rule picks
     Keras 2 (``tf_keras``) when ``TF_USE_LEGACY_KERAS`` is set to true, Keras 3 otherwise."""
-    if os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1"):
-        import tf_keras
-
-        return tf_keras.callbacks.Callback
-    import keras
-
-    return keras.callbacks.Callback
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
+    return importlib.import_module("tf_keras" if legacy else "keras").callbacks.Callback
 
 
 def _events(field: str, value: Any) -> tuple[str, ...]:
@@ -189,14 +185,11 @@ class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]  # a base
 
     def _selected(self, logs: dict, when: str) -> dict[str, Any]:
         wanted = self._metrics
-        if wanted is None:
-            names = {name: name for name in logs}
-        elif isinstance(wanted, str):
-            names = {wanted: wanted}
-        elif isinstance(wanted, list):
-            names = {name: name for name in wanted}
-        else:
+        if isinstance(wanted, dict):
             names = dict(wanted)
+        else:  # every log, one name or a list of names, each reported under its own name
+            listed = logs if wanted is None else [wanted] if isinstance(wanted, str) else wanted
+            names = {name: name for name in listed}
         missing = sorted(set(names.values()) - set(logs))
         if missing:
             raise KeyError(

@@ -12,6 +12,7 @@ a restarted worker starts with a fresh one.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -39,14 +40,11 @@ class _SessionAmp:
 # (the TrainContext of the session it belongs to, its choice). The context object identifies the
 # session: a new attempt or a new fit() in this process builds a new one.
 _session: tuple[Any, _SessionAmp] | None = None
-_warned = False
 
 
+@functools.cache  # once per process
 def _warn_once() -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        warnings.warn(_DEPRECATION, DeprecationWarning, stacklevel=3)
+    warnings.warn(_DEPRECATION, DeprecationWarning, stacklevel=3)
 
 
 def current_amp(create: bool = True) -> _SessionAmp | None:
@@ -125,6 +123,13 @@ def autocast_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _wrapped_attribute(name: str) -> Any:
+    """A property that reads and writes ``name`` of the wrapped ``self.optimizer``."""
+    return property(
+        lambda self: getattr(self.optimizer, name), lambda self, value: setattr(self.optimizer, name, value)
+    )
+
+
 class _ScaledOptimizer(torch.optim.Optimizer):
     """An optimizer whose ``step`` goes through this session's ``GradScaler`` (when AMP is on).
 
@@ -137,29 +142,9 @@ class _ScaledOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self.scaler = scaler
 
-    @property
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self.optimizer.state = value
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self.optimizer.param_groups = value
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return self.optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, value: dict[str, Any]) -> None:
-        self.optimizer.defaults = value
+    state = _wrapped_attribute("state")
+    param_groups = _wrapped_attribute("param_groups")
+    defaults = _wrapped_attribute("defaults")
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self.optimizer.add_param_group(param_group)

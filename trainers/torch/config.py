@@ -14,7 +14,7 @@ import ray
 
 from trainers._checks import check_choice, check_number
 from trainers._internal.network import pin_collective_interface
-from trainers.backend import Backend, BackendConfig, free_port
+from trainers.backend import Backend, BackendConfig, free_port, host_port
 
 BACKENDS = ("gloo", "nccl")
 INIT_METHODS = ("env", "tcp")
@@ -62,16 +62,13 @@ class TorchConfig(BackendConfig):
         torch's current CUDA device, and Hugging Face Accelerate is told which it is."""
         return _worker_device
 
-    def resolved_backend(self, use_gpu: bool) -> str:
+    def collective_backend(self, use_gpu: bool) -> str:
         """The process-group backend that will be used; ``ValueError`` when it is nccl without GPUs."""
         if self.backend == "nccl" and not use_gpu:
             raise ValueError(
                 "TorchConfig(backend='nccl') needs GPUs: set ScalingConfig(use_gpu=True), or use backend='gloo'."
             )
         return self.backend or ("nccl" if use_gpu else "gloo")
-
-    def collective_backend(self, use_gpu: bool) -> str:
-        return self.resolved_backend(use_gpu)
 
 
 def _import_torch_and_free_port() -> int:
@@ -135,35 +132,37 @@ def init_method_url(init_method: str, master_addr: str, master_port: str) -> str
     """The ``init_method`` argument of ``torch.distributed.init_process_group`` for ``TorchConfig.init_method``."""
     if init_method == "env":
         return "env://"
-    host = f"[{master_addr}]" if ":" in master_addr else master_addr  # an IPv6 address
-    return f"tcp://{host}:{master_port}"
+    return f"tcp://{host_port(master_addr, master_port)}"
 
 
 def _init_process_group(
     env: dict[str, str],
     backend: str,
     timeout_s: float,
-    env_by_rank: dict[int, dict[str, str]] | None = None,
-    init_method: str = "env",
+    env_by_rank: dict[int, dict[str, str]],
+    init_method: str,
 ) -> None:
     os.environ.update(env)
-    os.environ.update((env_by_rank or {}).get(int(os.environ["RANK"]), {}))
-    join_process_group(backend, env, timeout_s, init_method)
+    os.environ.update(env_by_rank.get(int(os.environ["RANK"]), {}))
+    join_process_group(
+        backend, timeout_s, init_method=init_method_url(init_method, env["MASTER_ADDR"], env["MASTER_PORT"])
+    )
 
 
-def join_process_group(backend: str, env: dict[str, str], timeout_s: float, init_method: str) -> None:
+def join_process_group(backend: str, timeout_s: float, **meeting: Any) -> None:
     """Join the workers' ``backend`` process group (leaving one this process is in), its rank
-    and size from the environment, its master from ``env``."""
+    and size from the environment; ``meeting`` says where the ranks meet (``init_method=`` or
+    ``store=``, as ``torch.distributed.init_process_group`` takes them)."""
     import torch.distributed as dist
 
     leave_process_group()
     pin_collective_interface(ray.util.get_node_ip_address())
     dist.init_process_group(
         backend=backend,
-        init_method=init_method_url(init_method, env["MASTER_ADDR"], env["MASTER_PORT"]),
         rank=int(os.environ["RANK"]),
         world_size=int(os.environ["WORLD_SIZE"]),
         timeout=datetime.timedelta(seconds=timeout_s),
+        **meeting,
     )
 
 
@@ -173,20 +172,6 @@ def leave_process_group() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _join_at_driver(
-    host: str,
-    port: int,
-    prefix: str,
-    backend: str,
-    timeout_s: float,
-    env_by_rank: dict[int, dict[str, str]] | None = None,
-) -> None:
-    from trainers.torch.rendezvous import join_at_store
-
-    env = {"MASTER_ADDR": host, "MASTER_PORT": str(port), **(env_by_rank or {}).get(int(os.environ["RANK"]), {})}
-    join_at_store(host, port, prefix, backend, timeout_s, env)
 
 
 class TorchBackend(Backend[TorchConfig]):
@@ -203,10 +188,10 @@ class TorchBackend(Backend[TorchConfig]):
     def on_start(self, worker_group: Any, backend_config: TorchConfig) -> None:
         if worker_group.world_size < 1:
             return
-        from trainers.torch.rendezvous import driver_reachable, driver_store_port, new_generation
+        from trainers.torch.rendezvous import driver_reachable, driver_store_port, join_at_store, new_generation
 
         use_gpu = worker_group.scaling.use_gpu
-        backend = backend_config.resolved_backend(use_gpu)
+        backend = backend_config.collective_backend(use_gpu)
         per_rank = _per_rank_env(worker_group.workers, use_gpu)
         timeout_s = backend_config.timeout_s + 30
         if driver_reachable():
@@ -216,7 +201,7 @@ class TorchBackend(Backend[TorchConfig]):
             worker_group.wait_all(importing, timeout_s=timeout_s)
             host = worker_group.driver_address()
             worker_group.execute(
-                _join_at_driver,
+                join_at_store,
                 host,
                 port,
                 new_generation(),
@@ -240,8 +225,6 @@ class TorchBackend(Backend[TorchConfig]):
         )
 
     def on_shutdown(self, worker_group: Any, backend_config: TorchConfig) -> None:
-        # The actors are killed right after; destroying first lets nccl release its communicators cleanly.
-        try:
+        # The actors are killed right after, whatever happens here; leaving first lets nccl free its communicators.
+        with contextlib.suppress(Exception):
             worker_group.execute(leave_process_group, timeout_s=5)
-        except Exception:  # noqa: BLE001 - the actors are killed right after whatever happened
-            pass

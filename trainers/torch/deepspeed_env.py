@@ -23,14 +23,12 @@ def deepspeed_env(workers: list[Any], use_gpu: bool) -> dict[int, dict[str, str]
       itself.
     """
     num_nodes = len({w.ranks.node_rank for w in workers})
-    env: dict[int, dict[str, str]] = {}
-    for worker in workers:
-        ranks = worker.ranks
-        env[ranks.world_rank] = {
-            "LOCAL_SIZE": str(ranks.local_world_size),
-            "CROSS_RANK": str(ranks.node_rank),
+    return {
+        w.ranks.world_rank: {
+            "LOCAL_SIZE": str(w.ranks.local_world_size),
+            "CROSS_RANK": str(w.ranks.node_rank),
             "CROSS_SIZE": str(num_nodes),
+            **({} if use_gpu else {"DS_ACCELERATOR": "cpu"}),
         }
-        if not use_gpu:
-            env[ranks.world_rank]["DS_ACCELERATOR"] = "cpu"
-    return env
+        for w in workers
+    }

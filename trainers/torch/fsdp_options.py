@@ -169,10 +169,9 @@ def plan_fsdp(kwargs: dict[str, Any], device: torch.device) -> FSDPPlan:
 
     ignored = [m for key in ("ignored_modules", "ignored_states") for m in (kwargs.get(key) or ())]
     if ignored:
-        params: set[torch.nn.Parameter] = set()
-        for item in ignored:
-            params.update(item.parameters() if isinstance(item, torch.nn.Module) else [item])
-        shard["ignored_params"] = params
+        shard["ignored_params"] = {
+            p for item in ignored for p in (item.parameters() if isinstance(item, torch.nn.Module) else [item])
+        }
 
     if kwargs.get("param_init_fn") is not None:
         raise _error(
@@ -200,18 +199,13 @@ def plan_fsdp(kwargs: dict[str, Any], device: torch.device) -> FSDPPlan:
             "FSDP2 always prefetches the next module's parameters before the current gradient "
             "computation (BackwardPrefetch.BACKWARD_PRE); other choices have no equivalent. Leave it out.",
         )
-    if kwargs.get("limit_all_gathers", True) is not True:
-        raise _error(
-            "limit_all_gathers",
-            kwargs["limit_all_gathers"],
-            "FSDP2 always bounds the memory of in-flight all-gathers; it cannot be turned off. Leave it out.",
-        )
-    if kwargs.get("use_orig_params", True) is not True:
-        raise _error(
-            "use_orig_params",
-            kwargs["use_orig_params"],
-            "FSDP2 always exposes the original parameters (as DTensor shards), never flat ones. Leave it out.",
-        )
+    # FSDP1 switches whose only FSDP2 value is their default, True.
+    for name, why in (
+        ("limit_all_gathers", "FSDP2 always bounds the memory of in-flight all-gathers; it cannot be turned off."),
+        ("use_orig_params", "FSDP2 always exposes the original parameters (as DTensor shards), never flat ones."),
+    ):
+        if kwargs.get(name, True) is not True:
+            raise _error(name, kwargs[name], f"{why} Leave it out.")
     policy = kwargs.get("auto_wrap_policy")
     if policy is not None and not callable(policy) and not hasattr(policy, "_run_policy"):
         raise _error(

@@ -20,10 +20,6 @@ import threading
 import uuid
 from typing import Any
 
-import ray
-
-from trainers._internal.network import pin_collective_interface
-
 _lock = threading.Lock()
 _store: Any = None
 
@@ -53,21 +49,17 @@ def new_generation() -> str:
     return f"flowtrain/{uuid.uuid4().hex}/"
 
 
-def join_at_store(host: str, port: int, prefix: str, backend: str, timeout_s: float, env: dict[str, str]) -> None:
+def join_at_store(
+    host: str, port: int, prefix: str, backend: str, timeout_s: float, env_by_rank: dict[int, dict[str, str]]
+) -> None:
     """Run in a worker: leave any group this process is in, then join the generation ``prefix`` at
-    the driver's store ``host:port`` with this worker's ``RANK`` and ``WORLD_SIZE``."""
+    the driver's store ``host:port`` (``MASTER_ADDR``/``MASTER_PORT``) with this worker's ``RANK``,
+    ``WORLD_SIZE`` and the variables ``env_by_rank`` holds for it."""
     import torch.distributed as dist
 
-    os.environ.update(env)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    pin_collective_interface(ray.util.get_node_ip_address())
+    from trainers.torch.config import join_process_group
+
+    os.environ.update({"MASTER_ADDR": host, "MASTER_PORT": str(port), **env_by_rank.get(int(os.environ["RANK"]), {})})
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.PrefixStore(prefix, dist.TCPStore(host, port, is_master=False, timeout=timeout))
-    dist.init_process_group(
-        backend=backend,
-        store=store,
-        rank=int(os.environ["RANK"]),
-        world_size=int(os.environ["WORLD_SIZE"]),
-        timeout=timeout,
-    )
+    join_process_group(backend, timeout_s, store=store)

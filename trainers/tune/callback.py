@@ -17,16 +17,11 @@ class NotInTuneTrialError(RuntimeError):
     """A Tune-only helper was used outside a Ray Tune trial."""
 
 
-def in_tune_trial() -> bool:
-    """Whether this code runs inside a Ray Tune trial's function."""
+def require_tune_trial(what: str) -> None:
+    """Raise ``NotInTuneTrialError`` naming ``what`` unless this runs inside a Tune trial's function."""
     from trainers._internal.ray_private import in_tune_function_session
 
-    return in_tune_function_session()
-
-
-def require_tune_trial(what: str) -> None:
-    """Raise ``NotInTuneTrialError`` naming ``what`` unless this runs inside a Tune trial."""
-    if not in_tune_trial():
+    if not in_tune_function_session():
         raise NotInTuneTrialError(
             f"{what} works only inside a Ray Tune trial (the function you give tune.Tuner); "
             "outside Tune, call fit() without it."

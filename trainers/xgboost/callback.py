@@ -97,12 +97,11 @@ class RayTrainReportCallback(ReportCallback, TrainingCallback):
 
 def _latest(evals_log: dict) -> dict[str, Any]:
     """Each metric's value in the round just finished, as ``"<evaluation set>-<metric>"``."""
-    latest = {}
-    for data_name, by_metric in evals_log.items():
-        for metric, values in by_metric.items():
-            value = values[-1]
-            latest[f"{data_name}-{metric}"] = value[0] if isinstance(value, tuple) else value
-    return latest
+    return {
+        f"{data_name}-{metric}": values[-1][0] if isinstance(values[-1], tuple) else values[-1]
+        for data_name, by_metric in evals_log.items()
+        for metric, values in by_metric.items()
+    }
 
 
 #: ``RayTrainReportCallback.get_model``, as a function.

@@ -43,9 +43,7 @@ class RayTrainReportCallback(transformers.TrainerCallback):
         # Rank 0 writes the model after the others may already be here: wait until all have saved.
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
-        metrics: dict[str, Any] = {}
-        for entry in state.log_history:
-            metrics.update(entry)
+        metrics = {key: value for entry in state.log_history for key, value in entry.items()}
         metrics["step"] = state.global_step
         source = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         rank = get_context().get_world_rank()
@@ -69,13 +67,8 @@ def _copy_own_files(source: str, target: str, rank: int) -> bool:
     def not_mine(directory: str, names: list[str]) -> set[str]:
         if directory != source:
             return set()  # inside a subfolder only rank 0 ever gets here: keep it whole
-        keep = set()
-        for name in names:
-            match = _RANK_FILE.fullmatch(name)
-            owner = int(match.group(1)) if match else 0
-            if owner == rank:
-                keep.add(name)
-        return set(names) - keep
+        owners = {name: _RANK_FILE.fullmatch(name) for name in names}
+        return {name for name, match in owners.items() if (int(match.group(1)) if match else 0) != rank}
 
     shutil.copytree(source, target, ignore=not_mine)
     return any(files for _, _, files in os.walk(target))

@@ -15,8 +15,8 @@ from typing import Any
 
 from trainers._checks import check_choice, check_number
 from trainers._extras import MissingExtraError
-from trainers.backend import Backend
-from trainers.torch.config import INIT_METHODS, TorchConfig, free_port, join_process_group, leave_process_group
+from trainers.backend import Backend, free_port
+from trainers.torch.config import INIT_METHODS, TorchBackend, TorchConfig, init_method_url, join_process_group
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +143,9 @@ def _init_xla_process_group(env: dict[str, str], timeout_s: float, init_method: 
         import torch_xla.distributed.xla_backend  # noqa: F401  (registers the "xla" backend)
     except ImportError as error:
         raise TorchXLAMissingError() from error
-    join_process_group("xla", env, timeout_s, init_method)
+    join_process_group(
+        "xla", timeout_s, init_method=init_method_url(init_method, env["MASTER_ADDR"], env["MASTER_PORT"])
+    )
 
 
 def _compile_extracted_graphs() -> None:
@@ -197,10 +199,7 @@ class TorchXLABackend(Backend[TorchXLAConfig]):
         )
 
     def on_shutdown(self, worker_group: Any, backend_config: TorchXLAConfig) -> None:
-        try:
-            worker_group.execute(leave_process_group, timeout_s=5)
-        except Exception:  # noqa: BLE001 - the actors are killed right after anyway
-            pass
+        TorchBackend().on_shutdown(worker_group, backend_config)  # leaves the process group
         if backend_config.neuron_parallel_compile:
             # Only after training: the graphs are complete once every step has run.
             worker_group.execute(_compile_extracted_graphs)
