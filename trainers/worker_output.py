@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from trainers._internal.ray_private import ray_console_handlers
 from trainers._internal.worker_output import (
     Sink,
     announce,
@@ -11,7 +12,6 @@ from trainers._internal.worker_output import (
     install,
     is_captured,
     is_ray_data_notice,
-    ray_console_handlers,
     worker_label,
 )
 

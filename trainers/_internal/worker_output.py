@@ -32,19 +32,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from trainers._internal.ray_private import actor_name_line, ray_console_handlers, wrap_worker_line_printer
+from trainers._internal.ray_private import actor_name_line, wrap_worker_line_printer
 from trainers.tuning import LATE_LINES_S
-
-__all__ = [
-    "Sink",
-    "announce",
-    "capture_worker_output",
-    "install",
-    "is_captured",
-    "is_ray_data_notice",
-    "ray_console_handlers",
-    "worker_label",
-]
 
 #: Receives what one worker printed: its world rank, the lines (one batch of them, in order)
 #: and whether they came from its stderr (warnings, logging, tracebacks) or its stdout.

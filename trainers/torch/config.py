@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-import ray
-
 from trainers._checks import check_choice, check_number
-from trainers._internal.network import pin_collective_interface
 from trainers.backend import Backend, BackendConfig, free_port, host_port
+from trainers.torch.rendezvous import (
+    driver_reachable,
+    driver_store_port,
+    join_at_store,
+    join_process_group,
+    leave_process_group,
+    new_generation,
+)
 
 BACKENDS = ("gloo", "nccl")
 INIT_METHODS = ("env", "tcp")
@@ -149,31 +153,6 @@ def _init_process_group(
     )
 
 
-def join_process_group(backend: str, timeout_s: float, **meeting: Any) -> None:
-    """Join the workers' ``backend`` process group (leaving one this process is in), its rank
-    and size from the environment; ``meeting`` says where the ranks meet (``init_method=`` or
-    ``store=``, as ``torch.distributed.init_process_group`` takes them)."""
-    import torch.distributed as dist
-
-    leave_process_group()
-    pin_collective_interface(ray.util.get_node_ip_address())
-    dist.init_process_group(
-        backend=backend,
-        rank=int(os.environ["RANK"]),
-        world_size=int(os.environ["WORLD_SIZE"]),
-        timeout=datetime.timedelta(seconds=timeout_s),
-        **meeting,
-    )
-
-
-def leave_process_group() -> None:
-    """Destroy this process's ``torch.distributed`` process group, if it has one."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 class TorchBackend(Backend[TorchConfig]):
     """Sets up ``torch.distributed`` on every worker (gloo on CPU, nccl on GPU).
 
@@ -188,8 +167,6 @@ class TorchBackend(Backend[TorchConfig]):
     def on_start(self, worker_group: Any, backend_config: TorchConfig) -> None:
         if worker_group.world_size < 1:
             return
-        from trainers.torch.rendezvous import driver_reachable, driver_store_port, join_at_store, new_generation
-
         use_gpu = worker_group.scaling.use_gpu
         backend = backend_config.collective_backend(use_gpu)
         per_rank = _per_rank_env(worker_group.workers, use_gpu)

@@ -20,6 +20,10 @@ import threading
 import uuid
 from typing import Any
 
+import ray
+
+from trainers._internal.network import pin_collective_interface
+
 _lock = threading.Lock()
 _store: Any = None
 
@@ -57,9 +61,32 @@ def join_at_store(
     ``WORLD_SIZE`` and the variables ``env_by_rank`` holds for it."""
     import torch.distributed as dist
 
-    from trainers.torch.config import join_process_group
-
     os.environ.update({"MASTER_ADDR": host, "MASTER_PORT": str(port), **env_by_rank.get(int(os.environ["RANK"]), {})})
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.PrefixStore(prefix, dist.TCPStore(host, port, is_master=False, timeout=timeout))
     join_process_group(backend, timeout_s, store=store)
+
+
+def join_process_group(backend: str, timeout_s: float, **meeting: Any) -> None:
+    """Join the workers' ``backend`` process group (leaving one this process is in), its rank
+    and size from the environment; ``meeting`` says where the ranks meet (``init_method=`` or
+    ``store=``, as ``torch.distributed.init_process_group`` takes them)."""
+    import torch.distributed as dist
+
+    leave_process_group()
+    pin_collective_interface(ray.util.get_node_ip_address())
+    dist.init_process_group(
+        backend=backend,
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=datetime.timedelta(seconds=timeout_s),
+        **meeting,
+    )
+
+
+def leave_process_group() -> None:
+    """Destroy this process's ``torch.distributed`` process group, if it has one."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -16,7 +16,8 @@ from typing import Any
 from trainers._checks import check_choice, check_number
 from trainers._extras import MissingExtraError
 from trainers.backend import Backend, free_port
-from trainers.torch.config import INIT_METHODS, TorchBackend, TorchConfig, init_method_url, join_process_group
+from trainers.torch.config import INIT_METHODS, TorchBackend, TorchConfig, init_method_url
+from trainers.torch.rendezvous import join_process_group
 
 logger = logging.getLogger(__name__)
 
