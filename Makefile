@@ -9,6 +9,13 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 # Material for MkDocs prints a banner about its successor on every build.
 export NO_MKDOCS_2_WARNING := 1
+# Python writes the bytecode of what it imports (.pyc, in the venv) for the next process to read.
+# This machine's environment, like CI's, turns that off (PYTHONDONTWRITEBYTECODE=1), and the
+# install compiles none (below): then every process compiled torch, sympy, Ray and Prefect from
+# source again, about 5 s of CPU more per Ray worker, and the suite starts hundreds. Off for what
+# make runs: tests/test_replace_ranks.py took 176 s with it set, 83 s on a fresh venv (its first
+# imports writing the bytecode) and 72 s after (2026-11-29, 2 cores).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install test test-quick demo bench clean docs lint
 
@@ -36,7 +43,8 @@ $(STAMP): pyproject.toml constraints.txt
 	# this machine's configuration, which offers the CPU build (uv reads none of it, and would download
 	# the CUDA build). uv then keeps the torch it finds installed, which satisfies the pin.
 	# --no-compile: no .pyc for torch's 2,300 modules now (pip's byte-compiling was three quarters of
-	# the step's CPU); Python writes one on a module's first import, as for what uv installs.
+	# the step's CPU); Python writes one on a module's first import (see PYTHONDONTWRITEBYTECODE
+	# above), as for what uv installs.
 	$(PY) -m pip install --quiet --no-compile -c constraints.txt torch
 	test "$(INSTALLER)" != uv || $(PY) -m pip install --quiet 'uv==$(UV_VERSION)' || echo "uv could not be installed: pip installs all" >&2
 	$(INSTALL) --quiet -c constraints.txt -e '.[test,docs,lint]'

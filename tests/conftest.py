@@ -20,6 +20,10 @@ os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="flowtrain-test-prefect-home-")
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Bytecode written and read, for pytest run by hand as for `make test` (the Makefile says why:
+# without it each Ray worker compiles torch from source again).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 # Under pytest-xdist each worker keeps its Rays in a folder of its own: Ray finds "the cluster
 # started last" (what ray.init() with no address joins, in a subprocess too) in its temp folder,
 # and a worker must never join the cluster of a test running beside it.
