@@ -24,6 +24,9 @@ What is promised (hosts' clocks agreeing to within ``stale_after_s / 2``):
   paused) stops writing the run: ``check()`` raises, and ``RunStorage`` calls it before every
   write. A write that passed ``check()`` but lands more than ``stale_after_s / 2`` later (stuck
   in the network that long) can still land after a takeover.
+* An owner whose heartbeat went unrenewed for ``stale_after_s`` never owns the run again, even
+  when it finds no other claim once the storage is back: another driver may have taken the run
+  over, trained and released it meanwhile, leaving no claim to show it.
 """
 
 from __future__ import annotations
@@ -72,7 +75,8 @@ class Lease:
         #: The heartbeat (wall clock, as others judge it; a suspended machine's too) of the newest
         #: claim known to have reached the store with no other owner's beside it.
         self._renewed = float("-inf")
-        self._lost = False
+        #: Why this owner gave the run up for good (None while it holds it).
+        self._lost: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -96,12 +100,8 @@ class Lease:
         taken over, or its heartbeat could not be renewed for ``stale_after_s / 2``."""
         silent_s = time.time() - self._renewed
         if self._lost or silent_s >= self.stale_after_s / 2:
-            why = (
-                "another driver took the run over"
-                if self._lost
-                else (
-                    f"its heartbeat could not be renewed for {silent_s:.0f} s, so another driver may have taken the run over"
-                )
+            why = self._lost or (
+                f"its heartbeat could not be renewed for {silent_s:.0f} s, so another driver may have taken the run over"
             )
             raise RunInProgressError(
                 f"run {self.display}: this driver lost the run's lease ({why}); it writes nothing more. "
@@ -135,9 +135,13 @@ class Lease:
                 if self._stop.is_set():  # released while this write hung: take back what it wrote
                     self._delete_own()
                     return
+                gap_s = time.time() - self._renewed
+                if gap_s >= self.stale_after_s:  # others saw a dead claim meanwhile: see the module's docstring
+                    self._lost = f"its heartbeat was not renewed for {gap_s:.0f} s, long enough for another driver to take the run over"
                 # Quiet long enough to be taken over: go on only if nobody did (claim, then list).
-                if overdue and self._other_live_claim() is not None:
-                    self._lost = True
+                elif overdue and self._other_live_claim() is not None:
+                    self._lost = "another driver took the run over"
+                if self._lost:
                     self._delete_own()
                     return
                 self._renewed = claimed

@@ -331,6 +331,40 @@ def test_an_owner_whose_heartbeat_stalls_writes_nothing_once_the_run_may_be_take
     b.finish()
 
 
+def test_an_owner_whose_heartbeat_stalled_past_staleness_never_writes_again_even_when_the_run_is_free(where, tmp_path):
+    """Regression (found by the namespace-cluster test of a Prefect host cut off mid-run): A's
+    heartbeat cannot reach the storage until its lease is stale; B takes the run over, trains and
+    finishes it, releasing its claim; then A's heartbeat lands. Finding no live claim, A renewed
+    its lease and wrote the run again (over B's run.json and checkpoints). A must give the run up."""
+    paused = HeldLeaseWrites(where["fs"], str(tmp_path / "fs.log"))
+    a = RunStorage(where["root"], RUN, filesystem=pafs.PyFileSystem(paused), lease_stale_after_s=STALE_AFTER_S)
+    a.open("a")
+    a.start_attempt()
+    paused.stall()
+    b = RunStorage(where["root"], RUN, filesystem=where["fs"], lease_stale_after_s=STALE_AFTER_S)
+    for _ in range(100):
+        try:
+            b.open("b")
+            break
+        except RunInProgressError as refused:
+            time.sleep(refused.retry_after_s + 0.05)
+    else:
+        pytest.fail("B never took over A's stale lease")
+    assert b.start_attempt() == 2
+    b.finish()
+    assert claims(where) == []
+
+    heartbeat = a._lease._thread
+    paused.resume()  # A's stalled heartbeat lands on a run nobody holds
+    heartbeat.join(timeout=30)  # it gives the run up at once; renewing, it would beat on
+    with pytest.raises(RunInProgressError, match="not renewed for .* another driver"):
+        a.start_attempt()
+    a.close()
+    assert claims(where) == []
+    record = json.loads(read(where, "run.json"))
+    assert record["attempt"] == 2 and record["finished"] is True
+
+
 class RereadLeaseClaims(FaultyS3):
     """Forwards to a filesystem; the first read of each lease claim fails the way S3 does when the
     claim is rewritten between the two requests of a read (its size changed)."""
