@@ -27,12 +27,22 @@ def try_delete(fs: pafs.FileSystem, path: str) -> bool:
         return False
 
 
-def commit_folder(fs: pafs.FileSystem, staged: str, final: str, *, announce: Callable[[], None] | None = None) -> int:
+def commit_folder(
+    fs: pafs.FileSystem,
+    staged: str,
+    final: str,
+    *,
+    announce: Callable[[], None] | None = None,
+    still_owner: Callable[[], None] = lambda: None,
+) -> int:
     """Move the staged files to ``final``, all or nothing; return the retries it took.
 
     ``announce`` is called once the staged files are found and before anything moves (the run
     lists a folder of a name the user chose for deletion, so a crash before the commit point
-    leaves nothing behind).
+    leaves nothing behind). ``still_owner`` raises when this driver may no longer own the run (its
+    lease's check): it is called before each try to change ``final``, since a commit
+    can outlast the lease (a copy stuck in a cut network, answered once the link is back) and
+    the folder may then be another driver's.
     """
     if not exists(fs, staged):
         raise StorageError(f"cannot commit checkpoint: its staged files are missing at {display_path(fs, staged)}")
@@ -45,9 +55,11 @@ def commit_folder(fs: pafs.FileSystem, staged: str, final: str, *, announce: Cal
         return 0
     where = display_path(fs, final)
     try:
-        copied = copy_tree(fs, staged, fs, final)
+        copied = copy_tree(fs, staged, fs, final, before_each_try=still_owner)
+        still_owner()
         marked = retry(lambda: write_bytes(fs, f"{final}/{COMMIT_MARKER}", b""), destination=where)
     except CheckpointUploadError:
+        still_owner()
         try_delete(fs, final)  # unmarked, so never read; tidied now
         raise
     try_delete(fs, staged)

@@ -293,7 +293,9 @@ class RunStorage:
             adopt_folder(self.filesystem, staging if staged else None, final)
         else:
             announce = (lambda: self._announce(name)) if dir_name is not None else None
-            commit_retries = commit_folder(self.filesystem, staging, final, announce=announce)
+            commit_retries = commit_folder(
+                self.filesystem, staging, final, announce=announce, still_owner=self._check_lease
+            )
             if upload is not None:
                 upload = dataclasses.replace(upload, retries=upload.retries + commit_retries)
         self.snapshot.checkpoints.append(

@@ -41,7 +41,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from storage.errors import StorageError
+from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, same_filesystem
 
 logger = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ def retry(
         try:
             action()
             return attempt
-        except CheckpointUploadError:
+        except (CheckpointUploadError, RunInProgressError):  # a lost lease is not weather: no retry
             raise
         except OSError as error:
             transient = is_transient(error)
@@ -285,13 +285,21 @@ def _failure(
     )
 
 
-def copy_tree(source_fs: pafs.FileSystem, source: str, dest_fs: pafs.FileSystem, dest: str) -> UploadStats:
+def copy_tree(
+    source_fs: pafs.FileSystem,
+    source: str,
+    dest_fs: pafs.FileSystem,
+    dest: str,
+    *,
+    before_each_try: Callable[[], None] = lambda: None,
+) -> UploadStats:
     """Copy the files of folder ``source`` into folder ``dest`` (merging with what is there),
     retrying transient errors; return the bytes copied, the seconds taken and the retries.
 
     A retry copies again only the files not yet copied, each from its start, overwriting what a
     failed try left of it, so a retry never leaves a file half written. Within one filesystem the
-    store copies each file itself (a server-side copy on S3).
+    store copies each file itself (a server-side copy on S3). ``before_each_try`` runs before
+    each try; what it raises ends the copy.
     """
     policy = RetryPolicy.from_env()
     start = time.monotonic()
@@ -299,6 +307,7 @@ def copy_tree(source_fs: pafs.FileSystem, source: str, dest_fs: pafs.FileSystem,
     done: set[str] = set()
 
     def one_pass() -> None:
+        before_each_try()
         # Listing and making folders may fail too: each is part of the try until it has worked.
         if not plan:
             plan.update(_plan(source_fs, source))

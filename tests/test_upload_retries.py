@@ -15,6 +15,7 @@ import pathlib
 import pickle
 import shutil
 import tempfile
+import threading
 
 import pyarrow.fs as pafs
 import pytest
@@ -23,8 +24,9 @@ import faulty_s3
 from faulty_fs import faulty_fs
 from faulty_s3 import BUCKET, log_event, read_events
 from faulty_s3 import faulty_s3 as make_faulty_s3
-from storage import Checkpoint, load_run, upload_directory
-from storage.layout import RunLayout
+from storage import Checkpoint, RunInProgressError, load_run, upload_directory
+from storage.commit import commit_folder
+from storage.layout import COMMIT_MARKER, RunLayout
 from storage.upload import CheckpointUploadError, RetryPolicy, is_transient
 from trainers import (
     CheckpointConfig,
@@ -283,6 +285,41 @@ def test_a_retry_copies_again_only_the_files_that_failed(tmp_path, monkeypatch):
     writes = [os.path.relpath(path, tmp_path / "dest") for op, path in handler.ops if op == "write"]
     assert sorted(writes) == ["a.bin", "c.bin", "sub/b.bin", "sub/b.bin", "sub/b.bin"]
     assert (tmp_path / "dest" / "sub" / "b.bin").read_bytes() == b"b" * 20
+
+
+def test_a_commit_that_outlasts_its_lease_leaves_the_new_owners_folder_alone(tmp_path, monkeypatch):
+    """Regression (the namespace-cluster test of a Prefect host cut off mid-run): a driver's copy
+    into ``checkpoint_000006``, stuck in the cut network, failed only once the link was back,
+    after the rerun had committed its own ``checkpoint_000006``; the cut driver then deleted that
+    folder as its own half-done commit. Once the lease is lost, nothing more touches the folder."""
+    monkeypatch.setenv("FLOWTRAIN_UPLOAD_BACKOFF_S", "0")
+    staged = make_folder(tmp_path / "staged", {"rank0.json": b"cut driver's", "rank1.json": b"cut driver's"})
+    final = tmp_path / "checkpoint_000006"
+    lease_lost, first = threading.Event(), threading.Lock()
+
+    def stuck_until_taken_over(op, path):
+        if op != "copy_file":
+            return False
+        with first:  # the files are copied in parallel: the first stuck request sees the takeover
+            if not lease_lost.is_set():
+                make_folder(final, {"rank0.json": b"rerun's", "rank1.json": b"rerun's", COMMIT_MARKER: b""})
+                lease_lost.set()
+        return True  # each request of the stuck try fails, once the link is back
+
+    def still_owner():
+        if lease_lost.is_set():
+            raise RunInProgressError("this driver lost the run's lease")
+
+    fs, handler = faulty_fs(fail_when=stuck_until_taken_over)
+    with pytest.raises(RunInProgressError, match="lost the run's lease"):
+        commit_folder(fs, staged, str(final), still_owner=still_owner)
+    assert {p.name: p.read_bytes() for p in final.iterdir()} == {
+        "rank0.json": b"rerun's",
+        "rank1.json": b"rerun's",
+        COMMIT_MARKER: b"",
+    }
+    changes = sorted(op for op, path in handler.ops if path.startswith(str(final)))
+    assert changes == ["copy_file", "copy_file", "create_dir"], changes  # the stuck try's, no more
 
 
 def test_permanent_errors_are_not_retried_and_a_spent_budget_names_the_destination(tmp_path, monkeypatch):
