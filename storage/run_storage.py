@@ -582,16 +582,18 @@ class RunStorage:
             self._lease.check()
 
     def _write(self) -> None:
-        self._check_lease()
         where = f"{self.run_uri}/run.json"
         try:
             # Retried like a checkpoint's files: run.json is a checkpoint's commit point, and one
             # passing error from the store must not fail a run whose files are all uploaded.
             retry(
-                lambda: write_snapshot(self.filesystem, self.layout, self.snapshot),
+                lambda: write_snapshot(self.filesystem, self.layout, self.snapshot, still_owner=self._check_lease),
                 destination=where,
                 what="the run snapshot",
+                before_each_try=self._check_lease,
             )
+        except RunInProgressError:
+            raise
         except CheckpointUploadError as error:
             raise StorageError(
                 f"cannot write the run snapshot at {where} (tries: {error.attempts}): {error.last_error}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import pyarrow.fs as pafs
@@ -270,10 +271,17 @@ class RunSnapshot:
         return cls(**body)
 
 
-def write_snapshot(fs: pafs.FileSystem, layout: RunLayout, snapshot: RunSnapshot) -> None:
-    """Write new, keep the current as the previous good copy, then move the new one in place."""
+def write_snapshot(
+    fs: pafs.FileSystem, layout: RunLayout, snapshot: RunSnapshot, *, still_owner: Callable[[], None] = lambda: None
+) -> None:
+    """Write new, keep the current as the previous good copy, then move the new one in place.
+
+    ``still_owner`` (the lease's check) runs before the move: the new copy's write may have been
+    stuck in a cut network until another driver took the run over.
+    """
     snapshot.updated_at = time.time()
     write_bytes(fs, layout.snapshot_new, snapshot.to_json())
+    still_owner()
     if exists(fs, layout.snapshot):
         fs.copy_file(layout.snapshot, layout.snapshot_previous)
     fs.move(layout.snapshot_new, layout.snapshot)

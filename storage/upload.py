@@ -226,6 +226,7 @@ def retry(
     source: str | None = None,
     policy: RetryPolicy | None = None,
     what: str = "checkpoint files",
+    before_each_try: Callable[[], None] = lambda: None,
 ) -> int:
     """Call ``action`` until it returns, retrying transient errors by ``policy`` (the
     environment's by default); return how many retries it took. ``what`` names the data in the
@@ -233,15 +234,18 @@ def retry(
 
     ``action`` must be safe to call again after it failed half way (overwrite, never append).
     Raises ``CheckpointUploadError`` naming ``destination`` (and ``source``) when the budget is
-    spent or the error is not transient; errors that are not ``OSError`` pass through as they are.
+    spent or the error is not transient; errors that are not ``OSError`` pass through as they are,
+    as does ``RunInProgressError``, which a driver's ``before_each_try`` raises once it may no
+    longer own the run (a try stuck in a cut network can fail only after another driver took over).
     """
     policy = policy or RetryPolicy.from_env()
     start = time.monotonic()
     for attempt in range(policy.attempts):
         try:
+            before_each_try()
             action()
             return attempt
-        except (CheckpointUploadError, RunInProgressError):  # a lost lease is not weather: no retry
+        except (CheckpointUploadError, RunInProgressError):
             raise
         except OSError as error:
             transient = is_transient(error)
@@ -307,7 +311,6 @@ def copy_tree(
     done: set[str] = set()
 
     def one_pass() -> None:
-        before_each_try()
         # Listing and making folders may fail too: each is part of the try until it has worked.
         if not plan:
             plan.update(_plan(source_fs, source))
@@ -318,7 +321,7 @@ def copy_tree(
         _copy_files(source_fs, source, dest_fs, dest, remaining, done, policy.threads)
 
     where, origin = display_path(dest_fs, dest), display_path(source_fs, source)
-    retries = retry(one_pass, destination=where, source=origin, policy=policy)
+    retries = retry(one_pass, destination=where, source=origin, policy=policy, before_each_try=before_each_try)
     return UploadStats(bytes=sum(size for _, size in plan["files"]), seconds=time.monotonic() - start, retries=retries)
 
 

@@ -9,6 +9,7 @@ import pickle
 import threading
 import time
 
+import pyarrow.fs as pafs
 import pytest
 
 from faulty_fs import faulty_fs
@@ -22,7 +23,9 @@ from storage import (
     load_run,
     upload_directory,
 )
+from storage.layout import RunLayout
 from storage.protocol import ReportRound
+from storage.snapshot import RunSnapshot, write_snapshot
 
 
 def stage(storage: RunStorage, attempt: int, index: int, content: str, fs=None) -> None:
@@ -90,6 +93,30 @@ def test_snapshot_is_written_before_anything_is_deleted(tmp_path):
     names = [c["dir_name"] for c in json.loads((tmp_path / "run" / "run.json").read_text())["checkpoints"]]
     assert names == ["checkpoint_000001"]
     storage.close()  # its heartbeat calls back into Python: not a thread to leave at interpreter exit
+
+
+def test_a_snapshot_write_stuck_until_another_driver_took_over_is_never_moved_in(tmp_path):
+    """Regression (the namespace-cluster test of a Prefect host cut off mid-run): the cut driver's
+    write of run.json.new, stuck in the cut network, landed once the link was back, and the
+    driver then moved it over the run.json of the rerun that had taken the run over."""
+    layout = RunLayout(str(tmp_path))
+    write_snapshot(pafs.LocalFileSystem(), layout, RunSnapshot(name="run", attempt=2))  # the new owner's
+    lease_lost = threading.Event()
+
+    def stuck_until_taken_over(op, path):
+        if op == "write" and path == layout.snapshot_new:
+            lease_lost.set()  # the write lands, long after the lease's heartbeat stopped
+        return False
+
+    def still_owner():
+        if lease_lost.is_set():
+            raise RunInProgressError("this driver lost the run's lease")
+
+    fs, handler = faulty_fs(fail_when=stuck_until_taken_over)
+    with pytest.raises(RunInProgressError, match="lost the run's lease"):
+        write_snapshot(fs, layout, RunSnapshot(name="run", attempt=1), still_owner=still_owner)
+    assert json.loads(pathlib.Path(layout.snapshot).read_text())["attempt"] == 2
+    assert [op for op, _ in handler.ops] == ["write"]
 
 
 def test_failed_deletion_is_retried_later_and_never_fatal(tmp_path):
