@@ -23,7 +23,8 @@ What is promised (hosts' clocks agreeing to within ``stale_after_s / 2``):
   owner that could not renew its heartbeat for ``stale_after_s / 2`` (storage unreachable, process
   paused) stops writing the run: ``check()`` raises, and ``RunStorage`` calls it before every
   write. A write that passed ``check()`` but lands more than ``stale_after_s / 2`` later (stuck
-  in the network that long) can still land after a takeover.
+  in the network that long) can still land after a takeover; what would make it count (a retry,
+  a commit marker, run.json moved into place) checks again first.
 * An owner whose heartbeat went unrenewed for ``stale_after_s`` never owns the run again, even
   when it finds no other claim once the storage is back: another driver may have taken the run
   over, trained and released it meanwhile, leaving no claim to show it.
