@@ -70,13 +70,6 @@ def _remote_worker_class():
     return _remote_cls
 
 
-def _kill(actor: Any) -> None:
-    try:
-        ray.kill(actor, no_restart=True)
-    except Exception:  # noqa: BLE001 - an actor already dead or Ray shutting down: it is gone either way
-        pass
-
-
 class WorkerStartError(RuntimeError):
     """The workers could not be started in time (placement, actor start or backend setup)."""
 
@@ -334,8 +327,7 @@ class RayWorkerGroup:
             return [answers[i] for i in range(len(refs))]
         silent = [index[ref] for ref in pending]
         where = describe_unstarted(self._placed, bundles, silent, failed)
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
+        warm_workers.kill_actors(actors)
         waited = f"within {self.start_timeout_s:g} s" if pending else "in time"
         raise WorkerStartError(
             f"{len(silent) + len(failed)} of {len(actors)} worker(s) x {self.scaling.worker_resources} did not start "
@@ -569,8 +561,7 @@ class RayWorkerGroup:
             for rank, kind in failed.items()
             if kind in ("died", "hung", "preempted")
         }
-        for rank in replaced:
-            _kill(self.workers[rank].actor)
+        warm_workers.kill_actors(self.workers[rank].actor for rank in replaced)
         stopping = {
             w.actor.stop.remote(wait_s, failed=True, lost_hosts=lost_hosts): w
             for w in self.workers
@@ -588,7 +579,7 @@ class RayWorkerGroup:
                     why = f"it died while stopping ({type(error).__name__})"
             if why:
                 replaced[rank] = why
-                _kill(worker.actor)
+                warm_workers.kill_actors([worker.actor])
         self._vacant = {rank: self.workers[rank].bundle for rank in replaced}
         self.workers = [w for w in self.workers if w.ranks.world_rank not in replaced]
         return replaced
@@ -633,8 +624,7 @@ class RayWorkerGroup:
         if not self.spares.modules:
             self.spares.modules = self.execute_single(0, installed_modules)
         nodes = sorted({w.metadata.node_id for w in self.workers})
-        for actor in self.spares.fill(nodes, per_node):
-            _kill(actor)
+        warm_workers.kill_actors(self.spares.fill(nodes, per_node))
 
     def shutdown(self, keep: bool = False) -> str | None:
         """Kill every actor and release the placement group. Safe to call twice.
@@ -649,8 +639,7 @@ class RayWorkerGroup:
         if keep and self.workers:
             parked = self._park() if self._keepable else f"not parked: {self._parking_refusal}"
             logger.debug("the workers after a clean end: %s", parked)
-        for actor in [w.actor for w in self.workers] + self.spares.clear():
-            _kill(actor)
+        warm_workers.kill_actors([w.actor for w in self.workers] + self.spares.clear())
         self.workers = []
         if self._slices is not None:
             self._slices.shutdown()  # the workers' group and the slices' head reservations
