@@ -109,7 +109,7 @@ class RayWorkerGroup:
         backend_name: str = "data-parallel",
     ) -> None:
         self.scaling = scaling
-        self._backend_name = backend_name
+        self.backend_name = backend_name
         self.start_timeout_s = start_timeout_s
         self.runtime_env = runtime_env
         #: Whether the backend can set up again in a process that ran it (``Backend.reuses_workers``).
@@ -203,9 +203,7 @@ class RayWorkerGroup:
         bundles = list(range(first_bundle, first_bundle + self.world_size))
         parked = warm_workers.take(self._shape, [self._placed[b] for b in bundles]) if self._keepable else []
         actors = self._start_actors(bundles, parked)
-        metadata = self._wait_for_actors(actors, bundles, deadline)
-        workers = [Worker(a, m, Ranks(0, 0, 0, 0), b) for a, m, b in zip(actors, metadata, bundles, strict=True)]
-        self._rank(workers)
+        self._rank(self._wait_for_actors(actors, bundles, deadline))
 
     def _rank(self, workers: list[Worker]) -> None:
         """Rank ``workers`` (in bundle order) by node, make them this group's workers in rank
@@ -231,10 +229,6 @@ class RayWorkerGroup:
                 for w in self.workers
             ]
         )
-
-    @property
-    def backend_name(self) -> str:
-        return self._backend_name
 
     def _start_actors(
         self, bundles: list[int], reused: list[Any | None], ready: list[Any] | None = None, wait_s: float = 0.0
@@ -309,9 +303,9 @@ class RayWorkerGroup:
             return None
         return max(1, math.floor(self.scaling.worker_resources.get("CPU", 1)))
 
-    def _wait_for_actors(self, actors: list[Any], bundles: list[int], deadline: float) -> list[WorkerMetadata]:
-        """Every actor's metadata once all have started; a clear ``WorkerStartError`` naming the
-        workers' nodes when some died while starting or did not answer by ``deadline``."""
+    def _wait_for_actors(self, actors: list[Any], bundles: list[int], deadline: float) -> list[Worker]:
+        """The workers of ``actors`` (unranked) once all have started; a clear ``WorkerStartError``
+        naming the workers' nodes when some died while starting or did not answer by ``deadline``."""
         refs = [a.metadata.remote() for a in actors]
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=max(0.1, deadline - time.monotonic()))
         answers: dict[int, Any] = {}
@@ -324,7 +318,7 @@ class RayWorkerGroup:
             except (RayActorError, RayTaskError, ActorUnschedulableError) as error:
                 failed[index[ref]] = error
         if not pending and not failed:
-            return [answers[i] for i in range(len(refs))]
+            return [Worker(actor, answers[i], Ranks(0, 0, 0, 0), bundles[i]) for i, actor in enumerate(actors)]
         silent = [index[ref] for ref in pending]
         where = describe_unstarted(self._placed, bundles, silent, failed)
         warm_workers.kill_actors(actors)
@@ -602,8 +596,7 @@ class RayWorkerGroup:
                 [spare[1] if spare else None for spare in spares],
                 wait_s=max(0.0, deadline - time.monotonic()),
             )
-            metadata = self._wait_for_actors(actors, bundles, deadline)
-            fresh = [Worker(a, m, Ranks(0, 0, 0, 0), b) for a, m, b in zip(actors, metadata, bundles, strict=True)]
+            fresh = self._wait_for_actors(actors, bundles, deadline)
         self._rank(self.workers + fresh)  # the kept workers' environment was reset too
 
     def release_sync(self, index: int, data: Any) -> None:
