@@ -227,18 +227,14 @@ def run_charts(
     charts = []
     for group in plotted_metrics(numeric, score):
         series = tuple(s for metric in group for s in metric_series(flat, metric))
-        if series:
-            best = score_order if group == [score] else None
-            title = _chart_title(group, score, x_label)
-            charts.append(Chart(title=title, series=series, best=best, x_label=x_label, x=x))
+        if not series:
+            continue
+        if group == [score]:
+            best, title = score_order, f"{score} per {x_label} (the score metric)"
+        else:
+            best, title = None, f"{', '.join(group)} per {x_label}" + (f" (score: {score})" if score in group else "")
+        charts.append(Chart(title=title, series=series, best=best, x_label=x_label, x=x))
     return charts
-
-
-def _chart_title(group: list[str], score: str | None, per: str) -> str:
-    names = ", ".join(group)
-    if group == [score]:
-        return f"{score} per {per} (the score metric)"
-    return f"{names} per {per}" + (f" (score: {score})" if score in group else "")
 
 
 def describe(series: Series, *, best: str | None = None, chart: Chart | None = None) -> str:

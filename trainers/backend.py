@@ -69,10 +69,8 @@ class BackendConfig:
         Default: when the error's text holds one of the config's ``_setup_clashes``."""
         return any(text in str(error) for text in self._setup_clashes)
 
-    @property
-    def framework(self) -> str | None:
-        """A short name shown in logs (``"torch"``), or None."""
-        return None
+    #: A short name shown in logs (``"torch"``), or None.
+    framework: ClassVar[str | None] = None
 
     def collective_backend(self, use_gpu: bool) -> str | None:
         """The library the workers' collectives run on (``"nccl"``, ``"gloo"``), or None when the

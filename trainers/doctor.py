@@ -324,7 +324,8 @@ def _storage_round_trip(
     return checks
 
 
-def _parser() -> argparse.ArgumentParser:
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: print the report; return 1 when a check failed, 0 otherwise."""
     parser = argparse.ArgumentParser(
         prog="python -m trainers.doctor",
         description="Check a Ray cluster from the driver before the first flowtrain run on it.",
@@ -339,12 +340,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--timeout-s", type=float, default=60.0, help="how long to wait for each round of node tasks")
     parser.add_argument("--json", action="store_true", help="print the report as JSON (DoctorReport.to_json())")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command line: print the report; return 1 when a check failed, 0 otherwise."""
-    parser = _parser()
     args = parser.parse_args(argv)
     scaling = None
     if args.num_workers is not None:
@@ -363,10 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scaling=scaling,
         timeout_s=args.timeout_s,
     )
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        print("\n".join(report.lines()))
+    print(json.dumps(report.to_json(), indent=2) if args.json else "\n".join(report.lines()))
     return report.exit_code
 
 

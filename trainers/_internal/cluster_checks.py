@@ -265,13 +265,13 @@ def version_checks(driver: NodeFacts, nodes: Sequence[NodeFacts]) -> list[CheckR
         if node.flowtrain_version and driver.flowtrain_version and node.flowtrain_version != driver.flowtrain_version:
             wrong.append(f"flowtrain {node.flowtrain_version} (the driver has {driver.flowtrain_version})")
             fixes.append(f"install flowtrain {driver.flowtrain_version} there")
+        fix = ""
         if wrong:
+            found = "; ".join(wrong)
             fix = "; ".join(fixes) + ", then restart Ray on it (ray stop; ray start --address=...)."
-            results.append(
-                CheckResult(name="versions", status="FAIL", found="; ".join(wrong), fix=fix, where=node.label())
-            )
-        else:
-            results.append(CheckResult(name="versions", status="ok", found=found, where=node.label()))
+        results.append(
+            CheckResult(name="versions", status="FAIL" if fix else "ok", found=found, fix=fix, where=node.label())
+        )
     return results
 
 
@@ -288,28 +288,20 @@ def resource_checks(nodes: Sequence[NodeFacts]) -> list[CheckResult]:
         cpus, gpus = node.resources.get("CPU", 0.0), node.resources.get("GPU", 0.0)
         found = f"{cpus:g} CPU, {gpus:g} GPU, {_gib(node.resources.get('memory', 0.0))} memory advertised"
         seen = node.visible_gpus
+        fix = ""
         if seen is None:
-            results.append(
-                CheckResult(name="resources", status="ok", found=f"{found}; GPUs {node.gpu_source}", where=node.label())
-            )
+            found += f"; GPUs {node.gpu_source}"
         elif gpus > seen:
-            results.append(
-                CheckResult(
-                    name="resources",
-                    status="FAIL",
-                    found=f"{found}, but a task there sees {seen} GPU(s) ({node.gpu_source})",
-                    fix=(
-                        "install the NVIDIA driver there and give Ray's container the GPUs (docker --gpus all, "
-                        "Kubernetes' NVIDIA device plugin), or start Ray there with --num-gpus set to the GPUs it has"
-                    ),
-                    where=node.label(),
-                )
+            found = f"{found}, but a task there sees {seen} GPU(s) ({node.gpu_source})"
+            fix = (
+                "install the NVIDIA driver there and give Ray's container the GPUs (docker --gpus all, "
+                "Kubernetes' NVIDIA device plugin), or start Ray there with --num-gpus set to the GPUs it has"
             )
         elif seen > gpus:
-            note = f"; {seen} GPU(s) present that Ray does not advertise (start Ray with --num-gpus={seen} to train on them)"
-            results.append(CheckResult(name="resources", status="ok", found=found + note, where=node.label()))
-        else:
-            results.append(CheckResult(name="resources", status="ok", found=found, where=node.label()))
+            found += f"; {seen} GPU(s) present that Ray does not advertise (start Ray with --num-gpus={seen} to train on them)"
+        results.append(
+            CheckResult(name="resources", status="FAIL" if fix else "ok", found=found, fix=fix, where=node.label())
+        )
     return results
 
 
@@ -338,35 +330,14 @@ def storage_checks(
     results = []
     for label, (_facts, path, write_error) in written.items():
         if write_error:
-            results.append(
-                CheckResult(
-                    name="storage",
-                    status="FAIL",
-                    found=write_error,
-                    fix=STORAGE_FIX_WRITE.format(path=storage_path),
-                    where=label,
-                )
-            )
-            continue
-        unread = read_errors.get(label, {})
-        if unread:
+            found, fix = write_error, STORAGE_FIX_WRITE.format(path=storage_path)
+        elif unread := read_errors.get(label):
             what = "; ".join(f"{writer_of.get(p, '?')}'s {p}: {e}" for p, e in sorted(unread.items()))
-            results.append(
-                CheckResult(
-                    name="storage",
-                    status="FAIL",
-                    found=f"wrote {path}, but cannot read what others wrote: {what}",
-                    fix=STORAGE_FIX_READ.format(path=storage_path),
-                    where=label,
-                )
-            )
-            continue
-        others = len(writer_of) - 1
-        results.append(
-            CheckResult(
-                name="storage", status="ok", found=f"wrote {path} and read the {others} other file(s)", where=label
-            )
-        )
+            found = f"wrote {path}, but cannot read what others wrote: {what}"
+            fix = STORAGE_FIX_READ.format(path=storage_path)
+        else:
+            found, fix = f"wrote {path} and read the {len(writer_of) - 1} other file(s)", ""
+        results.append(CheckResult(name="storage", status="FAIL" if fix else "ok", found=found, fix=fix, where=label))
     return results
 
 

@@ -93,14 +93,12 @@ class DataPositions:
 
         from trainers._internal.ray_private import counting_iterator
 
-        tracked = {}
+        tracked = dict(shards)
         for name, shard in shards.items():
-            if not isinstance(shard, DataIterator):
-                tracked[name] = shard
-                continue
-            saved = self._start.datasets.get(name)
-            position = self.shards[name] = ShardPosition.resumed(saved) if saved else ShardPosition()
-            tracked[name] = counting_iterator(shard, position)
+            if isinstance(shard, DataIterator):
+                saved = self._start.datasets.get(name)
+                position = self.shards[name] = ShardPosition.resumed(saved) if saved else ShardPosition()
+                tracked[name] = counting_iterator(shard, position)
         return tracked
 
     def next_loader_start(self) -> LoaderRecord | None:

@@ -123,8 +123,8 @@ class TrainingInterrupted(BaseException):
 
 Event = ReportEvent | FinishedEvent | FailedEvent | SyncEvent | CheckpointsQuery
 
-#: What a worker's ``activity()`` answers once its training function has ended (raised or
-#: returned): every event it will send is then already queued, which the controller relies on.
+#: What a worker's ``activity_and_unacknowledged()`` says once its training function has ended
+#: (raised or returned): every event it will send is then already queued, which the controller relies on.
 NOT_TRAINING = "not training"
 
 

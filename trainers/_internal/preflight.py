@@ -53,9 +53,8 @@ def probe(use_gpu: bool) -> dict[str, Any]:
         _synchronize(torch, device)
         left @ right  # warm up: the first multiply loads kernels
         rates = []
-        for _ in range(
-            PROBE_ROUNDS
-        ):  # the best round: a worker descheduled now and then is not slow, a throttled one is
+        # The best round counts: a worker descheduled now and then is not slow, a throttled one is.
+        for _ in range(PROBE_ROUNDS):
             _synchronize(torch, device)
             started, multiplies, elapsed = time.perf_counter(), 0, 0.0
             while elapsed < PROBE_ROUND_S:

@@ -17,9 +17,7 @@ logger = logging.getLogger(__name__)
 
 
 def _short(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 class ProgressLine(UserCallback):

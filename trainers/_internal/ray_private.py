@@ -129,7 +129,7 @@ def end_dataset_splits(shards: list[dict[str, Any]]) -> int:
     Uses ``StreamSplitDataIterator._coord_actor`` (``ray.data._internal.iterator``). Public
     replacement: none; a ``DataIterator`` has no way to be cancelled from outside in 2.60.
     """
-    import ray
+    from trainers._internal.warm_workers import kill_actors
 
     coordinators: dict[Any, Any] = {}
     for shard in shards:
@@ -137,11 +137,7 @@ def end_dataset_splits(shards: list[dict[str, Any]]) -> int:
             actor = getattr(iterator, "_coord_actor", None)
             if actor is not None:
                 coordinators[actor._actor_id] = actor
-    for actor in coordinators.values():
-        try:
-            ray.kill(actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone: what this wanted
-            pass
+    kill_actors(coordinators.values())
     return len(coordinators)
 
 

@@ -311,10 +311,7 @@ def plain_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     Raises ``TypeError`` naming the metric only when a value cannot be pickled (a lock, an open
     file, a generator): it could reach neither the driver nor the run's record.
     """
-    plain = {}
-    for key, value in metrics.items():
-        plain[str(key)] = _plain(value, f"{prefix}{key}")
-    return plain
+    return {str(key): _plain(value, f"{prefix}{key}") for key, value in metrics.items()}
 
 
 def _plain(value: Any, name: str) -> Any:
@@ -351,9 +348,7 @@ def _check_picklable(value: Any, name: str) -> None:
 def _describe(value: Any) -> str:
     kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
     shape = getattr(value, "shape", None)
-    if shape is not None:
-        return f"a {kind} of shape {tuple(shape)}"
-    return f"a {kind}"
+    return f"a {kind}" if shape is None else f"a {kind} of shape {tuple(shape)}"
 
 
 def check_score(metrics: dict[str, Any], attribute: str, *, required: bool) -> None:

@@ -186,10 +186,9 @@ class ValidationRunner:
         defaults = self.config.task_config
         task = request if isinstance(request, ValidationTaskConfig) else defaults
         fn_kwargs = {**(defaults.fn_kwargs or {}), **(task.fn_kwargs or {})}
-        timeout_s = task.timeout_s
         checkpoint = Checkpoint(self.storage.layout.path_of(record.dir_name), self.storage.filesystem)
         ref = _remote().options(**self.options).remote(self._fn, checkpoint, fn_kwargs)
-        self._running[ref] = _Running(record.dir_name, time.monotonic(), timeout_s)
+        self._running[ref] = _Running(record.dir_name, time.monotonic(), task.timeout_s)
         logger.info("validating checkpoint %s", record.dir_name)
 
     def _stop_late(self) -> bool:

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 import ray
@@ -68,12 +69,17 @@ _lock = threading.Lock()
 _parked: _Parked | None = None
 
 
-def _kill(workers: list[tuple[Any, str, str]]) -> None:
-    for actor, _, _ in workers:
+def kill_actors(actors: Iterable[Any]) -> None:
+    """Kill each of ``actors`` for good; one already dead is no error."""
+    for actor in actors:
         try:
             ray.kill(actor, no_restart=True)
         except Exception:  # noqa: BLE001 - already dead, or Ray shut down: the process is gone either way
             pass
+
+
+def _kill(workers: list[tuple[Any, str, str]]) -> None:
+    kill_actors(actor for actor, _, _ in workers)
 
 
 def _expire(parked: _Parked) -> None:

@@ -281,14 +281,11 @@ class TrainWorker:
         all, numbered."""
         return self._outbox.take(timeout_s, acked)
 
-    def activity(self) -> str:
-        """Where the training function is right now (file:line and the code), for hang reports."""
-        return describe_activity(self._thread)
-
     def activity_and_unacknowledged(self) -> tuple[str, list[tuple[int, Event]]]:
-        """``activity()`` and every event the controller has not acknowledged yet: when an attempt
-        ends, the controller takes what a stalled connection holds now instead of waiting for this
-        worker to give the connection up (``ACK_TIMEOUT_S``) and replay it."""
+        """Where the training function is right now (file:line and the code, for hang reports), and
+        every event the controller has not acknowledged yet: when an attempt ends, the controller
+        takes what a stalled connection holds now instead of waiting for this worker to give the
+        connection up (``ACK_TIMEOUT_S``) and replay it."""
         return describe_activity(self._thread), self._outbox.unacknowledged()
 
     def release_sync(self, index: int, data: Any) -> None:

@@ -70,13 +70,6 @@ def _remote_worker_class():
     return _remote_cls
 
 
-def _kill(actor: Any) -> None:
-    try:
-        ray.kill(actor, no_restart=True)
-    except Exception:  # noqa: BLE001 - an actor already dead or Ray shutting down: it is gone either way
-        pass
-
-
 class WorkerStartError(RuntimeError):
     """The workers could not be started in time (placement, actor start or backend setup)."""
 
@@ -116,7 +109,7 @@ class RayWorkerGroup:
         backend_name: str = "data-parallel",
     ) -> None:
         self.scaling = scaling
-        self._backend_name = backend_name
+        self.backend_name = backend_name
         self.start_timeout_s = start_timeout_s
         self.runtime_env = runtime_env
         #: Whether the backend can set up again in a process that ran it (``Backend.reuses_workers``).
@@ -210,9 +203,7 @@ class RayWorkerGroup:
         bundles = list(range(first_bundle, first_bundle + self.world_size))
         parked = warm_workers.take(self._shape, [self._placed[b] for b in bundles]) if self._keepable else []
         actors = self._start_actors(bundles, parked)
-        metadata = self._wait_for_actors(actors, bundles, deadline)
-        workers = [Worker(a, m, Ranks(0, 0, 0, 0), b) for a, m, b in zip(actors, metadata, bundles, strict=True)]
-        self._rank(workers)
+        self._rank(self._wait_for_actors(actors, bundles, deadline))
 
     def _rank(self, workers: list[Worker]) -> None:
         """Rank ``workers`` (in bundle order) by node, make them this group's workers in rank
@@ -238,10 +229,6 @@ class RayWorkerGroup:
                 for w in self.workers
             ]
         )
-
-    @property
-    def backend_name(self) -> str:
-        return self._backend_name
 
     def _start_actors(
         self, bundles: list[int], reused: list[Any | None], ready: list[Any] | None = None, wait_s: float = 0.0
@@ -316,9 +303,9 @@ class RayWorkerGroup:
             return None
         return max(1, math.floor(self.scaling.worker_resources.get("CPU", 1)))
 
-    def _wait_for_actors(self, actors: list[Any], bundles: list[int], deadline: float) -> list[WorkerMetadata]:
-        """Every actor's metadata once all have started; a clear ``WorkerStartError`` naming the
-        workers' nodes when some died while starting or did not answer by ``deadline``."""
+    def _wait_for_actors(self, actors: list[Any], bundles: list[int], deadline: float) -> list[Worker]:
+        """The workers of ``actors`` (unranked) once all have started; a clear ``WorkerStartError``
+        naming the workers' nodes when some died while starting or did not answer by ``deadline``."""
         refs = [a.metadata.remote() for a in actors]
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=max(0.1, deadline - time.monotonic()))
         answers: dict[int, Any] = {}
@@ -331,11 +318,10 @@ class RayWorkerGroup:
             except (RayActorError, RayTaskError, ActorUnschedulableError) as error:
                 failed[index[ref]] = error
         if not pending and not failed:
-            return [answers[i] for i in range(len(refs))]
+            return [Worker(actor, answers[i], Ranks(0, 0, 0, 0), bundles[i]) for i, actor in enumerate(actors)]
         silent = [index[ref] for ref in pending]
         where = describe_unstarted(self._placed, bundles, silent, failed)
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
+        warm_workers.kill_actors(actors)
         waited = f"within {self.start_timeout_s:g} s" if pending else "in time"
         raise WorkerStartError(
             f"{len(silent) + len(failed)} of {len(actors)} worker(s) x {self.scaling.worker_resources} did not start "
@@ -569,8 +555,7 @@ class RayWorkerGroup:
             for rank, kind in failed.items()
             if kind in ("died", "hung", "preempted")
         }
-        for rank in replaced:
-            _kill(self.workers[rank].actor)
+        warm_workers.kill_actors(self.workers[rank].actor for rank in replaced)
         stopping = {
             w.actor.stop.remote(wait_s, failed=True, lost_hosts=lost_hosts): w
             for w in self.workers
@@ -588,7 +573,7 @@ class RayWorkerGroup:
                     why = f"it died while stopping ({type(error).__name__})"
             if why:
                 replaced[rank] = why
-                _kill(worker.actor)
+                warm_workers.kill_actors([worker.actor])
         self._vacant = {rank: self.workers[rank].bundle for rank in replaced}
         self.workers = [w for w in self.workers if w.ranks.world_rank not in replaced]
         return replaced
@@ -611,8 +596,7 @@ class RayWorkerGroup:
                 [spare[1] if spare else None for spare in spares],
                 wait_s=max(0.0, deadline - time.monotonic()),
             )
-            metadata = self._wait_for_actors(actors, bundles, deadline)
-            fresh = [Worker(a, m, Ranks(0, 0, 0, 0), b) for a, m, b in zip(actors, metadata, bundles, strict=True)]
+            fresh = self._wait_for_actors(actors, bundles, deadline)
         self._rank(self.workers + fresh)  # the kept workers' environment was reset too
 
     def release_sync(self, index: int, data: Any) -> None:
@@ -633,8 +617,7 @@ class RayWorkerGroup:
         if not self.spares.modules:
             self.spares.modules = self.execute_single(0, installed_modules)
         nodes = sorted({w.metadata.node_id for w in self.workers})
-        for actor in self.spares.fill(nodes, per_node):
-            _kill(actor)
+        warm_workers.kill_actors(self.spares.fill(nodes, per_node))
 
     def shutdown(self, keep: bool = False) -> str | None:
         """Kill every actor and release the placement group. Safe to call twice.
@@ -649,8 +632,7 @@ class RayWorkerGroup:
         if keep and self.workers:
             parked = self._park() if self._keepable else f"not parked: {self._parking_refusal}"
             logger.debug("the workers after a clean end: %s", parked)
-        for actor in [w.actor for w in self.workers] + self.spares.clear():
-            _kill(actor)
+        warm_workers.kill_actors([w.actor for w in self.workers] + self.spares.clear())
         self.workers = []
         if self._slices is not None:
             self._slices.shutdown()  # the workers' group and the slices' head reservations

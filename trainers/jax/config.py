@@ -53,13 +53,11 @@ class JaxConfig(BackendConfig):
         check_number("JaxConfig.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0")
 
     # BackendConfig's hooks, filled in as every framework's config fills them in.
+    framework = "jax"
+
     @property
     def backend_cls(self) -> type[Backend]:
         return JaxBackend
-
-    @property
-    def framework(self) -> str:
-        return "jax"
 
     def to_dict(self) -> dict[str, Any]:
         return {"use_tpu": self.use_tpu, "use_gpu": self.use_gpu}

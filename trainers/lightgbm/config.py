@@ -33,13 +33,11 @@ class LightGBMConfig(BackendConfig):
     #: ``get_network_params()`` released it): restart on new ports, free of the failure budget.
     _setup_clashes = ("Binding port",)
 
+    framework = "lightgbm"
+
     @property
     def backend_cls(self) -> type[Backend]:
         return LightGBMBackend
-
-    @property
-    def framework(self) -> str:
-        return "lightgbm"
 
 
 # -- worker side --------------------------------------------------------------------------------

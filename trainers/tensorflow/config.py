@@ -36,13 +36,11 @@ class TensorflowConfig(BackendConfig):
     _setup_clashes = ("Could not start gRPC server", "Address already in use")
 
     # BackendConfig's hooks, filled in as every framework's config fills them in.
+    framework = "tensorflow"
+
     @property
     def backend_cls(self) -> type[Backend]:
         return TensorflowBackend
-
-    @property
-    def framework(self) -> str:
-        return "tensorflow"
 
 
 # -- worker side --------------------------------------------------------------------------------

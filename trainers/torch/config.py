@@ -52,13 +52,11 @@ class TorchConfig(BackendConfig):
         check_number("TorchConfig.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0")
 
     # BackendConfig's hooks, filled in as every framework's config fills them in.
+    framework = "torch"
+
     @property
     def backend_cls(self) -> type[Backend]:
         return TorchBackend
-
-    @property
-    def framework(self) -> str:
-        return "torch"
 
     @property
     def train_func_context(self) -> Callable[[], AbstractContextManager[None]]:

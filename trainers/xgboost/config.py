@@ -39,13 +39,11 @@ class XGBoostConfig(BackendConfig):
         check_choice("XGBoostConfig.xgboost_communicator", self.xgboost_communicator, COMMUNICATORS)
 
     # BackendConfig's hooks, filled in as every framework's config fills them in.
+    framework = "xgboost"
+
     @property
     def backend_cls(self) -> type[Backend]:
         return XGBoostBackend
-
-    @property
-    def framework(self) -> str:
-        return "xgboost"
 
     @property
     def train_func_context(self) -> Callable[[], AbstractContextManager[Any]]:

@@ -103,13 +103,11 @@ class TorchXLAConfig(TorchConfig):
             raise TorchXLAMissingError()
 
     # BackendConfig's hooks, filled in as every framework's config fills them in.
+    framework = "torch_xla"
+
     @property
     def backend_cls(self) -> type[Backend]:
         return TorchXLABackend
-
-    @property
-    def framework(self) -> str:
-        return "torch_xla"
 
 
 def _xla_env(
