@@ -299,10 +299,9 @@ def test_a_driver_stalled_between_looking_and_claiming_never_takes_a_run_another
     assert claims(where) == []
 
 
-def test_an_owner_whose_heartbeat_stalls_writes_nothing_once_the_run_may_be_taken_over(where, tmp_path):
-    """Regression: A's heartbeat cannot reach the storage (storage down for A, a paused process)
-    until its lease is stale and B takes the run over; A must then write nothing to the run. A
-    used to go on writing run.json over B's."""
+def stalled_owner_and_its_successor(where, tmp_path) -> tuple[RunStorage, HeldLeaseWrites, RunStorage]:
+    """A owns the run (one attempt started) and its heartbeats stall; B takes the run over once
+    A's lease is stale. Returns A, A's stalled filesystem and B."""
     paused = HeldLeaseWrites(where["fs"], str(tmp_path / "fs.log"))
     a = RunStorage(where["root"], RUN, filesystem=pafs.PyFileSystem(paused), lease_stale_after_s=STALE_AFTER_S)
     a.open("a")
@@ -312,11 +311,17 @@ def test_an_owner_whose_heartbeat_stalls_writes_nothing_once_the_run_may_be_take
     for _ in range(100):
         try:
             b.open("b")
-            break
+            return a, paused, b
         except RunInProgressError as refused:
             time.sleep(refused.retry_after_s + 0.05)  # as the error says: retry once A's lease is stale
-    else:
-        pytest.fail("B never took over A's stale lease")
+    pytest.fail("B never took over A's stale lease")
+
+
+def test_an_owner_whose_heartbeat_stalls_writes_nothing_once_the_run_may_be_taken_over(where, tmp_path):
+    """Regression: A's heartbeat cannot reach the storage (storage down for A, a paused process)
+    until its lease is stale and B takes the run over; A must then write nothing to the run. A
+    used to go on writing run.json over B's."""
+    a, paused, b = stalled_owner_and_its_successor(where, tmp_path)
     b_attempt = b.start_attempt()
 
     with pytest.raises(RunInProgressError, match="lost the run's lease"):
@@ -336,20 +341,7 @@ def test_an_owner_whose_heartbeat_stalled_past_staleness_never_writes_again_even
     heartbeat cannot reach the storage until its lease is stale; B takes the run over, trains and
     finishes it, releasing its claim; then A's heartbeat lands. Finding no live claim, A renewed
     its lease and wrote the run again (over B's run.json and checkpoints). A must give the run up."""
-    paused = HeldLeaseWrites(where["fs"], str(tmp_path / "fs.log"))
-    a = RunStorage(where["root"], RUN, filesystem=pafs.PyFileSystem(paused), lease_stale_after_s=STALE_AFTER_S)
-    a.open("a")
-    a.start_attempt()
-    paused.stall()
-    b = RunStorage(where["root"], RUN, filesystem=where["fs"], lease_stale_after_s=STALE_AFTER_S)
-    for _ in range(100):
-        try:
-            b.open("b")
-            break
-        except RunInProgressError as refused:
-            time.sleep(refused.retry_after_s + 0.05)
-    else:
-        pytest.fail("B never took over A's stale lease")
+    a, paused, b = stalled_owner_and_its_successor(where, tmp_path)
     assert b.start_attempt() == 2
     b.finish()
     assert claims(where) == []
