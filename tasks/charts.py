@@ -376,7 +376,11 @@ def render_svg(chart: Chart) -> str:
         colour, dash = PALETTE[index % len(PALETTE)], DASHES[index // len(PALETTE) % len(DASHES)]
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
         parts.append(_series_svg(series, colour, dash_attr, frame))
-        parts += _legend_entry_svg(series.label, colour, dash_attr, position)
+        x, y = position[0], 40 + position[1]
+        parts += [
+            f'<line x1="{x:.1f}" x2="{x + 26:.1f}" y1="{y:.1f}" y2="{y:.1f}" stroke="{colour}" stroke-width="3"{dash_attr}/>',
+            f'<text x="{x + 32:.1f}" y="{y + 4:.1f}" fill="#222">{escape(series.label)}</text>',
+        ]
     parts.append("</svg>")
     return "\n".join(parts)
 
@@ -402,14 +406,6 @@ def _axes_svg(frame: _Frame, height: float) -> list[str]:
     if frame.log:
         parts.append(f'<text x="{frame.right}" y="{height - 6:g}" text-anchor="end" fill="#444">log scale</text>')
     return parts
-
-
-def _legend_entry_svg(label: str, colour: str, dash_attr: str, position: tuple[float, float]) -> list[str]:
-    x, y = position[0], 40 + position[1]
-    return [
-        f'<line x1="{x:.1f}" x2="{x + 26:.1f}" y1="{y:.1f}" y2="{y:.1f}" stroke="{colour}" stroke-width="3"{dash_attr}/>',
-        f'<text x="{x + 32:.1f}" y="{y + 4:.1f}" fill="#222">{escape(label)}</text>',
-    ]
 
 
 def _series_svg(series: Series, colour: str, dash_attr: str, frame: _Frame) -> str:

@@ -275,10 +275,6 @@ def version_checks(driver: NodeFacts, nodes: Sequence[NodeFacts]) -> list[CheckR
     return results
 
 
-def _gib(amount: float) -> str:
-    return f"{amount / 2**30:.1f} GiB"
-
-
 def resource_checks(nodes: Sequence[NodeFacts]) -> list[CheckResult]:
     """One ``resources`` line per node: what Ray advertises, and whether the GPUs it advertises are
     there for a task to use. Fails only when Ray advertises more GPUs than a task on the node sees:
@@ -286,7 +282,7 @@ def resource_checks(nodes: Sequence[NodeFacts]) -> list[CheckResult]:
     results = []
     for node in nodes:
         cpus, gpus = node.resources.get("CPU", 0.0), node.resources.get("GPU", 0.0)
-        found = f"{cpus:g} CPU, {gpus:g} GPU, {_gib(node.resources.get('memory', 0.0))} memory advertised"
+        found = f"{cpus:g} CPU, {gpus:g} GPU, {node.resources.get('memory', 0.0) / 2**30:.1f} GiB memory advertised"
         seen = node.visible_gpus
         fix = ""
         if seen is None:
