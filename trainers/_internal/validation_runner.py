@@ -45,6 +45,10 @@ def _validate(fn: Any, checkpoint: Checkpoint, fn_kwargs: dict[str, Any]) -> dic
 
 
 @functools.cache
+def _remote() -> Any:
+    return ray.remote(_validate)
+
+
 def task_options(config: ValidationConfig, free_cpus: float) -> dict[str, Any]:
     """The Ray options of a validation task: ``ray_remote_kwargs``, with a CPU ask that fits the
     ``free_cpus`` the cluster has beside the training workers unless the user chose one.
@@ -183,7 +187,7 @@ class ValidationRunner:
         task = request if isinstance(request, ValidationTaskConfig) else defaults
         fn_kwargs = {**(defaults.fn_kwargs or {}), **(task.fn_kwargs or {})}
         checkpoint = Checkpoint(self.storage.layout.path_of(record.dir_name), self.storage.filesystem)
-        ref = ray.remote(_validate).options(**self.options).remote(self._fn, checkpoint, fn_kwargs)
+        ref = _remote().options(**self.options).remote(self._fn, checkpoint, fn_kwargs)
         self._running[ref] = _Running(record.dir_name, time.monotonic(), task.timeout_s)
         logger.info("validating checkpoint %s", record.dir_name)
 
