@@ -137,7 +137,8 @@ class Lease:
                     self._delete_own()
                     return
                 gap_s = time.time() - self._renewed
-                if gap_s >= self.stale_after_s:  # others saw a dead claim meanwhile: see the module's docstring
+                # Others may have judged the claim dead meanwhile: see the module docstring.
+                if gap_s >= self.stale_after_s:
                     self._lost = f"its heartbeat was not renewed for {gap_s:.0f} s, long enough for another driver to take the run over"
                 # Quiet long enough to be taken over: go on only if nobody did (claim, then list).
                 elif overdue and self._other_live_claim() is not None:
