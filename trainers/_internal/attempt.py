@@ -26,19 +26,15 @@ from storage.positions import DataResume, RoundPosition
 from storage.snapshot import RestartRecord
 from trainers._internal import preflight, shared_storage, warm_workers
 from trainers._internal.attempt_book import LAUNCH
-from trainers._internal.data import (
-    install_data_context,
-    is_dataset,
-    names_to_split,
-    split_datasets,
-)
+from trainers._internal.data import is_dataset, names_to_split, split_datasets
 from trainers._internal.data_position import DataPositions, ResumePlan, plan_resume, position_hooks_problem
 from trainers._internal.devices import assign_visible_devices
 from trainers._internal.elastic import ElasticSizer, NodeResources, wait_released
 from trainers._internal.events import Event, FailedEvent, ReportEvent, take_events
 from trainers._internal.health_settings import PreflightSettings
 from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
-from trainers._internal.ray_private import end_dataset_splits
+from trainers._internal.ranks import Ranks
+from trainers._internal.ray_private import end_dataset_splits, set_current_data_context
 from trainers._internal.resources import capturing_placement_group
 from trainers._internal.reuse import Reuse, refusal, replacing_enabled
 from trainers._internal.session import WorkerSession
@@ -117,12 +113,27 @@ def _resume_plan(spec: RunSpec, world_size: int, saved: RoundPosition | None) ->
 
 def _session_args(
     spec: RunSpec,
-    context: TrainContext,
     attempt: int,
     checkpoint: Checkpoint | None,
     shards: dict,
     plan: ResumePlan | None,
+    ranks: Ranks,
+    world_size: int,
+    accelerator_ids: tuple[int, ...] = (),
 ) -> dict:
+    """What one worker's ``WorkerSession`` is made with, its ``TrainContext`` among it."""
+    context = TrainContext(
+        experiment_name=spec.name,
+        world_size=world_size,
+        world_rank=ranks.world_rank,
+        local_rank=ranks.local_rank,
+        local_world_size=ranks.local_world_size,
+        node_rank=ranks.node_rank,
+        storage=spec.storage_info,
+        accelerator_ids=accelerator_ids,
+        metadata=spec.metadata,
+        attempt=attempt,
+    )
     return dict(
         context=context,
         attempt=attempt,
@@ -132,7 +143,7 @@ def _session_args(
         dataset_shards=shards,
         score_attribute=spec.score_attribute,
         validation_config=spec.validation_config,
-        data_position=DataPositions(plan.starts[context.world_rank]) if plan is not None else None,
+        data_position=DataPositions(plan.starts[ranks.world_rank]) if plan is not None else None,
     )
 
 
@@ -253,7 +264,7 @@ class RayWorkers:
         import ray
 
         installed = (
-            [w.actor.execute.remote(install_data_context, spec.data_context) for w in group.workers]
+            [w.actor.execute.remote(set_current_data_context, spec.data_context) for w in group.workers]
             if spec.data_context is not None
             else []
         )
@@ -291,21 +302,10 @@ class RayWorkers:
         if self._started_at == self._first_started_at and spec.preflight.runs(spec.scaling.use_gpu):
             self.preflight = self._preflight(group)  # before step 0: PreflightError names a slow worker
         plan = _resume_plan(spec, self.world_size, data_position)
-        session_args = []
-        for worker, ids, shard in zip(group.workers, accelerators, shards, strict=True):
-            context = TrainContext(
-                experiment_name=spec.name,
-                world_size=self.world_size,
-                world_rank=worker.ranks.world_rank,
-                local_rank=worker.ranks.local_rank,
-                local_world_size=worker.ranks.local_world_size,
-                node_rank=worker.ranks.node_rank,
-                storage=spec.storage_info,
-                accelerator_ids=tuple(ids),
-                metadata=spec.metadata,
-                attempt=attempt,
-            )
-            session_args.append(_session_args(spec, context, attempt, checkpoint, shard, plan))
+        session_args = [
+            _session_args(spec, attempt, checkpoint, shard, plan, worker.ranks, self.world_size, tuple(ids))
+            for worker, ids, shard in zip(group.workers, accelerators, shards, strict=True)
+        ]
         ray.get(installed)  # the training function must find the driver's DataContext from its first line
         self.backend.on_training_start(group, spec.backend_config)
         group.start_training(
@@ -472,20 +472,9 @@ class LocalWorkers:
         spec = self.spec
         self._attempt = attempt
         self._events = queue.Queue()
-        context = TrainContext(
-            experiment_name=spec.name,
-            world_size=1,
-            world_rank=0,
-            local_rank=0,
-            local_world_size=1,
-            node_rank=0,
-            storage=spec.storage_info,
-            metadata=spec.metadata,
-            attempt=attempt,
-        )
         shards = split_datasets(spec.datasets, spec.dataset_config, 1)[0]
         plan = _resume_plan(spec, 1, data_position)
-        args = _session_args(spec, context, attempt, checkpoint, shards, plan)
+        args = _session_args(spec, attempt, checkpoint, shards, plan, Ranks(0, 0, 0, 1), world_size=1)
         self._session = WorkerSession(emit=self._events.put, **args)
         threading.Thread(
             target=run_training_function,

@@ -112,13 +112,6 @@ def capture_data_context() -> Any | None:
     return copy.deepcopy(DataContext.get_current())
 
 
-def install_data_context(context: Any) -> None:
-    """Make ``context`` this process's current Ray Data ``DataContext`` (run in each worker)."""
-    from trainers._internal.ray_private import set_current_data_context
-
-    set_current_data_context(context)
-
-
 def split_datasets(
     datasets: dict[str, Any], config: DataConfig, world_size: int, worker_node_ids: list[str] | None = None
 ) -> list[dict[str, Any]]:

@@ -169,31 +169,24 @@ def plan_resume(
             f"the run has {world_size} worker(s) and had {saved.world_size} when the checkpoint was saved, so "
             "each shard holds other rows: every rank skips an equal part of what all ranks had handed out"
         )
-    datasets: dict[str, dict[str, int]] = {}
-    loaders: list[dict[str, int]] = []
-    for start in starts:
-        if start is None:
-            continue
+    rows: dict[str, SkippedRows] = {}
+    samples: list[SkippedSamples] = []
+    for start in filter(None, starts):
         for name, shard in start.datasets.items():
-            entry = datasets.setdefault(name, {"epoch": shard.epoch, "rows_skipped": 0})
-            entry["rows_skipped"] += shard.rows
+            so_far = rows.get(name, SkippedRows(shard.epoch, 0))
+            rows[name] = SkippedRows(so_far.epoch, so_far.rows_skipped + shard.rows)
         for index, loader in enumerate(start.loaders):
-            if index == len(loaders):
-                loaders.append({"epoch": loader.epoch, "samples_skipped": 0})
-            loaders[index]["samples_skipped"] += loader.samples
-    for name, entry in sorted(datasets.items()):
-        if entry["rows_skipped"] and not ordered.get(name, False):
+            if index == len(samples):
+                samples.append(SkippedSamples(loader.epoch, 0))
+            samples[index] = SkippedSamples(samples[index].epoch, samples[index].samples_skipped + loader.samples)
+    for name, skipped in sorted(rows.items()):
+        if skipped.rows_skipped and not ordered.get(name, False):
             why.append(
                 f"datasets[{name!r}] runs without ExecutionOptions.preserve_order, so its rows reach the ranks in "
-                f"another order in every attempt: the {entry['rows_skipped']} rows skipped in epoch {entry['epoch']} "
+                f"another order in every attempt: the {skipped.rows_skipped} rows skipped in epoch {skipped.epoch} "
                 "are not exactly the rows trained on (some may be seen twice, others not at all)"
             )
-    note = DataResume(
-        exact=not why,
-        why=tuple(why),
-        datasets={name: SkippedRows(entry["epoch"], entry["rows_skipped"]) for name, entry in datasets.items()},
-        loaders=tuple(SkippedSamples(entry["epoch"], entry["samples_skipped"]) for entry in loaders),
-    )
+    note = DataResume(exact=not why, why=tuple(why), datasets=rows, loaders=tuple(samples))
     warning = None
     if why:
         warning = (

@@ -50,7 +50,10 @@ class RankHealth:
         self._step_started: float | None = None
         self._waiting_s = 0.0
         self._memory: MemoryPeak | None = None
-        self._limit = _Limit()
+        # ``memory_limit()`` and when it was read: at most once a second, or a peak that creeps
+        # report after report would cost each report two file reads.
+        self._limit: int | None = None
+        self._limit_read_at = -float("inf")
 
     def report_starts(self) -> StepHealth:
         """A ``report()`` call begins: the step since the previous one ends."""
@@ -60,7 +63,9 @@ class RankHealth:
         sent = self._memory
         if sent is not None and _rss_bytes() <= sent.rss_bytes + _slack(sent.rss_bytes) and _cuda() is None:
             return StepHealth(step_s, waiting_s, None)  # the common case, kept to one getrusage
-        memory = peak_memory(self._limit.read(now))  # grown: worth its limit, read at most once a second
+        if now - self._limit_read_at >= LIMIT_READ_EVERY_S:  # grown: worth its limit
+            self._limit, self._limit_read_at = memory_limit(), now
+        memory = peak_memory(self._limit)
         if sent is not None and not _grown(memory, sent):
             return StepHealth(step_s, waiting_s, None)
         self._memory = memory
@@ -83,20 +88,6 @@ class RankHealth:
     def now(self) -> MemoryPeak:
         """The peak now, with the limit read afresh (for a failure's message)."""
         return peak_memory(memory_limit())
-
-
-class _Limit:
-    """``memory_limit()``, read at most once a second: a peak that creeps report after report
-    would otherwise cost a report two file reads each."""
-
-    def __init__(self) -> None:
-        self._read_at = -float("inf")
-        self._value: int | None = None
-
-    def read(self, now: float) -> int | None:
-        if now - self._read_at >= LIMIT_READ_EVERY_S:
-            self._read_at, self._value = now, memory_limit()
-        return self._value
 
 
 def _slack(sent_bytes: int) -> int:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import warnings
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from trainers.config import ScalingConfig
@@ -14,7 +16,7 @@ if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
 
 
-def _fmt(resources: dict[str, float]) -> str:
+def _fmt(resources: Mapping[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) + "}"
 
 
@@ -41,10 +43,9 @@ def check_feasible(scaling: ScalingConfig, nodes: list[dict[str, float]], *, hel
         scaling = scaling.with_num_workers(scaling.min_workers)
     bundle = scaling.worker_resources
     n = scaling.max_workers  # a fixed size by now: num_workers, or an elastic run's min_workers
-    total: dict[str, float] = {}
+    total: collections.Counter[str] = collections.Counter()
     for node in nodes:
-        for name, amount in node.items():
-            total[name] = total.get(name, 0.0) + amount
+        total.update(node)
     shown = {name: total.get(name, 0.0) for name in sorted(set(bundle) | {"CPU", "GPU"})}
     request = f"{n} workers{elastic} x {_fmt(bundle)} = {_fmt(scaling.total_resources)}"
     have = f"the cluster has {_fmt(shown)} on {len(nodes)} node(s){held}"
@@ -75,9 +76,7 @@ def check_feasible(scaling: ScalingConfig, nodes: list[dict[str, float]], *, hel
 
 def cluster_nodes() -> list[dict[str, float]]:
     """Total resources of every live node of the connected Ray cluster."""
-    import ray
-
-    return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]
+    return list(_live_nodes().values())
 
 
 def leave_cpu_for_data(scaling: ScalingConfig, nodes: list[dict[str, float]]) -> ScalingConfig:
@@ -126,11 +125,8 @@ def enclosing_placement_group(scaling: ScalingConfig) -> tuple[PlacementGroup, i
     starts when the group has worker bundles that cannot hold the workers.
     """
     import ray
-    from ray.util.placement_group import get_current_placement_group
 
-    if not ray.get_runtime_context().should_capture_child_tasks_in_placement_group:
-        return None
-    group = get_current_placement_group()
+    group = capturing_placement_group()
     if group is None:
         return None
     bundles = [dict(b) for b in group.bundle_specs]
@@ -211,7 +207,7 @@ def stuck_beside_other_groups(scaling: ScalingConfig, own: PlacementGroup) -> st
     from ray.util import placement_group_table
 
     nodes = _live_nodes()
-    held: dict[str, float] = {}
+    held: collections.Counter[str] = collections.Counter()
     others = 0
     for group_id, table in placement_group_table().items():
         if table.get("state") != "CREATED" or group_id == own.id.hex():
@@ -219,8 +215,7 @@ def stuck_beside_other_groups(scaling: ScalingConfig, own: PlacementGroup) -> st
         if str(table.get("name", "")).startswith(WORKER_GROUP_PREFIX):
             return None
         others += 1
-        for name, amount in _take(nodes, table).items():
-            held[name] = held.get(name, 0.0) + amount
+        held.update(_take(nodes, table))
     try:
         check_feasible(scaling, list(nodes.values()))
     except InsufficientResourcesError:

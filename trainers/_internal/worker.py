@@ -187,9 +187,7 @@ class TrainWorker:
             gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()),
         )
 
-    def stop(
-        self, wait_s: float = 0.0, reuse: bool = True, failed: bool = False, lost_hosts: frozenset[str] = frozenset()
-    ) -> StopAnswer:
+    def stop(self, wait_s: float = 0.0, failed: bool = False, lost_hosts: frozenset[str] = frozenset()) -> StopAnswer:
         """End this worker's attempt and make the process ready for another, as a fresh worker
         would be (``fresh_process``). Answers the actor's id, or why the process cannot serve again.
 
@@ -202,7 +200,7 @@ class TrainWorker:
         attempt failed, so an NCCL group is aborted even when the function has ended (its last
         collectives may still wait on the GPU for a rank that is gone). ``lost_hosts``: addresses of
         nodes that left the cluster, whose connections are shut first (a partitioned host closes
-        none itself). ``reuse=False`` stops and leaves without resetting.
+        none itself).
         """
         from trainers._internal import collectives
 
@@ -212,9 +210,8 @@ class TrainWorker:
         running = thread is not None and thread.is_alive()
         if running or failed:
             collectives.abort_nccl()
-        if running:
-            collectives.cut_connections_to(lost_hosts)
         if thread is not None and running:
+            collectives.cut_connections_to(lost_hosts)
             deadline = time.monotonic() + wait_s
             thread.join(min(INTERRUPT_GRACE_S, wait_s))
             while thread.is_alive() and time.monotonic() < deadline:
@@ -225,7 +222,7 @@ class TrainWorker:
                     None, f"its training function did not stop within {wait_s:g} s ({describe_activity(thread)})"
                 )
         collectives.leave()
-        why_not = (process_refusal() or collectives.cuda_usable()) if reuse else "not asked to"
+        why_not = process_refusal() or collectives.cuda_usable()
         if why_not:
             return StopAnswer(None, why_not)
         self._outbox.close()

@@ -10,6 +10,7 @@ report reaches the driver the moment a worker makes it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -59,15 +60,10 @@ KEPT_WORKER_ANSWER_S = 30.0
 SURVIVOR_ANSWER_S = 5.0
 
 
-_remote_cls = None
-
-
+@functools.cache
 def _remote_worker_class():
     """TrainWorker as a Ray actor class, made once per process (Ray exports it on first use)."""
-    global _remote_cls
-    if _remote_cls is None:
-        _remote_cls = ray.remote(TrainWorker)
-    return _remote_cls
+    return ray.remote(TrainWorker)
 
 
 class WorkerStartError(RuntimeError):
@@ -261,25 +257,24 @@ class RayWorkerGroup:
         for i in set(checks.values()) - answered:
             ray.kill(actors[i], no_restart=True)
             actors[i] = None
-        remote_cls = _remote_worker_class()
-        resources = self.scaling.worker_resources
-        assert self._pg is not None  # start() reserved it
-        if not self._keepable:
-            for i, bundle in enumerate(bundles):
-                if actors[i] is None:
-                    actors[i] = remote_cls.options(
-                        max_concurrency=4,
-                        scheduling_strategy=PlacementGroupSchedulingStrategy(
-                            self._pg, placement_group_bundle_index=bundle
-                        ),
-                        runtime_env=self.runtime_env,
-                        **_kwargs_for_worker(resources),
-                    ).remote()
-            return actors
         for i, bundle in enumerate(bundles):
             if actors[i] is None:
-                actors[i] = self._new_worker_beside(self._placed[bundle])
+                actors[i] = self._new_worker(bundle)
         return actors
+
+    def _new_worker(self, bundle: int) -> Any:
+        """A new worker for placement-group bundle ``bundle``: beside it when it may be parked,
+        else in it, holding the bundle's resources."""
+        if self._keepable:
+            return self._new_worker_beside(self._placed[bundle])
+        assert self._pg is not None  # start() reserved it
+        strategy = PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=bundle)
+        options = _kwargs_for_worker(self.scaling.worker_resources)
+        return (
+            _remote_worker_class()
+            .options(max_concurrency=4, scheduling_strategy=strategy, runtime_env=self.runtime_env, **options)
+            .remote()
+        )
 
     def _new_worker_beside(self, node_id: str) -> Any:
         """A new worker on ``node_id`` that holds no resources (its bundle does)."""

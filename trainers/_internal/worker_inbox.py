@@ -37,10 +37,6 @@ LONG_POLL_S = 60.0
 UNAVAILABLE_GRACE_S = 10.0
 
 
-def _ends(events: list[Event]) -> bool:
-    return any(isinstance(e, (FinishedEvent, FailedEvent)) for e in events)
-
-
 class WorkerInbox:
     """Events from the workers ``actors`` (indexed by world rank), from the socket and from Ray.
 
@@ -152,7 +148,8 @@ class WorkerInbox:
                         self._from_ray.put((rank, number, event))
                         received[rank] = max(received[rank], number)
                     delivered = delivered or bool(batch)
-                    if not _ends([event for _, event in batch]) and rank not in self._ended:
+                    ended = any(isinstance(event, (FinishedEvent, FailedEvent)) for _, event in batch)
+                    if not ended and rank not in self._ended:
                         listen(rank)
                 if delivered and not self._stopped:
                     self._listener.wake()
