@@ -222,8 +222,7 @@ class RunStorage:
 
     def _check_committed(self, dir_name: str) -> None:
         path = f"{self.run_path}/{dir_name}"
-        info = self.filesystem.get_file_info(path)
-        if info.type != pafs.FileType.Directory:
+        if self.filesystem.get_file_info(path).type != pafs.FileType.Directory:
             raise StorageError(
                 f"checkpoint {dir_name} is named in {self.run_uri}/run.json but missing at {display_path(self.filesystem, path)}."
             )

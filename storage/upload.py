@@ -339,10 +339,9 @@ def upload_directory(local_dir: str, fs: pafs.FileSystem, dest_path: str) -> Upl
 def _plan(fs: pafs.FileSystem, root: str) -> dict[str, Any]:
     """The folders and (file, size) pairs under ``root``, as paths relative to it."""
     root = root.rstrip("/") or "/"
-    entries = fs.get_file_info(pafs.FileSelector(root, recursive=True))
     prefix = root.rstrip("/") + "/"
     dirs, files = [], []
-    for entry in entries:
+    for entry in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
         relative = entry.path[len(prefix) :] if entry.path.startswith(prefix) else entry.base_name
         if entry.type == pafs.FileType.Directory:
             dirs.append(relative)
