@@ -69,9 +69,8 @@ def sweep(
         scaling=scaling,
         checkpointing=checkpointing,
         failures=failures,
-        run=completed.model_copy(
-            update={"storage_path": completed.run_path}
-        ),  # each trial's run sits in the sweep's folder
+        # Each trial's run sits in the sweep's folder.
+        run=completed.model_copy(update={"storage_path": completed.run_path}),
     )
     plan = plan_sweep(name, settings)
     runner: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=plan.max_concurrent_trials)

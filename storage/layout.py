@@ -108,11 +108,9 @@ class RunLayout:
     def relative(self, path: str) -> str | None:
         """``path`` relative to the run folder (``".staging/..."``, ``"epoch_3"``), or None when
         it is not inside the run folder."""
-        root = posixpath.normpath(self.run_path)
+        root = posixpath.normpath(self.run_path).rstrip("/")
         inner = posixpath.normpath(path)
-        if not inner.startswith(root.rstrip("/") + "/"):
-            return None
-        return inner[len(root.rstrip("/")) + 1 :]
+        return inner[len(root) + 1 :] if inner.startswith(root + "/") else None
 
     def checkpoint_dir_name(self, fs: pafs.FileSystem, path_fs: pafs.FileSystem, path: str) -> str | None:
         """The folder name of ``path`` (on ``path_fs``) when it is a folder directly inside this run

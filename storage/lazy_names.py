@@ -13,10 +13,7 @@ from typing import Any
 
 
 def lazy_names(
-    package: str,
-    homes: dict[str, tuple[str, ...]],
-    namespace: dict[str, Any],
-    submodules: tuple[str, ...] = (),
+    package: str, homes: dict[str, tuple[str, ...]], namespace: dict[str, Any], submodules: tuple[str, ...] = ()
 ) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
     """``__all__``, ``__getattr__`` and ``__dir__`` for ``package``, whose names live in the modules
     ``homes`` lists (``{"storage.checkpoint": ("Checkpoint",)}``); ``submodules`` are public too

@@ -32,6 +32,7 @@ What is promised (hosts' clocks agreeing to within ``stale_after_s / 2``):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -131,7 +132,7 @@ class Lease:
     def _beat(self) -> None:
         while not self._stop.wait(self.stale_after_s / 6):
             overdue = time.time() - self._renewed >= self.stale_after_s / 2
-            try:
+            with contextlib.suppress(OSError):  # a missed beat is retried; check() stops the run's writes if it lasts
                 claimed = self._claim()
                 if self._stop.is_set():  # released while this write hung: take back what it wrote
                     self._delete_own()
@@ -147,8 +148,6 @@ class Lease:
                     self._delete_own()
                     return
                 self._renewed = claimed
-            except OSError:
-                pass  # a missed beat is retried; check() stops the run's writes if it lasts
 
     def _other_live_claim(self) -> tuple[dict, float] | None:
         """The freshest live claim other than ours and its age; dead claims are removed on the way."""
@@ -208,10 +207,8 @@ def _is_claim(name: str) -> bool:
 
 
 def _delete(fs: pafs.FileSystem, path: str) -> None:
-    try:
-        fs.delete_file(path)
-    except OSError:
-        pass  # already gone, or the storage failed: a dead claim is removed by the next reader
+    with contextlib.suppress(OSError):
+        fs.delete_file(path)  # already gone, or the storage failed: a dead claim is removed by the next reader
 
 
 def _holder_is_dead(holder: dict) -> bool:

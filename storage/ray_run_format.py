@@ -108,9 +108,8 @@ def _parse(body: Any, name: str) -> RayRun:
 
     status = {dir_name: ended for key, ended in _ENDED_VALIDATIONS.items() for dir_name in body.get(key, [])}
     pending = [_record(result)[0] for result in body.get("pending_training_results", [])]
-    validation = dict(
-        zip(pending, body.get("pending_validation_specs", []), strict=True)
-    )  # one spec per pending result
+    # One spec per pending result.
+    validation = dict(zip(pending, body.get("pending_validation_specs", []), strict=True))
 
     snapshot = RunSnapshot(name=name)
     for seq, (report_index, (dir_name, metrics)) in enumerate(

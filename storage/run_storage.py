@@ -222,8 +222,7 @@ class RunStorage:
 
     def _check_committed(self, dir_name: str) -> None:
         path = f"{self.run_path}/{dir_name}"
-        info = self.filesystem.get_file_info(path)
-        if info.type != pafs.FileType.Directory:
+        if self.filesystem.get_file_info(path).type != pafs.FileType.Directory:
             raise StorageError(
                 f"checkpoint {dir_name} is named in {self.run_uri}/run.json but missing at {display_path(self.filesystem, path)}."
             )
@@ -561,11 +560,8 @@ class RunStorage:
     def _remove_untracked(self) -> None:
         named = {c.dir_name for c in self.snapshot.checkpoints}
         for entry in self.filesystem.get_file_info(pafs.FileSelector(self.run_path, allow_not_found=True)):
-            if (
-                entry.type == pafs.FileType.Directory
-                and entry.base_name.startswith(CHECKPOINT_PREFIX)
-                and entry.base_name not in named
-            ):
+            folder = entry.base_name
+            if entry.type == pafs.FileType.Directory and folder.startswith(CHECKPOINT_PREFIX) and folder not in named:
                 try_delete(self.filesystem, entry.path)
         try_delete(self.filesystem, self.layout.staging_root)
         self.snapshot.to_delete = [d for d in self.snapshot.to_delete if d not in named]
@@ -592,14 +588,10 @@ class RunStorage:
                 what="the run snapshot",
                 before_each_try=self._check_lease,
             )
-        except RunInProgressError:
-            raise
-        except CheckpointUploadError as error:
+        except CheckpointUploadError as error:  # retry's form of every OSError but RunInProgressError
             raise StorageError(
                 f"cannot write the run snapshot at {where} (tries: {error.attempts}): {error.last_error}"
             ) from error
-        except OSError as error:
-            raise StorageError(f"cannot write the run snapshot at {where}: {error}") from error
         self._last_write = time.monotonic()
 
     def _checked(self, operation: str, action: Callable[[], T]) -> T:
@@ -618,12 +610,10 @@ class RunStorage:
         if thread.is_alive():
             raise StorageError(f"cannot {operation} at {self.run_uri}: no answer within {self.check_timeout_s:g} s.")
         error = outcome.get("error")
-        if isinstance(error, StorageError):  # already names the run (RunInProgressError among them)
-            raise error
-        if isinstance(error, OSError):
+        if isinstance(error, OSError) and not isinstance(error, StorageError):
             raise StorageError(f"cannot {operation} at {self.run_uri}: {error}") from error
         if error is not None:
-            raise error
+            raise error  # not I/O, or a StorageError: it names the run already (RunInProgressError among them)
         return outcome["value"]
 
 

@@ -339,10 +339,9 @@ def upload_directory(local_dir: str, fs: pafs.FileSystem, dest_path: str) -> Upl
 def _plan(fs: pafs.FileSystem, root: str) -> dict[str, Any]:
     """The folders and (file, size) pairs under ``root``, as paths relative to it."""
     root = root.rstrip("/") or "/"
-    entries = fs.get_file_info(pafs.FileSelector(root, recursive=True))
     prefix = root.rstrip("/") + "/"
     dirs, files = [], []
-    for entry in entries:
+    for entry in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
         relative = entry.path[len(prefix) :] if entry.path.startswith(prefix) else entry.base_name
         if entry.type == pafs.FileType.Directory:
             dirs.append(relative)
@@ -404,10 +403,9 @@ def _copy_files(
 def _copy_file(source_fs: pafs.FileSystem, source: str, dest_fs: pafs.FileSystem, dest: str, same: bool) -> None:
     if isinstance(source_fs, pafs.LocalFileSystem) and isinstance(dest_fs, pafs.LocalFileSystem):
         shutil.copy2(source, dest)  # as shutil.copytree did; truncates what a failed try left
-        return
-    if same:
+    elif same:
         dest_fs.copy_file(source, dest)  # the store copies (S3 CopyObject): nothing goes through us
-        return
-    with source_fs.open_input_stream(source) as reader, dest_fs.open_output_stream(dest) as writer:
-        while chunk := reader.read(CHUNK_BYTES):
-            writer.write(chunk)
+    else:
+        with source_fs.open_input_stream(source) as reader, dest_fs.open_output_stream(dest) as writer:
+            while chunk := reader.read(CHUNK_BYTES):
+                writer.write(chunk)

@@ -270,9 +270,8 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     raw = (high - low) / max(1, count - 1)
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
-    first = math.floor(low / step) * step
     ticks = []
-    tick = first
+    tick = math.floor(low / step) * step  # the first: the multiple of step at or below low
     while tick < high + step * 0.5:
         ticks.append(round(tick, 12))
         tick += step

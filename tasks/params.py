@@ -97,9 +97,8 @@ class Scaling(ParamsModel):
         """The fields that name a sweep trial's run. Fields added later appear only when set, so
         a sweep run again after an upgrade finds the trials it already trained."""
         fields = self.model_dump()
-        defaults = {name: field.default for name, field in type(self).model_fields.items()}
         for later in ("accelerator_type", "min_workers", "label_selector", "elastic_resize_monitor_interval_s"):
-            if fields[later] == defaults[later]:
+            if fields[later] == type(self).model_fields[later].default:
                 del fields[later]
         return fields
 

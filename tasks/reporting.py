@@ -76,9 +76,7 @@ class PrefectReporter(UserCallback):
         self.progress_id = cast(uuid.UUID, progress_id)
 
     def _progress(self) -> float:
-        if not self.expected_reports:
-            return 0.0
-        return min(100.0, 100.0 * self.num_reports / self.expected_reports)
+        return min(100.0, 100.0 * self.num_reports / self.expected_reports) if self.expected_reports else 0.0
 
     def after_report(
         self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None

@@ -228,8 +228,7 @@ def plan_sweep(sweep_name: str, settings: SweepSettings) -> SweepPlan:
     for params in search.configs():
         name = trial_name(sweep_name, settings.train_loop, settings.trial_config(params), scaling, data)
         trials.append(Trial(name=name, params=params))
-    names = [t.name for t in trials]
-    if len(set(names)) != len(names):
+    if len({t.name for t in trials}) != len(trials):
         raise ValueError("search: some trials have the same parameters; make the grid values distinct.")
     at_once = min(wanted or holds, len(trials))  # at least 1: a search has a trial, a cluster holds one
     get_run_logger().info("sweep %r: %d trial(s), %d at a time", sweep_name, len(trials), at_once)
@@ -301,11 +300,8 @@ def collect_outcomes(trials: list[Trial], futures: list[Any]) -> list[TrialOutco
             outcomes.append(future.result())
             continue
         error = future.result(raise_on_failure=False)
-        outcomes.append(
-            TrialOutcome(
-                name=trial.name, params=trial.params, status="failed", error=f"{type(error).__name__}: {error}"
-            )
-        )
+        why = f"{type(error).__name__}: {error}"
+        outcomes.append(TrialOutcome(name=trial.name, params=trial.params, status="failed", error=why))
     return outcomes
 
 

@@ -40,10 +40,9 @@ def reports_already_kept(run: RunSettings) -> int:
     from storage import StorageError, load_run
 
     try:
-        snapshot = load_run(run.run_path).snapshot
+        latest = load_run(run.run_path).snapshot.latest
     except StorageError:
         return 0
-    latest = snapshot.latest
     return latest.report + 1 if latest is not None else 0
 
 
