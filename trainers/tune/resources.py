@@ -12,15 +12,6 @@ from trainers.config import ScalingConfig
 DEFAULT_DRIVER_RESOURCES: dict[str, float] = {"CPU": 1}
 
 
-def _check_scaling(scaling_config: Any) -> ScalingConfig:
-    if not isinstance(scaling_config, ScalingConfig):
-        raise TypeError(
-            f"scaling_config={scaling_config!r}: must be the trainers.ScalingConfig your trainer uses, "
-            "e.g. ScalingConfig(num_workers=2)."
-        )
-    return scaling_config
-
-
 def _check_driver(driver_resources: Any) -> dict[str, float]:
     if not isinstance(driver_resources, dict):
         raise TypeError(f"driver_resources={driver_resources!r}: must be a dict such as {{'CPU': 1}}.")
@@ -40,9 +31,13 @@ def trial_resources(scaling_config: ScalingConfig, *, driver_resources: dict[str
     concurrent trials never outgrow the cluster, and the trainer starts its workers in these
     bundles instead of reserving a group of its own.
     """
-    scaling = _check_scaling(scaling_config)
+    if not isinstance(scaling_config, ScalingConfig):
+        raise TypeError(
+            f"scaling_config={scaling_config!r}: must be the trainers.ScalingConfig your trainer uses, "
+            "e.g. ScalingConfig(num_workers=2)."
+        )
     driver = _check_driver(DEFAULT_DRIVER_RESOURCES if driver_resources is None else driver_resources)
-    return scaling.tune_bundles(driver)
+    return scaling_config.tune_bundles(driver)
 
 
 def with_resources(
