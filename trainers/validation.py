@@ -90,14 +90,12 @@ class ValidationConfig:
             raise TypeError(
                 f"ValidationConfig(fn={fn!r}): must be a function taking the checkpoint and returning a dict of metrics."
             )
-        if task_config is None:
-            task_config = ValidationTaskConfig()
+        task_config = ValidationTaskConfig() if task_config is None else task_config
         if not isinstance(task_config, ValidationTaskConfig):
             raise TypeError(
                 f"ValidationConfig(task_config={task_config!r}): must be a trainers.ValidationTaskConfig or None."
             )
-        if ray_remote_kwargs is None:
-            ray_remote_kwargs = {}
+        ray_remote_kwargs = {} if ray_remote_kwargs is None else ray_remote_kwargs
         if not isinstance(ray_remote_kwargs, dict):
             raise TypeError(
                 f"ValidationConfig(ray_remote_kwargs={ray_remote_kwargs!r}): must be a dict of Ray task options, "

@@ -35,8 +35,7 @@ class RayTrainReportCallback(pl.callbacks.Callback):
 
     def __init__(self, checkpoint_upload_mode: CheckpointUploadMode | None = None, validation: Any = False) -> None:
         super().__init__()
-        if checkpoint_upload_mode is None:
-            checkpoint_upload_mode = CheckpointUploadMode.SYNC
+        checkpoint_upload_mode = CheckpointUploadMode.SYNC if checkpoint_upload_mode is None else checkpoint_upload_mode
         if not isinstance(checkpoint_upload_mode, CheckpointUploadMode):
             raise ValueError(
                 f"RayTrainReportCallback(checkpoint_upload_mode={checkpoint_upload_mode!r}): "
