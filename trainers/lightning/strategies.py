@@ -26,8 +26,7 @@ class RayLightningEnvironment(LightningEnvironment):
 
     @property
     def creates_processes_externally(self) -> bool:
-        """Always True: Lightning must not launch processes of its own."""
-        # flowtrain started every worker: Lightning must not spawn copies of the script.
+        """Always True: flowtrain started every worker, so Lightning must not spawn copies of the script."""
         return True
 
     def world_size(self) -> int:
