@@ -12,17 +12,15 @@ from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from trainers._internal.framework_checkpoint import FrameworkCheckpoint
 
-_DDP_PREFIX = "module."
 
-
-def _strip_prefix(state_dict: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """A copy of ``state_dict`` whose keys lose ``prefix`` (DistributedDataParallel's ``module.``)."""
+def _strip_ddp_prefix(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``state_dict`` whose keys lose DistributedDataParallel's ``module.`` prefix."""
     copied = collections.OrderedDict(state_dict)
     metadata = getattr(state_dict, "_metadata", None)
     if metadata is not None:
         # load_state_dict reads per-module versions from here; its keys carry the prefix too.
         copied._metadata = collections.OrderedDict(metadata)  # type: ignore[attr-defined]  # the attribute torch's state_dict() sets on its dict
-    consume_prefix_in_state_dict_if_present(copied, prefix)
+    consume_prefix_in_state_dict_if_present(copied, "module.")
     return copied
 
 
@@ -44,7 +42,7 @@ class TorchCheckpoint(FrameworkCheckpoint):
             raise TypeError(
                 f"TorchCheckpoint.from_state_dict(state_dict={type(state_dict).__name__}): pass model.state_dict(), a dict."
             )
-        stripped = _strip_prefix(state_dict, _DDP_PREFIX)
+        stripped = _strip_ddp_prefix(state_dict)
         return cls._from_saved(
             lambda path: torch.save(stripped, path), preprocessor=preprocessor, path=None, method="from_state_dict"
         )
