@@ -20,13 +20,7 @@ from storage.config import DEPRECATED
 from storage.config import deprecated as _deprecated
 from storage.filesystem import is_uri
 from storage.layout import resolve_storage_path
-from trainers._checks import (
-    check_bool,
-    check_choice,
-    check_int,
-    check_number,
-    is_count,
-)
+from trainers._checks import check_bool, check_choice, check_int, check_number, is_count
 
 if TYPE_CHECKING:
     from trainers.callback import UserCallback
