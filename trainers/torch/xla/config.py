@@ -117,12 +117,7 @@ def _xla_env(
 
     ``PJRT_DEVICE`` is only a default (``_init_xla_process_group`` keeps a value already set).
     """
-    env = {
-        **master,
-        "GROUP_WORLD_SIZE": str(num_nodes),
-        "ROLE_WORLD_SIZE": str(world_size),
-        **_EFA_ENV,
-    }
+    env = {**master, "GROUP_WORLD_SIZE": str(num_nodes), "ROLE_WORLD_SIZE": str(world_size), **_EFA_ENV}
     if extract_graphs:
         env.update(_NEURON_EXTRACT_ENV)
     if neuron:
