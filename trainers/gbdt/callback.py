@@ -34,8 +34,18 @@ class ReportCallback:
         self._postprocess = results_postprocessing_fn
 
     def _round_metrics(self, latest: dict[str, Any]) -> dict[str, Any]:
-        """What to report of the library's latest ``"<dataset>-<metric>"`` values."""
-        selected = _select_metrics(type(self).__name__, latest, self._metrics)
+        """What to report of the library's latest ``"<dataset>-<metric>"`` values: all of them, or
+        those ``metrics`` names, under the names it gives them."""
+        selected = dict(latest)
+        if self._metrics:
+            names = self._metrics if isinstance(self._metrics, dict) else {m: m for m in self._metrics}
+            missing = [key for key in names.values() if key not in latest]
+            if missing:
+                raise ValueError(
+                    f"{type(self).__name__}(metrics=...): the library reported no metric {missing[0]!r}; it reported "
+                    f"{sorted(latest)}. Names are '<dataset>-<metric>', from the evaluation sets you pass."
+                )
+            selected = {shown: latest[key] for shown, key in names.items()}
         return self._postprocess(selected) if self._postprocess else selected
 
     def _is_checkpoint_round(self, iteration: int) -> bool:
@@ -73,23 +83,6 @@ def _check_args(owner: str, metrics: Any, filename: Any, frequency: Any, checkpo
     if not isinstance(checkpoint_at_end, bool):
         raise TypeError(f"{owner}(checkpoint_at_end={checkpoint_at_end!r}): must be True or False.")
     return metrics
-
-
-def _select_metrics(
-    owner: str, reported: dict[str, float], metrics: list[str] | dict[str, str] | None
-) -> dict[str, float]:
-    if not metrics:
-        return dict(reported)
-    wanted = metrics.items() if isinstance(metrics, dict) else ((m, m) for m in metrics)
-    selected = {}
-    for shown, key in wanted:
-        if key not in reported:
-            raise ValueError(
-                f"{owner}(metrics=...): the library reported no metric {key!r}; it reported {sorted(reported)}. "
-                "Names are '<dataset>-<metric>', from the evaluation sets you pass."
-            )
-        selected[shown] = reported[key]
-    return selected
 
 
 @contextlib.contextmanager
