@@ -56,8 +56,8 @@ def commit_folder(
     where = display_path(fs, final)
     try:
         copied = copy_tree(fs, staged, fs, final, before_each_try=still_owner)
-        still_owner()
-        marked = retry(lambda: write_bytes(fs, f"{final}/{COMMIT_MARKER}", b""), destination=where)
+        marker = f"{final}/{COMMIT_MARKER}"
+        marked = retry(lambda: write_bytes(fs, marker, b""), destination=where, before_each_try=still_owner)
     except CheckpointUploadError:
         still_owner()
         try_delete(fs, final)  # unmarked, so never read; tidied now

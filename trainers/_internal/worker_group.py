@@ -255,7 +255,7 @@ class RayWorkerGroup:
             except RayError:  # died while kept, or its node left
                 pass
         for i in set(checks.values()) - answered:
-            ray.kill(actors[i], no_restart=True)
+            warm_workers.kill_actors([actors[i]])
             actors[i] = None
         for i, bundle in enumerate(bundles):
             if actors[i] is None:
