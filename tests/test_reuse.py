@@ -102,3 +102,58 @@ def test_restore_forgets_user_modules_and_puts_torch_and_the_environment_back(tm
             from trainers._internal.ray_private import set_current_data_context
 
             set_current_data_context(data_context)
+
+
+class _Model:
+    """Stands in for a model that holds a torch process group."""
+
+
+def test_a_failed_training_function_leaves_nothing_of_its_frames_alive(tmp_path):
+    """The failure event holds the error until the controller acknowledges it; what the raising
+    function held (a DDP model, so its gloo process group and sockets) must be free already, or
+    the peers waiting in a collective with this rank would wait on (issue 46's kept survivors)."""
+    import gc
+    import weakref
+
+    import pyarrow.fs as pafs
+
+    from storage.layout import RunLayout
+    from trainers._internal.events import FailedEvent
+    from trainers._internal.session import WorkerSession
+    from trainers._internal.worker import run_training_function
+    from trainers.context import StorageInfo, TrainContext
+
+    fs = pafs.LocalFileSystem()
+    events: list = []
+    info = StorageInfo(str(tmp_path), str(tmp_path / "run"), str(tmp_path / "run"), fs)
+    session = WorkerSession(
+        context=TrainContext("run", 1, 0, 0, 1, 0, info),
+        attempt=1,
+        layout=RunLayout(str(tmp_path / "run")),
+        filesystem=fs,
+        checkpoint=None,
+        dataset_shards={},
+        emit=events.append,
+    )
+    held = []
+
+    def deeper(model):
+        try:
+            raise ValueError("the first error")
+        except ValueError as first:
+            raise RuntimeError("planted") from first
+
+    def loop():
+        model = _Model()
+        held.append(weakref.ref(model))
+        deeper(model)
+
+    gc.disable()  # only references count: nothing is freed by a collection the test did not ask for
+    try:
+        run_training_function(loop, None, False, session, events.append)
+        (failure,) = events
+        assert isinstance(failure, FailedEvent) and str(failure.error) == "planted"
+        assert failure.error.__traceback__ is not None and "deeper" in failure.traceback  # still told
+        assert held[0]() is None, "the error sent to the controller keeps the training function's locals"
+    finally:
+        gc.enable()

@@ -54,6 +54,19 @@ def sendable(error: BaseException) -> BaseException:
         return WorkerError(f"{type(error).__module__}.{type(error).__qualname__}: {error}")
 
 
+def _release_locals(error: BaseException) -> None:
+    """Free the local variables of every frame ``error`` (and the errors it was raised from)
+    passed through. The failure event holds the error until the controller acknowledges it; a
+    model left in a frame would keep its torch process group, and a gloo group's sockets open, so
+    the peers waiting in a collective with this rank would wait on instead of failing."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)  # skips the frames still running, this one
+        current = current.__cause__ or current.__context__
+
+
 def _finish_uploads_quietly(session: WorkerSession) -> None:
     # A report() the loop made before it raised may still be uploading in the background (ASYNC
     # mode): its report must reach the controller before the failure, or the round is lost.
@@ -95,6 +108,7 @@ def run_training_function(
                 memory=memory,
             )
             failure = dataclasses.replace(failure, memory=memory, memory_summary=summary)
+        _release_locals(error)
         _finish_uploads_quietly(session)
         emit(failure)
         return
