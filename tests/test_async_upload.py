@@ -16,11 +16,10 @@ import loops
 from faulty_fs import RecordingHandler
 from faulty_s3 import moto_s3
 from storage import Checkpoint
-from storage.layout import COMMIT_MARKER, RunLayout
+from storage.layout import COMMIT_MARKER
 from trainers import CheckpointConfig, CheckpointUploadMode, DataParallelTrainer, RunConfig, ScalingConfig
 from trainers._internal.events import ReportEvent
-from trainers._internal.session import WorkerSession
-from trainers.context import StorageInfo, TrainContext
+from worker_sessions import make_session
 
 
 class GatedHandler(RecordingHandler):
@@ -33,20 +32,6 @@ class GatedHandler(RecordingHandler):
     def open_output_stream(self, path, metadata):
         assert self.gate.wait(30), "the test never opened the gate"
         return super().open_output_stream(path, metadata)
-
-
-def make_session(tmp_path, fs, events):
-    info = StorageInfo(str(tmp_path), str(tmp_path / "run"), str(tmp_path / "run"), fs)
-    context = TrainContext("run", 1, 0, 0, 1, 0, info)
-    return WorkerSession(
-        context=context,
-        attempt=1,
-        layout=RunLayout(str(tmp_path / "run")),
-        filesystem=fs,
-        checkpoint=None,
-        dataset_shards={},
-        emit=events.append,
-    )
 
 
 def write_checkpoint(folder, text):

@@ -117,24 +117,12 @@ def test_a_failed_training_function_leaves_nothing_of_its_frames_alive(tmp_path)
 
     import pyarrow.fs as pafs
 
-    from storage.layout import RunLayout
     from trainers._internal.events import FailedEvent
-    from trainers._internal.session import WorkerSession
     from trainers._internal.worker import run_training_function
-    from trainers.context import StorageInfo, TrainContext
+    from worker_sessions import make_session
 
-    fs = pafs.LocalFileSystem()
     events: list = []
-    info = StorageInfo(str(tmp_path), str(tmp_path / "run"), str(tmp_path / "run"), fs)
-    session = WorkerSession(
-        context=TrainContext("run", 1, 0, 0, 1, 0, info),
-        attempt=1,
-        layout=RunLayout(str(tmp_path / "run")),
-        filesystem=fs,
-        checkpoint=None,
-        dataset_shards={},
-        emit=events.append,
-    )
+    session = make_session(tmp_path, pafs.LocalFileSystem(), events)
     held = []
 
     def deeper(model):
