@@ -4,6 +4,7 @@ what a reused process puts back (``fresh_process``), without Ray."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import types
 
@@ -102,6 +103,25 @@ def test_restore_forgets_user_modules_and_puts_torch_and_the_environment_back(tm
             from trainers._internal.ray_private import set_current_data_context
 
             set_current_data_context(data_context)
+
+
+def test_deterministic_algorithms_are_put_back_without_importing_inductor():
+    """``use_deterministic_algorithms`` imports torch's inductor config (0.8 s of a worker's CPU,
+    once, at the end of every first ``fit()``): the reset calls it only when a run turned them on,
+    and still turns them off when it did."""
+    code = (
+        "import sys, torch\n"
+        "from trainers._internal.fresh_process import restore_torch_settings\n"
+        "restore_torch_settings()\n"
+        "untouched = 'torch._inductor.config' not in sys.modules\n"
+        "torch.use_deterministic_algorithms(True, warn_only=True)\n"
+        "restore_torch_settings()\n"
+        "print(untouched, torch.are_deterministic_algorithms_enabled(),"
+        " torch.is_deterministic_algorithms_warn_only_enabled(),"
+        " sys.modules['torch._inductor.config'].deterministic)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["True", "False", "False", "False"], done.stdout + done.stderr
 
 
 class _Model:

@@ -137,7 +137,14 @@ def restore_torch_settings() -> None:
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
-    torch.use_deterministic_algorithms(False)
+    # use_deterministic_algorithms imports torch._inductor's config first (0.8 s of a worker's CPU):
+    # only when there is something to put back.
+    if (
+        torch.are_deterministic_algorithms_enabled()
+        or torch.is_deterministic_algorithms_warn_only_enabled()
+        or "torch._inductor.config" in sys.modules
+    ):
+        torch.use_deterministic_algorithms(False)
     torch.backends.cudnn.deterministic = False
     torch.backends.cudnn.benchmark = False
     torch.set_float32_matmul_precision("highest")
