@@ -10,15 +10,8 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from trainers._checks import check_choice, check_number
-from trainers.backend import Backend, BackendConfig, free_port, host_port
-from trainers.torch.rendezvous import (
-    driver_reachable,
-    driver_store_port,
-    join_at_store,
-    join_process_group,
-    leave_process_group,
-    new_generation,
-)
+from trainers.backend import Backend, BackendConfig, host_port
+from trainers.torch.rendezvous import host_store, hosted_store_port, join_at_store, leave_process_group, new_generation
 
 BACKENDS = ("gloo", "nccl")
 INIT_METHODS = ("env", "tcp")
@@ -36,10 +29,9 @@ class TorchConfig(BackendConfig):
 
     #: "gloo" or "nccl"; None picks nccl when training on GPUs and gloo otherwise.
     backend: str | None = None
-    #: How the ranks find each other when rank 0 hosts the rendezvous (a Ray Client driver): "env"
-    #: reads ``MASTER_ADDR``/``MASTER_PORT`` from the environment (``env://``), "tcp" passes rank
-    #: 0's address as ``tcp://addr:port``. Otherwise the ranks meet at a store the driver hosts
-    #: (``trainers.torch.rendezvous``), which ``MASTER_ADDR``/``MASTER_PORT`` name. Every choice
+    #: Ray Train's choice of ``env://`` ("env") or ``tcp://addr:port`` ("tcp") for the rendezvous.
+    #: Accepted and checked; the ranks always meet at a store one worker hosts
+    #: (``trainers.torch.rendezvous``), which ``MASTER_ADDR``/``MASTER_PORT`` name, so every choice
     #: gives the same process group.
     init_method: str = "env"
     #: Seconds a collective (and process-group setup) may wait before failing.
@@ -71,17 +63,6 @@ class TorchConfig(BackendConfig):
                 "TorchConfig(backend='nccl') needs GPUs: set ScalingConfig(use_gpu=True), or use backend='gloo'."
             )
         return self.backend or ("nccl" if use_gpu else "gloo")
-
-
-def _import_torch_and_free_port() -> int:
-    """Import ``torch.distributed`` and return a port free on this node.
-
-    Importing torch is most of a worker's set-up time; every worker does it in this one call, at
-    the same time, rather than rank 0 importing while it picks the port and the others after.
-    """
-    import torch.distributed  # noqa: F401
-
-    return free_port()
 
 
 def _accelerate_env(workers: list[Any], use_gpu: bool) -> dict[int, dict[str, str]]:
@@ -137,27 +118,13 @@ def init_method_url(init_method: str, master_addr: str, master_port: str) -> str
     return f"tcp://{host_port(master_addr, master_port)}"
 
 
-def _init_process_group(
-    env: dict[str, str],
-    backend: str,
-    timeout_s: float,
-    env_by_rank: dict[int, dict[str, str]],
-    init_method: str,
-) -> None:
-    os.environ.update(env)
-    os.environ.update(env_by_rank.get(int(os.environ["RANK"]), {}))
-    join_process_group(
-        backend, timeout_s, init_method=init_method_url(init_method, env["MASTER_ADDR"], env["MASTER_PORT"])
-    )
-
-
 class TorchBackend(Backend[TorchConfig]):
     """Sets up ``torch.distributed`` on every worker (gloo on CPU, nccl on GPU).
 
-    The group meets at a store the driver hosts (``trainers.torch.rendezvous``), under a prefix of
-    its own each time it is formed, so a group re-formed around replaced ranks never depends on a
-    rank that may have died; ``MASTER_ADDR``/``MASTER_PORT`` name that store. A Ray Client driver
-    cannot be counted on to be reachable: there rank 0 hosts it, as ``TorchConfig.init_method`` says.
+    The group meets at a store a worker hosts (``trainers.torch.rendezvous``): the lowest-ranked
+    one kept from an earlier formation, else rank 0. Each formation uses a prefix of its own, so a
+    group re-formed around replaced ranks meets at a store that outlived the failure, and never
+    at the keys of an earlier generation; ``MASTER_ADDR``/``MASTER_PORT`` name that store.
     """
 
     reuses_workers = True  # every set-up leaves any process group before joining the new one
@@ -167,35 +134,19 @@ class TorchBackend(Backend[TorchConfig]):
             return
         use_gpu = worker_group.scaling.use_gpu
         backend = backend_config.collective_backend(use_gpu)
-        per_rank = _per_rank_env(worker_group.workers, use_gpu)
         timeout_s = backend_config.timeout_s + 30
-        if driver_reachable():
-            # Workers and driver import torch.distributed at the same time, not one after the other.
-            importing = worker_group.execute_async(_import_torch_and_free_port)
-            port = driver_store_port()
-            worker_group.wait_all(importing, timeout_s=timeout_s)
-            host = worker_group.driver_address()
-            worker_group.execute(
-                join_at_store,
-                host,
-                port,
-                new_generation(),
-                backend,
-                backend_config.timeout_s,
-                per_rank,
-                timeout_s=timeout_s,
-            )
-            return
-        master = worker_group.workers[0]
-        ports = worker_group.execute(_import_torch_and_free_port, timeout_s=timeout_s)
-        env = {"MASTER_ADDR": master.metadata.node_ip, "MASTER_PORT": str(ports[0])}
+        # Every worker imports torch.distributed at once, and says whether it hosts a store already.
+        ports = worker_group.execute(hosted_store_port, timeout_s=timeout_s)
+        host_rank = next((rank for rank, port in enumerate(ports) if port is not None), 0)
+        port = ports[host_rank] or worker_group.execute_single(host_rank, host_store)
         worker_group.execute(
-            _init_process_group,
-            env,
+            join_at_store,
+            worker_group.workers[host_rank].metadata.node_ip,
+            port,
+            new_generation(),
             backend,
             backend_config.timeout_s,
-            per_rank,
-            backend_config.init_method,
+            _per_rank_env(worker_group.workers, use_gpu),
             timeout_s=timeout_s,
         )
 

@@ -1,15 +1,15 @@
-"""Where the workers' torch process group meets: a store the driver hosts, one prefix a generation.
+"""Where the workers' torch process group meets: a store a kept worker hosts, one prefix a generation.
 
-With ``env://`` as torchrun uses it, rank 0 hosts the group's ``TCPStore``: if rank 0 dies, the
-store dies with it, and a group re-formed after a failure needs a new one on whichever process is
-rank 0 then. flowtrain keeps the survivors of a failure and re-forms the group around their
-replacements (``FLOWTRAIN_REPLACE_RANKS``), so the store lives in the driver, which outlives every
-worker: one ``TCPStore`` per driver process, listening on all interfaces on a port the OS picks,
-and each formation of a group (a generation) uses keys under a prefix of its own, so a late rank
-of an old generation can never meet a new one.
-
-A driver connected through Ray Client (``ray://``) may not be reachable from the workers; there
-the group meets at rank 0 as torchrun's would (``TorchConfig.init_method``).
+With ``env://`` as torchrun uses it, rank 0 hosts the group's ``TCPStore`` inside its process
+group, and a group re-formed after a failure needs a new one. flowtrain keeps the survivors of a
+failure and re-forms the group around their replacements (``FLOWTRAIN_REPLACE_RANKS``), so the
+store is a process's own, apart from its process group: one ``TCPStore`` per worker process that
+hosts one, listening on all interfaces on a port the OS picks, kept when the process is reset for
+another attempt. A formation meets at the store of the lowest-ranked worker that already hosts
+one (a process kept from an earlier formation, which has outlived it), else at a new one on rank
+0; each formation (a generation) uses keys under a prefix of its own, so a late rank of an old
+generation can never meet a new one. The driver hosts nothing: it never imports torch (1.2 s of
+CPU at the start of every first ``fit()`` of a script that does not import it itself).
 """
 
 from __future__ import annotations
@@ -25,11 +25,21 @@ import ray
 from trainers._internal.network import pin_collective_interface
 
 _lock = threading.Lock()
+#: The store this process hosts, once it hosts one.
 _store: Any = None
 
 
-def driver_store_port() -> int:
-    """The port of this driver's store, started on first use."""
+def hosted_store_port() -> int | None:
+    """Run in a worker: import ``torch.distributed`` (most of a worker's set-up, done by every
+    worker at once), and return the port of the store this process hosts, or None."""
+    import torch.distributed  # noqa: F401
+
+    with _lock:
+        return None if _store is None else int(_store.port)
+
+
+def host_store() -> int:
+    """Run in a worker: the port of the store this process hosts, started on first use."""
     global _store
     with _lock:
         if _store is None:
@@ -37,15 +47,6 @@ def driver_store_port() -> int:
 
             _store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False)
         return int(_store.port)
-
-
-def driver_reachable() -> bool:
-    """Whether the workers can reach a store in this process (not a Ray Client driver)."""
-    try:
-        from ray.util.client import ray as client
-    except ImportError:  # pragma: no cover - every Ray 2.x has it
-        return True
-    return not client.is_connected()
 
 
 def new_generation() -> str:
@@ -57,7 +58,7 @@ def join_at_store(
     host: str, port: int, prefix: str, backend: str, timeout_s: float, env_by_rank: dict[int, dict[str, str]]
 ) -> None:
     """Run in a worker: leave any group this process is in, then join the generation ``prefix`` at
-    the driver's store ``host:port`` (``MASTER_ADDR``/``MASTER_PORT``) with this worker's ``RANK``,
+    the store ``host:port`` (``MASTER_ADDR``/``MASTER_PORT``) with this worker's ``RANK``,
     ``WORLD_SIZE`` and the variables ``env_by_rank`` holds for it."""
     import torch.distributed as dist
 
