@@ -22,7 +22,8 @@ import statistics
 import sys
 import tempfile
 
-import benchmarks.gbdt  # each of these three registers its workloads
+import benchmarks.gbdt  # each of these four registers its workloads
+import benchmarks.recovery
 import benchmarks.tensorflow_jax
 import benchmarks.training  # noqa: F401 - imported for the workloads it registers
 from benchmarks.workloads import OPT_IN, OWN_PROCESS, WORKLOADS

@@ -287,6 +287,7 @@ class DataParallelTrainer(TuneTrainableAttributes):
             validation_config=self.validation_config,
             preflight=PreflightSettings.from_env(),
             storage_marker=storage.lease_path,
+            restartable=(run_config.failure_config or FailureConfig()).max_failures != 0,
         )
 
     def _failure_policy(self, scaling: ScalingConfig) -> FailurePolicy:

@@ -82,6 +82,9 @@ class RunSpec:
     #: A file of the run folder every worker must see before it trains (``shared_storage``): the
     #: driver's lease. None: not checked.
     storage_marker: str | None = None
+    #: Whether a failure may be followed by another attempt (``FailureConfig.max_failures`` != 0):
+    #: only such a run starts spare workers, which serve nothing else.
+    restartable: bool = False
 
 
 def _resume_plan(spec: RunSpec, world_size: int, saved: RoundPosition | None) -> ResumePlan | None:
@@ -182,7 +185,7 @@ class RayWorkers:
         # Settings read now, so a bad value fails before any worker starts.
         warm_workers.keep_s()
         replacing_enabled()
-        self._spares_per_node = spares_per_node()
+        self._spares_per_node = spares_per_node() if spec.restartable else 0
         self._spares_after_s = spares_after_s()
         #: This attempt's group should get its spare workers once it reports (``_fill_spares``).
         self._spares_due = False

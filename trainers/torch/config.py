@@ -10,8 +10,9 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from trainers._checks import check_choice, check_number
+from trainers._internal.collectives import leave
 from trainers.backend import Backend, BackendConfig, host_port
-from trainers.torch.rendezvous import host_store, hosted_store_port, join_at_store, leave_process_group, new_generation
+from trainers.torch.rendezvous import host_store, hosted_store_port, join_at_store, new_generation
 
 BACKENDS = ("gloo", "nccl")
 INIT_METHODS = ("env", "tcp")
@@ -153,4 +154,4 @@ class TorchBackend(Backend[TorchConfig]):
     def on_shutdown(self, worker_group: Any, backend_config: TorchConfig) -> None:
         # The actors are killed right after, whatever happens here; leaving first lets nccl free its communicators.
         with contextlib.suppress(Exception):
-            worker_group.execute(leave_process_group, timeout_s=5)
+            worker_group.execute(leave, timeout_s=5)

@@ -22,6 +22,7 @@ from typing import Any
 
 import ray
 
+from trainers._internal import collectives
 from trainers._internal.network import pin_collective_interface
 
 _lock = threading.Lock()
@@ -74,20 +75,15 @@ def join_process_group(backend: str, timeout_s: float, **meeting: Any) -> None:
     ``store=``, as ``torch.distributed.init_process_group`` takes them)."""
     import torch.distributed as dist
 
-    leave_process_group()
+    collectives.leave()
     pin_collective_interface(ray.util.get_node_ip_address())
-    dist.init_process_group(
-        backend=backend,
-        rank=int(os.environ["RANK"]),
-        world_size=int(os.environ["WORLD_SIZE"]),
-        timeout=datetime.timedelta(seconds=timeout_s),
-        **meeting,
-    )
-
-
-def leave_process_group() -> None:
-    """Destroy this process's ``torch.distributed`` process group, if it has one."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    with _lock:
+        store_port = None if _store is None else int(_store.port)
+    with collectives.forming_group(store_port=store_port):
+        dist.init_process_group(
+            backend=backend,
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=datetime.timedelta(seconds=timeout_s),
+            **meeting,
+        )
