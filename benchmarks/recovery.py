@@ -70,8 +70,10 @@ def _loop(api: types.SimpleNamespace, marker_dir: str) -> None:
         with tempfile.TemporaryDirectory() as folder:
             saved = None
             if rank == 0:
-                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
-                           os.path.join(folder, "state.pt"))
+                torch.save(
+                    {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
+                    os.path.join(folder, "state.pt"),
+                )
                 saved = api.Checkpoint.from_directory(folder)
             api.report({"epoch": epoch, "loss": total}, checkpoint=saved)
 
@@ -129,7 +131,7 @@ def recover(impl: str, storage: str, run: int, workers: int) -> dict:
         "recovery_s": float(resumed_at) - killed,
         "resumed_epoch": float(resumed_epoch),
         # Rank 0's epochs that no restart interrupted: what training costs around the recovery.
-        "epoch_s": statistics.median(b - a for a, b in zip(ends, ends[1:]) if not a < killed < b),
+        "epoch_s": statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False) if not a < killed < b),
         "run_s": run_s,
     }
 
