@@ -15,7 +15,7 @@ import pyarrow.fs as pafs
 from benchmarks import chaos_storage
 from benchmarks.chaos_loop import score, state_file, weights_hash
 from benchmarks.chaos_schedule import KINDS, Fault, checkpoint_steps
-from storage.layout import HEALTH, SNAPSHOT, SNAPSHOT_PREVIOUS
+from storage.layout import HEALTH, METRICS, SNAPSHOT, SNAPSHOT_PREVIOUS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,10 +185,12 @@ def retention(
     if tidy:
         names = {os.path.basename(c.path.rstrip("/")) for c, _ in result.best_checkpoints}
         entries = fs.get_file_info(pafs.FileSelector(run_path, allow_not_found=True))
-        own = {SNAPSHOT, SNAPSHOT_PREVIOUS, HEALTH}  # flowtrain's files: run.json and the health folder
+        own = {SNAPSHOT, SNAPSHOT_PREVIOUS, HEALTH, METRICS}  # flowtrain's: run.json, the health and metrics folders
         extra = sorted(e.base_name for e in entries if e.base_name not in names | own)
         if extra:
-            broken.append(f"retention: the run folder holds {extra} beside its kept checkpoints, run.json and health/")
+            broken.append(
+                f"retention: the run folder holds {extra} beside its kept checkpoints, run.json, .health/ and .metrics/"
+            )
     return broken
 
 

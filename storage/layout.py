@@ -24,8 +24,10 @@ CHECKPOINT_PREFIX = "checkpoint_"
 #: The run's health files (memory summaries of ranks that ran out of memory, the timeline): hidden,
 #: as .staging is, so that the run folder shows what Ray Train's does (its checkpoints).
 HEALTH = ".health"
+#: The run's metrics history, an append-only log of segments (``storage.metrics_log``): hidden too.
+METRICS = ".metrics"
 #: Names in the run folder that belong to flowtrain, never to a checkpoint.
-RESERVED_NAMES = frozenset({SNAPSHOT, SNAPSHOT_PREVIOUS, SNAPSHOT_NEW, STAGING, HEALTH})
+RESERVED_NAMES = frozenset({SNAPSHOT, SNAPSHOT_PREVIOUS, SNAPSHOT_NEW, STAGING, HEALTH, METRICS})
 
 
 def check_dir_name(name: object, field: str = "report(checkpoint_dir_name)") -> str:
@@ -84,6 +86,11 @@ class RunLayout:
     @property
     def snapshot_new(self) -> str:
         return self._join(SNAPSHOT_NEW)
+
+    @property
+    def metrics_folder(self) -> str:
+        """The folder of the run's metrics log (``.metrics/``)."""
+        return self._join(METRICS)
 
     def health_path(self, file_name: str) -> str:
         """A file of the run's health folder (``.health/``)."""

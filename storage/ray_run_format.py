@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 from storage.errors import StorageError
 from storage.filesystem import exists, read_bytes
 from storage.layout import check_dir_name
+from storage.metrics_log import ReportEntry
 from storage.snapshot import (
     COMMITTED,
     PENDING_VALIDATION,
@@ -27,7 +28,6 @@ from storage.snapshot import (
     VALIDATION_FAILED,
     VALIDATION_TIMEOUT,
     CheckpointRecord,
-    ReportEntry,
     RunSnapshot,
 )
 
@@ -115,7 +115,7 @@ def _parse(body: Any, name: str) -> RayRun:
     for seq, (report_index, (dir_name, metrics)) in enumerate(
         sorted(zip(indices, records, strict=True), key=lambda pair: pair[0])
     ):
-        snapshot.reports.append(ReportEntry(0, report_index, metrics))
+        snapshot.unlogged_reports.append(ReportEntry(0, report_index, metrics))
         snapshot.checkpoints.append(
             CheckpointRecord(
                 seq=seq,
@@ -127,6 +127,7 @@ def _parse(body: Any, name: str) -> RayRun:
             )
         )
     snapshot.next_seq = len(records)
+    snapshot.num_reports = len(records)
     return RayRun(snapshot=snapshot, ranked=ranked)
 
 

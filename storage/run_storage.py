@@ -19,11 +19,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import pyarrow.fs as pafs
@@ -44,16 +45,17 @@ from storage.health import (
 )
 from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name, join_run
 from storage.lease import Lease
+from storage.metrics_log import KeptRange, MetricsLog, ReportEntry, kept_ranges, last_report, read_history, segments
 from storage.positions import DataResume, RoundPosition
 from storage.protocol import ReportRound
 from storage.ray_run_format import RAY_SNAPSHOT, RayRun, read_ray_run
 from storage.retention import decide, flatten, rank_best_first, score_of
 from storage.snapshot import (
+    DROPPED_KEPT,
     PENDING_VALIDATION,
     VALIDATED,
     CheckpointRecord,
     DroppedCheckpoint,
-    ReportEntry,
     RestartRecord,
     RunSnapshot,
     read_snapshot,
@@ -63,7 +65,8 @@ from storage.upload import CheckpointUploadError, retry
 
 T = TypeVar("T")
 
-#: Metrics-only reports are flushed to run.json at most this often (commits flush at once).
+#: Metrics-only reports are flushed to the metrics log (and run.json) at most this often; commits
+#: flush at once.
 METRICS_FLUSH_INTERVAL_S = 10.0
 
 
@@ -98,6 +101,9 @@ class RunStorage:
         self.ranked: list[str] | None = None
         self._lease: Lease | None = None
         self._last_write = 0.0
+        #: The run's history of metrics: appended as reports arrive, written before run.json; this
+        #: process holds only its tail.
+        self.log = MetricsLog(self.filesystem, self.layout, still_owner=self._check_lease)
 
     @classmethod
     def at(cls, run_path: str, filesystem: pafs.FileSystem | None = None, **options: Any) -> RunStorage:
@@ -140,7 +146,8 @@ class RunStorage:
             self.snapshot.score_attribute = self.checkpoint_config.checkpoint_score_attribute
             self.snapshot.score_order = self.checkpoint_config.checkpoint_score_order
             self._remove_untracked()
-            self.snapshot.rewind()
+            self._log_unlogged_reports()
+            self._rewind()
             self._write()
         except BaseException:
             self.close()
@@ -191,6 +198,21 @@ class RunStorage:
         finally:
             self.close()
         return [checkpoint for checkpoint, _ in self.best_checkpoints]
+
+    def _log_unlogged_reports(self) -> None:
+        """Move the reports a run.json of format 1 or a ``ray.train`` folder holds into the metrics
+        log, unless the log holds them already (a run.json.prev of format 1 read after a failed
+        write)."""
+        unlogged, self.snapshot.unlogged_reports = self.snapshot.unlogged_reports, []
+        if unlogged and not self._checked("list the metrics log", lambda: segments(self.filesystem, self.layout)):
+            for entry in unlogged:
+                self.log.append(entry.attempt, entry.report_index, entry.metrics)
+            self.log.flush()
+
+    def _rewind(self) -> None:
+        """Forget the reports after the latest checkpoint (every report while there is none)."""
+        self.snapshot.num_reports = self.snapshot.kept_reports()
+        self.log.cut(self.snapshot.num_reports, attempt=self.snapshot.attempt + 1)  # the attempt that follows
 
     def _adopt(self, ray_run: RayRun) -> RunSnapshot:
         """The ``ray.train`` run in this folder as this run's snapshot.
@@ -256,25 +278,28 @@ class RunStorage:
                 f"report {report_index} of attempt {attempt} arrived after attempt {self.snapshot.attempt} began "
                 f"at {self.run_uri}; it is not committed."
             )
-        self.snapshot.reports.append(ReportEntry(attempt, report_index, metrics))
+        position = self.log.append(attempt, report_index, metrics)
+        self.snapshot.num_reports = self.log.length
         self._keep_peaks(round_.memory)
         if not round_.commits:
             if time.monotonic() - self._last_write > METRICS_FLUSH_INTERVAL_S:
                 self._write()
             return None
-        entry, index = self.snapshot.reports[-1], len(self.snapshot.reports) - 1
         try:
-            return self._commit(round_)
+            return self._commit(round_, position)
         except BaseException:
-            # Failed before its checkpoint was recorded: a later write of run.json (the run's end)
-            # must not keep this report as if it had been. Once recorded, the two stay together.
-            recorded = any(c.report == index for c in self.snapshot.checkpoints[-1:])
-            if not recorded and self.snapshot.reports and self.snapshot.reports[-1] is entry:
-                self.snapshot.reports.pop()
+            # Failed before its checkpoint was recorded: the history must not keep this report as
+            # if it had been. Once recorded, the two stay together.
+            if (
+                not any(c.report == position for c in self.snapshot.checkpoints[-1:])
+                and self.log.length == position + 1
+            ):
+                self.log.cut(position, attempt=attempt)
+                self.snapshot.num_reports = position
             raise
 
-    def _commit(self, round_: ReportRound) -> Checkpoint:
-        """Commit ``round_``'s checkpoint (its report entry is the snapshot's last) and return it."""
+    def _commit(self, round_: ReportRound, position: int) -> Checkpoint:
+        """Commit ``round_``'s checkpoint (its report is the history's ``position``-th) and return it."""
         metrics, validation, dir_name, upload = round_.metrics, round_.validation, round_.dir_name, round_.upload
         attempt, report_index, staged = round_.attempt, round_.report_index, round_.staged
         staging = self.layout.staging_path(attempt, report_index)
@@ -302,7 +327,7 @@ class RunStorage:
                 seq=seq,
                 dir_name=name,
                 metrics=metrics,
-                report=len(self.snapshot.reports) - 1,
+                report=position,
                 **({"status": PENDING_VALIDATION, "validation": validation} if validation else {}),
                 upload=upload,
                 data_position=round_.data_position,
@@ -364,6 +389,7 @@ class RunStorage:
         dropped = [c for c in self.snapshot.checkpoints if not decided[c.seq].kept]
         self.snapshot.checkpoints = [c for c in self.snapshot.checkpoints if decided[c.seq].kept]
         self.snapshot.dropped.extend(self._dropped_record(c, decided[c.seq].why) for c in dropped)
+        del self.snapshot.dropped[:-DROPPED_KEPT]
         self.snapshot.to_delete.extend(c.dir_name for c in dropped)
         self._write()  # what is kept is on record before anything is deleted
         self._delete_dropped()
@@ -371,11 +397,13 @@ class RunStorage:
     def _dropped_record(self, checkpoint: CheckpointRecord, why: str) -> DroppedCheckpoint:
         attribute = self.checkpoint_config.checkpoint_score_attribute
         score = flatten(checkpoint.metrics).get(attribute) if attribute is not None else None
-        return DroppedCheckpoint(checkpoint.seq, checkpoint.dir_name, checkpoint.report, score, why, checkpoint.upload)
+        return DroppedCheckpoint(
+            checkpoint.seq, checkpoint.dir_name, checkpoint.report, score, why, checkpoint.upload, checkpoint.metrics
+        )
 
     def rewind_to_latest_checkpoint(self) -> Checkpoint | None:
         """Forget reports made after the latest checkpoint (a restart reports them again)."""
-        self.snapshot.rewind()
+        self._rewind()
         self._write()
         return self.latest_checkpoint
 
@@ -483,9 +511,44 @@ class RunStorage:
         )
 
     @property
-    def metrics_history(self) -> list[dict[str, Any]]:
-        """Rank 0's metrics of every recorded report, in order."""
-        return [report.metrics for report in self.snapshot.reports]
+    def metrics_history(self) -> MetricsHistory:
+        """Rank 0's metrics of every recorded report, in order, read from the run's storage (its
+        metrics log, or the reports a run.json of format 1 or a ``ray.train`` folder holds) each
+        time it is iterated."""
+        return MetricsHistory(self)
+
+    @property
+    def num_reports(self) -> int:
+        """Reports in the run's history."""
+        return self.snapshot.num_reports
+
+    @property
+    def last_metrics(self) -> dict[str, Any] | None:
+        """Rank 0's metrics of the history's last report (``Result.metrics``), or None."""
+        if not self.snapshot.num_reports:
+            return None
+        if self.log.tail and self.log.length == self.snapshot.num_reports:
+            return self.log.tail[-1]
+        if self.snapshot.unlogged_reports:
+            return self.snapshot.unlogged_reports[-1].metrics
+        last = last_report(self.filesystem, self.layout)
+        return last.metrics if last is not None else None
+
+    def reports(self, ranges: list[KeptRange] | None = None) -> Iterator[ReportEntry]:
+        """Every recorded report, in order (``ranges``: where the log held them when
+        ``history_now`` looked)."""
+        self.log.flush()
+        if self.snapshot.unlogged_reports:
+            return iter(self.snapshot.unlogged_reports)
+        return read_history(self.filesystem, self.layout, ranges)
+
+    def history_now(self) -> Sequence[dict[str, Any]]:
+        """The history as it is now, for a ``Result``: the reports this process holds when they are
+        all of it, else a view of the log that later runs in the same folder do not change."""
+        if len(self.log.tail) == self.snapshot.num_reports and self.log.length == self.snapshot.num_reports:
+            return list(self.log.tail)
+        self.log.flush()
+        return MetricsHistory(self, kept_ranges(self.filesystem, self.layout), self.snapshot.num_reports)
 
     @property
     def latest_checkpoint(self) -> Checkpoint | None:
@@ -583,7 +646,7 @@ class RunStorage:
             # Retried like a checkpoint's files: run.json is a checkpoint's commit point, and one
             # passing error from the store must not fail a run whose files are all uploaded.
             retry(
-                lambda: write_snapshot(self.filesystem, self.layout, self.snapshot, still_owner=self._check_lease),
+                self._write_log_and_snapshot,
                 destination=where,
                 what="the run snapshot",
                 before_each_try=self._check_lease,
@@ -593,6 +656,10 @@ class RunStorage:
                 f"cannot write the run snapshot at {where} (tries: {error.attempts}): {error.last_error}"
             ) from error
         self._last_write = time.monotonic()
+
+    def _write_log_and_snapshot(self) -> None:
+        self.log.flush()  # first: the run.json it leads to never names a report the log lacks
+        write_snapshot(self.filesystem, self.layout, self.snapshot, still_owner=self._check_lease)
 
     def _checked(self, operation: str, action: Callable[[], T]) -> T:
         """Run a storage call, failing within ``check_timeout_s`` with the path and the operation."""
@@ -615,6 +682,33 @@ class RunStorage:
         if error is not None:
             raise error  # not I/O, or a StorageError: it names the run already (RunInProgressError among them)
         return outcome["value"]
+
+
+class MetricsHistory(Sequence[dict[str, Any]]):
+    """Rank 0's metrics of each report of a run, read from its storage each time it is iterated,
+    so that holding it costs nothing. Indexing reads up to the report asked for.
+
+    ``ranges`` and ``length``: the history as ``RunStorage.history_now`` found it; None: the
+    run's history whenever it is read."""
+
+    def __init__(self, run: RunStorage, ranges: list[KeptRange] | None = None, length: int | None = None) -> None:
+        self._run = run
+        self._ranges = ranges
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._run.num_reports if self._length is None else self._length
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return (entry.metrics for entry in self._run.reports(self._ranges))
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return list(self)[index]
+        position = index + len(self) if index < 0 else index
+        if not 0 <= position < len(self):
+            raise IndexError(f"report {index} of a history of {len(self)}")
+        return next(itertools.islice(iter(self), position, None))
 
 
 def load_run(path: str, filesystem: pafs.FileSystem | None = None) -> RunStorage:

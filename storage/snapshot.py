@@ -20,14 +20,16 @@ from storage.filesystem import exists, read_bytes, write_bytes
 from storage.health import GoodputAccount, MemoryPeak, PreflightRecord, StragglerRecord
 from storage.layout import RunLayout
 from storage.metric_values import decode, encode
+from storage.metrics_log import ReportEntry
 from storage.positions import DataResume, RoundPosition
 from storage.upload import UploadStats
 
-FORMAT = 1
-#: Where a snapshot keeps its reports' encodings between writes (not a field: never written or compared).
-_ENCODED = "_encoded_cache"
-#: The snapshot's lists that grow with the run, encoded entry by entry (``RunSnapshot._encoded``).
-_GROWING = ("reports", "dropped")
+#: 2: the reports are in the run's metrics log (``storage.metrics_log``); 1 kept them in run.json.
+FORMAT = 2
+READ_FORMATS = (1, 2)
+#: Dropped checkpoints run.json remembers (the newest): the checkpoints table lists them, and a
+#: long run that checkpoints often must not grow its commit point without bound.
+DROPPED_KEPT = 1000
 
 #: ``CheckpointRecord.status`` values (Ray Train's ``ReportedCheckpointStatus`` names).
 COMMITTED = "COMMITTED"
@@ -35,22 +37,6 @@ PENDING_VALIDATION = "PENDING_VALIDATION"
 VALIDATED = "VALIDATED"
 VALIDATION_TIMEOUT = "VALIDATION_TIMEOUT"
 VALIDATION_FAILED = "VALIDATION_FAILED"
-
-
-@dataclasses.dataclass(frozen=True)
-class ReportEntry:
-    """One recorded report: rank 0's metrics, and which report of which attempt it was."""
-
-    attempt: int
-    report_index: int
-    metrics: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "report_index": self.report_index, "metrics": self.metrics}
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any]) -> ReportEntry:
-        return cls(int(body["attempt"]), int(body["report_index"]), body["metrics"])
 
 
 @dataclasses.dataclass
@@ -61,7 +47,7 @@ class CheckpointRecord:
     dir_name: str
     #: Rank 0's reported metrics, with its validation's metrics merged in once it is validated.
     metrics: dict[str, Any]
-    #: Position of its report in ``RunSnapshot.reports``.
+    #: Position of its report in the run's history (``storage.metrics_log``).
     report: int
     #: COMMITTED, or where its validation stands (PENDING_VALIDATION, VALIDATED, ...).
     status: str = COMMITTED
@@ -99,7 +85,7 @@ class DroppedCheckpoint:
 
     seq: int
     dir_name: str
-    #: Position of its report in ``RunSnapshot.reports``.
+    #: Position of its report in the run's history (``storage.metrics_log``).
     report: int
     #: Its score attribute's value when it was dropped (a validation's, when it came from one);
     #: None without a score attribute.
@@ -108,6 +94,8 @@ class DroppedCheckpoint:
     why: str
     #: As ``CheckpointRecord.upload``.
     upload: UploadStats | None = None
+    #: The metrics it was reported with (None in a record written before they were kept).
+    metrics: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {**vars(self), "upload": self.upload.to_record() if self.upload is not None else None}
@@ -162,7 +150,6 @@ class RestartRecord:
 
 #: The snapshot's lists of typed records (None only in ``peak_memory``), and each one's type.
 _RECORDS: dict[str, Any] = {
-    "reports": ReportEntry,
     "checkpoints": CheckpointRecord,
     "dropped": DroppedCheckpoint,
     "data_resumes": DataResume,
@@ -184,13 +171,13 @@ class RunSnapshot:
     #: both budgets live here, so a rerun of ``fit()`` after a driver crash goes on spending them.
     num_failures: int = 0
     num_preemptions: int = 0
-    #: Every recorded report in order.
-    reports: list[ReportEntry] = dataclasses.field(default_factory=list)
+    #: Reports in the run's history (its metrics log) as of this snapshot.
+    num_reports: int = 0
     checkpoints: list[CheckpointRecord] = dataclasses.field(default_factory=list)
     next_seq: int = 0
     #: Checkpoint folders retention dropped whose deletion has not succeeded yet.
     to_delete: list[str] = dataclasses.field(default_factory=list)
-    #: What is left of each checkpoint retention dropped, oldest first.
+    #: What is left of each checkpoint retention dropped, oldest first (the newest ``DROPPED_KEPT``).
     dropped: list[DroppedCheckpoint] = dataclasses.field(default_factory=list)
     finished: bool = False
     error: str | None = None
@@ -225,50 +212,45 @@ class RunSnapshot:
         definition of "the latest checkpoint"."""
         return max(self.checkpoints, key=lambda c: c.seq, default=None)
 
-    def rewind(self) -> None:
-        """Forget the reports made after the latest checkpoint (every report while there is none)."""
+    #: Reports this snapshot holds that the run's metrics log does not, in order: those of a
+    #: run.json written before the log (format 1) or of a ``ray.train`` folder. Not written:
+    #: ``RunStorage.open`` moves them into the log. Not a field.
+    unlogged_reports: list[ReportEntry] = dataclasses.field(default_factory=list, compare=False, repr=False)
+
+    def kept_reports(self) -> int:
+        """How many reports a restart keeps: those up to the latest checkpoint's (none without one)."""
         latest = self.latest
-        del self.reports[latest.report + 1 if latest is not None else 0 :]
+        return latest.report + 1 if latest is not None else 0
 
     def to_json(self) -> bytes:
         """The snapshot as run.json; metric values JSON cannot hold are tagged (``storage.metric_values``)."""
-        fields = {key: value for key, value in vars(self).items() if key not in (*_GROWING, _ENCODED)}
-        for name in _RECORDS.keys() - _GROWING:  # each keeps its place among the fields
+        fields = {key: value for key, value in vars(self).items() if key != "unlogged_reports"}
+        for name in _RECORDS:  # each keeps its place among the fields
             fields[name] = [r.to_json() if r is not None else None for r in getattr(self, name)]
         body = encode(fields)
-        for name in _GROWING:
-            body[name] = self._encoded(name)
         body["format"] = FORMAT
         return json.dumps(body, allow_nan=True).encode()
-
-    def _encoded(self, name: str) -> list[Any]:
-        """The list field ``name`` encoded, each entry once: run.json is rewritten at every commit
-        and flush, and encoding the whole history in Python each time made a long run's commits
-        grow with it (11 ms per write at 300 reports). These lists are only appended to, or cut at
-        the end (``rewind``); a cached encoding is reused while it belongs to the same entry."""
-        cache: list[tuple[Any, Any]] = self.__dict__.setdefault(_ENCODED, {}).setdefault(name, [])
-        entries = getattr(self, name)
-        same, limit = 0, min(len(cache), len(entries))
-        while same < limit and cache[same][0] is entries[same]:
-            same += 1
-        del cache[same:]
-        cache.extend((entry, encode(entry.to_json())) for entry in entries[same:])
-        return [encoded for _, encoded in cache]
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {key: value for key, value in vars(self).items() if key != _ENCODED}
 
     @classmethod
     def from_json(cls, data: bytes) -> RunSnapshot:
         body = decode(json.loads(data))
-        if not isinstance(body, dict) or body.get("format") != FORMAT:
+        if not isinstance(body, dict) or body.get("format") not in READ_FORMATS:
             raise ValueError(f"unknown snapshot format {body.get('format') if isinstance(body, dict) else body!r}")
         body.pop("format")
-        known = {f.name for f in dataclasses.fields(cls)}
+        unlogged = [ReportEntry.from_json(r) for r in body.pop("reports", None) or []]  # format 1
+        known = {f.name for f in dataclasses.fields(cls)} - {"unlogged_reports"}
         body = {k: v for k, v in body.items() if k in known}  # newer writers may add fields
         for name, record in _RECORDS.items():
             body[name] = [record.from_json(r) if r is not None else None for r in body.get(name, [])]
-        return cls(**body)
+        if unlogged:
+            body["num_reports"] = len(unlogged)
+            body["dropped"] = [
+                dataclasses.replace(d, metrics=unlogged[d.report].metrics)
+                if d.metrics is None and 0 <= d.report < len(unlogged)
+                else d
+                for d in body["dropped"]
+            ]
+        return cls(**body, unlogged_reports=unlogged)
 
 
 def write_snapshot(

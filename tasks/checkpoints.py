@@ -86,7 +86,7 @@ def checkpoint_rows(snapshot: RunSnapshot, config: CheckpointConfig) -> list[dic
     }
     for dropped in snapshot.dropped:
         report = dropped.report
-        flat = flatten(snapshot.reports[report].metrics) if 0 <= report < len(snapshot.reports) else {}
+        flat = flatten(dropped.metrics) if dropped.metrics is not None else {}
         if attribute is not None:
             flat[attribute] = dropped.score  # its validation's, when the score came from one
         found[dropped.seq] = (dropped.dir_name, report, flat, dropped.upload, "dropped", dropped.why)

@@ -3,6 +3,7 @@ a link from the Prefect task run to the MLflow run."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from prefect.artifacts import create_markdown_artifact
@@ -18,7 +19,7 @@ class LinkedMLflowLogger(MLflowLoggerCallback):
     """``MLflowLoggerCallback`` that links its MLflow run from the Prefect task run as soon as the
     MLflow run is open, so it can be watched while training runs."""
 
-    def before_run(self, run_context: TrainRunContext, history: list[dict[str, Any]]) -> None:
+    def before_run(self, run_context: TrainRunContext, history: Sequence[dict[str, Any]]) -> None:
         super().before_run(run_context, history)
         publish_mlflow_run(run_context.name, self)
 

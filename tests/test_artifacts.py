@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from run_history import recorded_reports
 from storage import CheckpointConfig, RunStorage, load_run
 from storage.protocol import ReportRound
 from tasks.charts import (
@@ -130,8 +131,7 @@ def finished_run(tmp_path_factory, prefect_harness, _ray_session):
     )
     assert state.is_completed(), state
     assert_no_leaks()
-    snapshot = json.loads((storage / "Charted_Run" / "run.json").read_text())
-    return {"reports": [r["metrics"] for r in snapshot["reports"]], "storage": storage}
+    return {"reports": [r["metrics"] for r in recorded_reports(storage / "Charted_Run")], "storage": storage}
 
 
 def test_the_chart_artifact_holds_every_report_of_every_rank_where_they_differ(finished_run):

@@ -5,13 +5,13 @@ by whatever runs ``fit()`` again. The Prefect train task does (its end-to-end te
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 
 import pytest
 
 from loops import resume_after_checkpoint
+from run_history import recorded_reports
 from trainers import (
     Checkpoint,
     ControllerError,
@@ -63,7 +63,7 @@ def test_fit_alone_warns_that_it_does_not_retry_and_a_second_fit_resumes(tmp_pat
     with pytest.warns(UserWarning, match="controller_failure_limit"):
         result = trainer.fit()  # what a retry does: the same run, from its latest checkpoint
     assert list(result.metrics_dataframe["epoch"]) == [0, 1, 2]
-    reports = json.loads((tmp_path / "driver" / "run.json").read_text())["reports"]
+    reports = recorded_reports(tmp_path / "driver")
     assert [r["attempt"] for r in reports] == [1, 2, 2]  # epoch 0 was not trained again
 
 

@@ -24,6 +24,7 @@ import yaml
 
 from conftest import ROOT
 from prefect_server import PREFECT, api_get, api_post, prefect, stop_process_group, wait_until
+from run_history import recorded_reports
 
 #: Slow enough to be real work, fast enough for the suite: a run of the example MLP takes ~20 s here.
 RUN_TIMEOUT_S = 300
@@ -240,7 +241,7 @@ def test_tabular_mlp_refuses_bad_params_and_runs_with_params_and_job_variables(w
         "env=" + json.dumps({"FLOWTRAIN_STORAGE_PATH": str(storage)}),
     )
     snapshot = json.loads((storage / "deployed" / "run.json").read_text())
-    assert [r["metrics"]["epoch"] for r in snapshot["reports"]] == [0, 1]
+    assert [r["metrics"]["epoch"] for r in recorded_reports(storage / "deployed")] == [0, 1]
     kept = [c["dir_name"] for c in snapshot["checkpoints"]]
     assert kept and all((storage / "deployed" / name / "model.pt").is_file() for name in kept)
 
@@ -268,8 +269,8 @@ def test_pipeline_deployment_runs_as_defined(worker, name, num_reports):
     """Each GBDT deployment, with prefect.yaml's own parameters, trains to the end (the torch
     pipeline's parameters are the nightly deployment's: the schedule test runs them)."""
     run = run_deployment(worker, name)
-    _, snapshot = _run_folder(worker, run)
-    assert len(snapshot["reports"]) == num_reports
+    folder, snapshot = _run_folder(worker, run)
+    assert len(recorded_reports(folder)) == snapshot["num_reports"] == num_reports
     assert len(snapshot["checkpoints"]) >= 1
 
 
@@ -282,8 +283,8 @@ def test_keras_deployment_runs_its_loop_under_tensorflow_trainer(worker):
     run = run_deployment(
         worker, "flowtrain-pipeline/tabular-keras", "--param", "train_loop_config=" + json.dumps(FEW_EPOCHS)
     )
-    _, snapshot = _run_folder(worker, run)
-    assert [r["metrics"]["epoch"] for r in snapshot["reports"]] == list(range(FEW_EPOCHS["epochs"]))
+    folder, snapshot = _run_folder(worker, run)
+    assert [r["metrics"]["epoch"] for r in recorded_reports(folder)] == list(range(FEW_EPOCHS["epochs"]))
     assert all("val_loss" in c["metrics"] for c in snapshot["checkpoints"]) and snapshot["checkpoints"]
 
 
@@ -292,11 +293,9 @@ def test_sweep_deployment_runs_as_defined(worker):
         worker, "flowtrain-sweep/tabular-mlp-sweep", "--param", "train_loop_config=" + json.dumps(FEW_EPOCHS)
     )
     sweep = worker["results"] / "tabular-mlp-sweep"
-    trials = [
-        json.loads((folder / "run.json").read_text()) for folder in sweep.iterdir() if (folder / "run.json").is_file()
-    ]
+    trials = [folder for folder in sweep.iterdir() if (folder / "run.json").is_file()]
     assert len(trials) == 4, run
-    assert all(len(t["reports"]) == FEW_EPOCHS["epochs"] for t in trials)
+    assert all(len(recorded_reports(trial)) == FEW_EPOCHS["epochs"] for trial in trials)
 
 
 @pytest.mark.usefixtures("_ray_session")
@@ -365,8 +364,8 @@ def assert_schedule_fires(worker) -> None:
         raise AssertionError(f"{error}; the server's log ends:\n{log}") from None
     run = wait_for_final_state(worker, run["id"])
     assert run["state"]["type"] == "COMPLETED", run["state"]
-    _, snapshot = _run_folder(worker, run)
-    assert len(snapshot["reports"]) == FEW_EPOCHS["epochs"]
+    folder, _ = _run_folder(worker, run)
+    assert len(recorded_reports(folder)) == FEW_EPOCHS["epochs"]
 
 
 def _now() -> datetime.datetime:

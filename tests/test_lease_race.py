@@ -183,12 +183,19 @@ def check_no_overlap(events: list[str]) -> None:
 
 
 def check_run_json(where: dict, epochs: int | None) -> None:
-    """run.json parses; it records epochs 0..n-1 once each, in order (n = ``epochs`` when known,
-    and then the run is finished), and its latest checkpoint holds the last of them."""
+    """run.json parses; the history it counts records epochs 0..n-1 once each, in order (n =
+    ``epochs`` when known, and then the run is finished), and its latest checkpoint holds the
+    last of them. (The metrics log is written before run.json: it may hold a report more.)"""
+    from storage.layout import RunLayout
+    from storage.metrics_log import read_history
     from storage.snapshot import RunSnapshot
 
     snapshot = RunSnapshot.from_json(read(where, "run.json"))
-    recorded = [report.metrics["epoch"] for report in snapshot.reports]
+    logged = read_history(where["fs"], RunLayout(f"{where['root']}/{RUN}"))
+    recorded = [report.metrics["epoch"] for report in logged][: snapshot.num_reports]
+    assert len(recorded) == snapshot.num_reports, (
+        f"run.json counts {snapshot.num_reports} reports, the log has {recorded}"
+    )
     assert recorded == list(range(len(recorded))), f"run.json records epochs {recorded}"
     if epochs is not None:
         assert len(recorded) == epochs and snapshot.finished

@@ -14,6 +14,7 @@ import pytest
 
 import pipeline_loops
 from pipeline_loops import write_classification_parquet
+from run_history import recorded_reports
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_local")
 
@@ -102,7 +103,7 @@ def test_pipeline_trains_publishes_artifacts_and_keeps_the_best_checkpoint(tmp_p
     )
     assert state.is_completed(), state
     summary = state.result()
-    history = [r["metrics"] for r in run_json(storage, "mlp")["reports"]]
+    history = [r["metrics"] for r in recorded_reports(storage / "mlp")]
     assert [m["epoch"] for m in history] == [0, 1, 2]
     assert all(m["train_rows"] == 512 and m["valid_rows"] == 512 for m in history)  # every row, once per epoch
     assert history[-1]["valid_accuracy"] > 0.85  # a separable problem: the shipped loop really trains
@@ -158,7 +159,7 @@ def test_a_killed_worker_resumes_inside_the_same_task_run(tmp_path, data):
     assert (markers / "killed").exists()
     starts = sorted(int(p.name.split("-")[1]) for p in markers.glob("start-*-0-*"))
     assert starts == [0, 1]  # rank 0 started fresh, then resumed right after the epoch-0 checkpoint
-    history = [r["metrics"]["epoch"] for r in run_json(storage, "killed")["reports"]]
+    history = [r["metrics"]["epoch"] for r in recorded_reports(storage / "killed")]
     assert history == [0, 1, 2]  # every completed epoch exactly once
     train_runs = task_runs(_flow_run_id(state))["train"]
     assert len(train_runs) == 1 and train_runs[0].run_count == 1  # no Prefect retry was needed
@@ -197,7 +198,7 @@ def test_a_driver_failure_is_retried_by_prefect_and_resumes_from_the_snapshot(tm
     assert len(train_runs) == 1 and train_runs[0].run_count == 2  # one Prefect retry of the same task run
     starts = sorted(int(p.name.split("-")[1]) for p in markers.glob("start-*-0-*"))
     assert starts == [0, 2]  # the retry resumed after the epoch-1 checkpoint, not from scratch
-    history = [r["metrics"]["epoch"] for r in run_json(storage, "driver")["reports"]]
+    history = [r["metrics"]["epoch"] for r in recorded_reports(storage / "driver")]
     assert history == [0, 1, 2, 3]
     assert len(run_json(storage, "driver")["goodput"]) == 2  # an account per fit() call: the failed one and the rerun
 

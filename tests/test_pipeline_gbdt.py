@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from run_history import recorded_reports
 from tasks.example_data import LABEL, write_breast_cancer
 from test_pipeline_flow import artifacts
 
@@ -49,7 +50,7 @@ def test_parameter_only_pipeline_trains_and_keeps_the_best_round(tmp_path, frame
     )
     assert state.is_completed(), state
     summary = state.result()
-    history = [r["metrics"] for r in json.loads((storage / framework / "run.json").read_text())["reports"]]
+    history = [r["metrics"] for r in recorded_reports(storage / framework)]
     assert len(history) == 8 and summary["num_reports"] == 8  # one report per boosting round
     losses = [m[metric] for m in history]
     assert losses[-1] < losses[0] < 0.7  # it learns: below log(2) from the first round on

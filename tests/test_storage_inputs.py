@@ -6,7 +6,6 @@ checks that its checkpoints and metrics are untouched after the failure.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import tempfile
@@ -17,6 +16,7 @@ import pytest
 
 from faulty_fs import RecordingHandler
 from loops import resume_after_checkpoint
+from run_history import recorded_reports
 from trainers import (
     Checkpoint,
     CheckpointConfig,
@@ -78,8 +78,7 @@ def kept(tmp_path):
 
 
 def history(run_dir) -> list[int]:
-    snapshot = json.loads((run_dir / "run.json").read_text())
-    return [entry["metrics"]["epoch"] for entry in snapshot["reports"]]
+    return [entry["metrics"]["epoch"] for entry in recorded_reports(run_dir)]
 
 
 def test_unsupported_uri_scheme_fails_naming_storage_path_and_scheme(tmp_path, kept):

@@ -405,42 +405,6 @@ def test_a_lasting_error_writing_run_json_fails_at_once_naming_the_file(tmp_path
     assert len(refused) == 1  # not retried: waiting cannot fix a denied permission
 
 
-def test_run_json_encodes_each_report_once_and_follows_a_rewind(monkeypatch):
-    # run.json is rewritten at every commit: encoding the whole history each time made a long
-    # run's commits cost more with every report.
-    from storage import snapshot as snapshot_module
-    from storage.snapshot import CheckpointRecord, ReportEntry, RunSnapshot
-
-    encoded: list[object] = []
-    real_encode = snapshot_module.encode
-
-    def counting_encode(value):
-        encoded.append(value)
-        return real_encode(value)
-
-    monkeypatch.setattr(snapshot_module, "encode", counting_encode)
-    snapshot = RunSnapshot(name="run")
-    for index in range(50):
-        snapshot.reports.append(ReportEntry(1, index, {"step": index, "pair": (index, 1)}))
-    first = json.loads(snapshot.to_json())
-    snapshot.reports.append(ReportEntry(1, 50, {"step": 50, "pair": (50, 1)}))
-    encoded.clear()
-    second = json.loads(snapshot.to_json())
-    assert [value for value in encoded if isinstance(value, dict) and "report_index" in value] == [
-        snapshot.reports[-1].to_json()
-    ]
-    assert second["reports"][:50] == first["reports"] and second["reports"][50]["metrics"]["step"] == 50
-
-    snapshot.checkpoints.append(CheckpointRecord(seq=0, dir_name="checkpoint_000000", metrics={}, report=9))
-    snapshot.rewind()  # back to report 9: reports 10.. are reported again by the next attempt
-    snapshot.reports.append(ReportEntry(2, 10, {"step": 10, "pair": (10, 2)}))
-    read_back = RunSnapshot.from_json(snapshot.to_json())
-    assert read_back.reports == snapshot.reports
-    assert read_back.reports[-1].metrics["pair"] == (10, 2)
-    assert pickle.loads(pickle.dumps(snapshot)) == snapshot
-    assert "_encoded_cache" not in vars(pickle.loads(pickle.dumps(snapshot)))
-
-
 def test_a_run_opens_from_its_folder_as_from_its_storage_path_and_name(tmp_path):
     from storage import RunStorage
     from storage.lease import new_owner

@@ -11,6 +11,7 @@ import ray
 import pipeline_loops
 import tune_loops
 from conftest import train_worker_actors
+from run_history import recorded_reports
 from tasks.params import Scaling
 from tasks.sweep import Search, trial_name, trials_the_cluster_holds
 
@@ -77,7 +78,7 @@ def test_sweep_ranks_trials_retries_a_failed_one_and_a_rerun_reuses_them(tmp_pat
     names = {t["name"] for t in first["trials"]}
     assert {p.name for p in sweep_folder.iterdir()} == names
     for outcome in first["trials"]:
-        reports = json.loads((sweep_folder / outcome["name"] / "run.json").read_text())["reports"]
+        reports = recorded_reports(sweep_folder / outcome["name"])
         assert [r["metrics"]["epoch"] for r in reports] == [0, 1, 2]  # the retried trial resumed, no repeats
         assert pathlib.Path(outcome["checkpoint_path"]).parent == sweep_folder / outcome["name"]
 

@@ -11,6 +11,7 @@ from ray.tune.schedulers import ASHAScheduler
 
 import tune_loops
 from conftest import assert_no_leaks, live_placement_groups, train_worker_actors
+from run_history import recorded_reports
 from trainers import InsufficientResourcesError, Result, ScalingConfig
 from trainers.tune import NotInTuneTrialError, TuneReportCallback, trial_resources, with_resources
 
@@ -68,7 +69,7 @@ def _check_asha_sweep(grid, lr_of) -> None:
 
 
 def _reports(run_path: str) -> list[dict]:
-    return [r["metrics"] for r in json.loads((pathlib.Path(run_path) / "run.json").read_text())["reports"]]
+    return [r["metrics"] for r in recorded_reports(run_path)]
 
 
 def test_asha_stops_bad_trials_early_and_returns_the_best(tmp_path, ray_local):
@@ -183,7 +184,11 @@ def test_a_trial_tune_restarts_resumes_its_run_from_the_latest_checkpoint(tmp_pa
     assert not grid.errors and marker.exists()
     result = grid[0]
     run = json.loads((pathlib.Path(result.metrics["run_path"]) / "run.json").read_text())
-    assert [r["metrics"]["epoch"] for r in run["reports"]] == [0, 1, 2]  # epoch 2 only was trained again
+    assert [r["metrics"]["epoch"] for r in recorded_reports(result.metrics["run_path"])] == [
+        0,
+        1,
+        2,
+    ]  # epoch 2 only was trained again
     assert run["attempt"] == 2 and run["finished"]
     assert result.metrics["epoch"] == 2
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from storage import Checkpoint
@@ -36,7 +36,7 @@ class TrainRunContext:
         report just made is the last one, so its index in the history (its step) is
         ``num_reports - 1``. A restart forgets the reports made after the latest checkpoint; the
         workers make them again with the same indices."""
-        return len(self._run_record.snapshot.reports) if self._run_record is not None else 0
+        return self._run_record.num_reports if self._run_record is not None else 0
 
     @property
     def restarts(self) -> tuple[RestartRecord, ...]:
@@ -70,9 +70,10 @@ class UserCallback:
     trackers use the first two to open and close what they log to.
     """
 
-    def before_run(self, run_context: TrainRunContext, history: list[dict[str, Any]]) -> None:
+    def before_run(self, run_context: TrainRunContext, history: Sequence[dict[str, Any]]) -> None:
         """The run starts or resumes, before any worker starts: ``history`` holds rank 0's metrics of
-        every report the run already has, in order (empty for a new run)."""
+        every report the run already has, in order (empty for a new run). It reads them from the
+        run's storage as it is iterated: a long run's history is not held in memory."""
 
     def after_report(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs
@@ -24,23 +25,29 @@ class ResultError(ValueError, RuntimeError):
     raised before: ``except`` clauses written for either catch it."""
 
 
-def metrics_frame(history: list[dict[str, Any]]) -> pd.DataFrame:
+def metrics_frame(history: Iterable[dict[str, Any]]) -> pd.DataFrame:
     """One row per report, nested metrics flattened as ``"outer/inner"`` columns."""
     import pandas as pd
 
-    if not history:
+    rows = list(history)
+    if not rows:
         return pd.DataFrame()
-    return pd.json_normalize(history, sep="/")
+    return pd.json_normalize(rows, sep="/")
 
 
-class _History(list):
-    """Report history waiting to become ``Result.metrics_dataframe`` when it is first read."""
+class _History:
+    """A run's report history (read from its storage when iterated), waiting to become
+    ``Result.metrics_dataframe`` when that is first read."""
+
+    def __init__(self, history: Iterable[dict[str, Any]]) -> None:
+        self.history = history
 
 
 class _LazyFrame:
     """The ``metrics_dataframe`` field: a DataFrame, or a ``_History`` turned into one when first
-    read. Building it imports pandas, about 0.3 s and 30 MB in a process that had not, which a
-    ``fit()`` whose caller never looks at the frame should not pay."""
+    read. Reading the run's history and building the frame (pandas: about 0.3 s and 30 MB in a
+    process that had not imported it) is what a ``fit()`` whose caller never looks at the frame
+    should not pay."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._slot = f"_{name}"
@@ -50,7 +57,7 @@ class _LazyFrame:
             return None  # the dataclass field's default
         value = result.__dict__.get(self._slot)
         if isinstance(value, _History):
-            value = result.__dict__[self._slot] = metrics_frame(value)
+            value = result.__dict__[self._slot] = metrics_frame(value.history)
         return value
 
     def __set__(self, result: Any, value: Any) -> None:
@@ -170,13 +177,12 @@ class Result:
 
     @classmethod
     def _from_run(cls, run: Any, *, return_value: Any, error: TrainingFailedError | None) -> Result:
-        history = list(run.metrics_history)
         return cls(
-            metrics=history[-1] if history else None,
+            metrics=run.last_metrics,
             checkpoint=run.committed_checkpoint,
             error=error,
             path=run.run_path,
-            metrics_dataframe=_History(history),  # type: ignore[arg-type]  # _LazyFrame makes it a DataFrame when read
+            metrics_dataframe=_History(run.history_now()),  # type: ignore[arg-type]  # _LazyFrame makes it a DataFrame when read
             best_checkpoints=run.best_checkpoints[::-1],  # storage ranks best first; Ray lists the best last
             _storage_filesystem=run.filesystem,
             return_value=return_value,

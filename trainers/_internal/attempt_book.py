@@ -66,10 +66,12 @@ class AttemptBook:
     def pop_complete_round(self, world_size: int) -> tuple[int, dict[int, ReportEvent]] | None:
         """The oldest round every rank (but the relaxed ones) reported, taken off the book as
         committed; None while the oldest round still waits for a rank."""
-        if not self.pending:
+        # Rounds commit in order, so the oldest pending one is the next to commit: no search of
+        # the rounds pending (thousands of them while the driver catches up with a fast loop).
+        index = self.committed_rounds
+        round_ = self.pending.get(index)
+        if round_ is None:
             return None
-        index = min(self.pending)
-        round_ = self.pending[index]
         # The length check first: a round is looked at after every event, and walking all
         # ranks each time would make a round's cost grow with the square of the world size.
         if len(round_) < world_size - len(self.relaxed) or any(

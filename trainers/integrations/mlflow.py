@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from storage.filesystem import display_path
@@ -112,7 +113,7 @@ class MLflowLoggerCallback(UserCallback):
             return None
         return f"{uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
 
-    def before_run(self, run_context: TrainRunContext, history: list[dict[str, Any]]) -> None:
+    def before_run(self, run_context: TrainRunContext, history: Sequence[dict[str, Any]]) -> None:
         """Open the MLflow run (``our_run`` when resuming), log the parameters, and
         log the history's steps the MLflow run does not hold yet."""
         self._client = client = connect(self.tracking_uri, self.registry_uri, self.tracking_token)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from storage.filesystem import is_uri
@@ -37,7 +38,7 @@ class TensorBoardLoggerCallback(UserCallback):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_writer": None}
 
-    def before_run(self, run_context: TrainRunContext, history: list[dict[str, Any]]) -> None:
+    def before_run(self, run_context: TrainRunContext, history: Sequence[dict[str, Any]]) -> None:
         """Open a writer in ``<run folder>/tensorboard`` and write the history's steps its event files lack."""
         require("tensorboard", extra="tracking")
         from torch.utils.tensorboard import SummaryWriter

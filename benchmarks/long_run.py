@@ -1,0 +1,180 @@
+"""A long run's bookkeeping: does a report, a commit and the driver's memory stay flat in its length?
+
+    python -m benchmarks.long_run --reports 1000000 --out benchmarks/results/long-run-DATE.json
+
+What a new user writes for a long job: 2 workers report every step (step, loss, lr, grad norm,
+throughput), metrics only, and every ``--checkpoint-every`` steps with a small checkpoint. Measured,
+in one fit() on a Ray of its own:
+
+- reports per second, and the cost of a report (rank 0's wall time per report) in the first and in
+  the last window of ``--window`` reports;
+- the driver's time to commit a checkpoint round (``RunStorage.record_report`` of a round that
+  commits), over the first and the last 10 commits;
+- the size of ``run.json`` and of the run's metrics log at the end;
+- the driver's RSS: after the first window, its peak while training, and at the end.
+
+The acceptance of issue 59: the last window and the last 10 commits within 1.2x the first,
+``run.json`` under 1 MB, the driver's RSS while training within 100 MB of its RSS after the first
+50,000 reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from benchmarks.bench import machine
+
+
+def _loop(config: dict[str, Any]) -> list[float]:
+    """Run on each worker: ``reports`` reports, every ``every``-th with a checkpoint; rank 0
+    returns the time at the end of every ``window`` reports."""
+    import trainers
+
+    rank = trainers.get_context().get_world_rank()
+    reports, every, window = config["reports"], config["checkpoint_every"], config["window"]
+    ends = [time.perf_counter()]
+    for step in range(reports):
+        metrics = {"step": step, "loss": 1.0 / (step + 1), "lr": 0.001, "grad_norm": 0.5, "throughput": 1000.0}
+        if (step + 1) % every == 0:
+            with tempfile.TemporaryDirectory() as folder:
+                pathlib.Path(folder, f"rank{rank}.txt").write_text(str(step))
+                trainers.report(metrics, checkpoint=trainers.Checkpoint.from_directory(folder))
+        else:
+            trainers.report(metrics)
+        if (step + 1) % window == 0:
+            ends.append(time.perf_counter())
+    return ends if rank == 0 else []
+
+
+class RssSampler:
+    """This process's RSS every ``interval_s``, in a thread."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        import psutil
+
+        self._process = psutil.Process()
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._interval_s = interval_s
+        self._thread = threading.Thread(target=self._run, daemon=True, name="rss")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.samples.append((time.perf_counter(), self._process.memory_info().rss / 2**20))
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def measure(reports: int, checkpoint_every: int, window: int) -> dict[str, Any]:
+    """One long fit(); the figures the module's docstring lists."""
+    import ray
+
+    from storage.run_storage import RunStorage
+    from trainers import CheckpointConfig, RunConfig, ScalingConfig
+    from trainers.torch import TorchTrainer
+
+    commits: list[float] = []
+    record_report = RunStorage.record_report
+
+    def timed(self: RunStorage, round_: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return record_report(self, round_)
+        finally:
+            if round_.commits:
+                commits.append(time.perf_counter() - began)
+
+    RunStorage.record_report = timed  # type: ignore[method-assign]  # the benchmark's own probe
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    storage = tempfile.mkdtemp(prefix="flowtrain-long-run-")
+    try:
+        with RssSampler() as rss:
+            started = time.perf_counter()
+            result = TorchTrainer(
+                _loop,
+                train_loop_config={"reports": reports, "checkpoint_every": checkpoint_every, "window": window},
+                scaling_config=ScalingConfig(num_workers=2),
+                run_config=RunConfig(
+                    name="long", storage_path=storage, checkpoint_config=CheckpointConfig(num_to_keep=2)
+                ),
+            ).fit()
+            wall_s = time.perf_counter() - started
+        ends = result.return_value
+    finally:
+        RunStorage.record_report = record_report  # type: ignore[method-assign]
+        ray.shutdown()
+    per_report_ms = [1000 * (b - a) / window for a, b in zip(ends, ends[1:], strict=False)]
+    first_window_end = ends[1] if len(ends) > 1 else ends[0]
+    after_first = [mb for at, mb in rss.samples if at >= first_window_end]
+    training = [mb for at, mb in rss.samples if at <= ends[-1]]
+    run_folder = pathlib.Path(storage, "long")
+    log_bytes = sum(p.stat().st_size for p in run_folder.glob(".metrics/*") if p.is_file())
+    return {
+        "reports": reports,
+        "checkpoint_every": checkpoint_every,
+        "window": window,
+        "wall_s": wall_s,
+        "reports_per_s": reports / (ends[-1] - ends[0]),
+        "report_ms_first_window": per_report_ms[0],
+        "report_ms_last_window": per_report_ms[-1],
+        "report_ms_windows": per_report_ms,
+        "commit_ms_first_10": 1000 * statistics.mean(commits[:10]),
+        "commit_ms_last_10": 1000 * statistics.mean(commits[-10:]),
+        "commits": len(commits),
+        "run_json_bytes": (run_folder / "run.json").stat().st_size,
+        "metrics_log_bytes": log_bytes,
+        "driver_rss_mb_after_first_window": after_first[0] if after_first else None,
+        "driver_rss_mb_peak_training": max(training, default=None),
+        "driver_rss_mb_end": rss.samples[-1][1] if rss.samples else None,
+        "rows_in_metrics_dataframe": len(result.metrics_dataframe),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reports", type=int, default=1_000_000)
+    parser.add_argument("--checkpoint-every", type=int, default=10_000)
+    parser.add_argument("--window", type=int, default=50_000)
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    figures = measure(args.reports, args.checkpoint_every, args.window)
+    report = {
+        "date": datetime.date.today().isoformat(),
+        "machine": machine(),
+        "python": platform.python_version(),
+        **figures,
+    }
+    shown = {k: v for k, v in figures.items() if k != "report_ms_windows"}
+    print(json.dumps(shown, indent=2))
+    last, first = figures["report_ms_last_window"], figures["report_ms_first_window"]
+    print(
+        f"last window / first: {last / first:.2f}x; last 10 commits / first 10: "
+        f"{figures['commit_ms_last_10'] / figures['commit_ms_first_10']:.2f}x"
+    )
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
