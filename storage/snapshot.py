@@ -28,8 +28,8 @@ from storage.upload import UploadStats
 FORMAT = 2
 READ_FORMATS = (1, 2)
 #: Dropped checkpoints run.json remembers (the newest): the checkpoints table lists them, and a
-#: long run that checkpoints often must not grow its commit point without bound.
-DROPPED_KEPT = 1000
+#: long run that checkpoints often must not grow its commit point, rewritten at every commit.
+DROPPED_KEPT = 32
 
 #: ``CheckpointRecord.status`` values (Ray Train's ``ReportedCheckpointStatus`` names).
 COMMITTED = "COMMITTED"

@@ -40,10 +40,13 @@ def checkpoints(summary: TrainSummary, checkpointing: Checkpointing) -> Checkpoi
         key=artifact_key(summary.run_name, "best-checkpoint"),
         description=f"Best checkpoint of training run {summary.run_name!r}",
     )
+    snapshot = storage.snapshot
+    unlisted = snapshot.next_seq - len(snapshot.checkpoints) - len(snapshot.dropped)
     create_table_artifact(
-        table=checkpoint_rows(storage.snapshot, config),
+        table=checkpoint_rows(snapshot, config),
         key=artifact_key(summary.run_name, "checkpoints"),
-        description=f"Checkpoints of training run {summary.run_name!r}; retention keeps {describe_rule(config)}.",
+        description=f"Checkpoints of training run {summary.run_name!r}; retention keeps {describe_rule(config)}"
+        + (f"; the {unlisted} oldest dropped checkpoint(s) are not listed." if unlisted > 0 else "."),
     )
     return CheckpointSummary(
         run_path=summary.run_path,
