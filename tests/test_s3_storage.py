@@ -38,7 +38,8 @@ def test_run_storage_commits_with_marker_on_s3(s3, tmp_path):
         upload_directory(str(tmp_path / f"src{index}"), s3, storage.layout.staging_path(attempt, index))
         storage.record_report(ReportRound({"step": index}, report_index=index, attempt=attempt, staged=True))
     storage.finish()
-    assert listing(s3, "flowtrain-test/unit/run") == ["checkpoint_000002", "run.json", "run.json.prev"]
+    assert listing(s3, "flowtrain-test/unit/run") == [".metrics", "checkpoint_000002", "run.json", "run.json.prev"]
+    assert [m["step"] for m in load_run("s3://flowtrain-test/unit/run", s3).metrics_history] == [0, 1, 2]
     assert listing(s3, "flowtrain-test/unit/run/checkpoint_000002") == [".committed", "model.txt"]
     view = load_run("s3://flowtrain-test/unit/run", s3)
     with view.latest_checkpoint.as_directory() as folder:

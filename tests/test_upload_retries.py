@@ -145,7 +145,7 @@ def test_two_transient_failures_per_file_are_retried_and_each_checkpoint_commits
     assert commits.committed == ["checkpoint_000000", "checkpoint_000001"]  # each exactly once
     run = f"{BUCKET}/retries/flaky"
     # Beside them: run.json and flowtrain's hidden .health/ (the run's timeline).
-    assert [n for n in listing(s3, run) if not n.startswith(("run.json", ".health"))] == [
+    assert [n for n in listing(s3, run) if not n.startswith(("run.json", ".health", ".metrics"))] == [
         "checkpoint_000000",
         "checkpoint_000001",
     ]
