@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import tempfile
@@ -38,6 +39,11 @@ def in_group(rank, size, port, check, out_dir):
     try:
         torch.save(check(rank, size), os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
+        # An FSDP module holds reference cycles: it outlives the check, and with it the gloo group,
+        # until a garbage collection. Had that come only while the interpreter shut down, the
+        # group's worker threads would have freed their tensors without a Python to take the GIL:
+        # SIGABRT, "terminate called without an active exception" (1 run in CI of many here).
+        gc.collect()
         dist.destroy_process_group()
 
 
