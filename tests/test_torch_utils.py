@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import tempfile
 
 import pytest
@@ -25,31 +24,28 @@ def context(rank: int, size: int, accelerators=()) -> TrainContext:
     return TrainContext("run", size, rank, rank, size, 0, storage, tuple(accelerators))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def in_group(rank, size, check, out_dir):
+    """Child process body: join a gloo group, install a worker context, run ``check``, save its result.
 
-
-def in_group(rank, size, port, check, out_dir):
-    """Child process body: join a gloo group, install a worker context, run ``check``, save its result."""
+    The ranks meet at a file store in ``out_dir``, not at a port picked beforehand, which another
+    process of the suite (Ray starts many) could take before rank 0 listens on it."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=size)
     _set_context(context(rank, size))
     try:
         torch.save(check(rank, size), os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         # An FSDP module holds reference cycles: it outlives the check, and with it the gloo group,
-        # until a garbage collection. Had that come only while the interpreter shut down, the
-        # group's worker threads would have freed their tensors without a Python to take the GIL:
-        # SIGABRT, "terminate called without an active exception" (1 run in CI of many here).
+        # until a garbage collection. Freed while the interpreter shuts down, a gloo group's worker
+        # threads may free tensors with no Python left to take the GIL: a SIGABRT ("terminate
+        # called without an active exception"), as rank 1 of the FSDP check once died in CI.
         gc.collect()
         dist.destroy_process_group()
 
 
 def run_two(check):
     out = tempfile.mkdtemp()
-    mp.start_processes(in_group, args=(2, free_port(), check, out), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(in_group, args=(2, check, out), nprocs=2, join=True, start_method="spawn")
     return [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(2)]
 
 
