@@ -13,6 +13,7 @@ import functools
 import itertools
 import logging
 import math
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -169,9 +170,10 @@ def right_size_footer_readers(dataset: Any) -> None:
             indexer.__class__ = right_sized
 
 
-def counting_iterator(inner: Any, position: Any) -> Any:
+def counting_iterator(inner: Any, position: Any, waits: Any) -> Any:
     """``inner`` (a Ray Data ``DataIterator``, a worker's shard) as a ``DataIterator`` that tells
-    ``position`` what it hands to the training loop (``trainers._internal.data_position``).
+    ``position`` what it hands to the training loop (``trainers._internal.data_position``), and
+    adds the seconds the loop waits for each batch to ``waits.data_wait_s`` (a ``RankHealth``).
 
     Each pass over it (an ``iter_batches``/``iter_torch_batches``/``iter_rows``/``to_tf``...
     loop, or ``materialize``) calls ``position.start_pass()``, which answers how many rows the
@@ -186,7 +188,7 @@ def counting_iterator(inner: Any, position: Any) -> Any:
     goes through the first two). Public replacement: none; Ray Data has no iterator position and
     no way to start a pass mid-way (Ray's issues 37633 and 46814).
     """
-    return _counting_iterator_class()(inner, position)
+    return _counting_iterator_class()(inner, position, waits)
 
 
 def skip_rows(bundles: Iterator[Any], rows: int) -> Iterator[Any]:
@@ -235,16 +237,17 @@ def _counting_iterator_class() -> type:
     from ray.data import DataIterator
 
     class CountingIterator(DataIterator):
-        def __init__(self, inner: Any, position: Any) -> None:
+        def __init__(self, inner: Any, position: Any, waits: Any) -> None:
             self._inner = inner
             self._position = position
+            self._waits = waits
             self._rows_one_by_one = False
 
         def __reduce__(self) -> Any:
             return (_same, (self._inner,))
 
         def __getattr__(self, name: str) -> Any:
-            if name.startswith("__") or name in ("_inner", "_position"):
+            if name.startswith("__") or name in ("_inner", "_position", "_waits"):
                 raise AttributeError(name)
             return getattr(self._inner, name)  # world_size() and the like of the inner iterator
 
@@ -277,7 +280,7 @@ def _counting_iterator_class() -> type:
                 return batches
             # Each batch's own rows: the last one of a pass is short, and a report after it (before
             # the pass ends) must not count rows the shard did not have.
-            return _Passes(batches, self._position, _rows_in)
+            return _Passes(batches, self._position, _rows_in, self._waits)
 
         def iter_rows(self) -> Any:
             self._rows_one_by_one = True  # Ray's iter_rows calls _iter_batches at once, not lazily
@@ -285,7 +288,7 @@ def _counting_iterator_class() -> type:
                 rows = super().iter_rows()
             finally:
                 self._rows_one_by_one = False
-            return _Passes(rows, self._position, lambda row: 1)
+            return _Passes(rows, self._position, lambda row: 1, self._waits)
 
     CountingIterator.__qualname__ = CountingIterator.__name__
     return CountingIterator
@@ -296,28 +299,34 @@ def _same(value: Any) -> Any:
 
 
 class _Passes:
-    """An iterable of passes (each ``iter()`` is one) that counts the items it hands out."""
+    """An iterable of passes (each ``iter()`` is one) that counts the items it hands out and the
+    seconds the loop waits for each (into ``waits.data_wait_s``)."""
 
-    def __init__(self, items: Any, position: Any, rows_of: Callable[[Any], int]) -> None:
-        self._items, self._position, self._rows_of = items, position, rows_of
+    def __init__(self, items: Any, position: Any, rows_of: Callable[[Any], int], waits: Any) -> None:
+        self._items, self._position, self._rows_of, self._waits = items, position, rows_of, waits
 
     def __iter__(self) -> Iterator[Any]:
         items = iter(self._items)
+        position, rows_of, waits, clock = self._position, self._rows_of, self._waits, time.perf_counter
         try:
+            asked = clock()  # from the loop asking for an item to having it: two clock reads a batch
             for item in items:
-                self._position.handed_out(self._rows_of(item))
+                waits.data_wait_s += clock() - asked
+                position.handed_out(rows_of(item))
                 yield item
-            self._position.end_pass()
+                asked = clock()
+            waits.data_wait_s += clock() - asked  # Ray Data's end of the pass
+            position.end_pass()
         finally:
             close = getattr(items, "close", None)
             if close is not None:  # a loop that breaks off ends Ray's pass now, not when collected
                 close()
 
 
-def count_items(items: Any, position: Any, rows_each: int) -> Any:
-    """``items`` handed out as a counted shard hands out its batches, ``rows_each`` rows apiece
-    (``trainers.testing.ShardCounter``: the cost of counting alone)."""
-    return _Passes(items, position, lambda item: rows_each)
+def count_items(items: Any, position: Any, rows_each: int, waits: Any) -> Any:
+    """``items`` handed out as a counted shard hands out its batches, ``rows_each`` rows apiece,
+    timed into ``waits`` (``trainers.testing.ShardCounter``: the cost of counting and timing alone)."""
+    return _Passes(items, position, lambda item: rows_each, waits)
 
 
 def _rows_in(batch: Any) -> int:
