@@ -187,15 +187,30 @@ def test_right_size_footer_readers(ray_local, tmp_path):
         blob = cloudpickle.dumps(indexer)
         assert b"_iter_file_infos_for_list" not in blob and type(cloudpickle.loads(blob)) is type(indexer)
         # The pool is sized from the files Ray Data lists first ...
-        files = list(
-            indexer._iter_file_infos_for_list(pa.array([str(tmp_path)]), filesystem=pyarrow.fs.LocalFileSystem())
-        )
+        local = pyarrow.fs.LocalFileSystem()
+        files = list(indexer._iter_file_infos_for_list(pa.array([str(tmp_path)]), filesystem=local))
         assert len(files) == 3 and indexer._num_actors == 1, (files, indexer._num_actors)
         # ... which must come before Ray Data starts the pool.
-        source = inspect.getsource(type(indexer).__base__.list_files)
+        base = type(indexer).__base__
+        source = inspect.getsource(base.list_files)
         assert 0 <= source.find("_iter_file_infos_for_list") < source.find("range(self._num_actors)"), (
             "FooterFileIndexer.list_files no longer lists the files before starting its pool of self._num_actors readers"
         )
+        # Files that fit one batch have their footers read in the listing task, by a FooterReader
+        # built and called as Ray's pool builds and calls its actors.
+        from ray.data._internal.datasource_v2.formats.parquet.footer_reader import FooterReader
+
+        listed = set(inspect.signature(base.list_files).parameters) - {"self", "paths"}
+        listing = set(inspect.signature(base._iter_file_infos_for_list).parameters) - {"self", "paths"}
+        assert listed - {"predicate", "limit", "projected_columns"} == listing, (listed, listing)
+        built = list(inspect.signature(FooterReader).parameters)
+        assert built[:5] == ["filesystem", "io_concurrency", "filter_expr", "projected_cols", "coalesce_bytes"], built
+        assert "excluded_read_unit_ids" in built
+        assert {"result_batch_size", "preserve_order"} <= set(inspect.signature(FooterReader.read_footers).parameters)
+        threads = pa.io_thread_count()
+        manifests = list(indexer.list_files(pa.array([str(tmp_path)]), filesystem=local, preserve_order=True))
+        assert sorted(path for m in manifests for path in m.paths) == sorted(str(f.path) for f in files)
+        assert pa.io_thread_count() == threads  # the process's Arrow IO threads as they were
 
 
 @pytest.fixture
