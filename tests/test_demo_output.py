@@ -63,7 +63,7 @@ def flow_run_logs(flow_run_id) -> list[tuple[int, str]]:
 
 
 @pytest.mark.usefixtures("prefect_harness", "ray_local")
-def test_ingest_logs_one_line_per_dataset_and_ray_s_token_notice_is_not_a_warning(demo_data):
+def test_ingest_logs_one_line_per_dataset_and_ray_s_token_notice_is_not_in_the_log(demo_data):
     import logging
 
     import pyarrow.parquet as pq
@@ -96,8 +96,9 @@ def test_ingest_logs_one_line_per_dataset_and_ray_s_token_notice_is_not_a_warnin
         rows = pq.read_metadata(uri).num_rows
         assert about == [f"dataset {name!r} at {uri}: {rows} rows, 31 columns"], logs
     assert not [message for _, message in logs if "mean_radius" in message], logs  # no column listing
-    notice = [(level, message) for level, message in logs if message.startswith("Token authentication is enabled")]
-    assert [level for level, _ in notice] == [logging.INFO], logs
+    # Logged at DEBUG, below what the run's log keeps: noise a user cannot act on.
+    assert not [message for _, message in logs if message.startswith("Token authentication is enabled")], logs
+    assert any(message.startswith("dataset ") for _, message in logs)  # the log itself was read
     assert all(level < logging.WARNING for level, _ in logs), logs
 
 

@@ -406,7 +406,7 @@ def _right_sized_footer_indexer() -> type | None:
                 return
             # One batch: read here, as one pooled reader would, without starting its process.
             threads = pyarrow.io_thread_count()  # FooterReader sets the process's count to its own
-            reader = FooterReader(
+            reader: Any = FooterReader(  # a plain object here; its read_footers is typed as the actor's
                 options["filesystem"],
                 self._io_concurrency,
                 options.get("predicate"),
