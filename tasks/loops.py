@@ -96,8 +96,8 @@ def tabular_mlp_loop(config: dict[str, Any]) -> None:
 #: What each figure ``tabular_mlp_loop`` reports is (shown under the pipeline's metric chart).
 tabular_mlp_loop.metric_notes = {  # type: ignore[attr-defined]
     "epoch": "counted from 0, as the loop counts them",
-    "train_loss": "mean over the epoch's batches, each taken as the weights trained (so it lags the end of the epoch)",
-    "train_accuracy": "over the epoch's batches, each taken as the weights trained",
+    "train_loss": "mean over the epoch's batches, each as the weights then were: it lags the epoch's end",
+    "train_accuracy": "over the epoch's batches, each as the weights then were",
     "valid_loss": "the epoch's final weights on every validation row",
     "valid_accuracy": "the epoch's final weights on every validation row",
 }

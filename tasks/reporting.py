@@ -221,9 +221,13 @@ def publish_metric_chart(
     """
     charts = run_charts(history, score_attribute, score_order)
     score = f"; checkpoints are ranked by **{score_attribute}** ({score_order})" if score_attribute else ""
-    along = charts[0].x_label if charts else "report"
-    counted = "its reports, from 1" if along == "report" else f"the {along} the loop reports, its own count"
-    intro = f"{len(history)} reports{score}. Charted along {counted}."
+    along = charts[0] if charts else None
+    if along is not None and along.x:  # a step the loop reports: its own count
+        intro = (
+            f"{len(history)} reports{score}. Charted by {along.x_label}, as the loop counts (from {along.x_text(1)})."
+        )
+    else:
+        intro = f"{len(history)} reports{score}. Charted by report, counted from 1."
     if health_artifact is not None:
         health = artifact_link(health_artifact, artifact_key(run_name, "health"))
         intro += f" Where the run's time went, and its timeline picture: {health}."

@@ -148,6 +148,7 @@ def test_the_chart_artifact_holds_every_report_of_every_rank_where_they_differ(f
     assert len(reports) == len(VALID_LOSSES)
     artifact = read_artifact("charted-run-metric-chart")
     assert artifact.type == "markdown"
+    assert "Charted by epoch, as the loop counts (from 0)." in artifact.data  # said where the numbers show
     drawn = lines(svg_images(artifact.data))
 
     # valid_loss: the same on both ranks, so one line; train_loss differs, so one line per rank;
