@@ -101,7 +101,7 @@ class StragglerRecord:
     def describe(self) -> str:
         """One line, e.g. "rank 3 on node X: 1.8x the median step (0.41 s against 0.23 s) for 20 steps"."""
         return (
-            f"rank {self.rank} on node {self.node}: {self.ratio:.2g}x the median step "
+            f"rank {self.rank} on node {self.node}: {number(self.ratio)}x the median step "
             f"({seconds(self.step_s)} s against {seconds(self.median_step_s)} s) for {self.steps} steps"
         )
 
