@@ -10,7 +10,10 @@ half from run to run. This measures the health parts alone, in this process, the
   and ``report_ends``: two clock reads, one ``getrusage``, a peak compared);
 - ``driver_us_per_round``: what the controller adds to each committed round of ``--ranks`` ranks
   (each rank's report count and memory kept, the steps read, the straggler judge, the timeline,
-  the round's memory), on steps with the spread of a real run.
+  the round's memory), on steps with the spread of a real run;
+- ``worker_us_per_batch``: what a worker's dataset shard adds to each batch it hands the loop
+  (its rows counted for the data position, the loop's wait for it timed: two clock reads), less a
+  plain loop over the same batches: what a run that is not input-bound pays per batch (issue 62).
 
 Results go to ``results/<date>-health-cost.json`` with the machine.
 """
@@ -23,6 +26,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 
 from benchmarks.bench import RESULTS, machine
 
@@ -39,6 +43,29 @@ def worker_us_per_report(reports: int = 20_000) -> float:
         return time.perf_counter() - started
 
     return min(one_pass() for _ in range(5)) / reports * 1e6
+
+
+def worker_us_per_batch(batches: int = 200_000) -> float:
+    from trainers.testing import ShardCounter
+
+    counter = ShardCounter()
+    items = [{"x": None}] * batches
+
+    def timed(loop: Callable[[], object]) -> float:
+        started = time.perf_counter()
+        loop()
+        return time.perf_counter() - started
+
+    def counted() -> None:
+        for _ in counter.count(items, rows_each=1):
+            pass
+
+    def plain() -> None:
+        for _ in items:
+            pass
+
+    best = min(timed(counted) for _ in range(5)) - min(timed(plain) for _ in range(5))
+    return best / batches * 1e6
 
 
 def driver_us_per_round(ranks: int, rounds: int) -> float:
@@ -70,9 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         "ranks": args.ranks,
         "worker_us_per_report": round(worker_us_per_report(), 2),
         "driver_us_per_round": round(driver_us_per_round(args.ranks, args.rounds), 1),
+        "worker_us_per_batch": round(worker_us_per_batch(), 3),
     }
     print(
-        f"worker: +{report['worker_us_per_report']} us per report; "
+        f"worker: +{report['worker_us_per_report']} us per report, +{report['worker_us_per_batch']} us per batch; "
         f"driver: +{report['driver_us_per_round']} us per {args.ranks}-rank round",
         flush=True,
     )

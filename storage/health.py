@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from storage.figures import number, seconds, share
 from storage.filesystem import write_bytes
 
 if TYPE_CHECKING:
@@ -100,8 +101,8 @@ class StragglerRecord:
     def describe(self) -> str:
         """One line, e.g. "rank 3 on node X: 1.8x the median step (0.41 s against 0.23 s) for 20 steps"."""
         return (
-            f"rank {self.rank} on node {self.node}: {self.ratio:.2g}x the median step "
-            f"({self.step_s:.3g} s against {self.median_step_s:.3g} s) for {self.steps} steps"
+            f"rank {self.rank} on node {self.node}: {number(self.ratio)}x the median step "
+            f"({seconds(self.step_s)} s against {seconds(self.median_step_s)} s) for {self.steps} steps"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -113,16 +114,21 @@ class StragglerRecord:
         return cls(**{key: value for key, value in body.items() if key in names})
 
 
+#: A run whose ranks waited for data at least this share of their training time (the waits
+#: included) is input-bound: the data pipeline, not the model, sets its pace.
+INPUT_BOUND_SHARE = 0.2
+
+
 @dataclasses.dataclass(frozen=True)
 class GoodputAccount:
     """Where one ``fit()`` call's wall time went (from its controller's start to its end). The
     parts add up to ``wall_s``: training is what moved the model forward; the rest is the cost of
-    starting, checkpoints, failures and the run's end."""
+    starting, waiting for data, checkpoints, failures and the run's end."""
 
     wall_s: float
     #: The first attempt's workers starting (placement, processes, the backend), until they train.
     starting_s: float
-    #: Training that counted: every step kept, less the time blocked on checkpoints.
+    #: Training that counted: every step kept, less the time blocked on checkpoints and waiting for data.
     training_s: float
     #: Ranks blocked uploading checkpoints (``CheckpointUploadMode.SYNC``; the slowest rank's).
     checkpoint_s: float
@@ -136,6 +142,10 @@ class GoodputAccount:
     #: Workers held over the wall time, and their GPUs (``ScalingConfig``'s GPUs per worker).
     worker_hours: float
     gpu_hours: float
+    #: Ranks waiting for their next batch, timed on each rank around its dataset shards' and
+    #: prepared loaders' iterators (each round's slowest rank's wait; 0 in accounts written
+    #: before flowtrain measured it).
+    data_wait_s: float = 0.0
 
     @property
     def goodput(self) -> float:
@@ -143,11 +153,17 @@ class GoodputAccount:
         return self.training_s / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
+    def input_bound(self) -> bool:
+        """Whether the ranks waited for data at least ``INPUT_BOUND_SHARE`` of their training time."""
+        return self.data_wait_s > 0 and self.data_wait_s >= INPUT_BOUND_SHARE * (self.training_s + self.data_wait_s)
+
+    @property
     def parts(self) -> dict[str, float]:
         """The parts of the wall time by name, in seconds."""
         return {
             "starting": self.starting_s,
             "training": self.training_s,
+            "waiting for data": self.data_wait_s,
             "checkpoints": self.checkpoint_s,
             "restarting": self.restarting_s,
             "rolled back": self.rolled_back_s,
@@ -155,10 +171,21 @@ class GoodputAccount:
         }
 
     def describe(self) -> str:
-        """One line, e.g. "goodput 81%: 40.2 s of 49.6 s trained; starting 5.1 s, ..."."""
-        others = ", ".join(f"{name} {seconds:.3g} s" for name, seconds in self.parts.items() if name != "training")
-        held = f"{self.worker_hours:.3g} worker-hours" + (f", {self.gpu_hours:.3g} GPU-hours" if self.gpu_hours else "")
-        return f"goodput {self.goodput:.0%}: {self.training_s:.3g} s of {self.wall_s:.3g} s trained; {others}; {held}"
+        """One line, e.g. "goodput 81%: 40.2 s of 49.6 s trained; starting 5.1 s, ..." (figures as
+        ``storage.figures`` writes them), ending with ``input_bound_note`` for an input-bound run."""
+        others = ", ".join(f"{name} {seconds(s)} s" for name, s in self.parts.items() if name != "training")
+        line = f"goodput {share(self.goodput)}: {seconds(self.training_s)} s of {seconds(self.wall_s)} s trained"
+        return f"{line}; {others}; {self.held()}" + (f"; {self.input_bound_note()}" if self.input_bound else "")
+
+    def held(self) -> str:
+        """The workers held: "0.02031 worker-hours", with the GPU-hours when there were GPUs."""
+        gpus = f", {number(self.gpu_hours)} GPU-hours" if self.gpu_hours else ""
+        return f"{number(self.worker_hours)} worker-hours{gpus}"
+
+    def input_bound_note(self) -> str:
+        """What an input-bound run's account says of it: "input-bound: the ranks waited for ... 40% of ..."."""
+        waited = share(self.data_wait_s / (self.training_s + self.data_wait_s))
+        return f"input-bound: the ranks waited for their next batch {waited} of their training time"
 
     def to_json(self) -> dict[str, float]:
         return {key: round(value, 6) for key, value in dataclasses.asdict(self).items()}
@@ -186,7 +213,7 @@ class PreflightRecord:
         bus = f", all-reduce {self.bus_gbps:.3g} GB/s bus bandwidth" if self.bus_gbps is not None else ""
         names = sorted(set(self.interfaces) - {""})
         over = f", collectives over {', '.join(names)}" if names else ""
-        return f"pre-flight check passed in {self.seconds:.2g} s: {rates}{bus}{over}"
+        return f"pre-flight check passed in {seconds(self.seconds)} s: {rates}{bus}{over}"
 
     def to_json(self) -> dict[str, Any]:
         return {

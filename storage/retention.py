@@ -57,7 +57,8 @@ def rank_best_first(checkpoints: Sequence[tuple[int, dict[str, Any]]], config: C
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """What retention decided for one checkpoint, and why, in a few words a table can show."""
+    """What retention decided for one checkpoint, and why, in a few words a table can show beside
+    "kept" or "dropped" (so ``why`` does not say which again)."""
 
     kept: bool
     why: str
@@ -74,22 +75,28 @@ def decide(
     """
     n, scored = config.num_to_keep, config.checkpoint_score_attribute is not None
     if n is None:
-        return {seq: Decision(True, "kept: num_to_keep is not set, so all are kept") for seq, _ in checkpoints}
+        return {seq: Decision(True, "num_to_keep is not set: all are kept") for seq, _ in checkpoints}
     latest = max((seq for seq, _ in checkpoints), default=None)
     decided = {}
     for place, seq in enumerate(rank_best_first(checkpoints, config), start=1):
         if place <= n:
-            among = f"best {place} of {n}" if scored else f"most recent {place} of {n}"
+            among = f"{_ordinal(place)} best" if scored else f"{_ordinal(place)} most recent"
             decided[seq] = Decision(True, among + (", and the latest" if seq == latest and scored else ""))
         elif seq == latest:
-            decided[seq] = Decision(True, "latest: resume needs it")
+            decided[seq] = Decision(True, "the latest (resume needs it)")
         elif seq in exempt:
-            decided[seq] = Decision(True, "kept: its validation has not ended")
+            decided[seq] = Decision(True, "its validation has not ended")
         else:
-            decided[seq] = Decision(
-                False, f"dropped: not among the best {n}" if scored else f"dropped: older than the {n} most recent"
-            )
+            decided[seq] = Decision(False, f"not among the best {n}" if scored else f"older than the {n} most recent")
     return decided
+
+
+def _ordinal(place: int) -> str:
+    """ "the" for the first, then "2nd", "3rd", "4th", ... ("the best", "2nd best")."""
+    if place == 1:
+        return "the"
+    suffix = "th" if 10 <= place % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(place % 10, "th")
+    return f"{place}{suffix}"
 
 
 def select_kept(checkpoints: Sequence[tuple[int, dict[str, Any]]], config: CheckpointConfig) -> set[int]:

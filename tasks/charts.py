@@ -5,9 +5,10 @@ Prefect UI (3.8) shows such images, while its HTML sanitizer breaks an inline ``
 plotted line carries its values in ``data-*`` attributes, so a test (or a curious user) can read
 the exact numbers back from the artifact.
 
-Tables round floats to 4 significant digits and put the report number, the step and the score
-metric in the first columns. A run's charts count along the step its reports carry (epoch 0, 1,
-...: the numbers its table and its log lines show), or along the reports (1, 2, ...) without one.
+Tables round floats to 4 significant digits (``storage.figures``, the rule for every figure a
+person reads) and put the report number (from 1), the step and the score metric in the first
+columns. A run's charts count along the step its reports carry (epoch 0, 1, ...: the loop's own
+count, which its table and its log lines show), or along the reports (1, 2, ...) without one.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import base64
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
+from storage.figures import SIGNIFICANT, number
 from storage.retention import flatten
 
 #: Metric names that count steps rather than measure anything: shown first, never plotted.
@@ -54,7 +56,7 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
-def round_sig(value: Any, digits: int = 4) -> Any:
+def round_sig(value: Any, digits: int = SIGNIFICANT) -> Any:
     """``value`` rounded to ``digits`` significant digits when it is a finite float, else as
     ``json_safe`` makes it (NaN and infinity None, a datetime or a Decimal its text)."""
     if isinstance(value, float) and math.isfinite(value):
@@ -237,15 +239,17 @@ def run_charts(
     return charts
 
 
-def describe(series: Series, *, best: str | None = None, chart: Chart | None = None) -> str:
-    """A line a person reads instead of the chart: first, last and best value of ``series``, each
-    at the x of ``chart`` (its epoch, say; without a chart, the report number).
+def describe(series: Series, *, best: str | None = None, chart: Chart | None = None, note: str = "") -> str:
+    """A line a person reads instead of the chart: what the figure is (``note``, when the loop
+    says), then the first, last and best value of ``series``, each at the x of ``chart`` (its
+    epoch, say; without a chart, the report number).
 
     ``best`` ("min"/"max") says which end is best; without it losses are best low, others high.
     """
     points = [(i, v) for i, v in enumerate(series.values, start=1) if v is not None]
+    label = f"**{series.label}** ({note})" if note else f"**{series.label}**"
     if not points:
-        return f"**{series.label}**: not reported"
+        return f"{label}: not reported"
     lower = best == "min" or (best is None and is_loss_key(series.metric))
     top_at, top = (min if lower else max)(points, key=lambda p: p[1])
     (first_at, first), (last_at, last) = points[0], points[-1]
@@ -254,8 +258,8 @@ def describe(series: Series, *, best: str | None = None, chart: Chart | None = N
         return f"at {chart.x_label} {chart.x_text(report)}" if chart is not None else f"at report {report}"
 
     return (
-        f"**{series.label}**: {first:.4g} {at(first_at)} → {last:.4g} {at(last_at)}; "
-        f"best ({'lowest' if lower else 'highest'}) {top:.4g} {at(top_at)}"
+        f"{label}: {number(first)} {at(first_at)} → {number(last)} {at(last_at)}; "
+        f"best ({'lowest' if lower else 'highest'}) {number(top)} {at(top_at)}"
     )
 
 
@@ -438,8 +442,11 @@ def svg_image_markdown(svg: str, alt: str) -> str:
     return f"![{safe_alt}](data:image/svg+xml;base64,{data})"
 
 
-def charts_markdown(title: str, charts: Sequence[Chart], *, intro: str = "") -> str:
-    """A markdown page: ``title``, ``intro``, then per chart the image and a summary line per series."""
+def charts_markdown(
+    title: str, charts: Sequence[Chart], *, intro: str = "", notes: Mapping[str, str] | None = None
+) -> str:
+    """A markdown page: ``title``, ``intro``, then per chart the image and a summary line per
+    series, saying what the figure is where ``notes`` (metric name to words) has it."""
     lines = [f"# {title}", ""]
     if intro:
         lines += [intro, ""]
@@ -447,7 +454,9 @@ def charts_markdown(title: str, charts: Sequence[Chart], *, intro: str = "") -> 
         lines.append("Nothing numeric was reported, so there is nothing to draw.")
     for chart in charts:
         lines += [svg_image_markdown(render_svg(chart), chart.title), ""]
-        lines += [f"- {describe(s, best=chart.best, chart=chart)}" for s in chart.series]
+        lines += [
+            f"- {describe(s, best=chart.best, chart=chart, note=(notes or {}).get(s.metric, ''))}" for s in chart.series
+        ]
         lines.append("")
     return "\n".join(lines)
 

@@ -8,7 +8,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from storage import CheckpointConfig, RunSnapshot, RunStorage
+from storage import CheckpointConfig, RunSnapshot, RunStorage, figures
 from storage.lease import new_owner
 from storage.retention import decide, describe_rule, flatten
 from storage.upload import UploadStats
@@ -45,8 +45,11 @@ def checkpoints(summary: TrainSummary, checkpointing: Checkpointing) -> Checkpoi
     create_table_artifact(
         table=checkpoint_rows(snapshot, config),
         key=artifact_key(summary.run_name, "checkpoints"),
-        description=f"Checkpoints of training run {summary.run_name!r}; retention keeps {describe_rule(config)}"
-        + (f"; the {unlisted} oldest dropped checkpoint(s) are not listed." if unlisted > 0 else "."),
+        description=(
+            f"Checkpoints of training run {summary.run_name!r}; retention keeps {describe_rule(config)}"
+            + (f"; the {unlisted} oldest dropped checkpoint(s) are not listed. " if unlisted > 0 else ". ")
+            + "Checkpoint folders count from 0, reports from 1; upload: the slowest rank's seconds, all ranks' MB."
+        ),
     )
     return CheckpointSummary(
         run_path=summary.run_path,
@@ -76,11 +79,12 @@ def best_checkpoint_markdown(
 
 
 def checkpoint_rows(snapshot: RunSnapshot, config: CheckpointConfig) -> list[dict[str, Any]]:
-    """One row per checkpoint the run committed, oldest first: its report and step, its score,
-    whether retention kept it, and why, as storage's retention decided it (for a kept one, as it
-    ranks now; for a dropped one, as recorded in run.json when it was dropped); last, how long its
-    upload took and how big it was (``UPLOAD_COLUMNS``; blank when nothing was uploaded), so that
-    a narrow window cuts those rather than the reason."""
+    """One row per checkpoint the run committed, oldest first: its report (from 1) and step, its
+    score, whether retention kept it and why in one cell ("kept: 2nd best"), as storage's
+    retention decided it (for a kept one, as it ranks now; for a dropped one, as recorded in
+    run.json when it was dropped); last, how long its upload took and how big it was
+    (``UPLOAD_COLUMNS``; blank when nothing was uploaded), so that a narrow window cuts those
+    rather than the reason."""
     attribute = config.checkpoint_score_attribute
     decided = decide([(c.seq, c.metrics) for c in snapshot.checkpoints], config)
     found = {
@@ -100,22 +104,22 @@ def checkpoint_rows(snapshot: RunSnapshot, config: CheckpointConfig) -> list[dic
         row = {"checkpoint": dir_name, REPORT_COLUMN: report + 1, **{k: round_sig(flat.get(k)) for k in steps}}
         if attribute is not None:
             row[attribute] = round_sig(flat.get(attribute))
-        rows.append({**row, "status": status, "why": why, **upload_cells(upload)})
+        # Records written before the reason stopped repeating the status start with it.
+        reason = why.removeprefix(f"{status}: ")
+        rows.append({**row, "status": f"{status}: {reason}", **upload_cells(upload)})
     return rows
 
 
 #: Table columns of a checkpoint's upload: the slowest rank's seconds, and the megabytes
 #: (10^6 bytes) of all ranks.
 UPLOAD_COLUMNS = ("upload s", "upload MB")
-#: Decimals the upload cells keep: hundredths of a second and of a megabyte, short enough to
-#: leave the table's room to the "why" column (run.json keeps the exact figures).
-UPLOAD_DECIMALS = 2
 
 
 def upload_cells(upload: UploadStats | None) -> dict[str, Any]:
-    """The ``UPLOAD_COLUMNS`` cells of a checkpoint whose record holds ``upload`` (None: blank),
-    to ``UPLOAD_DECIMALS`` decimals."""
+    """The ``UPLOAD_COLUMNS`` cells of a checkpoint whose record holds ``upload`` (None: blank), as
+    ``storage.figures`` writes figures: the seconds as text ("0.012", "<0.001": a sub-millisecond
+    upload is not "0", which reads as not measured), the megabytes to 4 significant digits."""
     seconds, megabytes = UPLOAD_COLUMNS
     if upload is None:
         return {seconds: None, megabytes: None}
-    return {seconds: round(upload.seconds, UPLOAD_DECIMALS), megabytes: round(upload.bytes / 1e6, UPLOAD_DECIMALS)}
+    return {seconds: figures.seconds(upload.seconds), megabytes: figures.rounded(upload.bytes / 1e6)}

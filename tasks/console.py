@@ -9,7 +9,8 @@ Prefect prints every log record of a run on the console and keeps it with the ru
 - Ray's own log records and the Python warnings raised in this thread (``fit()``'s "0.5 CPU per
   worker" warning, say) become log records of the task run, instead of lines on stderr. Ray's
   notices that it logs as warnings but that ask nothing of the user (``RAY_NOTICES``: a new local
-  Ray turned token authentication on) are logged at INFO.
+  Ray turned token authentication on) are logged at DEBUG: below what a run's log shows by
+  default (they were its second line), and Ray's own log file keeps them.
 - With ``run_name``, what the run's training workers print becomes log records of the task run
   (stderr, where ``warnings.warn``, ``logging`` and tracebacks go, as warnings) instead of lines
   Ray prints (``trainers.worker_output``).
@@ -40,7 +41,7 @@ from trainers.worker_output import capture_worker_output, is_ray_data_notice, ra
 QUIET_RAY_DATA = {"enable_progress_bars": False, "print_on_execution_start": False}
 
 #: Starts of Ray's log messages that Ray logs as WARNING but that report a default, not a
-#: problem: a task run logs them at INFO.
+#: problem: a task run logs them at DEBUG.
 RAY_NOTICES = ("Token authentication is enabled for this Ray cluster",)
 
 _run_logger: contextvars.ContextVar[Any] = contextvars.ContextVar("flowtrain_run_logger", default=None)
@@ -65,7 +66,7 @@ class _RayRecords(logging.Filter):
             return True
         level = record.levelno
         if level == logging.WARNING and message.startswith(RAY_NOTICES):
-            level = logging.INFO
+            level = logging.DEBUG
         if record.exc_info:
             message += "\n" + logging.Formatter().formatException(record.exc_info)
         logger.log(level, "%s", message)

@@ -5,6 +5,7 @@ These run on the training workers, so this module imports no Prefect: only torch
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from typing import Any
@@ -24,6 +25,7 @@ def tabular_mlp_loop(config: dict[str, Any]) -> None:
     it), and rank 0 scores it with the weights its checkpoint saves. Every epoch is checkpointed;
     a restart or a rerun of the same run resumes at the next epoch. ``validate`` (False): ask the
     trainer's ValidationConfig to score every checkpoint (e.g. with ``tabular_mlp_validation``).
+    ``metric_notes`` says what each reported figure is (the pipeline's metric chart shows it).
     """
     import torch
 
@@ -70,7 +72,7 @@ def tabular_mlp_loop(config: dict[str, Any]) -> None:
             model.eval()
             totals = torch.zeros(3)  # the other ranks add nothing: rank 0 alone scores the whole set
             with torch.no_grad():
-                # The unwrapped model: no collective per batch, and rank 0's own BatchNorm
+                # The unwrapped model: no collective per batch, and rank 0's own standardizing
                 # statistics, the ones its checkpoint saves.
                 for x, y in batches(valid_shard) if rank == 0 else ():
                     logits = inner(x)
@@ -91,15 +93,60 @@ def tabular_mlp_loop(config: dict[str, Any]) -> None:
             trainers.report(metrics, checkpoint=checkpoint, validation=bool(config.get("validate")))
 
 
+#: What each figure ``tabular_mlp_loop`` reports is (shown under the pipeline's metric chart).
+tabular_mlp_loop.metric_notes = {  # type: ignore[attr-defined]
+    "epoch": "counted from 0, as the loop counts them",
+    "train_loss": "mean over the epoch's batches, each as the weights then were: it lags the epoch's end",
+    "train_accuracy": "over the epoch's batches, each as the weights then were",
+    "valid_loss": "the epoch's final weights on every validation row",
+    "valid_accuracy": "the epoch's final weights on every validation row",
+}
+
+
 def _mlp(num_features: int, hidden: int, num_classes: int) -> Any:
     import torch
 
     return torch.nn.Sequential(
-        torch.nn.BatchNorm1d(num_features, affine=False),  # tabular columns come in wildly different scales
+        _standardize_class()(num_features),  # tabular columns come in wildly different scales
         torch.nn.Linear(num_features, hidden),
         torch.nn.ReLU(),
         torch.nn.Linear(hidden, num_classes),
     )
+
+
+@functools.cache
+def _standardize_class() -> Any:
+    """The model's first layer (made on first use: this module imports no torch until a loop runs)."""
+    import torch
+
+    class Standardize(torch.nn.Module):
+        """Scales each column by the mean and variance of every row trained on so far, in training
+        and in evaluation alike (its buffers, so a checkpoint keeps them). Not BatchNorm: that
+        trains on each batch's own statistics and scores with running ones, which with a few
+        batches an epoch had not settled when the first epoch was scored (every validation row one
+        class), and made the training figures noisier than the validation ones."""
+
+        rows: Any  # buffers (register_buffer), typed for mypy
+        mean: Any
+        squares: Any
+
+        def __init__(self, num_features: int) -> None:
+            super().__init__()
+            self.register_buffer("rows", torch.zeros(()))
+            self.register_buffer("mean", torch.zeros(num_features))
+            self.register_buffer("squares", torch.zeros(num_features))  # squared deviations from the mean, summed
+
+        def forward(self, x: Any) -> Any:
+            if self.training:
+                with torch.no_grad():  # Chan's update: this batch's rows join those seen before
+                    rows, batch_mean = x.shape[0], x.mean(0)
+                    total, delta = self.rows + rows, batch_mean - self.mean
+                    self.squares += ((x - batch_mean) ** 2).sum(0) + delta**2 * self.rows * rows / total
+                    self.mean += delta * rows / total
+                    self.rows.copy_(total)
+            return (x - self.mean) / (self.squares / self.rows.clamp(min=1)).sqrt().clamp(min=1e-6)
+
+    return Standardize
 
 
 def tabular_mlp_validation(checkpoint: Checkpoint, *, uri: str, label_column: str) -> dict[str, float]:

@@ -23,6 +23,7 @@ from prefect.artifacts import (
 from prefect.events import emit_event
 
 from storage import Checkpoint
+from storage.figures import number
 from storage.health import StragglerRecord
 from tasks.charts import charts_markdown, json_safe, run_charts, table_rows
 from tasks.health_report import health_markdown
@@ -47,7 +48,16 @@ def run_resource(run_name: str, run_path: str) -> dict[str, str]:
 
 
 def _brief(metrics: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+    return ", ".join(f"{k}={number(v)}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+
+
+def artifact_link(artifact_id: uuid.UUID | str, text: str) -> str:
+    """A markdown link to the artifact ``artifact_id`` itself, on Prefect's UI (its page shows the
+    content; the key's page lists its versions, one more click away)."""
+    import prefect.settings
+
+    ui = prefect.settings.PREFECT_UI_URL.value() or ""
+    return f"[{text}]({ui.rstrip('/')}/artifacts/artifact/{artifact_id})"
 
 
 class PrefectReporter(UserCallback):
@@ -159,17 +169,23 @@ def publish_metrics(
     *,
     reporter: PrefectReporter | None = None,
     checkpointing: Checkpointing | None = None,
+    notes: dict[str, str] | None = None,
+    health_artifact: uuid.UUID | None = None,
 ) -> None:
     """After ``fit()``: a table of every report and charts of the losses, accuracies and score metric.
 
     ``history`` is rank 0's metrics per report, as the run stored them; ``reporter`` adds the
-    other ranks' metrics for the reports it saw; ``checkpointing`` names the score metric.
+    other ranks' metrics for the reports it saw; ``checkpointing`` names the score metric;
+    ``notes`` says what each figure is (a loop's ``metric_notes``); the chart links to
+    ``health_artifact`` (``publish_run_health``'s).
     """
     by_rank = reporter.every_rank(history) if reporter is not None else [[metrics] for metrics in history]
     score = checkpointing.score_attribute if checkpointing is not None else None
     order = checkpointing.score_order if checkpointing is not None else "max"
     publish_metrics_table(run_name, [ranks[0] for ranks in by_rank], score_attribute=score)
-    publish_metric_chart(run_name, by_rank, score_attribute=score, score_order=order)
+    publish_metric_chart(
+        run_name, by_rank, score_attribute=score, score_order=order, notes=notes, health_artifact=health_artifact
+    )
 
 
 def publish_metrics_table(run_name: str, history: list[dict[str, Any]], *, score_attribute: str | None = None) -> None:
@@ -179,34 +195,53 @@ def publish_metrics_table(run_name: str, history: list[dict[str, Any]], *, score
     create_table_artifact(
         table=rows,
         key=artifact_key(run_name, "metrics"),
-        description=f"Every report of training run {run_name!r}, in order ({len(rows)} rows; 4 significant digits).",
+        description=(
+            f"Every report of training run {run_name!r}, in order ({len(rows)} rows; 4 significant digits). "
+            "Reports count from 1; a step the loop reports (epoch, step) is the loop's own count."
+        ),
     )
 
 
 def publish_metric_chart(
-    run_name: str, history: list[list[dict[str, Any]]], *, score_attribute: str | None = None, score_order: str = "max"
+    run_name: str,
+    history: list[list[dict[str, Any]]],
+    *,
+    score_attribute: str | None = None,
+    score_order: str = "max",
+    notes: dict[str, str] | None = None,
+    health_artifact: uuid.UUID | None = None,
 ) -> None:
     """A markdown artifact charting the run's losses, accuracies and ``score_attribute`` per epoch
-    (the step the reports carry: ``tasks.charts.step_axis``), or per report without one.
+    (the step the reports carry: ``tasks.charts.step_axis``), or per report without one, each
+    figure's summary line saying what it is where ``notes`` has it, and a link to the run's health
+    artifact (``health_artifact``, its id).
 
     ``history`` holds every rank's metrics per report (``PrefectReporter.every_rank``): where the
     ranks reported different values, each rank gets its own line.
     """
     charts = run_charts(history, score_attribute, score_order)
     score = f"; checkpoints are ranked by **{score_attribute}** ({score_order})" if score_attribute else ""
-    health = artifact_key(run_name, "health")
-    intro = f"{len(history)} reports{score}. The run's timeline and goodput: [{health}](/artifacts/key/{health})."
+    along = charts[0] if charts else None
+    if along is not None and along.x:  # a step the loop reports: its own count
+        intro = (
+            f"{len(history)} reports{score}. Charted by {along.x_label}, as the loop counts (from {along.x_text(1)})."
+        )
+    else:
+        intro = f"{len(history)} reports{score}. Charted by report, counted from 1."
+    if health_artifact is not None:
+        health = artifact_link(health_artifact, artifact_key(run_name, "health"))
+        intro += f" Where the run's time went, and its timeline picture: {health}."
     create_markdown_artifact(
-        markdown=charts_markdown(f"Metrics of {run_name}", charts, intro=intro),
+        markdown=charts_markdown(f"Metrics of {run_name}", charts, intro=intro, notes=notes),
         key=artifact_key(run_name, "metric-chart"),
         description=f"Losses, accuracies and score metric of training run {run_name!r}.",
     )
 
 
-def publish_run_health(run_name: str, run_path: str) -> str | None:
+def publish_run_health(run_name: str, run_path: str) -> uuid.UUID | None:
     """A markdown artifact of the run's health (``tasks.health_report``): where the latest fit()
     call's time went, its timeline picture (drawn now into the run folder), stragglers and peak
-    memory. Works for a failed run too. Returns the artifact's key, or None when the run folder
+    memory. Works for a failed run too. Returns the artifact's id, or None when the run folder
     could not be read (the run's own outcome is what matters then)."""
     from storage import load_run
     from storage.filesystem import read_bytes, resolve_filesystem
@@ -226,15 +261,14 @@ def publish_run_health(run_name: str, run_path: str) -> str | None:
             picture = read_bytes(filesystem, inner)
     except Exception as error:  # noqa: BLE001 - the page without its picture beats no page
         logger.warning("the run's timeline picture was not drawn: %s", error)
-    key = artifact_key(run_name, "health")
-    create_markdown_artifact(
+    artifact_id = create_markdown_artifact(
         markdown=health_markdown(run_name, run.health, picture, timeline_path=where),
-        key=key,
+        key=artifact_key(run_name, "health"),
         description=f"Goodput, timeline, stragglers and memory of training run {run_name!r}.",
     )
     if run.health.goodput:
         logger.info("run %r: %s", run_name, run.health.goodput[-1].describe())
-    return key
+    return cast(uuid.UUID, artifact_id)  # from synchronous code, Prefect's dual function returns the id
 
 
 def log_failure(error: BaseException) -> None:

@@ -145,8 +145,11 @@ def train(
             raise without_traceback(error) from None  # the traceback is in the log just written: once
     reporter.finish()
     history = result.metrics_dataframe.to_dict("records") if result.metrics_dataframe is not None else []
-    publish_metrics(run.name, history, reporter=reporter, checkpointing=checkpointing)
-    publish_run_health(run.name, result.uri)
+    health = publish_run_health(run.name, result.uri)  # first: the metric chart links to it
+    notes = getattr(getattr(trainer, "train_loop_per_worker", None), "metric_notes", None)  # what each figure is
+    publish_metrics(
+        run.name, history, reporter=reporter, checkpointing=checkpointing, notes=notes, health_artifact=health
+    )
     logger.info(
         "run %r finished: %d reports, latest checkpoint %s",
         run.name,

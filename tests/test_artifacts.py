@@ -5,6 +5,7 @@ and the chart and table functions on their own (no Prefect, no Ray)."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import os
@@ -131,7 +132,15 @@ def finished_run(tmp_path_factory, prefect_harness, _ray_session):
     )
     assert state.is_completed(), state
     assert_no_leaks()
-    return {"reports": [r["metrics"] for r in recorded_reports(storage / "Charted_Run")], "storage": storage}
+    reports = [r["metrics"] for r in recorded_reports(storage / "Charted_Run")]
+    return {"reports": reports, "storage": storage, "flow_run_id": state.state_details.flow_run_id}
+
+
+def test_every_link_in_the_run_s_artifacts_lands_on_the_content_it_names(finished_run):
+    from artifact_links import assert_links_land
+
+    # The metric chart links to the health page itself (not to its key's history of versions).
+    assert assert_links_land(finished_run["flow_run_id"]) == [("charted-run-metric-chart", "charted-run-health")]
 
 
 def test_the_chart_artifact_holds_every_report_of_every_rank_where_they_differ(finished_run):
@@ -139,6 +148,7 @@ def test_the_chart_artifact_holds_every_report_of_every_rank_where_they_differ(f
     assert len(reports) == len(VALID_LOSSES)
     artifact = read_artifact("charted-run-metric-chart")
     assert artifact.type == "markdown"
+    assert "Charted by epoch, as the loop counts (from 0)." in artifact.data  # said where the numbers show
     drawn = lines(svg_images(artifact.data))
 
     # valid_loss: the same on both ranks, so one line; train_loss differs, so one line per rank;
@@ -179,18 +189,18 @@ def test_the_checkpoint_table_says_which_are_kept_and_why(finished_run):
     assert [row["checkpoint"] for row in rows] == [f"checkpoint_{seq:06d}" for seq in range(4)]
     assert [row["report"] for row in rows] == [1, 2, 3, 4] and [row["epoch"] for row in rows] == [0, 1, 2, 3]
     assert [row["valid_loss"] for row in rows] == [float(f"{v:.4g}") for v in VALID_LOSSES]
-    assert [row["status"] for row in rows] == ["dropped", "kept", "kept", "kept"]
-    assert [row["why"] for row in rows] == [
+    assert [row["status"] for row in rows] == [  # kept or dropped, and why, said once
         "dropped: not among the best 2",
-        "best 1 of 2",
-        "best 2 of 2",
-        "latest: resume needs it",
+        "kept: the best",
+        "kept: 2nd best",
+        "kept: the latest (resume needs it)",
     ]
     assert "keeps the best 2 by valid_loss (min), plus the latest" in artifact.description
+    assert "Checkpoint folders count from 0, reports from 1" in artifact.description
     on_disk = sorted(
         p.name for p in (finished_run["storage"] / "Charted_Run").iterdir() if p.name.startswith("checkpoint_")
     )
-    assert on_disk == [row["checkpoint"] for row in rows if row["status"] == "kept"]
+    assert on_disk == [row["checkpoint"] for row in rows if row["status"].startswith("kept")]
 
 
 def test_a_sweep_charts_its_metric_per_trial_best_first(tmp_path, prefect_harness):
@@ -324,10 +334,10 @@ def test_checkpoint_rows_without_a_score_keep_the_most_recent(tmp_path):
         storage.record_report(ReportRound({"step": step}, report_index=step, attempt=attempt, staged=True))
     storage.finish()
     rows = checkpoint_rows(load_run(storage.run_uri).snapshot, CheckpointConfig(num_to_keep=1))
-    assert [(row["step"], row["status"], row["why"]) for row in rows] == [
-        (0, "dropped", "dropped: older than the 1 most recent"),
-        (1, "dropped", "dropped: older than the 1 most recent"),
-        (2, "kept", "most recent 1 of 1"),
+    assert [(row["step"], row["status"]) for row in rows] == [
+        (0, "dropped: older than the 1 most recent"),
+        (1, "dropped: older than the 1 most recent"),
+        (2, "kept: the most recent"),
     ]
 
 
@@ -342,12 +352,16 @@ def test_checkpoint_rows_show_the_report_and_score_of_dropped_checkpoints_even_w
             os.makedirs(storage.layout.staging_path(attempt, index))
         storage.record_report(ReportRound({"loss": loss}, report_index=index, attempt=attempt, staged=saves))
     storage.finish()
-    rows = checkpoint_rows(load_run(storage.run_uri).snapshot, config)
-    assert [(row["report"], row["loss"], row["status"], row["why"]) for row in rows] == [
-        (1, 0.9, "dropped", "dropped: not among the best 1"),
-        (2, 0.4, "dropped", "dropped: not among the best 1"),
-        (5, 0.3, "kept", "best 1 of 1, and the latest"),
+    snapshot = load_run(storage.run_uri).snapshot
+    rows = checkpoint_rows(snapshot, config)
+    assert [(row["report"], row["loss"], row["status"]) for row in rows] == [
+        (1, 0.9, "dropped: not among the best 1"),
+        (2, 0.4, "dropped: not among the best 1"),
+        (5, 0.3, "kept: the best, and the latest"),
     ]
+    # A run.json written when the reason repeated the status: said once all the same.
+    snapshot.dropped[0] = dataclasses.replace(snapshot.dropped[0], why="dropped: not among the best 1")
+    assert checkpoint_rows(snapshot, config)[0]["status"] == "dropped: not among the best 1"
 
 
 def test_losses_spanning_many_decades_get_a_log_axis_drawn_in_order():
@@ -400,7 +414,7 @@ def test_charts_count_reports_when_no_step_increases_through_every_report():
     assert axis == ["1", "2", "report"]
 
 
-def test_the_checkpoint_table_puts_why_before_short_upload_figures(tmp_path):
+def test_the_checkpoint_table_puts_why_before_short_upload_figures_and_shows_a_quick_upload_as_quick(tmp_path):
     config = CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="valid_loss", checkpoint_score_order="min")
     storage = RunStorage(str(tmp_path), "r", checkpoint_config=config)
     storage.open("test")
@@ -411,15 +425,17 @@ def test_the_checkpoint_table_puts_why_before_short_upload_figures(tmp_path):
     storage.finish()
     rows = checkpoint_rows(load_run(storage.run_uri).snapshot, config)
     assert [list(row) for row in rows] == [
-        ["checkpoint", "report", "epoch", "valid_loss", "status", "why", *UPLOAD_COLUMNS]
+        ["checkpoint", "report", "epoch", "valid_loss", "status", *UPLOAD_COLUMNS]
     ] * 2
     assert [row["valid_loss"] for row in rows] == [float(f"{m['valid_loss']:.4g}") for m in DEMO_REPORTS[:2]]
 
     from storage.upload import UploadStats
 
     seconds, megabytes = UPLOAD_COLUMNS
-    assert upload_cells(UploadStats(bytes=14_687, seconds=0.0123456)) == {seconds: 0.01, megabytes: 0.01}
-    assert upload_cells(UploadStats(bytes=2_345_678_901, seconds=12.3456)) == {seconds: 12.35, megabytes: 2345.68}
+    assert upload_cells(UploadStats(bytes=14_687, seconds=0.0123456)) == {seconds: "0.012", megabytes: 0.01469}
+    assert upload_cells(UploadStats(bytes=2_345_678_901, seconds=12.3456)) == {seconds: "12.35", megabytes: 2346.0}
+    # A sub-millisecond upload is not "0" (which reads as "not measured").
+    assert upload_cells(UploadStats(bytes=19_384, seconds=0.000461)) == {seconds: "<0.001", megabytes: 0.01938}
 
 
 def test_the_best_checkpoint_page_rounds_as_the_tables_do():

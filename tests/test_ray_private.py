@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
+import types
 import warnings
 
 import pyarrow as pa
@@ -186,15 +187,30 @@ def test_right_size_footer_readers(ray_local, tmp_path):
         blob = cloudpickle.dumps(indexer)
         assert b"_iter_file_infos_for_list" not in blob and type(cloudpickle.loads(blob)) is type(indexer)
         # The pool is sized from the files Ray Data lists first ...
-        files = list(
-            indexer._iter_file_infos_for_list(pa.array([str(tmp_path)]), filesystem=pyarrow.fs.LocalFileSystem())
-        )
+        local = pyarrow.fs.LocalFileSystem()
+        files = list(indexer._iter_file_infos_for_list(pa.array([str(tmp_path)]), filesystem=local))
         assert len(files) == 3 and indexer._num_actors == 1, (files, indexer._num_actors)
         # ... which must come before Ray Data starts the pool.
-        source = inspect.getsource(type(indexer).__base__.list_files)
+        base = type(indexer).__base__
+        source = inspect.getsource(base.list_files)
         assert 0 <= source.find("_iter_file_infos_for_list") < source.find("range(self._num_actors)"), (
             "FooterFileIndexer.list_files no longer lists the files before starting its pool of self._num_actors readers"
         )
+        # Files that fit one batch have their footers read in the listing task, by a FooterReader
+        # built and called as Ray's pool builds and calls its actors.
+        from ray.data._internal.datasource_v2.formats.parquet.footer_reader import FooterReader
+
+        listed = set(inspect.signature(base.list_files).parameters) - {"self", "paths"}
+        listing = set(inspect.signature(base._iter_file_infos_for_list).parameters) - {"self", "paths"}
+        assert listed - {"predicate", "limit", "projected_columns"} == listing, (listed, listing)
+        built = list(inspect.signature(FooterReader).parameters)
+        assert built[:5] == ["filesystem", "io_concurrency", "filter_expr", "projected_cols", "coalesce_bytes"], built
+        assert "excluded_read_unit_ids" in built
+        assert {"result_batch_size", "preserve_order"} <= set(inspect.signature(FooterReader.read_footers).parameters)
+        threads = pa.io_thread_count()
+        manifests = list(indexer.list_files(pa.array([str(tmp_path)]), filesystem=local, preserve_order=True))
+        assert sorted(path for m in manifests for path in m.paths) == sorted(str(f.path) for f in files)
+        assert pa.io_thread_count() == threads  # the process's Arrow IO threads as they were
 
 
 @pytest.fixture
@@ -220,10 +236,12 @@ def test_counting_iterator(ray_local, blocks_in_order):
     dataset = ray.data.range(30, override_num_blocks=3)
     with private_use("counting_iterator"):
         position = ShardPosition.resumed(ShardRecord(0, 12))
-        iterator = ray_private.counting_iterator(dataset.iterator(), position)
+        waits = types.SimpleNamespace(data_wait_s=0.0)
+        iterator = ray_private.counting_iterator(dataset.iterator(), position, waits)
         assert isinstance(iterator, ray.data.DataIterator)
         batches = [list(b["id"]) for b in iterator.iter_batches(batch_size=5)]  # starts after row 12
         assert sum(batches, []) == list(range(12, 30)) and position.to_record() == ShardRecord(1, 0)
+        assert waits.data_wait_s > 0  # the pass's start, at least, was waited for
         rows = iterator.iter_rows()
         for row in rows:
             if row["id"] == 3:
@@ -319,12 +337,28 @@ def test_end_dataset_splits(ray_local):
     assert not reader.is_alive() and "error" in outcome, outcome
 
 
-def test_count_items():
-    """Not a use of Ray's private parts: the counting that ``counting_iterator``'s passes do, for
-    batches already in hand (``trainers.testing.ShardCounter.count``)."""
+def test_count_items(monkeypatch):
+    """Not a use of Ray's private parts: the counting and timing that ``counting_iterator``'s
+    passes do, for batches already in hand (``trainers.testing.ShardCounter.count``). On a clock
+    of the test's own, the time the loop waited for each item is counted and its own time is not."""
     from trainers._internal.data_position import ShardPosition
+
+    now = [0.0]
+    monkeypatch.setattr(ray_private, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def produced():
+        for item in ("a", "b", "c"):
+            now[0] += 1.0  # the data pipeline's second
+            yield item
+        now[0] += 0.5  # its end of the pass
 
     position = ShardPosition()
     position.start_pass()
-    items = ray_private.count_items(["a", "b", "c"], position, 10)
-    assert list(items) == ["a", "b", "c"] and (position.epoch, position.rows) == (1, 0)  # a full pass ends the epoch
+    waits = types.SimpleNamespace(data_wait_s=0.0)
+    handed = []
+    for item in ray_private.count_items(produced(), position, 10, waits):
+        assert position.rows == 10 * (len(handed) + 1)
+        handed.append(item)
+        now[0] += 10.0  # the loop's own work: not waiting
+    assert handed == ["a", "b", "c"] and (position.epoch, position.rows) == (1, 0)  # a full pass ends the epoch
+    assert waits.data_wait_s == 3.5

@@ -18,7 +18,8 @@ import time
 import pytest
 import ray
 
-from storage.health import MemoryPeak, RunHealth, StragglerRecord
+from picture_checks import assert_readable
+from storage.health import MemoryPeak, RunHealth, StragglerRecord, Timeline
 from storage.snapshot import RunSnapshot
 from trainers import FailureConfig, RunConfig, ScalingConfig, UserCallback, get_context, report
 from trainers._internal.controller import Controller, ControllerSettings, State
@@ -240,6 +241,12 @@ def test_a_rank_that_sleeps_each_step_is_named_within_ten_steps_and_a_healthy_ru
     assert all(peak is not None and peak.rss_bytes > 50 * 2**20 for peak in result.health.peak_memory)  # torch's own
     assert record["peak_memory"] == [peak.to_json() for peak in result.health.peak_memory]
     assert isinstance(result.health, RunHealth) and os.path.isdir(result.path)
+    # Its timeline picture shows both ranks at every round, the slow one and the healthy one alike.
+    timeline = Timeline.from_json(
+        json.loads((tmp_path / "health" / ".health" / "timeline-attempt0001.json").read_text())
+    )
+    assert len(timeline.rounds) == 12
+    assert_readable(timeline)
 
 
 # -- out of memory ---------------------------------------------------------------------------------------------
@@ -372,18 +379,22 @@ def test_the_goodput_clock_puts_every_second_in_one_part_and_moves_thrown_away_t
     now[0] = 5.0
     clock.switch(Phase.TRAINING, workers=4)  # 5 s starting
     now[0] = 15.0
+    clock.waited_for_data(1.0)  # a round whose slowest rank waited 1 s for its batches
     clock.committed(blocked_s=2.0)  # a checkpoint at 15 s that blocked the ranks 2 s
     now[0] = 18.0
+    clock.waited_for_data(0.5)  # a round after it: its wait is thrown away with its training
     clock.thrown_away(Phase.RESTARTING)  # a failure 3 s after it: 3 s rolled back
     now[0] = 20.0
     clock.switch(Phase.TRAINING, workers=3)  # 2 s restarting, then 3 workers
     now[0] = 30.0
+    clock.waited_for_data(0.75)  # the last rounds need no checkpoint to count
     clock.switch(Phase.WAITING)
     now[0] = 31.0
     account = clock.account()
     assert account.parts == {
         "starting": 5.0,
-        "training": 23.0 - 2.0 - 3.0,  # 13 s and 10 s of training, less what was moved out
+        "training": 23.0 - 1.75 - 2.0 - 3.0,  # 13 s and 10 s of training, less what was moved out
+        "waiting for data": 1.75,
         "checkpoints": 2.0,
         "restarting": 2.0,
         "rolled back": 3.0,
@@ -391,7 +402,8 @@ def test_the_goodput_clock_puts_every_second_in_one_part_and_moves_thrown_away_t
     }
     assert sum(account.parts.values()) == account.wall_s == 31.0
     assert account.worker_hours == pytest.approx((20 * 4 + 11 * 3) / 3600) and account.gpu_hours == account.worker_hours
-    assert account.describe().startswith("goodput 58%: 18 s of 31 s trained; starting 5 s, checkpoints 2 s")
+    assert account.describe().startswith("goodput 52%: 16.25 s of 31 s trained; starting 5 s, waiting for data 1.75 s")
+    assert not account.input_bound and "input-bound" not in account.describe()  # 1.75 s of 18 s
 
 
 #: Steps of the restarted run, the step its rank 1 fails at in the first attempt, and a step's sleep.
@@ -481,7 +493,6 @@ def _straggles_then_fails_once(config):
 def test_a_run_with_a_restart_and_a_straggler_draws_its_timeline_from_data_that_holds_them(tmp_path, monkeypatch):
     import matplotlib.image
 
-    from storage.health import Timeline
     from trainers import FailureConfig as Failures
     from trainers.health import draw_timeline
     from trainers.torch import TorchTrainer
@@ -494,8 +505,9 @@ def test_a_run_with_a_restart_and_a_straggler_draws_its_timeline_from_data_that_
     ).fit()
     health = tmp_path / "timeline" / ".health"
     picture = matplotlib.image.imread(health / "timeline-attempt0001.png")
-    assert picture.shape[:2] == (244, 1100)  # 11 inches at 100 dpi; 1.8 + 0.32 per rank high
+    assert picture.shape[1] == 870  # the width Prefect shows it at
     timeline = Timeline.from_json(json.loads((health / "timeline-attempt0001.json").read_text()))
+    assert_readable(timeline)
     assert timeline.world_size == 2 and {len(r.steps) for r in timeline.rounds} == {2}
     assert {r.attempt for r in timeline.rounds} == {1, 2}
     assert [p for p, _, _ in timeline.phases] == ["starting", "training", "restarting", "training", "waiting"]
@@ -537,13 +549,97 @@ def test_the_health_page_shows_the_account_as_a_table_the_stragglers_the_memory_
         goodput=(account,),
     )
     page = health_markdown("demo", health, b"\x89PNG...", timeline_path="/runs/demo/health/timeline-attempt0001.png")
-    assert "**Goodput 75%**: 15 s of 20 s trained; 0.011 worker-hours." in page
-    assert "| rolled back | 0.25 | 1.2% |" in page and "| training | 15 | 75.0% |" in page
+    assert "**Goodput 75%**: 15 s of 20 s trained; 0.011 worker-hours." in page and "Input-bound" not in page
+    assert "| rolled back | 0.25 | 1% | training a failure threw away (trained again) |" in page
+    assert "| training | 15 | 75% | steps that moved the model forward |" in page
+    assert "| waiting | 0.25 | 1% | the run's end: the workers finishing |" in page  # what "waiting" means
     assert "![timeline of demo](data:image/png;base64,iVBORy4uLg==)" in page
-    assert "- attempt 1, report 7: rank 1 on node 10.0.0.1: 1.8x the median step" in page
+    # Reports are numbered from 1 wherever a person reads them (the record keeps the index, 7).
+    assert "- attempt 1's report 8: rank 1 on node 10.0.0.1: 1.8x the median step (0.36 s against 0.2 s)" in page
     assert "| 0 | RSS 300 MiB |" in page and "| 1 | RSS 1 GiB, CUDA allocated 5 MiB, reserved 8 MiB |" in page
+    assert "Not run: by default (`FLOWTRAIN_PREFLIGHT=auto`) it checks GPU runs only" in page
     quiet = health_markdown("quiet", RunHealth(), None)
     assert "No rank trained persistently slower" in quiet and "Timeline" not in quiet
+    # A run whose ranks waited for data a fifth of their training time or more says so.
+    waited = GoodputAccount(20.0, 2.0, 12.0, 0.0, 0.0, 0.0, 0.0, 0.011, 0.0, data_wait_s=6.0)
+    page = health_markdown("slow-input", RunHealth(goodput=(waited,)), None)
+    assert "**Input-bound**: the ranks waited for their next batch 33% of their training time" in page
+    assert "| waiting for data | 6 | 30% | ranks waiting for their next batch" in page
+
+
+# -- waiting for data ---------------------------------------------------------------------------------------
+
+#: Seconds the slowed input takes per batch (a Ray Data map, a DataLoader's dataset), against a loop
+#: that computes nothing: a run that waits for data most of its training time.
+SLOW_BATCH_S = 0.25
+
+
+def _slow_rows(batch):
+    time.sleep(SLOW_BATCH_S)  # a slow decode, a far-away object store
+    return batch
+
+
+class _SlowItems:
+    """A map-style dataset whose every batch (of 4 items) takes ``SLOW_BATCH_S`` to load."""
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, index):
+        import torch
+
+        time.sleep(SLOW_BATCH_S / 4)
+        return torch.tensor([float(index)])
+
+
+def _reads_its_input(config):
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainers import get_dataset_shard
+    from trainers.torch import prepare_data_loader
+
+    for epoch in range(2):
+        if config["input"] == "ray-data":
+            batches = get_dataset_shard("train").iter_batches(batch_size=4)
+        else:
+            items = _SlowItems() if config["input"] == "slow-loader" else TensorDataset(torch.arange(32.0))
+            batches = prepare_data_loader(DataLoader(items, batch_size=4))
+        for _ in batches:
+            if config["input"] == "fast-loader":
+                time.sleep(SLOW_BATCH_S)  # the model's own work: the loop, not its input, sets the pace
+        report({"epoch": epoch})
+
+
+@pytest.mark.usefixtures("ray_local")
+@pytest.mark.parametrize("input_kind", ["ray-data", "slow-loader", "fast-loader"])
+def test_a_run_that_waits_for_its_data_is_named_input_bound_and_a_compute_bound_one_is_not(
+    tmp_path, caplog, input_kind
+):
+    import ray.data
+
+    from trainers.torch import TorchTrainer
+
+    datasets = {"train": ray.data.range(32, override_num_blocks=8).map_batches(_slow_rows, batch_size=4)}
+    with caplog.at_level("INFO", logger="trainers._internal.controller"):
+        result = TorchTrainer(
+            _reads_its_input,
+            train_loop_config={"input": input_kind},
+            datasets=datasets if input_kind == "ray-data" else None,
+            scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+            run_config=RunConfig(name="input", storage_path=str(tmp_path)),
+        ).fit()
+    (account,) = result.health.goodput
+    assert sum(account.parts.values()) == pytest.approx(account.wall_s, rel=0.02)
+    goodput_line = next(r.getMessage() for r in caplog.records if "goodput" in r.getMessage())
+    if input_kind == "fast-loader":
+        # 16 batches a rank, each waited for in microseconds; the loop's own 4 s are training.
+        assert not account.input_bound and "input-bound" not in goodput_line, goodput_line
+        assert account.data_wait_s > 0, account  # measured, and small
+    else:
+        assert account.input_bound, account
+        assert "input-bound: the ranks waited for their next batch" in goodput_line, goodput_line
+        assert account.data_wait_s > account.training_s, account
 
 
 # -- the pre-flight check ---------------------------------------------------------------------------------------
@@ -679,6 +775,7 @@ def test_the_health_cost_benchmark_measures_both_sides_and_writes_its_json(tmp_p
     assert health_cost.main(["--ranks", "8", "--rounds", "50", "--out", str(out)]) == 0
     written = json.loads(out.read_text())
     assert written["ranks"] == 8 and written["worker_us_per_report"] > 0 and written["driver_us_per_round"] > 0
+    assert written["worker_us_per_batch"] > 0  # the shard's count and wait timing, above a plain loop
 
 
 def test_out_of_memory_is_told_from_errors_and_from_a_death_at_the_limit():

@@ -60,17 +60,20 @@ class ShardCounter:
 
     def __init__(self) -> None:
         self._positions = DataPositions()
+        #: What a rank's reports read the loop's waits for data from: ``health.data_wait_s``.
+        self.health = RankHealth()
 
     def track(self, shard: Any, name: str = "train") -> Any:
         """``shard`` (a ``ray.data.DataIterator``) as one that counts every pass over it as ``name``."""
-        return self._positions.track_shards({name: shard})[name]
+        return self._positions.track_shards({name: shard}, self.health)[name]
 
     def count(self, items: Iterable[Any], rows_each: int, name: str = "train") -> Iterable[Any]:
         """One pass over ``items`` (batches already in hand, ``rows_each`` rows apiece) counted as
-        ``name``'s: the counting alone, without Ray Data's iteration around it."""
+        ``name``'s, and the wait for each timed: the bookkeeping alone, without Ray Data's
+        iteration around it."""
         position = self._positions.shards.setdefault(name, ShardPosition())
         position.start_pass()
-        return count_items(items, position, rows_each)
+        return count_items(items, position, rows_each, self.health)
 
     def position(self) -> RankPosition | None:
         """Where every tracked shard stands: what each ``report()`` reads and carries."""

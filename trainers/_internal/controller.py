@@ -25,7 +25,7 @@ from storage.snapshot import RestartRecord
 from trainers._internal.attempt_book import LAUNCH, AttemptBook
 from trainers._internal.events import NOT_TRAINING, CheckpointsQuery, Event, FailedEvent
 from trainers._internal.failure_policy import Charge, FailurePolicy
-from trainers._internal.goodput import GoodputClock, Phase, blocked_on_upload_s
+from trainers._internal.goodput import GoodputClock, Phase, blocked_on_upload_s, waited_for_data_s
 from trainers._internal.health_settings import StragglerSettings
 from trainers._internal.memory_failure import is_out_of_memory
 from trainers._internal.preemption_watch import PreemptionNotice, deadline_passed
@@ -297,6 +297,7 @@ class Controller:
             checkpoint = self.storage.record_report(
                 report_round(round_, index=index, attempt=self.attempt, world_size=size)
             )
+            self.goodput.waited_for_data(waited_for_data_s(round_.values()))
             if checkpoint is not None:
                 self.goodput.committed(blocked_on_upload_s(round_.values()), reported_at=self._arrived_at)
             metrics = [round_[rank].metrics if rank in round_ else {} for rank in range(size)]

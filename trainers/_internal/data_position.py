@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import logging
 import sys
+import types
 from typing import Any, Protocol
 
 from storage.positions import (
@@ -85,8 +86,9 @@ class DataPositions:
         self.shards: dict[str, ShardPosition] = {}
         self.loaders: list[LoaderPosition] = []
 
-    def track_shards(self, shards: dict[str, Any]) -> dict[str, Any]:
-        """``shards`` with every Ray Data iterator among them counting into a position of its own."""
+    def track_shards(self, shards: dict[str, Any], waits: Any) -> dict[str, Any]:
+        """``shards`` with every Ray Data iterator among them counting into a position of its own,
+        and timing the loop's wait for each batch into ``waits.data_wait_s`` (a ``RankHealth``)."""
         if "ray.data" not in sys.modules:
             return shards  # no Ray Data iterator can be among them
         from ray.data import DataIterator
@@ -98,7 +100,7 @@ class DataPositions:
             if isinstance(shard, DataIterator):
                 saved = self._start.datasets.get(name)
                 position = self.shards[name] = ShardPosition.resumed(saved) if saved else ShardPosition()
-                tracked[name] = counting_iterator(shard, position)
+                tracked[name] = counting_iterator(shard, position, waits)
         return tracked
 
     def next_loader_start(self) -> LoaderRecord | None:
@@ -250,7 +252,8 @@ def _count_a_known_dataset(ray_data: Any) -> str | None:
     whole = ShardPosition()
     seen: list[int] = []
     counted: list[int] = []
-    for batch in counting_iterator(dataset.iterator(), whole).iter_batches(batch_size=_CHECK_BATCH):
+    waits = types.SimpleNamespace(data_wait_s=0.0)
+    for batch in counting_iterator(dataset.iterator(), whole, waits).iter_batches(batch_size=_CHECK_BATCH):
         seen.extend(int(i) for i in batch["id"])
         counted.append(whole.rows)
     expected = [min(n, _CHECK_ROWS) for n in range(_CHECK_BATCH, _CHECK_ROWS + _CHECK_BATCH, _CHECK_BATCH)]
@@ -260,7 +263,7 @@ def _count_a_known_dataset(ray_data: Any) -> str | None:
             f"(expected {expected}) and ended at epoch {whole.epoch}, row {whole.rows}"
         )
     resumed = ShardPosition.resumed(ShardRecord(0, _CHECK_SKIP))
-    rest = sum(len(b["id"]) for b in counting_iterator(dataset.iterator(), resumed).iter_batches(batch_size=2))
+    rest = sum(len(b["id"]) for b in counting_iterator(dataset.iterator(), resumed, waits).iter_batches(batch_size=2))
     if rest != _CHECK_ROWS - _CHECK_SKIP:
         return f"a pass resumed after {_CHECK_SKIP} of {_CHECK_ROWS} rows handed out {rest} rows, not {_CHECK_ROWS - _CHECK_SKIP}"
     return None

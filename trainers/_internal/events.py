@@ -42,6 +42,8 @@ class ReportEvent:
     busy_s: float | None = None
     #: Its peak memory in this attempt when it grew past what it last sent (by 1 MiB or 1%), else None.
     memory: MemoryPeak | None = None
+    #: Seconds its loop waited for its next batch since its previous report (``StepHealth.data_wait_s``).
+    data_wait_s: float = 0.0
 
 
 def checkpoint_placement(round_: list[ReportEvent]) -> dict[str, Any]:

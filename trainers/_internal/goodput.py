@@ -4,10 +4,12 @@ it moves from phase to phase.
 Every moment from the controller's start to its end belongs to exactly one phase: starting (the
 first attempt's workers and backend), training, restarting (from a failure, a preemption or a
 resize until the next attempt trains), or waiting (the run's end: workers finishing, a failed
-run's last moments). Two parts are then moved out of training: the time ranks were blocked
-uploading a checkpoint synchronously, and the training since the latest committed checkpoint that
-a failure or resize threw away (rolled back: those steps are trained again). Each part is also
-counted in worker-seconds (its seconds times the workers held then), for worker- and GPU-hours.
+run's last moments). Three parts are then moved out of training: the time the ranks waited for
+their next batch (each committed round's slowest rank's wait: the others wait for it at the next
+collective or commit), the time ranks were blocked uploading a checkpoint synchronously, and the
+training since the latest committed checkpoint that a failure or resize threw away (rolled back:
+those steps are trained again, their waits for data with them). Each part is also counted in
+worker-seconds (its seconds times the workers held then), for worker- and GPU-hours.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ class GoodputClock:
         self._worker_s = 0.0
         self.checkpoint_s = 0.0
         self.rolled_back_s = 0.0
+        #: Waits for data of rounds a checkpoint kept, and of rounds since then (which a failure
+        #: throws away with the rest of their training).
+        self.data_wait_s = 0.0
+        self._data_wait_since_kept_s = 0.0
         #: When this attempt's training began or its latest checkpoint was committed: what a
         #: failure now would throw away is the training since then.
         self._kept_until: float | None = None
@@ -77,11 +83,16 @@ class GoodputClock:
         """Seconds since the start: when things happen, on the timeline."""
         return self._clock() - self._started
 
+    def waited_for_data(self, seconds: float) -> None:
+        """A round was committed whose slowest rank waited ``seconds`` for its batches."""
+        self._data_wait_since_kept_s += seconds
+
     def committed(self, blocked_s: float, reported_at: float | None = None) -> None:
         """A checkpoint was committed; its ranks were blocked uploading it for ``blocked_s``. The
         training kept is that up to ``reported_at`` (when the round's reports arrived; the commit's
         own work on the driver is not the ranks'), or now."""
         self.checkpoint_s += blocked_s
+        self.data_wait_s, self._data_wait_since_kept_s = self.data_wait_s + self._data_wait_since_kept_s, 0.0
         if self._phase is Phase.TRAINING:
             kept = self._clock() if reported_at is None else reported_at
             self._kept_until = kept if self._kept_until is None else max(self._kept_until, kept)
@@ -94,6 +105,7 @@ class GoodputClock:
             self.rolled_back_s += now - self._kept_until
             self.thrown_away_spans.append((self._kept_until - self._started, now - self._started))
         self._kept_until = None
+        self._data_wait_since_kept_s = 0.0  # inside the rolled-back span
         self.switch(next_phase, workers)
 
     def account(self) -> GoodputAccount:
@@ -104,11 +116,13 @@ class GoodputClock:
         # What was moved out cannot exceed the training it came from (clocks of other processes).
         checkpoint = min(self.checkpoint_s, training)
         rolled_back = min(self.rolled_back_s, training - checkpoint)
+        data_wait = min(self.data_wait_s + self._data_wait_since_kept_s, training - checkpoint - rolled_back)
         worker_hours = self._worker_s / 3600
         return GoodputAccount(
             wall_s=now - self._started,
             starting_s=self.seconds[Phase.STARTING],
-            training_s=training - checkpoint - rolled_back,
+            training_s=training - checkpoint - rolled_back - data_wait,
+            data_wait_s=data_wait,
             checkpoint_s=checkpoint,
             restarting_s=self.seconds[Phase.RESTARTING],
             rolled_back_s=rolled_back,
@@ -116,6 +130,11 @@ class GoodputClock:
             worker_hours=worker_hours,
             gpu_hours=worker_hours * self.gpus_per_worker,
         )
+
+
+def waited_for_data_s(round_: Iterable[ReportEvent]) -> float:
+    """How long a committed round waited for data: its slowest rank's wait for batches."""
+    return max((e.data_wait_s for e in round_), default=0.0)
 
 
 def blocked_on_upload_s(round_: Iterable[ReportEvent]) -> float:

@@ -1,6 +1,7 @@
 """What a worker measures of itself for every report, at no extra round trip: how long its step
 took (from the end of its previous ``report()`` to this one, less the time it marked as waiting on
-other ranks) and the most memory it has held. The controller judges the steps
+other ranks), how long of it the loop waited for its next batch (its dataset shards' and prepared
+loaders' iterators add to ``RankHealth.data_wait_s``) and the most memory it has held. The controller judges the steps
 (``trainers._internal.stragglers``) and the run's record keeps the memory (``storage.health``)."""
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class StepHealth:
     waiting_s: float
     #: Its peak memory in this attempt, when it grew past what it last sent by 1 MiB or 1% (else None).
     memory: MemoryPeak | None
+    #: Seconds the loop waited for its next batch since the previous report (the first report's
+    #: include its first epoch's start).
+    data_wait_s: float = 0.0
 
     @property
     def busy_s(self) -> float | None:
@@ -49,6 +53,9 @@ class RankHealth:
         reset_peaks()
         self._step_started: float | None = None
         self._waiting_s = 0.0
+        #: Seconds waited for batches since the last report: the data iterators add to it directly
+        #: (an attribute, not a call: it is paid for every batch).
+        self.data_wait_s = 0.0
         self._memory: MemoryPeak | None = None
         # ``memory_limit()`` and when it was read: at most once a second, or a peak that creeps
         # report after report would cost each report two file reads.
@@ -60,16 +67,17 @@ class RankHealth:
         now = time.monotonic()
         step_s = None if self._step_started is None else now - self._step_started
         waiting_s, self._waiting_s = self._waiting_s, 0.0
+        data_wait_s, self.data_wait_s = self.data_wait_s, 0.0
         sent = self._memory
         if sent is not None and _rss_bytes() <= sent.rss_bytes + _slack(sent.rss_bytes) and _cuda() is None:
-            return StepHealth(step_s, waiting_s, None)  # the common case, kept to one getrusage
+            return StepHealth(step_s, waiting_s, None, data_wait_s)  # the common case, kept to one getrusage
         if now - self._limit_read_at >= LIMIT_READ_EVERY_S:  # grown: worth its limit
             self._limit, self._limit_read_at = memory_limit(), now
         memory = peak_memory(self._limit)
         if sent is not None and not _grown(memory, sent):
-            return StepHealth(step_s, waiting_s, None)
+            return StepHealth(step_s, waiting_s, None, data_wait_s)
         self._memory = memory
-        return StepHealth(step_s, waiting_s, memory)
+        return StepHealth(step_s, waiting_s, memory, data_wait_s)
 
     def report_ends(self) -> None:
         """A ``report()`` call returned: the next step begins (a checkpoint's upload is not a step's)."""

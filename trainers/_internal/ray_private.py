@@ -13,6 +13,7 @@ import functools
 import itertools
 import logging
 import math
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -143,21 +144,28 @@ def end_dataset_splits(shards: list[dict[str, Any]]) -> int:
 
 def right_size_footer_readers(dataset: Any) -> None:
     """Let every Parquet listing in ``dataset``'s plan start one footer reader per batch of files
-    it reads, at most Ray Data's setting, instead of always Ray Data's 32.
+    it reads, at most Ray Data's setting, instead of always Ray Data's 32; and none when its files
+    fit one batch: their footers are read in the listing task itself.
 
-    Why: every execution of a ``read_parquet`` dataset (each epoch of a ``streaming_split``) lists
-    its files with a fresh pool of ``FooterReader`` actors, ``RAY_DATA_PARQUET_FOOTER_NUM_ACTORS``
-    (32) of them, handed 10 files at a time and killed when the listing ends; each is a new
-    process importing Ray Data and pyarrow. With 8 files one does all the work and 31 take CPU
-    from the training workers starting beside them (on 2 cores a 250k-row epoch waited 2.6-4.0 s
-    for its first batch, against 1.4 s with one). The read itself is unchanged.
+    Why: every execution of a ``read_parquet`` dataset (each epoch of a ``streaming_split``, each
+    pass over a dataset a worker gets whole) lists its files with a fresh pool of ``FooterReader``
+    actors, ``RAY_DATA_PARQUET_FOOTER_NUM_ACTORS`` (32) of them, handed 10 files at a time and
+    killed when the listing ends; each is a new process importing Ray Data and pyarrow. With 8
+    files one does all the work and 31 take CPU from the training workers starting beside them (on
+    2 cores a 250k-row epoch waited 2.6-4.0 s for its first batch, against 1.4 s with one). Even
+    one is a process start: the demo's 1-file datasets waited about 1 s for their first batch
+    every epoch, 0.1 s with the footer read in the listing task (issue 62). The read itself is
+    unchanged.
 
     Uses ``Dataset._logical_plan.dag`` (operators' ``input_dependencies`` and ``file_indexer``)
     and ``ray.data._internal...FooterFileIndexer``: the indexer's class is swapped for a subclass
-    that overrides ``_iter_file_infos_for_list`` and sets ``_num_actors`` from
-    ``_footer_batch_size``. A dataset with no such listing, or indexers without these attributes,
-    is left as it is. Public replacement: none; the pool size is one environment variable for the
-    whole process, read when the dataset is created.
+    that overrides ``_iter_file_infos_for_list`` (sets ``_num_actors`` from
+    ``_footer_batch_size``) and ``list_files`` (reads one batch with a ``FooterReader`` of its own,
+    built with the indexer's ``_io_concurrency`` and ``_coalesce_bytes``, through its
+    ``read_footers`` and ``_file_chunks_to_manifest``, shutting down its ``pool``; else Ray's own
+    ``list_files``, handed the files already listed). A dataset with no such listing, or indexers
+    without these attributes, is left as it is. Public replacement: none; the pool size is one
+    environment variable for the whole process, read when the dataset is created.
     """
     right_sized = _right_sized_footer_indexer()
     if right_sized is None:
@@ -169,9 +177,10 @@ def right_size_footer_readers(dataset: Any) -> None:
             indexer.__class__ = right_sized
 
 
-def counting_iterator(inner: Any, position: Any) -> Any:
+def counting_iterator(inner: Any, position: Any, waits: Any) -> Any:
     """``inner`` (a Ray Data ``DataIterator``, a worker's shard) as a ``DataIterator`` that tells
-    ``position`` what it hands to the training loop (``trainers._internal.data_position``).
+    ``position`` what it hands to the training loop (``trainers._internal.data_position``), and
+    adds the seconds the loop waits for each batch to ``waits.data_wait_s`` (a ``RankHealth``).
 
     Each pass over it (an ``iter_batches``/``iter_torch_batches``/``iter_rows``/``to_tf``...
     loop, or ``materialize``) calls ``position.start_pass()``, which answers how many rows the
@@ -186,7 +195,7 @@ def counting_iterator(inner: Any, position: Any) -> Any:
     goes through the first two). Public replacement: none; Ray Data has no iterator position and
     no way to start a pass mid-way (Ray's issues 37633 and 46814).
     """
-    return _counting_iterator_class()(inner, position)
+    return _counting_iterator_class()(inner, position, waits)
 
 
 def skip_rows(bundles: Iterator[Any], rows: int) -> Iterator[Any]:
@@ -235,16 +244,17 @@ def _counting_iterator_class() -> type:
     from ray.data import DataIterator
 
     class CountingIterator(DataIterator):
-        def __init__(self, inner: Any, position: Any) -> None:
+        def __init__(self, inner: Any, position: Any, waits: Any) -> None:
             self._inner = inner
             self._position = position
+            self._waits = waits
             self._rows_one_by_one = False
 
         def __reduce__(self) -> Any:
             return (_same, (self._inner,))
 
         def __getattr__(self, name: str) -> Any:
-            if name.startswith("__") or name in ("_inner", "_position"):
+            if name.startswith("__") or name in ("_inner", "_position", "_waits"):
                 raise AttributeError(name)
             return getattr(self._inner, name)  # world_size() and the like of the inner iterator
 
@@ -277,7 +287,7 @@ def _counting_iterator_class() -> type:
                 return batches
             # Each batch's own rows: the last one of a pass is short, and a report after it (before
             # the pass ends) must not count rows the shard did not have.
-            return _Passes(batches, self._position, _rows_in)
+            return _Passes(batches, self._position, _rows_in, self._waits)
 
         def iter_rows(self) -> Any:
             self._rows_one_by_one = True  # Ray's iter_rows calls _iter_batches at once, not lazily
@@ -285,7 +295,7 @@ def _counting_iterator_class() -> type:
                 rows = super().iter_rows()
             finally:
                 self._rows_one_by_one = False
-            return _Passes(rows, self._position, lambda row: 1)
+            return _Passes(rows, self._position, lambda row: 1, self._waits)
 
     CountingIterator.__qualname__ = CountingIterator.__name__
     return CountingIterator
@@ -296,28 +306,34 @@ def _same(value: Any) -> Any:
 
 
 class _Passes:
-    """An iterable of passes (each ``iter()`` is one) that counts the items it hands out."""
+    """An iterable of passes (each ``iter()`` is one) that counts the items it hands out and the
+    seconds the loop waits for each (into ``waits.data_wait_s``)."""
 
-    def __init__(self, items: Any, position: Any, rows_of: Callable[[Any], int]) -> None:
-        self._items, self._position, self._rows_of = items, position, rows_of
+    def __init__(self, items: Any, position: Any, rows_of: Callable[[Any], int], waits: Any) -> None:
+        self._items, self._position, self._rows_of, self._waits = items, position, rows_of, waits
 
     def __iter__(self) -> Iterator[Any]:
         items = iter(self._items)
+        position, rows_of, waits, clock = self._position, self._rows_of, self._waits, time.perf_counter
         try:
+            asked = clock()  # from the loop asking for an item to having it: two clock reads a batch
             for item in items:
-                self._position.handed_out(self._rows_of(item))
+                waits.data_wait_s += clock() - asked
+                position.handed_out(rows_of(item))
                 yield item
-            self._position.end_pass()
+                asked = clock()
+            waits.data_wait_s += clock() - asked  # Ray Data's end of the pass
+            position.end_pass()
         finally:
             close = getattr(items, "close", None)
             if close is not None:  # a loop that breaks off ends Ray's pass now, not when collected
                 close()
 
 
-def count_items(items: Any, position: Any, rows_each: int) -> Any:
-    """``items`` handed out as a counted shard hands out its batches, ``rows_each`` rows apiece
-    (``trainers.testing.ShardCounter``: the cost of counting alone)."""
-    return _Passes(items, position, lambda item: rows_each)
+def count_items(items: Any, position: Any, rows_each: int, waits: Any) -> Any:
+    """``items`` handed out as a counted shard hands out its batches, ``rows_each`` rows apiece,
+    timed into ``waits`` (``trainers.testing.ShardCounter``: the cost of counting and timing alone)."""
+    return _Passes(items, position, lambda item: rows_each, waits)
 
 
 def _rows_in(batch: Any) -> int:
@@ -346,7 +362,8 @@ def _operators(op: Any) -> Iterator[Any]:
 
 
 def _has_pool_settings(indexer: Any) -> bool:
-    return all(hasattr(indexer, name) for name in ("_num_actors", "_footer_batch_size", "_iter_file_infos_for_list"))
+    names = ("_num_actors", "_footer_batch_size", "_io_concurrency", "_coalesce_bytes", "_iter_file_infos_for_list")
+    return all(hasattr(indexer, name) for name in names)
 
 
 @functools.cache
@@ -359,18 +376,52 @@ def _right_sized_footer_indexer() -> type | None:
     except ImportError:
         return None
 
+    import pyarrow
+    from ray.data._internal.datasource_v2.formats.parquet.footer_file_indexer import _file_chunks_to_manifest
+    from ray.data._internal.datasource_v2.formats.parquet.footer_reader import FooterReader
+
     class RightSizedFooterIndexer(FooterFileIndexer):
         def _iter_file_infos_for_list(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            if (listed := self.__dict__.pop("_listed", None)) is not None:
+                return listed  # list_files below listed them already
             # Ray Data asks for the files first and starts the pool right after, from
             # ``self._num_actors``. Listing is lazy, so read ahead as far as a full pool could take
-            # (the rest of a bigger listing stays lazy) and size the pool to what was found. The
+            # (one batch more than the first at least, to tell whether one holds them all; the
+            # rest of a bigger listing stays lazy) and size the pool to what was found. The
             # configured size is kept apart: a later listing of a grown folder may need it all.
             limit = self.__dict__.setdefault("_configured_num_actors", max(1, self._num_actors))
             per_actor = max(1, self._footer_batch_size)
             files = iter(super()._iter_file_infos_for_list(*args, **kwargs))
-            ahead = list(itertools.islice(files, limit * per_actor))
+            ahead = list(itertools.islice(files, max(limit * per_actor, per_actor + 1)))
             self._num_actors = max(1, min(limit, math.ceil(len(ahead) / per_actor)))
+            self._one_batch = len(ahead) <= per_actor
             return itertools.chain(ahead, files)
+
+        def list_files(self, paths: Any, **options: Any) -> Iterator[Any]:
+            listing = {k: v for k, v in options.items() if k not in ("predicate", "limit", "projected_columns")}
+            files = self._iter_file_infos_for_list(paths, **listing)
+            if not self._one_batch:
+                self._listed = files
+                yield from super().list_files(paths, **options)
+                return
+            # One batch: read here, as one pooled reader would, without starting its process.
+            threads = pyarrow.io_thread_count()  # FooterReader sets the process's count to its own
+            reader: Any = FooterReader(  # a plain object here; its read_footers is typed as the actor's
+                options["filesystem"],
+                self._io_concurrency,
+                options.get("predicate"),
+                options.get("projected_columns"),
+                self._coalesce_bytes,
+                excluded_read_unit_ids=options.get("excluded_read_unit_ids"),
+            )
+            try:
+                batch = [(info.path, info.size) for info in files if info.size is not None]
+                order = options.get("preserve_order", False)
+                for chunks in reader.read_footers(batch, result_batch_size=1, preserve_order=order):
+                    yield from map(_file_chunks_to_manifest, chunks)
+            finally:
+                reader.pool.shutdown(wait=False)
+                pyarrow.set_io_thread_count(threads)
 
     RightSizedFooterIndexer.__qualname__ = RightSizedFooterIndexer.__name__  # found by __getattr__ below
     return RightSizedFooterIndexer

@@ -60,8 +60,10 @@ class WorkerSession:
         self.checkpoint = checkpoint
         #: Where this worker's data iterators stand (None: ``DataConfig(checkpoint_data_position=False)``).
         self.data_position = data_position
+        #: This rank's step times, data waits and peak memory, carried by its reports.
+        self.health = RankHealth()
         self.dataset_shards = (
-            data_position.track_shards(dataset_shards) if data_position is not None else dataset_shards
+            data_position.track_shards(dataset_shards, self.health) if data_position is not None else dataset_shards
         )
         self.emit = emit
         #: ``CheckpointConfig.checkpoint_score_attribute``: checked in every report with a checkpoint.
@@ -83,8 +85,6 @@ class WorkerSession:
         self._sync: _SyncPoint | None = None
         #: Set by the controller when a node of this run is being preempted (``get_preemption_info``).
         self.preemption_info: Any = None
-        #: This rank's step times and peak memory, carried by its reports.
-        self.health = RankHealth()
         record_cuda_history()
 
     def report(
@@ -152,6 +152,7 @@ class WorkerSession:
                 data_position=self.data_position.record() if self.data_position is not None else None,
                 busy_s=step.busy_s,
                 memory=step.memory,
+                data_wait_s=step.data_wait_s,
             )
             if checkpoint is None:  # metrics only: the common report, kept short
                 self.uploader.flush()  # earlier background uploads (if any) come first; re-raises their errors

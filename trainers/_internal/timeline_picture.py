@@ -1,85 +1,151 @@
 """The timeline picture: one row per rank, time along the bottom, the run's phases in a band on
-top. Each committed round is a dot on every rank's row, coloured by how that rank's step compared
-with the median rank's (a straggler's row turns orange and red); checkpoints are dashed lines,
-failures red crosses, stragglers' episodes orange triangles, and training thrown away by a
-failure is hatched in the phase band. Drawn with matplotlib (Agg, no display)."""
+top and each attempt's start named above it. Every committed round is a tick on every rank's row,
+coloured by how that rank's step compared with the median rank's (blue: near it; orange, red:
+slower), so a healthy rank shows as plainly as a slow one; checkpoints are dashed lines, failures
+black crosses, stragglers purple triangles, and training thrown away by a failure is hatched in
+the phase band. The legend, under the plot, names every kind of mark drawn and only those.
+
+Drawn 870 px wide, the width Prefect's artifact page gives it in a 1,400 px window (its newer UI
+scales it to about 690 px), with 10 pt text. Drawn with matplotlib's object API (no pyplot, no
+display)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
 from storage.health import Timeline
+from trainers.tuning import STRAGGLER_MIN_GAP_S
 
-PHASE_COLOURS = {"starting": "#999999", "training": "#009E73", "restarting": "#E69F00", "waiting": "#CCCCCC"}
-FAILURE_COLOUR, STRAGGLER_COLOUR, CHECKPOINT_COLOUR = "#D55E00", "#E69F00", "#0072B2"
+WIDTH_IN, DPI, FONT_PT = 8.7, 100, 10
+#: Phases by name: what the legend says, and the colour (Okabe-Ito, told apart by colour-blind readers).
+PHASES = {
+    "starting": ("starting", "#999999"),
+    "training": ("training", "#009E73"),
+    "restarting": ("restarting", "#E69F00"),
+    "waiting": ("waiting (the run's end)", "#CCCCCC"),
+}
+#: A rank's step against the median rank's: (slower by at most this ratio, legend, colour). A step
+#: less than ``STRAGGLER_MIN_GAP_S`` over the median counts as near it, as the straggler judge has it.
+#: The marks on the rank rows contrast with the white page at least 3:1 (WCAG's bar for graphics).
+STEP_CLASSES = (
+    (1.25, "step near the median rank's", "#0072B2"),
+    (2.0, "step 1.25-2x the median", "#B86E00"),
+    (math.inf, "step over 2x the median", "#C0002A"),
+)
+UNMEASURED = ("step not measured (an attempt's first)", "#777777")
+CHECKPOINT = ("checkpoint committed", "#555555")
+ROLLED_BACK = ("rolled back (trained again)", "#C0002A")
+STRAGGLER = ("named a straggler", "#AA4499")
+FAILURE_COLOUR = "#000000"
+#: Failures and stragglers sit this far above their rank's row, clear of its ticks.
+EVENT_LIFT = 0.3
+#: Rank rows labelled at most: past this, every k-th rank is.
+MOST_RANK_LABELS = 16
 
 
 def draw(timeline: Timeline, out: str, *, title: str = "") -> None:
     """Draw ``timeline`` as a PNG at the local path ``out``."""
-    import matplotlib
+    figure(timeline, title=title).savefig(out, format="png")
 
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+
+def figure(timeline: Timeline, *, title: str = "") -> Any:
+    """The picture of ``timeline`` as a matplotlib ``Figure``. Each artist drawn for the legend has
+    that legend entry's label as its gid (what tests read back)."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    ranks = max(timeline.world_size, 1 + max((m.rank for m in timeline.marks), default=-1))
-    figure, axes = plt.subplots(figsize=(11, 1.8 + 0.32 * ranks), dpi=100)
-    try:
-        band = -1.0  # the phase band's row, above rank 0
-        for phase, start, end in timeline.phases:
-            axes.barh(band, end - start, left=start, height=0.7, color=PHASE_COLOURS.get(phase, "#999999"))
-        for start, end in timeline.rolled_back:
-            axes.barh(band, end - start, left=start, height=0.7, fill=False, hatch="///", edgecolor=FAILURE_COLOUR)
-        _rounds(axes, timeline)
-        for mark in timeline.marks:
-            if mark.rank < 0:
-                continue
-            straggler = mark.what == "straggler"
-            axes.scatter(
-                [mark.t],
-                [mark.rank],
-                marker="^" if straggler else "X",
-                s=90,
-                color=STRAGGLER_COLOUR if straggler else FAILURE_COLOUR,
-                edgecolors="black",
-                linewidths=0.5,
-                zorder=4,
-            )
-            axes.annotate(mark.what, (mark.t, mark.rank), xytext=(5, -11), textcoords="offset points", fontsize=8)
-        attempts: dict[int, float] = {}
-        for row in timeline.rounds:
-            attempts.setdefault(row.attempt, row.t)
-        for attempt, first in attempts.items():
-            axes.annotate(f"attempt {attempt}", (first, band), xytext=(2, 9), textcoords="offset points", fontsize=8)
-        axes.set_yticks([band, *range(ranks)], ["phase", *(f"rank {rank}" for rank in range(ranks))])
-        axes.set_ylim(ranks - 0.4, band - 0.7)
-        axes.set_xlabel("seconds since the run's controller started")
-        axes.set_title(title or f"{timeline.run_name}: timeline", fontsize=10, loc="left")
-        legend = [Patch(color=colour, label=phase) for phase, colour in PHASE_COLOURS.items()]
-        legend.append(Patch(fill=False, hatch="///", edgecolor=FAILURE_COLOUR, label="rolled back"))
-        axes.legend(handles=legend, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=5, fontsize=8, frameon=False)
-        axes.grid(axis="x", alpha=0.3)
-        figure.tight_layout()
-        figure.savefig(out, format="png")
-    finally:
-        plt.close(figure)
+    ranks = max(timeline.world_size, 1 + max((m.rank for m in timeline.marks), default=-1), 1)
+    legend: dict[str, Any] = {}  # label -> handle, in the order first drawn
+    row_in = max(0.14, min(0.3, 6 / ranks))
+    figure = Figure(figsize=(WIDTH_IN, 2.6 + row_in * ranks), dpi=DPI, layout="constrained")
+    axes = figure.add_subplot()
+    band = -1.0  # the phase band's row, above rank 0
+    for phase, start, end in timeline.phases:
+        label, colour = PHASES.get(phase, (phase, "#999999"))
+        axes.barh(band, end - start, left=start, height=0.6, color=colour, gid=label)
+        legend.setdefault(label, Patch(color=colour, label=label))
+    for start, end in timeline.rolled_back:
+        label, colour = ROLLED_BACK
+        axes.barh(band, end - start, left=start, height=0.6, fill=False, hatch="///", edgecolor=colour, gid=label)
+        legend.setdefault(label, Patch(fill=False, hatch="///", edgecolor=colour, label=label))
+    for t in (row.t for row in timeline.rounds if row.checkpoint):
+        label, colour = CHECKPOINT
+        axes.axvline(t, color=colour, linestyle="--", linewidth=0.9, zorder=1, gid=label)
+        legend.setdefault(label, Line2D([], [], color=colour, linestyle="--", label=label))
+    tick_pt = min(11.0, 0.7 * row_in * 72)  # three quarters of a row high at most: rows stay apart
+    for (label, colour), (xs, ys) in _round_ticks(timeline).items():
+        axes.scatter(xs, ys, marker="|", s=tick_pt**2, linewidths=2.2, color=colour, zorder=3, gid=label)
+        legend.setdefault(label, Line2D([], [], marker="|", markersize=11, mew=2.2, ls="", color=colour, label=label))
+    for mark in (m for m in timeline.marks if m.rank >= 0):
+        straggler = mark.what == "straggler"
+        label, colour = STRAGGLER if straggler else (f"rank failed: {mark.what}", FAILURE_COLOUR)
+        marker = "^" if straggler else "X"
+        axes.scatter(
+            [mark.t],
+            [mark.rank - EVENT_LIFT],
+            marker=marker,
+            s=90,
+            color=colour,
+            edgecolors="white",
+            zorder=4,
+            gid=label,
+        )
+        legend.setdefault(label, Line2D([], [], marker=marker, markersize=9, ls="", color=colour, label=label))
+    _name_attempts(axes, timeline)
+    every = math.ceil(ranks / MOST_RANK_LABELS)
+    labelled = [rank for rank in range(ranks) if rank % every == 0]
+    axes.set_yticks([band, *labelled], ["phases", *(f"rank {rank}" for rank in labelled)], fontsize=FONT_PT)
+    axes.set_ylim(ranks - 0.4, band - 0.6)
+    axes.set_xlim(0, max((end for _, _, end in timeline.phases), default=1.0) or 1.0)
+    axes.tick_params(axis="x", labelsize=FONT_PT)
+    axes.set_xlabel("seconds since the run's controller started", fontsize=FONT_PT)
+    axes.set_title(title or f"{timeline.run_name}: timeline", fontsize=FONT_PT + 1, loc="left")
+    axes.grid(axis="x", alpha=0.3)
+    columns = 2
+    figure.set_figheight(figure.get_figheight() + 0.22 * math.ceil(len(legend) / columns))
+    figure.legend(
+        handles=list(legend.values()), loc="outside lower left", ncols=columns, fontsize=FONT_PT, frameon=False
+    )
+    return figure
 
 
-def _rounds(axes: Any, timeline: Timeline) -> None:
-    xs: list[float] = []
-    ys: list[int] = []
-    ratios: list[float] = []
+def _round_ticks(timeline: Timeline) -> dict[tuple[str, str], tuple[list[float], list[int]]]:
+    """Every rank's tick of every round, by the (label, colour) of its step's class."""
+    ticks: dict[tuple[str, str], tuple[list[float], list[int]]] = {}
     for row in timeline.rounds:
         measured = [step for step in row.steps if step is not None]
-        median = statistics.median_low(measured) if len(measured) > 1 else None
+        median = statistics.median_low(measured) if measured else None
         for rank, step in enumerate(row.steps):
+            if step is None or median is None:
+                kind = UNMEASURED
+            else:
+                ratio = step / median if median > 0 and step - median >= STRAGGLER_MIN_GAP_S else 1.0
+                kind = next((label, colour) for most, label, colour in STEP_CLASSES if ratio <= most)
+            xs, ys = ticks.setdefault(kind, ([], []))
             xs.append(row.t)
             ys.append(rank)
-            ratios.append(1.0 if step is None or not median else min(step / median, 3.0))
-        if row.checkpoint:
-            axes.axvline(row.t, color=CHECKPOINT_COLOUR, linestyle="--", linewidth=0.8, alpha=0.6, zorder=1)
-    if xs:
-        points = axes.scatter(xs, ys, c=ratios, cmap="YlOrRd", vmin=1.0, vmax=3.0, s=12, zorder=3)
-        bar = axes.figure.colorbar(points, ax=axes, pad=0.01, fraction=0.03)
-        bar.set_label("step / median rank's", fontsize=8)
+    return ticks
+
+
+def _name_attempts(axes: Any, timeline: Timeline) -> None:
+    """Each attempt's number above the plot, at its first round; one that would run into the
+    previous label is left out (its restart shows in the phase band)."""
+    firsts: dict[int, float] = {}
+    for row in timeline.rounds:
+        firsts.setdefault(row.attempt, row.t)
+    span = max((end for _, _, end in timeline.phases), default=1.0) or 1.0
+    # A label's width in seconds: about 0.6 em a character, over the plot's ~0.82 of the figure's width.
+    per_char_s = 0.6 * FONT_PT / 72 / (0.82 * WIDTH_IN) * span
+    ticks: list[float] = []
+    labels: list[str] = []
+    for attempt, t in sorted(firsts.items()):
+        label = f"attempt {attempt}"
+        if ticks and t - ticks[-1] < per_char_s * (len(labels[-1]) + len(label)) / 2 + per_char_s:
+            continue
+        ticks.append(t)
+        labels.append(label)
+    top = axes.secondary_xaxis("top")
+    top.set_xticks(ticks, labels, fontsize=FONT_PT)

@@ -9,12 +9,15 @@ after a restart, starts the epoch the checkpoint was saved in where that checkpo
 from __future__ import annotations
 
 import itertools
+import time
+import types
 from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader, DistributedSampler
 
 from storage.positions import LoaderRecord
+from trainers._internal.session import current_session
 
 
 class PositionedSampler(DistributedSampler):
@@ -43,7 +46,8 @@ class PositionedSampler(DistributedSampler):
 
 
 class PositionedLoader(DataLoader):
-    """A ``DataLoader`` over a ``PositionedSampler`` that tells it what each batch handed out held.
+    """A ``DataLoader`` over a ``PositionedSampler`` that tells it what each batch handed out held,
+    and adds the seconds the loop waits for each batch to its rank's ``data_wait_s``.
 
     Counted as the loop receives batches, not as the loader's workers prefetch them.
     """
@@ -52,6 +56,13 @@ class PositionedLoader(DataLoader):
         sampler = self.sampler
         assert isinstance(sampler, PositionedSampler)
         per_batch = self.batch_size or 1
+        session = current_session()
+        waits = session.health if session is not None else types.SimpleNamespace(data_wait_s=0.0)
+        clock = time.perf_counter
+        asked = clock()  # from the loop asking for a batch to having it (its workers' start, their prefetch)
         for batch in super().__iter__():
+            waits.data_wait_s += clock() - asked
             sampler.received += per_batch
             yield batch
+            asked = clock()
+        waits.data_wait_s += clock() - asked
