@@ -31,6 +31,9 @@ from tasks.params import Checkpointing
 from trainers import TrainRunContext, UserCallback
 from trainers.errors import WorkerGroupError
 
+#: Reports whose every rank's metrics the reporter keeps for the chart (the newest).
+RANKS_KEPT = 10_000
+
 
 def artifact_key(run_name: str, what: str) -> str:
     """A Prefect artifact key (lowercase letters, digits and dashes) for ``what`` of the run."""
@@ -73,7 +76,8 @@ class PrefectReporter(UserCallback):
         self.num_reports = reports_so_far
         #: Reports up to the latest checkpoint: where a restart resumes counting.
         self._reports_at_checkpoint = reports_so_far
-        #: Every rank's metrics by report index (0-based), for the reports this reporter saw.
+        #: Every rank's metrics by report index (0-based), for the newest ``RANKS_KEPT`` reports this
+        #: reporter saw: a long run's driver holds a bounded tail (older reports chart rank 0's).
         self._ranks_by_report: dict[int, list[dict[str, Any]]] = {}
         self.logger = get_run_logger()
         progress_id = create_progress_artifact(
@@ -92,6 +96,7 @@ class PrefectReporter(UserCallback):
         self, run_context: TrainRunContext, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None
     ) -> None:
         self._ranks_by_report[self.num_reports] = list(metrics)
+        self._ranks_by_report.pop(self.num_reports - RANKS_KEPT, None)
         self.num_reports += 1
         shown = {k: json_safe(v) for k, v in metrics[0].items()}
         saved = f"; checkpoint {checkpoint.path}" if checkpoint else ""
