@@ -102,9 +102,22 @@ def ray_loop(config: dict) -> None:
 
 
 def recover(impl: str, storage: str, run: int, workers: int) -> dict:
-    """One run of the job under ``impl``; the seconds from the exit to the first step after it."""
+    """One run of the job under ``impl`` (``flowtrain_no_spare``: flowtrain with
+    ``FLOWTRAIN_SPARE_WORKERS=0``); the seconds from the exit to the first step after it."""
     marker_dir = tempfile.mkdtemp(prefix="flowtrain-recovery-")
-    if impl == "flowtrain":
+    spares = os.environ.pop("FLOWTRAIN_SPARE_WORKERS", None)
+    if impl == "flowtrain_no_spare":
+        os.environ["FLOWTRAIN_SPARE_WORKERS"] = "0"
+    try:
+        return _recover(impl, storage, run, workers, marker_dir)
+    finally:
+        os.environ.pop("FLOWTRAIN_SPARE_WORKERS", None)
+        if spares is not None:
+            os.environ["FLOWTRAIN_SPARE_WORKERS"] = spares
+
+
+def _recover(impl: str, storage: str, run: int, workers: int, marker_dir: str) -> dict:
+    if impl.startswith("flowtrain"):
         from trainers import FailureConfig, RunConfig, ScalingConfig
         from trainers.torch import TorchTrainer
 
@@ -120,7 +133,9 @@ def recover(impl: str, storage: str, run: int, workers: int) -> dict:
         train_loop_config={"dir": marker_dir},
         scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": min(1.0, 4 / workers)}),
         run_config=RunConfig(
-            name=f"recovery-epochs-{workers}-{run}", storage_path=storage, failure_config=FailureConfig(max_failures=1)
+            name=f"recovery-epochs-{impl}-{workers}-{run}",
+            storage_path=storage,
+            failure_config=FailureConfig(max_failures=1),
         ),
     ).fit()
     run_s = time.time() - started
@@ -144,5 +159,5 @@ def recovery_epochs_8(impl: str, storage: str, run: int) -> dict:
     return recover(impl, storage, run, workers=8)
 
 
-WORKLOADS["recovery_epochs"] = (recovery_epochs, ("flowtrain", "ray.train"))
-WORKLOADS["recovery_epochs_8"] = (recovery_epochs_8, ("flowtrain", "ray.train"))
+WORKLOADS["recovery_epochs"] = (recovery_epochs, ("flowtrain", "ray.train", "flowtrain_no_spare"))
+WORKLOADS["recovery_epochs_8"] = (recovery_epochs_8, ("flowtrain", "ray.train", "flowtrain_no_spare"))

@@ -399,7 +399,7 @@ def recovery(impl: str, storage: str, run: int) -> dict:
             train_loop_config=config,
             scaling_config=ScalingConfig(num_workers=NUM_WORKERS),
             run_config=RunConfig(
-                name=f"recovery-{run}", storage_path=storage, failure_config=FailureConfig(max_failures=1)
+                name=f"recovery-{impl}-{run}", storage_path=storage, failure_config=FailureConfig(max_failures=1)
             ),
         ).fit()
     else:
@@ -411,7 +411,7 @@ def recovery(impl: str, storage: str, run: int) -> dict:
             train_loop_config=config,
             scaling_config=ScalingConfig(num_workers=NUM_WORKERS),
             run_config=RunConfig(
-                name=f"recovery-{run}", storage_path=storage, failure_config=FailureConfig(max_failures=1)
+                name=f"recovery-{impl}-{run}", storage_path=storage, failure_config=FailureConfig(max_failures=1)
             ),
         ).fit()
     killed = float(pathlib.Path(marker_dir, "killed.txt").read_text())
