@@ -6,10 +6,12 @@ What a new user writes for a long job: 2 workers report every step (step, loss, 
 throughput), metrics only, and every ``--checkpoint-every`` steps with a small checkpoint. Measured,
 in one fit() on a Ray of its own:
 
-- reports per second, and the cost of a report (rank 0's wall time per report) in the first and in
-  the last window of ``--window`` reports;
+- reports per second, and the cost of a report in the first and in the last window of
+  ``--window`` reports: rank 0's wall time per report, and the driver's CPU time per report (every
+  thread of the driver: the event road, the controller, the run's storage), which load from other
+  processes on the machine does not change;
 - the driver's time to commit a checkpoint round (``RunStorage.record_report`` of a round that
-  commits), over the first and the last 10 commits;
+  commits), wall and CPU (its thread's), over the first and the last 10 commits;
 - the size of ``run.json`` and of the run's metrics log at the end;
 - the driver's RSS: after the first window, its peak while training, and at the end.
 
@@ -87,19 +89,34 @@ def measure(reports: int, checkpoint_every: int, window: int) -> dict[str, Any]:
     import ray
 
     from storage.run_storage import RunStorage
-    from trainers import CheckpointConfig, RunConfig, ScalingConfig
+    from trainers import CheckpointConfig, RunConfig, ScalingConfig, UserCallback
     from trainers.torch import TorchTrainer
 
     commits: list[float] = []
+    commits_cpu: list[float] = []
     record_report = RunStorage.record_report
 
     def timed(self: RunStorage, round_: Any) -> Any:
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.thread_time()
         try:
             return record_report(self, round_)
         finally:
             if round_.commits:
                 commits.append(time.perf_counter() - began)
+                commits_cpu.append(time.thread_time() - began_cpu)
+
+    class DriverCpu(UserCallback):
+        """The driver's CPU time (all its threads) at the first report and at the end of every
+        window of reports after it (the run's start is not a report's cost)."""
+
+        def __init__(self) -> None:
+            self.at: list[float] = []
+
+        def after_report(self, run_context: Any, metrics: Any, checkpoint: Any) -> None:
+            if run_context.num_reports == 1 or run_context.num_reports % window == 1:
+                self.at.append(time.process_time())
+
+    driver_cpu = DriverCpu()
 
     RunStorage.record_report = timed  # type: ignore[method-assign]  # the benchmark's own probe
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
@@ -112,7 +129,10 @@ def measure(reports: int, checkpoint_every: int, window: int) -> dict[str, Any]:
                 train_loop_config={"reports": reports, "checkpoint_every": checkpoint_every, "window": window},
                 scaling_config=ScalingConfig(num_workers=2),
                 run_config=RunConfig(
-                    name="long", storage_path=storage, checkpoint_config=CheckpointConfig(num_to_keep=2)
+                    name="long",
+                    storage_path=storage,
+                    checkpoint_config=CheckpointConfig(num_to_keep=2),
+                    callbacks=[driver_cpu],
                 ),
             ).fit()
             wall_s = time.perf_counter() - started
@@ -121,6 +141,7 @@ def measure(reports: int, checkpoint_every: int, window: int) -> dict[str, Any]:
         RunStorage.record_report = record_report  # type: ignore[method-assign]
         ray.shutdown()
     per_report_ms = [1000 * (b - a) / window for a, b in zip(ends, ends[1:], strict=False)]
+    driver_us = [1e6 * (b - a) / window for a, b in zip(driver_cpu.at, driver_cpu.at[1:], strict=False)]
     first_window_end = ends[1] if len(ends) > 1 else ends[0]
     after_first = [mb for at, mb in rss.samples if at >= first_window_end]
     training = [mb for at, mb in rss.samples if at <= ends[-1]]
@@ -135,8 +156,13 @@ def measure(reports: int, checkpoint_every: int, window: int) -> dict[str, Any]:
         "report_ms_first_window": per_report_ms[0],
         "report_ms_last_window": per_report_ms[-1],
         "report_ms_windows": per_report_ms,
+        "driver_cpu_us_per_report_first_window": driver_us[0],
+        "driver_cpu_us_per_report_last_window": driver_us[-1],
+        "driver_cpu_us_windows": driver_us,
         "commit_ms_first_10": 1000 * statistics.mean(commits[:10]),
         "commit_ms_last_10": 1000 * statistics.mean(commits[-10:]),
+        "commit_cpu_ms_first_10": 1000 * statistics.mean(commits_cpu[:10]),
+        "commit_cpu_ms_last_10": 1000 * statistics.mean(commits_cpu[-10:]),
         "commits": len(commits),
         "run_json_bytes": (run_folder / "run.json").stat().st_size,
         "metrics_log_bytes": log_bytes,
@@ -162,12 +188,17 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         **figures,
     }
-    shown = {k: v for k, v in figures.items() if k != "report_ms_windows"}
+    shown = {k: v for k, v in figures.items() if not k.endswith("_windows")}
     print(json.dumps(shown, indent=2))
     last, first = figures["report_ms_last_window"], figures["report_ms_first_window"]
+    cpu_last, cpu_first = (
+        figures["driver_cpu_us_per_report_last_window"],
+        figures["driver_cpu_us_per_report_first_window"],
+    )
     print(
-        f"last window / first: {last / first:.2f}x; last 10 commits / first 10: "
-        f"{figures['commit_ms_last_10'] / figures['commit_ms_first_10']:.2f}x"
+        f"last window / first: {last / first:.2f}x wall on rank 0, {cpu_last / cpu_first:.2f}x the driver's CPU; "
+        f"last 10 commits / first 10: {figures['commit_ms_last_10'] / figures['commit_ms_first_10']:.2f}x wall, "
+        f"{figures['commit_cpu_ms_last_10'] / figures['commit_cpu_ms_first_10']:.2f}x CPU"
     )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
