@@ -7,7 +7,7 @@ It also plants the defect the event road's acknowledgements exist for, so the so
 finds it (``--plant lost-events``): instead of leaving a faulted connection, the tap keeps reading
 it and acknowledges every frame without delivering it, so the worker forgets events the controller
 never saw, as the road before acknowledgements did when a connection broke with events in flight.
-It writes the event channel's acknowledgement (``trainers/_internal/event_channel.py``) on its own.
+It writes the event channel's acknowledgement (``trainers/_internal/events/event_channel.py``) on its own.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How a run's ranks fared while they trained, as run.json keeps it: each rank's peak memory and
 every straggler episode. Typed records written and read as JSON (``to_json``/``from_json``); the
-workers measure and the controller judges (``trainers/_internal/rank_health.py``,
-``trainers/_internal/stragglers.py``); these are only what travels and is kept."""
+workers measure and the controller judges (``trainers/_internal/health/rank_health.py``,
+``trainers/_internal/health/stragglers.py``); these are only what travels and is kept."""
 
 from __future__ import annotations
 

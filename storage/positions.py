@@ -1,7 +1,7 @@
 """Where a run's data stood when a checkpoint was saved, as run.json keeps it beside the checkpoint
 (``CheckpointRecord.data_position``): typed records, written and read as the JSON run.json has
 always held (``to_json``/``from_json``). The workers count and the controller plans the resume
-(``trainers/_internal/data_position.py``); these are only what travels and is kept."""
+(``trainers/_internal/session/data_position.py``); these are only what travels and is kept."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ class ReportRound:
     """One report round (every rank's ``report()`` of one step), as the controller asks the run's
     storage to record it: rank 0's metrics, and, when a rank passed a checkpoint, everything its
     commit keeps beside them. Built from the round's events in one place
-    (``trainers._internal.round_commit``)."""
+    (``trainers._internal.run.round_commit``)."""
 
     metrics: dict[str, Any]
     report_index: int
@@ -39,7 +39,7 @@ class ReportRound:
     in_place: bool = False
     #: The ranks' uploads together (``UploadStats.combine``), kept beside the metrics.
     upload: UploadStats | None = None
-    #: Where every rank's data stood (``trainers._internal.data_position.round_position``).
+    #: Where every rank's data stood (``trainers._internal.session.data_position.round_position``).
     data_position: RoundPosition | None = None
     #: Every rank's peak memory so far in this attempt, by world rank (None: not measured).
     memory: tuple[MemoryPeak | None, ...] = ()

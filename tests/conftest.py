@@ -169,7 +169,7 @@ def train_worker_actors() -> dict[str, dict]:
 
 def live_train_workers() -> list[dict]:
     """Worker actors alive and not parked for the next run (``FLOWTRAIN_KEEP_WORKERS_S``)."""
-    from trainers._internal.warm_workers import parked_actor_ids
+    from trainers._internal.workers.warm_workers import parked_actor_ids
 
     parked = parked_actor_ids()
     return [a for actor_id, a in train_worker_actors().items() if a.get("State") != "DEAD" and actor_id not in parked]
@@ -194,7 +194,7 @@ def live_placement_groups() -> list[dict]:
 def assert_no_leaks(timeout_s: float = 10.0, new_since: set[str] | None = None) -> None:
     """Every worker actor, its process, and every placement group of finished runs is gone
     (teardown is asynchronous in Ray, so this waits a little)."""
-    from trainers._internal.warm_workers import parked_actor_ids
+    from trainers._internal.workers.warm_workers import parked_actor_ids
 
     deadline = time.monotonic() + timeout_s
     while True:

@@ -1,5 +1,5 @@
 """What a person must be able to read in a timeline picture, checked on the figure as drawn
-(``trainers._internal.timeline_picture.figure``), not on its pixels: a visible tick on every rank's
+(``trainers._internal.health.timeline_picture.figure``), not on its pixels: a visible tick on every rank's
 row for every round, a legend entry for every kind of mark drawn, and no text drawn over other
 text, over the plot or past the picture's edge. Used by the picture's own tests and by the runs
 of tests/test_run_health.py."""
@@ -36,7 +36,7 @@ def assert_readable(timeline: Timeline) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.text import Text
 
-    from trainers._internal.timeline_picture import figure
+    from trainers._internal.health.timeline_picture import figure
 
     drawn = figure(timeline)
     canvas = FigureCanvasAgg(drawn)  # the canvas a saved PNG is drawn on

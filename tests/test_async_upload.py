@@ -18,7 +18,7 @@ from faulty_s3 import moto_s3
 from storage import Checkpoint
 from storage.layout import COMMIT_MARKER
 from trainers import CheckpointConfig, CheckpointUploadMode, DataParallelTrainer, RunConfig, ScalingConfig
-from trainers._internal.events import ReportEvent
+from trainers._internal.events.messages import ReportEvent
 from worker_sessions import make_session
 
 
@@ -159,8 +159,8 @@ def test_a_loop_that_raises_after_an_async_report_sends_the_report_first(tmp_pat
     """The round a rank reported before it raised must reach the controller before its failure:
     the failure waits for the background upload of that report."""
     import trainers
-    from trainers._internal.events import FailedEvent
-    from trainers._internal.worker import run_training_function
+    from trainers._internal.events.messages import FailedEvent
+    from trainers._internal.workers.worker import run_training_function
 
     handler = GatedHandler()
     events = []

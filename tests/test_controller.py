@@ -6,9 +6,9 @@ import pytest
 
 from storage.positions import RankPosition, RoundPosition, ShardRecord
 from trainers import FailureConfig, UserCallback
-from trainers._internal.controller import LAUNCH, Controller, ControllerSettings, State
-from trainers._internal.events import FailedEvent, FinishedEvent, ReportEvent, SyncEvent
-from trainers._internal.failure_policy import FailurePolicy, may_restart
+from trainers._internal.events.messages import FailedEvent, FinishedEvent, ReportEvent, SyncEvent
+from trainers._internal.run.controller import LAUNCH, Controller, ControllerSettings, State
+from trainers._internal.run.failure_policy import FailurePolicy, may_restart
 from trainers.errors import WorkerGroupError
 from trainers.tuning import SETUP_CLASH_RESTARTS
 

@@ -32,8 +32,8 @@ from trainers import (
     get_dataset_shard,
     report,
 )
-from trainers._internal.attempt import _resume_plan
-from trainers._internal.data_position import ShardPosition, plan_resume, position_hooks_problem
+from trainers._internal.session.data_position import ShardPosition, plan_resume, position_hooks_problem
+from trainers._internal.workers.run_workers import _resume_plan
 
 #: 10 batches per rank and epoch, a checkpoint after every third and at each epoch's end.
 NUM_IDS, BATCH, EVERY, EPOCHS = 160, 8, 3, 2

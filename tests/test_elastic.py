@@ -18,10 +18,10 @@ from conftest import assert_no_leaks
 from multinode import RecordedReports, fit_in_background, two_node_cluster
 from test_controller import Listener, MemoryStore, ScriptedWorkers, policy, report
 from trainers import DataParallelTrainer, FailureConfig, InsufficientResourcesError, RunConfig, ScalingConfig
-from trainers._internal.controller import Controller, State
-from trainers._internal.elastic import ElasticSizer, count_workers
-from trainers._internal.events import FailedEvent, FinishedEvent
-from trainers._internal.resources import check_feasible
+from trainers._internal.events.messages import FailedEvent, FinishedEvent
+from trainers._internal.run.controller import Controller, State
+from trainers._internal.workers.elastic import ElasticSizer, count_workers
+from trainers._internal.workers.resources import check_feasible
 
 CPU = {"CPU": 1.0}
 
@@ -64,7 +64,7 @@ def test_too_few_to_start_waits_saying_so_once_until_the_deadline_then_returns_w
         return {"a": {"CPU": 1.0}}
 
     sizer = ElasticSizer(ScalingConfig(num_workers=(2, 4)), free=free, labels=None, clock=lambda: now[0])
-    with caplog.at_level(logging.WARNING, logger="trainers._internal.elastic"):
+    with caplog.at_level(logging.WARNING, logger="trainers._internal.workers.elastic"):
         assert sizer.size_to_start(deadline=2.5) == 1  # RayWorkers.launch then fails: WorkerStartError
     assert caplog.text.count("for the cluster to hold min_workers=2 worker(s) x {CPU: 1}") == 1
 
@@ -185,7 +185,7 @@ def test_an_elastic_run_waits_for_nodes_to_join_until_min_workers_fit(one_node, 
             name="waits", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=0), callbacks=[sizes]
         ),
     )
-    with LogLine("trainers._internal.elastic", "for the cluster to hold min_workers=2 worker(s)") as waiting:
+    with LogLine("trainers._internal.workers.elastic", "for the cluster to hold min_workers=2 worker(s)") as waiting:
         thread, outcome = fit_in_background(trainer)
         try:
             assert waiting.seen.wait(120), outcome  # not InsufficientResourcesError: it waits, saying for what

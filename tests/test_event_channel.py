@@ -18,11 +18,11 @@ import pytest
 
 from benchmarks.chaos_road import ConnectionFaults
 from trainers import Checkpoint, DataParallelTrainer, FailureConfig, Result, RunConfig, ScalingConfig, UserCallback
-from trainers._internal import event_channel
-from trainers._internal.attempt_book import AttemptBook
-from trainers._internal.event_channel import ChannelAddress, EventListener, Outbox
-from trainers._internal.events import ReportEvent, SyncEvent
-from trainers._internal.worker_inbox import WorkerInbox
+from trainers._internal.events import event_channel
+from trainers._internal.events.event_channel import ChannelAddress, EventListener, Outbox
+from trainers._internal.events.messages import ReportEvent, SyncEvent
+from trainers._internal.events.worker_inbox import WorkerInbox
+from trainers._internal.run.attempt_book import AttemptBook
 
 
 @pytest.fixture
@@ -260,7 +260,7 @@ def reporting_loop(config):
 
 
 def test_a_run_whose_workers_cannot_reach_the_controller_reports_through_ray(ray_local, tmp_path, monkeypatch):
-    import trainers._internal.worker_inbox as inbox
+    import trainers._internal.events.worker_inbox as inbox
 
     class Unreachable(EventListener):
         """Listens, but tells the workers a port nothing listens on."""
@@ -286,7 +286,7 @@ def test_a_run_whose_workers_cannot_reach_the_controller_reports_through_ray(ray
 
 
 def test_a_normal_run_reports_every_round_over_the_socket(ray_local, tmp_path, monkeypatch):
-    import trainers._internal.worker_inbox as inbox
+    import trainers._internal.events.worker_inbox as inbox
 
     over_socket: list[int] = []
 

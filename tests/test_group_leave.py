@@ -22,7 +22,7 @@ HOLD_S = 300
 def _rank(rank: int, port: int, said: queue.Queue) -> None:
     import torch
 
-    from trainers._internal import collectives
+    from trainers._internal.workers import collectives
     from trainers.torch.rendezvous import join_at_store
 
     torch.set_num_threads(1)

@@ -9,7 +9,7 @@ import pytest
 import trainers
 from conftest import assert_no_leaks, live_placement_groups
 from trainers import DataParallelTrainer, InsufficientResourcesError, RunConfig, ScalingConfig, UserCallback
-from trainers._internal.resources import label_matches
+from trainers._internal.workers.resources import label_matches
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ import trainers
 from test_controller import MemoryStore, ScriptedWorkers, policy
 from test_s3_storage import s3  # noqa: F401 (the moto server fixture)
 from trainers import Checkpoint, DataParallelTrainer, FailureConfig, Result, RunConfig, ScalingConfig, WorkerGroupError
-from trainers._internal.controller import Controller, ControllerSettings
-from trainers._internal.events import NOT_TRAINING, FailedEvent, ReportEvent
+from trainers._internal.events.messages import NOT_TRAINING, FailedEvent, ReportEvent
+from trainers._internal.run.controller import Controller, ControllerSettings
 
 #: Attempts per run; each one commits a round and fails right after it. 10 on each storage, 20 in
 #: all: each attempt starts a new worker group, so more would cost the suite seconds per attempt.

@@ -4,6 +4,8 @@
 - Into trainers: code outside ``trainers/`` uses its public modules, never ``trainers._internal``.
 - Inside trainers: ``trainers/_internal`` (and ``storage``) never import a framework module
   (``trainers.torch``, ``trainers.xgboost``, ...), ``tasks`` or ``flows``; those build on them.
+- Inside ``trainers/_internal``: its parts import only the parts below them (``PARTS``, lowest
+  first; the modules at its top level are the ground every part stands on).
 """
 
 from __future__ import annotations
@@ -44,8 +46,13 @@ UPPER = (
 )
 
 
+#: The parts of ``trainers/_internal`` (its sub-packages), lowest first: a part imports only parts
+#: before it in this list, and the modules at the top of ``trainers/_internal``.
+PARTS = ("events", "health", "session", "workers", "run")
+
+
 def module_name(path: pathlib.Path, root: pathlib.Path) -> str:
-    """``trainers/_internal/attempt.py`` -> ``trainers._internal.attempt`` (a package's ``__init__`` is the package)."""
+    """``trainers/_internal/workers/run_workers.py`` -> ``trainers._internal.workers.run_workers`` (a package's ``__init__`` is the package)."""
     parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -118,6 +125,66 @@ def test_internals_are_reached_through_public_modules_and_never_import_upward():
     assert not violations, "imports pointing the wrong way:\n" + "\n".join(violations)
 
 
+def _part(module: str) -> str | None:
+    """The part of ``trainers/_internal`` that ``module`` lives in (None: its top level, or outside)."""
+    rest = module.removeprefix(INTERNAL + ".")
+    part = rest.split(".")[0]
+    return part if rest != module and part in PARTS else None
+
+
+def part_order_violations(root: pathlib.Path) -> list[str]:
+    """``file:line imports module (part a is below part b)`` for every import inside
+    ``trainers/_internal`` that points to a part above the importer's, and every import of a part
+    from the ground (the modules at its top level)."""
+    found = []
+    for path in sorted((root / "trainers" / "_internal").rglob("*.py")):
+        here = _part(module_name(path, root))
+        rank = PARTS.index(here) if here else -1
+        for line, modules in imports(path, root):
+            for module in modules:
+                there = _part(module)
+                if there is not None and PARTS.index(there) > rank:
+                    where = path.relative_to(root).as_posix()
+                    found.append(f"{where}:{line} imports {module} ({here or 'the ground'} is below {there})")
+                    break
+    return found
+
+
+def test_the_parts_of_internal_import_only_the_parts_below_them():
+    violations = part_order_violations(ROOT)
+    assert not violations, "imports against the order of the parts (tests/test_layers.py PARTS):\n" + "\n".join(
+        violations
+    )
+
+
+def test_part_order_scan_catches_an_import_up(tmp_path):
+    files = {
+        "trainers/_internal/ray_private.py": "from trainers._internal.workers.warm_workers import kill_actors\n",
+        "trainers/_internal/events/messages.py": "from trainers._internal.ray_private import x\n",
+        "trainers/_internal/health/goodput.py": "from trainers._internal.events import messages\n",
+        "trainers/_internal/session/data.py": "def f():\n    from trainers._internal.run.controller import Controller\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert part_order_violations(tmp_path) == [
+        "trainers/_internal/ray_private.py:1 imports trainers._internal.workers.warm_workers (the ground is below workers)",
+        "trainers/_internal/session/data.py:2 imports trainers._internal.run.controller (session is below run)",
+    ]
+
+
+def test_each_part_is_a_package_that_says_what_it_holds():
+    internal = ROOT / "trainers" / "_internal"
+    assert sorted(p.name for p in internal.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(PARTS)
+    for part in PARTS:
+        doc = ast.get_docstring(ast.parse((internal / part / "__init__.py").read_text()))
+        assert doc and len(doc.split()) >= 20, (
+            f"trainers/_internal/{part}/__init__.py needs a paragraph saying what it holds"
+        )
+    top = sorted(p.name for p in internal.glob("*.py"))
+    assert len(top) <= 12, f"trainers/_internal has {len(top)} modules at its top level: {top}"
+
+
 def test_scan_catches_a_forbidden_import(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("import os\nfrom prefect import flow\nimport ray.data\n")
@@ -127,7 +194,7 @@ def test_scan_catches_a_forbidden_import(tmp_path):
 def test_scan_catches_planted_wrong_way_imports(tmp_path):
     files = {
         "trainers/__init__.py": "",
-        "trainers/cluster.py": "from trainers._internal.resources import cluster_nodes\n",  # allowed: inside trainers
+        "trainers/cluster.py": "from trainers._internal.workers.resources import cluster_nodes\n",  # allowed: inside trainers
         "trainers/_internal/__init__.py": "",
         "trainers/_internal/fine.py": "from trainers.config import ScalingConfig\nfrom storage import Checkpoint\n",
         "trainers/_internal/face.py": "import trainers\n",
@@ -138,13 +205,13 @@ def test_scan_catches_planted_wrong_way_imports(tmp_path):
         "tasks/__init__.py": "",
         "tasks/train.py": "from trainers import _internal\nfrom trainers.cluster import ensure_ray\n",
         "flows/__init__.py": "",
-        "flows/pipeline.py": "def g():\n    import trainers._internal.session as session\n",
+        "flows/pipeline.py": "def g():\n    import trainers._internal.session.worker_session as session\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert layer_violations(tmp_path) == [
-        "flows/pipeline.py:2 imports trainers._internal.session (outside trainers/: use a public module of trainers)",
+        "flows/pipeline.py:2 imports trainers._internal.session.worker_session (outside trainers/: use a public module of trainers)",
         "storage/up.py:1 imports tasks.train (storage/ is below tasks)",
         "tasks/train.py:1 imports trainers._internal (outside trainers/: use a public module of trainers)",
         "trainers/_internal/face.py:1 imports trainers (trainers/_internal/ is below trainers (the package's face))",

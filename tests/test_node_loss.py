@@ -112,7 +112,7 @@ def test_lost_node_without_replacement_is_a_clear_error_not_a_hang(two_nodes, tm
 def test_node_lost_while_the_workers_start_names_the_node_within_the_timeout(two_nodes, tmp_path, monkeypatch):
     """The group is placed on both nodes, then the spare node dies before its worker starts: the
     start-up wait ends at the start timeout with the node and the resources named, not a hang."""
-    import trainers._internal.attempt as attempt
+    import trainers._internal.workers.run_workers as attempt
 
     cluster, spare = two_nodes
     split = attempt.split_datasets

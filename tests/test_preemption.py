@@ -24,9 +24,9 @@ from trainers import (
     ScalingConfig,
     TrainingFailedError,
 )
-from trainers._internal.controller import Controller, ControllerSettings
-from trainers._internal.events import FailedEvent, FinishedEvent
-from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
+from trainers._internal.events.messages import FailedEvent, FinishedEvent
+from trainers._internal.run.controller import Controller, ControllerSettings
+from trainers._internal.workers.preemption_watch import DrainWatch, PreemptionNotice
 from trainers.errors import WorkerError, WorkerGroupError
 
 

@@ -81,7 +81,7 @@ def test_use_gpu_asks_each_worker_for_one_gpu_and_no_cpu_as_ray_does():
 
 
 def test_a_gpu_node_with_few_cpus_fits_one_worker_per_gpu():
-    from trainers._internal.resources import check_feasible
+    from trainers._internal.workers.resources import check_feasible
 
     check_feasible(ScalingConfig(num_workers=8, use_gpu=True), [{"CPU": 4.0, "GPU": 8.0}])
 
@@ -181,7 +181,7 @@ def test_worker_group_error_takes_ray_s_parameters_and_pickles_as_itself():
 def _hung_run(collective_backend):
     """A 2-rank run stepped by hand where rank 1 never reports step 0 (scripted workers, no Ray)."""
     from test_controller import MemoryStore, ScriptedWorkers, policy, report
-    from trainers._internal.controller import Controller, ControllerSettings, State
+    from trainers._internal.run.controller import Controller, ControllerSettings, State
 
     now = [0.0]
     workers = ScriptedWorkers(2, [[[report(0, 0)], [], []]])

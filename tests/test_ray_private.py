@@ -231,7 +231,7 @@ def test_counting_iterator(ray_local, blocks_in_order):
     import ray.data
 
     from storage.positions import ShardRecord
-    from trainers._internal.data_position import ShardPosition
+    from trainers._internal.session.data_position import ShardPosition
 
     dataset = ray.data.range(30, override_num_blocks=3)
     with private_use("counting_iterator"):
@@ -341,7 +341,7 @@ def test_count_items(monkeypatch):
     """Not a use of Ray's private parts: the counting and timing that ``counting_iterator``'s
     passes do, for batches already in hand (``trainers.testing.ShardCounter.count``). On a clock
     of the test's own, the time the loop waited for each item is counted and its own time is not."""
-    from trainers._internal.data_position import ShardPosition
+    from trainers._internal.session.data_position import ShardPosition
 
     now = [0.0]
     monkeypatch.setattr(ray_private, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))

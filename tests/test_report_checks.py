@@ -118,7 +118,7 @@ def test_single_element_arrays_and_tensors_are_reported_as_numbers():
     import numpy as np
     import torch
 
-    from trainers._internal.session import plain_metrics
+    from trainers._internal.session.worker_session import plain_metrics
 
     metrics = plain_metrics(
         {"a": np.array(2.5), "b": torch.tensor([3.0]), "c": np.array([[4]]), "v": {"d": torch.tensor(1)}}
@@ -209,7 +209,7 @@ def test_values_ray_accepts_keep_their_types_in_callbacks_the_result_and_from_pa
 def test_tensors_reach_the_driver_detached_and_the_score_stays_strict():
     import torch
 
-    from trainers._internal.session import check_score, plain_metrics
+    from trainers._internal.session.worker_session import check_score, plain_metrics
 
     needs_grad = torch.tensor([0.5, 0.75], requires_grad=True) * 2
     kept = plain_metrics({"pair": needs_grad})["pair"]

@@ -17,7 +17,7 @@ from storage import Checkpoint, CheckpointConfig, RunStorage, upload_directory
 from storage.layout import RunLayout
 from storage.protocol import ReportRound
 from trainers import CheckpointUploadMode, DataParallelTrainer, RunConfig, ScalingConfig, WorkerGroupError
-from trainers._internal.session import WorkerSession
+from trainers._internal.session.worker_session import WorkerSession
 from trainers.context import StorageInfo, TrainContext
 
 

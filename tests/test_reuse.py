@@ -1,4 +1,4 @@
-"""The one rule for reusing worker processes (``trainers._internal.reuse``), reason by reason, and
+"""The one rule for reusing worker processes (``trainers._internal.workers.reuse``), reason by reason, and
 what a reused process puts back (``fresh_process``), without Ray."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import types
 
 import pytest
 
-from trainers._internal import reuse
-from trainers._internal.fresh_process import TORCH_START_SEED, ProcessBaseline, installed_roots, is_user_module
-from trainers._internal.reuse import GroupFacts, Reuse, refusal
+from trainers._internal.workers import reuse
+from trainers._internal.workers.fresh_process import TORCH_START_SEED, ProcessBaseline, installed_roots, is_user_module
+from trainers._internal.workers.reuse import GroupFacts, Reuse, refusal
 
 TORCH = GroupFacts(backend_reuses=True, backend_name="torch")
 
@@ -111,7 +111,7 @@ def test_deterministic_algorithms_are_put_back_without_importing_inductor():
     and still turns them off when it did."""
     code = (
         "import sys, torch\n"
-        "from trainers._internal.fresh_process import restore_torch_settings\n"
+        "from trainers._internal.workers.fresh_process import restore_torch_settings\n"
         "restore_torch_settings()\n"
         "untouched = 'torch._inductor.config' not in sys.modules\n"
         "torch.use_deterministic_algorithms(True, warn_only=True)\n"
@@ -137,8 +137,8 @@ def test_a_failed_training_function_leaves_nothing_of_its_frames_alive(tmp_path)
 
     import pyarrow.fs as pafs
 
-    from trainers._internal.events import FailedEvent
-    from trainers._internal.worker import run_training_function
+    from trainers._internal.events.messages import FailedEvent
+    from trainers._internal.workers.worker import run_training_function
     from worker_sessions import make_session
 
     events: list = []

@@ -22,12 +22,12 @@ from picture_checks import assert_readable
 from storage.health import MemoryPeak, RunHealth, StragglerRecord, Timeline
 from storage.snapshot import RunSnapshot
 from trainers import FailureConfig, RunConfig, ScalingConfig, UserCallback, get_context, report
-from trainers._internal.controller import Controller, ControllerSettings, State
-from trainers._internal.events import FinishedEvent, ReportEvent
-from trainers._internal.failure_policy import FailurePolicy
+from trainers._internal.events.messages import FinishedEvent, ReportEvent
+from trainers._internal.health.rank_health import RankHealth, memory_limit, peak_memory, reset_peaks
+from trainers._internal.health.stragglers import StragglerWatch
 from trainers._internal.network import interface_carrying
-from trainers._internal.rank_health import RankHealth, memory_limit, peak_memory, reset_peaks
-from trainers._internal.stragglers import StragglerWatch
+from trainers._internal.run.controller import Controller, ControllerSettings, State
+from trainers._internal.run.failure_policy import FailurePolicy
 from trainers.health import StragglerSettings, waiting
 
 # -- the judge -------------------------------------------------------------------------------------
@@ -182,7 +182,7 @@ def test_the_controller_names_a_straggler_in_the_record_the_log_and_the_listener
         listeners=[Heard()],
         settings=ControllerSettings(poll_timeout_s=0.0, stragglers=StragglerSettings(1.5, 3)),
     )
-    with caplog.at_level("WARNING", logger="trainers._internal.controller"):
+    with caplog.at_level("WARNING", logger="trainers._internal.run.controller"):
         while controller.step() not in (State.FINISHED, State.FAILED):
             pass
     assert controller.state is State.FINISHED
@@ -359,7 +359,7 @@ def test_the_memory_limit_is_the_tightest_of_the_cgroups_and_rlimit_as():
 
     code = (
         "import resource; resource.setrlimit(resource.RLIMIT_AS, (8 * 2**30, resource.RLIM_INFINITY)); "
-        "from trainers._internal.rank_health import memory_limit; print(memory_limit())"
+        "from trainers._internal.health.rank_health import memory_limit; print(memory_limit())"
     )
     limited = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(limited.stdout) <= 8 * 2**30
@@ -371,7 +371,7 @@ def test_the_memory_limit_is_the_tightest_of_the_cgroups_and_rlimit_as():
 
 
 def test_the_goodput_clock_puts_every_second_in_one_part_and_moves_thrown_away_training_out():
-    from trainers._internal.goodput import GoodputClock, Phase
+    from trainers._internal.health.goodput import GoodputClock, Phase
 
     now = [0.0]
     clock = GoodputClock(lambda: now[0], gpus_per_worker=1.0)
@@ -621,7 +621,7 @@ def test_a_run_that_waits_for_its_data_is_named_input_bound_and_a_compute_bound_
     from trainers.torch import TorchTrainer
 
     datasets = {"train": ray.data.range(32, override_num_blocks=8).map_batches(_slow_rows, batch_size=4)}
-    with caplog.at_level("INFO", logger="trainers._internal.controller"):
+    with caplog.at_level("INFO", logger="trainers._internal.run.controller"):
         result = TorchTrainer(
             _reads_its_input,
             train_loop_config={"input": input_kind},
@@ -779,7 +779,7 @@ def test_the_health_cost_benchmark_measures_both_sides_and_writes_its_json(tmp_p
 
 
 def test_out_of_memory_is_told_from_errors_and_from_a_death_at_the_limit():
-    from trainers._internal.memory_failure import is_out_of_memory
+    from trainers._internal.health.memory_failure import is_out_of_memory
     from trainers.errors import RankFailure
 
     assert is_out_of_memory(MemoryError())

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trainers import InsufficientResourcesError, ScalingConfig
-from trainers._internal.ranks import assign_ranks
-from trainers._internal.resources import check_feasible
+from trainers._internal.workers.ranks import assign_ranks
+from trainers._internal.workers.resources import check_feasible
 
 
 def test_ranks_group_workers_by_node_driver_node_first():

@@ -229,9 +229,14 @@ def test_a_worker_imports_neither_the_driver_side_nor_torch_trainer():
     import subprocess
     import sys
 
-    driver_side = ("trainers.data_parallel_trainer", "trainers._internal.controller", "storage.run_storage", "pandas")
+    driver_side = (
+        "trainers.data_parallel_trainer",
+        "trainers._internal.run.controller",
+        "storage.run_storage",
+        "pandas",
+    )
     code = (
-        "import sys, trainers._internal.worker, trainers.torch.config; "
+        "import sys, trainers._internal.workers.worker, trainers.torch.config; "
         f"print(sorted(m for m in {driver_side!r} if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from trainers._internal.devices import assign_visible_devices
+from trainers._internal.workers.devices import assign_visible_devices
 from trainers.context import StorageInfo, TrainContext, _set_context
 from trainers.torch import get_device, get_devices, prepare_data_loader, prepare_model
 

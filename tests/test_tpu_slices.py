@@ -10,7 +10,7 @@ import jax_loops
 from conftest import assert_no_leaks
 from test_jax import PerRank
 from trainers import RunConfig, ScalingConfig
-from trainers._internal.tpu import multislice_env
+from trainers._internal.workers.tpu import multislice_env
 
 POD_TYPE = "v4-16"
 TOPOLOGY = "2x2x2"

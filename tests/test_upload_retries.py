@@ -39,7 +39,7 @@ from trainers import (
     WorkerGroupError,
     errors,
 )
-from trainers._internal import checkpoint_upload
+from trainers._internal.session import checkpoint_upload
 
 #: The workers' retry policy in these runs: quick, so a spent budget costs milliseconds.
 FAST_RETRIES = {"FLOWTRAIN_UPLOAD_BACKOFF_S": "0.01", "FLOWTRAIN_UPLOAD_BACKOFF_MAX_S": "0.05"}

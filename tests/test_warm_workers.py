@@ -12,7 +12,7 @@ import pytest
 from conftest import TEST_NUM_CPUS, live_train_workers, process_alive
 from prefect_server import wait_until
 from trainers import DataParallelTrainer, RunConfig, ScalingConfig, WorkerGroupError
-from trainers._internal import warm_workers
+from trainers._internal.workers import warm_workers
 from trainers.backend import Backend, BackendConfig
 from trainers.torch import TorchTrainer
 

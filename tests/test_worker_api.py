@@ -7,8 +7,8 @@ import io
 import pytest
 
 import trainers
-from trainers._internal.progress import ProgressLine
-from trainers._internal.session import plain_metrics
+from trainers._internal.run.progress import ProgressLine
+from trainers._internal.session.worker_session import plain_metrics
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from storage.layout import RunLayout
-from trainers._internal.session import WorkerSession
+from trainers._internal.session.worker_session import WorkerSession
 from trainers.context import StorageInfo, TrainContext
 
 

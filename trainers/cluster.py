@@ -13,6 +13,6 @@ deciding how many trials train at once::
 """
 
 from trainers._internal.ray_init import ensure_ray
-from trainers._internal.resources import bundles_that_fit, check_feasible, cluster_nodes
+from trainers._internal.workers.resources import bundles_that_fit, check_feasible, cluster_nodes
 
 __all__ = ["bundles_that_fit", "check_feasible", "cluster_nodes", "ensure_ray"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from trainers._internal.session import get_session
+from trainers._internal.session.worker_session import get_session
 
 T = TypeVar("T")
 

@@ -12,15 +12,20 @@ from typing import Any
 from storage import Checkpoint, CheckpointConfig, RunStorage
 from storage.health import Timeline
 from storage.lease import new_owner
-from trainers._internal.attempt import LocalWorkers, RayWorkers, RunSpec
-from trainers._internal.controller import Controller, ControllerSettings
-from trainers._internal.data import capture_data_context, check_dataset_values, check_row_counts, resolve_datasets
-from trainers._internal.failure_policy import FailurePolicy
 from trainers._internal.log_level import log_level
-from trainers._internal.progress import ProgressLine
 from trainers._internal.ray_private import TuneTrainableAttributes
-from trainers._internal.run_hooks import RunHooks
-from trainers._internal.validation_runner import make_runner
+from trainers._internal.run.controller import Controller, ControllerSettings
+from trainers._internal.run.failure_policy import FailurePolicy
+from trainers._internal.run.progress import ProgressLine
+from trainers._internal.run.run_hooks import RunHooks
+from trainers._internal.run.validation_runner import make_runner
+from trainers._internal.session.data import (
+    capture_data_context,
+    check_dataset_values,
+    check_row_counts,
+    resolve_datasets,
+)
+from trainers._internal.workers.run_workers import LocalWorkers, RayWorkers, RunSpec
 from trainers.backend import BackendConfig
 from trainers.callback import TrainRunContext
 from trainers.config import DataConfig, FailureConfig, RunConfig, ScalingConfig
@@ -233,7 +238,7 @@ class DataParallelTrainer(TuneTrainableAttributes):
 
             ensure_ray()
         if scaling.max_workers > 0:
-            from trainers._internal.resources import (
+            from trainers._internal.workers.resources import (
                 check_feasible,
                 check_label_selector,
                 cluster_nodes,

@@ -58,7 +58,7 @@ from trainers._internal.cluster_checks import (
     write_probe,
 )
 from trainers._internal.ray_init import is_auth_failure
-from trainers._internal.resources import check_feasible
+from trainers._internal.workers.resources import check_feasible
 from trainers.config import ScalingConfig
 from trainers.errors import InsufficientResourcesError
 

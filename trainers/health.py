@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow.fs
 
-from trainers._internal.health_settings import (
+from trainers._internal.health.health_settings import (
     FACTOR_ENV,
     PREFLIGHT_ENV,
     PREFLIGHT_FACTOR_ENV,
@@ -81,7 +81,7 @@ if TYPE_CHECKING:
 def waiting() -> Iterator[None]:
     """Inside a worker's training function: the time inside is spent waiting on other ranks (a
     collective), not on this rank's own step. Elsewhere it does nothing."""
-    from trainers._internal.session import current_session
+    from trainers._internal.session.worker_session import current_session
 
     session = current_session()
     if session is None:
@@ -111,7 +111,7 @@ def draw_timeline(
 
 def draw_timeline_into(storage: RunStorage, timeline: Timeline) -> str:
     """Draw ``timeline`` as ``.health/timeline-attemptNNNN.png`` of ``storage``'s run; return its path."""
-    from trainers._internal.timeline_picture import draw
+    from trainers._internal.health.timeline_picture import draw
 
     with tempfile.TemporaryDirectory(prefix="flowtrain-timeline-") as folder:
         local = os.path.join(folder, "timeline.png")

@@ -47,10 +47,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from storage.positions import RankPosition
-from trainers._internal.data_position import DataPositions, ShardPosition
-from trainers._internal.event_channel import EventTap, Fate, tap_event_road
-from trainers._internal.rank_health import RankHealth
+from trainers._internal.events.event_channel import EventTap, Fate, tap_event_road
+from trainers._internal.health.rank_health import RankHealth
 from trainers._internal.ray_private import count_items
+from trainers._internal.session.data_position import DataPositions, ShardPosition
 
 __all__ = ["EventTap", "Fate", "RankHealthMeter", "RoundHealthJudge", "ShardCounter", "tap_event_road"]
 
@@ -99,11 +99,11 @@ class RoundHealthJudge:
     takes them one by one and returns the ranks it named stragglers."""
 
     def __init__(self, ranks: int) -> None:
-        from trainers._internal.attempt_book import AttemptBook
-        from trainers._internal.goodput import GoodputClock
-        from trainers._internal.health_settings import StragglerSettings
-        from trainers._internal.stragglers import StragglerWatch
-        from trainers._internal.timeline import TimelineBook
+        from trainers._internal.health.goodput import GoodputClock
+        from trainers._internal.health.health_settings import StragglerSettings
+        from trainers._internal.health.stragglers import StragglerWatch
+        from trainers._internal.health.timeline import TimelineBook
+        from trainers._internal.run.attempt_book import AttemptBook
 
         self.ranks = ranks
         self._book = AttemptBook(time.monotonic)
@@ -114,7 +114,7 @@ class RoundHealthJudge:
 
     def rounds(self, steps: Sequence[Sequence[float]]) -> list[Any]:
         """One round per entry of ``steps`` (each rank's step in seconds), ready to ``judge``."""
-        from trainers._internal.events import ReportEvent
+        from trainers._internal.events.messages import ReportEvent
 
         return [
             {rank: ReportEvent(rank, index, {"step": index}, False, busy_s=busy) for rank, busy in enumerate(row)}
@@ -122,7 +122,7 @@ class RoundHealthJudge:
         ]
 
     def judge(self, round_: Any) -> list[int]:
-        from trainers._internal.round_commit import round_memory, round_steps
+        from trainers._internal.run.round_commit import round_memory, round_steps
 
         book = self._book
         for rank, event in round_.items():  # what AttemptBook.add keeps of each report's health

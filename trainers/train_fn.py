@@ -7,8 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from storage import Checkpoint
-from trainers._internal import reported_checkpoints
-from trainers._internal.session import get_session
+from trainers._internal.session import reported_checkpoints
+from trainers._internal.session.worker_session import get_session
 from trainers.preemption import PreemptionInfo
 from trainers.report_config import CheckpointUploadMode
 from trainers.validation import CheckpointConsistencyMode, ReportedCheckpoint, ValidationTaskConfig

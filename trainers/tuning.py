@@ -10,8 +10,8 @@ Kept beside the code they time, for the reason given:
 
 - ``storage/run_storage.py``: ``METRICS_FLUSH_INTERVAL_S``, and ``storage/upload.py``: the upload
   retries, backoff and threads (``FLOWTRAIN_UPLOAD_*``). ``storage`` imports nothing of ``trainers``.
-- ``trainers/_internal/worker_group.py``: ``TURN_CHECK_S``; ``trainers/_internal/worker_inbox.py``:
-  ``LONG_POLL_S``, ``UNAVAILABLE_GRACE_S``; ``trainers/_internal/event_channel.py``:
+- ``trainers/_internal/workers/worker_group.py``: ``TURN_CHECK_S``; ``trainers/_internal/events/worker_inbox.py``:
+  ``LONG_POLL_S``, ``UNAVAILABLE_GRACE_S``; ``trainers/_internal/events/event_channel.py``:
   ``CONNECT_TIMEOUT_S``, ``ACK_TIMEOUT_S``. The report path, being reworked as one piece.
 """
 

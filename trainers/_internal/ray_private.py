@@ -9,6 +9,7 @@ one that broke: after upgrading Ray, run it, fix what it names, then move ``CHEC
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -130,7 +131,7 @@ def end_dataset_splits(shards: list[dict[str, Any]]) -> int:
     Uses ``StreamSplitDataIterator._coord_actor`` (``ray.data._internal.iterator``). Public
     replacement: none; a ``DataIterator`` has no way to be cancelled from outside in 2.60.
     """
-    from trainers._internal.warm_workers import kill_actors
+    import ray
 
     coordinators: dict[Any, Any] = {}
     for shard in shards:
@@ -138,7 +139,9 @@ def end_dataset_splits(shards: list[dict[str, Any]]) -> int:
             actor = getattr(iterator, "_coord_actor", None)
             if actor is not None:
                 coordinators[actor._actor_id] = actor
-    kill_actors(coordinators.values())
+    for actor in coordinators.values():
+        with contextlib.suppress(Exception):  # already dead, or Ray shut down: gone either way
+            ray.kill(actor, no_restart=True)
     return len(coordinators)
 
 
@@ -179,7 +182,7 @@ def right_size_footer_readers(dataset: Any) -> None:
 
 def counting_iterator(inner: Any, position: Any, waits: Any) -> Any:
     """``inner`` (a Ray Data ``DataIterator``, a worker's shard) as a ``DataIterator`` that tells
-    ``position`` what it hands to the training loop (``trainers._internal.data_position``), and
+    ``position`` what it hands to the training loop (``trainers._internal.session.data_position``), and
     adds the seconds the loop waits for each batch to ``waits.data_wait_s`` (a ``RankHealth``).
 
     Each pass over it (an ``iter_batches``/``iter_torch_batches``/``iter_rows``/``to_tf``...

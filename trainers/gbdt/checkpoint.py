@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar, Self
 
-from trainers._internal.framework_checkpoint import FrameworkCheckpoint
+from trainers._internal.session.framework_checkpoint import FrameworkCheckpoint
 
 
 class GBDTCheckpoint(FrameworkCheckpoint):

@@ -78,8 +78,8 @@ class GBDTTrainer(DataParallelTrainer):
         dataset are checked first, before any worker starts."""
         if self._param_form is None:
             return super().fit()
-        from trainers._internal.data import resolve_datasets
         from trainers._internal.ray_init import ensure_ray
+        from trainers._internal.session.data import resolve_datasets
 
         ensure_ray()
         given = self.datasets

@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from trainers._checks import check_bool, check_number
-from trainers._internal.tpu import multislice_env
+from trainers._internal.workers.tpu import multislice_env
 from trainers.backend import Backend, BackendConfig, free_port, host_port
 from trainers.tuning import JAX_SHUTDOWN_TIMEOUT_S
 

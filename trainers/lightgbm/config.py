@@ -96,7 +96,7 @@ def get_network_params() -> dict[str, Any]:
     Raises:
         RuntimeError: outside ``train_loop_per_worker``.
     """
-    from trainers._internal.session import get_session
+    from trainers._internal.session.worker_session import get_session
 
     get_session("get_network_params")
     if _network is None:

@@ -8,7 +8,7 @@ import shutil
 from typing import Any, ClassVar
 
 from storage import Checkpoint
-from trainers._internal.framework_checkpoint import FrameworkCheckpoint
+from trainers._internal.session.framework_checkpoint import FrameworkCheckpoint
 
 #: Metadata key naming which Keras wrote the model: "tf_keras" (Keras 2) or "keras" (Keras 3).
 KERAS_KEY = "keras_package"

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import torch
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
-from trainers._internal.framework_checkpoint import FrameworkCheckpoint
+from trainers._internal.session.framework_checkpoint import FrameworkCheckpoint
 
 
 def _strip_ddp_prefix(state_dict: dict[str, Any]) -> dict[str, Any]:

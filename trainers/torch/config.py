@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from trainers._checks import check_choice, check_number
-from trainers._internal.collectives import leave
+from trainers._internal.workers.collectives import leave
 from trainers.backend import Backend, BackendConfig, host_port
 from trainers.torch.rendezvous import host_store, hosted_store_port, join_at_store, new_generation
 

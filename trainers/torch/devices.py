@@ -1,4 +1,4 @@
-"""This worker's torch devices (``trainers._internal.devices`` decides which GPUs each worker has)."""
+"""This worker's torch devices (``trainers._internal.workers.devices`` decides which GPUs each worker has)."""
 
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import ray
 
-from trainers._internal import collectives
 from trainers._internal.network import pin_collective_interface
+from trainers._internal.workers import collectives
 
 _lock = threading.Lock()
 #: The store this process hosts, once it hosts one.

@@ -17,7 +17,7 @@ from typing import Any
 from torch.utils.data import DataLoader, DistributedSampler
 
 from storage.positions import LoaderRecord
-from trainers._internal.session import current_session
+from trainers._internal.session.worker_session import current_session
 
 
 class PositionedSampler(DistributedSampler):

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 from trainers import context as _context
-from trainers._internal.data_position import DataPositions
-from trainers._internal.session import current_data_positions
+from trainers._internal.session.data_position import DataPositions
+from trainers._internal.session.worker_session import current_data_positions
 from trainers.torch.amp import autocast_model, current_amp
 from trainers.torch.devices import get_device
 from trainers.torch.fsdp_options import apply_fsdp, plan_fsdp

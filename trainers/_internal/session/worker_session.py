@@ -21,13 +21,13 @@ from storage import Checkpoint
 from storage.layout import RunLayout
 from storage.retention import flatten
 from trainers._checks import pickling_error
-from trainers._internal import checkpoint_upload
-from trainers._internal.data_position import DataPositions
-from trainers._internal.events import Event, ReportEvent, SyncEvent, TrainingInterrupted
-from trainers._internal.memory_failure import record_cuda_history
-from trainers._internal.rank_health import RankHealth
-from trainers._internal.reported_checkpoints import Answer, Answers
-from trainers._internal.uploader import OrderedUploader
+from trainers._internal.events.messages import Event, ReportEvent, SyncEvent, TrainingInterrupted
+from trainers._internal.health.memory_failure import record_cuda_history
+from trainers._internal.health.rank_health import RankHealth
+from trainers._internal.session import checkpoint_upload
+from trainers._internal.session.data_position import DataPositions
+from trainers._internal.session.reported_checkpoints import Answer, Answers
+from trainers._internal.session.uploader import OrderedUploader
 from trainers.context import TrainContext, _set_context
 from trainers.report_config import CheckpointUploadMode
 from trainers.tuning import BROADCAST_WARN_BYTES, SYNC_WAKE_S
@@ -216,7 +216,7 @@ class WorkerSession:
         for: until a later SYNC or NO_UPLOAD report, the previous checkpoint is returned.
         """
         if self._unseen_commit is not None:
-            from trainers._internal.reported_checkpoints import read
+            from trainers._internal.session.reported_checkpoints import read
             from trainers.validation import CheckpointConsistencyMode
 
             kept = read(self, CheckpointConsistencyMode.COMMITTED, None)

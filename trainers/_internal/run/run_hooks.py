@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from storage import RunStorage
-from trainers._internal.controller import Controller
+from trainers._internal.run.controller import Controller
 from trainers.callback import UserCallback
 from trainers.errors import ControllerError
 from trainers.result import Result

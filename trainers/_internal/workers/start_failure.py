@@ -9,7 +9,7 @@ moment, so the error says where to look instead of only "timed out".
 from __future__ import annotations
 
 from trainers._internal.ray_private import available_resources_per_node
-from trainers._internal.resources import _fmt as format_resources
+from trainers._internal.workers.resources import _fmt as format_resources
 
 
 def _fmt(resources: dict[str, float]) -> str:

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from storage.health import PreflightRecord
-from trainers._internal.health_settings import PreflightSettings
+from trainers._internal.health.health_settings import PreflightSettings
 from trainers._internal.network import INTERFACE_VARIABLES
 from trainers.errors import PreflightError
 

@@ -1,7 +1,7 @@
 """One attempt's bookkeeping: the report rounds and barriers under way, and the ranks that
 finished or failed.
 
-The controller (``trainers._internal.controller``) decides what to do; this only records what
+The controller (``trainers._internal.run.controller``) decides what to do; this only records what
 the workers said and answers which round or barrier is complete, which rank lags and which
 ranks a round still waits for. It never talks to workers or storage.
 """
@@ -12,10 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from storage.health import MemoryPeak
-from trainers._internal.events import FailedEvent, FinishedEvent, ReportEvent, SyncEvent
-
-#: The rank under which a failure to start the whole group is recorded.
-LAUNCH = -1
+from trainers._internal.events.messages import LAUNCH, FailedEvent, FinishedEvent, ReportEvent, SyncEvent
 
 
 class AttemptBook:

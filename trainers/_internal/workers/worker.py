@@ -23,13 +23,13 @@ from typing import Any
 
 import ray
 
-from trainers._internal.event_channel import ChannelAddress, Outbox
-from trainers._internal.events import NOT_TRAINING, Event, FailedEvent, FinishedEvent
-from trainers._internal.fresh_process import ProcessBaseline
-from trainers._internal.memory_failure import is_out_of_memory, leave_memory_summary
-from trainers._internal.reuse import process_refusal
-from trainers._internal.session import TrainingInterrupted, WorkerSession, set_session
+from trainers._internal.events.event_channel import ChannelAddress, Outbox
+from trainers._internal.events.messages import NOT_TRAINING, Event, FailedEvent, FinishedEvent
+from trainers._internal.health.memory_failure import is_out_of_memory, leave_memory_summary
+from trainers._internal.session.worker_session import TrainingInterrupted, WorkerSession, set_session
 from trainers._internal.worker_output import announce, worker_label
+from trainers._internal.workers.fresh_process import ProcessBaseline
+from trainers._internal.workers.reuse import process_refusal
 from trainers.errors import WorkerError
 from trainers.tuning import INTERRUPT_EVERY_S, INTERRUPT_GRACE_S
 
@@ -216,7 +216,7 @@ class TrainWorker:
         nodes that left the cluster, whose connections are shut first (a partitioned host closes
         none itself).
         """
-        from trainers._internal import collectives
+        from trainers._internal.workers import collectives
 
         if self._session is not None:
             self._session.stop_requested.set()

@@ -18,7 +18,7 @@ import pyarrow.fs as pafs
 
 from storage.errors import StorageNotSharedError
 from storage.filesystem import display_path
-from trainers._internal.start_failure import node_name
+from trainers._internal.workers.start_failure import node_name
 
 
 def what_this_node_sees(filesystem: pafs.FileSystem, path: str) -> tuple[str, str | None]:

@@ -33,7 +33,7 @@ DEFAULT_NUM_CPUS = 1.0
 
 def _validate(fn: Any, checkpoint: Checkpoint, fn_kwargs: dict[str, Any]) -> dict[str, Any]:
     """The body of a validation task."""
-    from trainers._internal.session import plain_metrics
+    from trainers._internal.session.worker_session import plain_metrics
 
     metrics = fn(checkpoint, **fn_kwargs)
     if not isinstance(metrics, dict):
@@ -101,7 +101,7 @@ def make_runner(
     from ray import cloudpickle
 
     from trainers._internal.ray_init import ensure_ray
-    from trainers._internal.resources import cluster_nodes
+    from trainers._internal.workers.resources import cluster_nodes
 
     try:
         cloudpickle.dumps(config.fn)

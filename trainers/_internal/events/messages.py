@@ -11,6 +11,9 @@ from typing import Any
 from storage.health import MemoryPeak
 from storage.positions import RankPosition
 
+#: The rank under which a failure to start the whole group is recorded.
+LAUNCH = -1
+
 
 # Plain records: what they share with other records (storage's, gbdt's) is the form of a field list.
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +90,7 @@ class FailedEvent:
     #: "preempted" when its node was drained for preemption, "hung" when it fell behind the others'
     #: report past ``FailureConfig.report_timeout_s``, "failed to start" for the group's start.
     kind: str = "error"
-    #: The rank's memory when it ran out of it (``trainers._internal.memory_failure``), else None.
+    #: The rank's memory when it ran out of it (``trainers._internal.health.memory_failure``), else None.
     memory: MemoryPeak | None = None
     #: Where its memory summary was left in the run's storage, when it ran out.
     memory_summary: str | None = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from storage.health import Timeline, TimelineMark, TimelineRound
-from trainers._internal.goodput import GoodputClock
+from trainers._internal.health.goodput import GoodputClock
 
 #: Rounds kept in memory: past this, every other one is dropped (a picture shows no more anyway).
 MOST_ROUNDS = 8192

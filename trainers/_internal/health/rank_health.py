@@ -2,7 +2,7 @@
 took (from the end of its previous ``report()`` to this one, less the time it marked as waiting on
 other ranks), how long of it the loop waited for its next batch (its dataset shards' and prepared
 loaders' iterators add to ``RankHealth.data_wait_s``) and the most memory it has held. The controller judges the steps
-(``trainers._internal.stragglers``) and the run's record keeps the memory (``storage.health``)."""
+(``trainers._internal.health.stragglers``) and the run's record keeps the memory (``storage.health``)."""
 
 from __future__ import annotations
 

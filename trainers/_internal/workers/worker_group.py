@@ -25,10 +25,11 @@ from ray.exceptions import ActorUnschedulableError, RayActorError, RayError, Ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from trainers._internal import warm_workers
-from trainers._internal.events import Event, FailedEvent
-from trainers._internal.ranks import Ranks, assign_ranks
-from trainers._internal.resources import (
+from trainers._internal.events.messages import Event, FailedEvent
+from trainers._internal.events.worker_inbox import WorkerInbox
+from trainers._internal.workers import warm_workers
+from trainers._internal.workers.ranks import Ranks, assign_ranks
+from trainers._internal.workers.resources import (
     WORKER_GROUP_PREFIX,
     capturing_placement_group,
     check_feasible,
@@ -36,12 +37,11 @@ from trainers._internal.resources import (
     nodes_beside,
     stuck_beside_other_groups,
 )
-from trainers._internal.reuse import GroupFacts, Reuse, refusal
-from trainers._internal.spares import SparePool, installed_modules
-from trainers._internal.start_failure import describe_nodes, describe_unstarted
-from trainers._internal.tpu import host_order, reserve_slices
-from trainers._internal.worker import TrainWorker, WorkerMetadata
-from trainers._internal.worker_inbox import WorkerInbox
+from trainers._internal.workers.reuse import GroupFacts, Reuse, refusal
+from trainers._internal.workers.spares import SparePool, installed_modules
+from trainers._internal.workers.start_failure import describe_nodes, describe_unstarted
+from trainers._internal.workers.tpu import host_order, reserve_slices
+from trainers._internal.workers.worker import TrainWorker, WorkerMetadata
 from trainers.config import ScalingConfig
 from trainers.errors import InsufficientResourcesError, WorkerError
 from trainers.tuning import SURVIVOR_STOP_S

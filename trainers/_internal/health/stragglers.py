@@ -14,7 +14,7 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
-from trainers._internal.health_settings import StragglerSettings
+from trainers._internal.health.health_settings import StragglerSettings
 from trainers.tuning import STRAGGLER_MIN_GAP_S
 
 

@@ -18,7 +18,7 @@ import enum
 from collections.abc import Callable, Iterable
 
 from storage.health import GoodputAccount
-from trainers._internal.events import ReportEvent
+from trainers._internal.events.messages import ReportEvent
 
 
 class Phase(enum.Enum):

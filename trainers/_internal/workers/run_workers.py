@@ -24,24 +24,24 @@ from storage.health import PreflightRecord
 from storage.layout import RunLayout
 from storage.positions import DataResume, RoundPosition
 from storage.snapshot import RestartRecord
-from trainers._internal import preflight, shared_storage, warm_workers
-from trainers._internal.attempt_book import LAUNCH
-from trainers._internal.data import is_dataset, names_to_split, split_datasets
-from trainers._internal.data_position import DataPositions, ResumePlan, plan_resume, position_hooks_problem
-from trainers._internal.devices import assign_visible_devices
-from trainers._internal.elastic import ElasticSizer, NodeResources, wait_released
-from trainers._internal.events import Event, FailedEvent, ReportEvent, take_events
-from trainers._internal.health_settings import PreflightSettings
-from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
-from trainers._internal.ranks import Ranks
+from trainers._internal.events.messages import LAUNCH, Event, FailedEvent, ReportEvent, take_events
+from trainers._internal.health import preflight
+from trainers._internal.health.health_settings import PreflightSettings
 from trainers._internal.ray_private import end_dataset_splits, set_current_data_context
-from trainers._internal.resources import capturing_placement_group
-from trainers._internal.reuse import Reuse, refusal, replacing_enabled
-from trainers._internal.session import WorkerSession
-from trainers._internal.spares import spares_after_s, spares_per_node
-from trainers._internal.start_failure import describe_nodes
-from trainers._internal.worker import run_training_function
-from trainers._internal.worker_group import RayWorkerGroup, WorkerStartError
+from trainers._internal.session.data import is_dataset, names_to_split, split_datasets
+from trainers._internal.session.data_position import DataPositions, ResumePlan, plan_resume, position_hooks_problem
+from trainers._internal.session.worker_session import WorkerSession
+from trainers._internal.workers import shared_storage, warm_workers
+from trainers._internal.workers.devices import assign_visible_devices
+from trainers._internal.workers.elastic import ElasticSizer, NodeResources, wait_released
+from trainers._internal.workers.preemption_watch import DrainWatch, PreemptionNotice
+from trainers._internal.workers.ranks import Ranks
+from trainers._internal.workers.resources import capturing_placement_group
+from trainers._internal.workers.reuse import Reuse, refusal, replacing_enabled
+from trainers._internal.workers.spares import spares_after_s, spares_per_node
+from trainers._internal.workers.start_failure import describe_nodes
+from trainers._internal.workers.worker import run_training_function
+from trainers._internal.workers.worker_group import RayWorkerGroup, WorkerStartError
 from trainers.backend import Backend, BackendConfig
 from trainers.config import DataConfig, ScalingConfig
 from trainers.context import StorageInfo, TrainContext

@@ -4,7 +4,7 @@ It is a plain object in the driver process with an explicit state and a ``step()
 the next one, so tests can drive it with a scripted worker group and no Ray. It talks to the
 workers through the small ``Workers`` protocol and to storage through ``storage.RunRecord``
 (what ``RunStorage`` offers it); what the workers of an attempt said is kept in an
-``AttemptBook`` (``trainers._internal.attempt_book``), the controller's loop decides. Who pays
+``AttemptBook`` (``trainers._internal.run.attempt_book``), the controller's loop decides. Who pays
 for a failure is ``FailurePolicy``'s answer; what happened is told to ``UserCallback`` listeners.
 """
 
@@ -22,18 +22,18 @@ from storage import Checkpoint, RunRecord
 from storage.health import GoodputAccount, PreflightRecord, StragglerRecord, Timeline
 from storage.positions import DataResume, RoundPosition
 from storage.snapshot import RestartRecord
-from trainers._internal.attempt_book import LAUNCH, AttemptBook
-from trainers._internal.events import NOT_TRAINING, CheckpointsQuery, Event, FailedEvent
-from trainers._internal.failure_policy import Charge, FailurePolicy
-from trainers._internal.goodput import GoodputClock, Phase, blocked_on_upload_s, waited_for_data_s
-from trainers._internal.health_settings import StragglerSettings
-from trainers._internal.memory_failure import is_out_of_memory
-from trainers._internal.preemption_watch import PreemptionNotice, deadline_passed
-from trainers._internal.preemption_watch import merge as merge_preemptions
-from trainers._internal.reported_checkpoints import PendingQueries
-from trainers._internal.round_commit import report_round, round_steps
-from trainers._internal.stragglers import StragglerWatch, Straggling
-from trainers._internal.timeline import TimelineBook
+from trainers._internal.events.messages import LAUNCH, NOT_TRAINING, CheckpointsQuery, Event, FailedEvent
+from trainers._internal.health.goodput import GoodputClock, Phase, blocked_on_upload_s, waited_for_data_s
+from trainers._internal.health.health_settings import StragglerSettings
+from trainers._internal.health.memory_failure import is_out_of_memory
+from trainers._internal.health.stragglers import StragglerWatch, Straggling
+from trainers._internal.health.timeline import TimelineBook
+from trainers._internal.run.attempt_book import AttemptBook
+from trainers._internal.run.failure_policy import Charge, FailurePolicy
+from trainers._internal.run.round_commit import report_round, round_steps
+from trainers._internal.session.reported_checkpoints import PendingQueries
+from trainers._internal.workers.preemption_watch import PreemptionNotice, deadline_passed
+from trainers._internal.workers.preemption_watch import merge as merge_preemptions
 from trainers.callback import TrainRunContext, UserCallback
 from trainers.errors import (
     PreemptionError,
@@ -48,7 +48,7 @@ from trainers.preemption import PreemptionInfo
 from trainers.tuning import DRAIN_POLL_S, ENDED_DRAIN_S, VALIDATION_POLL_S
 
 if TYPE_CHECKING:
-    from trainers._internal.validation_runner import ValidationRunner
+    from trainers._internal.run.validation_runner import ValidationRunner
 
 logger = logging.getLogger(__name__)
 

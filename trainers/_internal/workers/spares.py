@@ -72,7 +72,7 @@ def spares_after_s() -> float:
 def installed_modules() -> list[str]:
     """Run in a worker: the names of the installed modules this process has imported (what a
     spare imports to be as warm as this worker)."""
-    from trainers._internal.fresh_process import installed_roots, is_user_module
+    from trainers._internal.workers.fresh_process import installed_roots, is_user_module
 
     roots = installed_roots()
     return sorted(

@@ -24,8 +24,8 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from trainers._internal.event_channel import ChannelAddress, EventListener
-from trainers._internal.events import Event, FailedEvent, FinishedEvent
+from trainers._internal.events.event_channel import ChannelAddress, EventListener
+from trainers._internal.events.messages import Event, FailedEvent, FinishedEvent
 
 #: How long a worker's next_events call waits before answering "nothing yet". Events normally
 #: come over the socket, so these calls mostly just wait to fail when a worker dies (which they

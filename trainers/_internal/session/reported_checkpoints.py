@@ -17,13 +17,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from storage import Checkpoint, RunRecord
-from trainers._internal.events import CheckpointsQuery
+from trainers._internal.events.messages import CheckpointsQuery
 from trainers.tuning import STOP_CHECK_S
 from trainers.validation import CheckpointConsistencyMode, ReportedCheckpoint, ReportedCheckpointStatus
 
 
 class QueryingSession(Protocol):
-    """What ``read`` uses of the worker's session (``trainers._internal.session.WorkerSession``)."""
+    """What ``read`` uses of the worker's session (``trainers._internal.session.worker_session.WorkerSession``)."""
 
     uploader: Any
     answers: Answers
@@ -101,7 +101,7 @@ class Answers:
 
 def read(session: QueryingSession, consistency_mode: Any, timeout_s: float | None) -> list[ReportedCheckpoint]:
     """The body of ``get_all_reported_checkpoints()`` in a worker."""
-    from trainers._internal.events import TrainingInterrupted
+    from trainers._internal.events.messages import TrainingInterrupted
 
     if not isinstance(consistency_mode, CheckpointConsistencyMode):
         raise ValueError(

@@ -9,8 +9,8 @@ from typing import Any
 from storage.health import MemoryPeak
 from storage.protocol import ReportRound
 from storage.upload import UploadStats
-from trainers._internal.data_position import round_position
-from trainers._internal.events import ReportEvent, checkpoint_placement
+from trainers._internal.events.messages import ReportEvent, checkpoint_placement
+from trainers._internal.session.data_position import round_position
 from trainers.validation import request_to_json
 
 
