@@ -2,14 +2,14 @@
 and why it has that value.
 
 None of these is a user setting (those are config fields, e.g. ``FailureConfig.report_timeout_s``,
-``TorchConfig.timeout_s``; the one variable read here is ``FLOWTRAIN_WORKER_START_TIMEOUT_S``);
-they are the clocks a change of hardware or of Ray may call for retuning. Modules import the names
-they use from here; this module imports nothing of flowtrain, so any module may.
+``TorchConfig.timeout_s``, and the ``FLOWTRAIN_*`` variables of ``storage.settings``, one of which,
+``FLOWTRAIN_WORKER_START_TIMEOUT_S``, overrides the start timeout computed here); they are the
+clocks a change of hardware or of Ray may call for retuning. Modules import the names they use
+from here; this module imports only ``storage.settings``, so any module may.
 
 Kept beside the code they time, for the reason given:
 
-- ``storage/run_storage.py``: ``METRICS_FLUSH_INTERVAL_S``, and ``storage/upload.py``: the upload
-  retries, backoff and threads (``FLOWTRAIN_UPLOAD_*``). ``storage`` imports nothing of ``trainers``.
+- ``storage/run_storage.py``: ``METRICS_FLUSH_INTERVAL_S``. ``storage`` imports nothing of ``trainers``.
 - ``trainers/_internal/worker_group.py``: ``TURN_CHECK_S``; ``trainers/_internal/worker_inbox.py``:
   ``LONG_POLL_S``, ``UNAVAILABLE_GRACE_S``; ``trainers/_internal/event_channel.py``:
   ``CONNECT_TIMEOUT_S``, ``ACK_TIMEOUT_S``. The report path, being reworked as one piece.
@@ -17,12 +17,10 @@ Kept beside the code they time, for the reason given:
 
 from __future__ import annotations
 
-import os
+from storage import settings
 
 # -- starting workers ----------------------------------------------------------------------------
 
-#: Variable that overrides ``DEFAULT_WORKER_START_TIMEOUT_S`` (read at each ``fit()``).
-WORKER_START_TIMEOUT_ENV = "FLOWTRAIN_WORKER_START_TIMEOUT_S"
 #: Seconds for the placement group, actors and backend to start before it counts as a failure:
 #: time for a cold node to import torch or a busy cluster to free a bundle, yet within minutes.
 DEFAULT_WORKER_START_TIMEOUT_S = 120.0
@@ -35,8 +33,9 @@ def worker_start_timeout_s(num_workers: int = 1) -> float:
     """Seconds a group of ``num_workers`` workers may take to start: ``FLOWTRAIN_WORKER_START_TIMEOUT_S``
     when set (read now, not at import, so a test or a Ray ``runtime_env`` can set it), else
     120 s plus 0.5 s per worker."""
-    if WORKER_START_TIMEOUT_ENV in os.environ:
-        return float(os.environ[WORKER_START_TIMEOUT_ENV])
+    chosen = settings.WORKER_START_TIMEOUT_S.read()
+    if chosen is not None:
+        return chosen
     return DEFAULT_WORKER_START_TIMEOUT_S + WORKER_START_TIMEOUT_PER_WORKER_S * max(1, num_workers)
 
 

@@ -19,12 +19,12 @@ from typing import Any
 
 import pyarrow.fs
 
-from storage import Checkpoint
+from storage import Checkpoint, settings
 from storage.health import PreflightRecord
 from storage.layout import RunLayout
 from storage.positions import DataResume, RoundPosition
 from storage.snapshot import RestartRecord
-from trainers._internal import preflight, shared_storage, warm_workers
+from trainers._internal import preflight, shared_storage
 from trainers._internal.attempt_book import LAUNCH
 from trainers._internal.data import is_dataset, names_to_split, split_datasets
 from trainers._internal.data_position import DataPositions, ResumePlan, plan_resume, position_hooks_problem
@@ -36,9 +36,8 @@ from trainers._internal.preemption_watch import DrainWatch, PreemptionNotice
 from trainers._internal.ranks import Ranks
 from trainers._internal.ray_private import end_dataset_splits, set_current_data_context
 from trainers._internal.resources import capturing_placement_group
-from trainers._internal.reuse import Reuse, refusal, replacing_enabled
+from trainers._internal.reuse import Reuse, refusal
 from trainers._internal.session import WorkerSession
-from trainers._internal.spares import spares_after_s, spares_per_node
 from trainers._internal.start_failure import describe_nodes
 from trainers._internal.worker import run_training_function
 from trainers._internal.worker_group import RayWorkerGroup, WorkerStartError
@@ -182,11 +181,8 @@ class RayWorkers:
         self._reforming = False
         #: The first attempt's pre-flight check, when it ran (the controller keeps it in run.json).
         self.preflight: PreflightRecord | None = None
-        # Settings read now, so a bad value fails before any worker starts.
-        warm_workers.keep_s()
-        replacing_enabled()
-        self._spares_per_node = spares_per_node() if spec.restartable else 0
-        self._spares_after_s = spares_after_s()
+        self._spares_per_node = settings.SPARE_WORKERS.read() if spec.restartable else 0
+        self._spares_after_s = settings.SPARE_AFTER_S.read()
         #: This attempt's group should get its spare workers once it reports (``_fill_spares``).
         self._spares_due = False
         self._first_started_at: float | None = None
