@@ -123,3 +123,18 @@ def test_fit_fails_on_a_bad_value_before_anything_starts(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="FLOWTRAIN_UPLOAD_THREADS='0': must be a whole number >= 1"):
         trainer.fit()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_clock_of_trainers_is_in_the_tuning_index():
+    """A module-level number named ``*_S`` (seconds) outside ``trainers/tuning.py`` is a clock
+    the index misses."""
+    found = []
+    for path in sorted((ROOT / "trainers").rglob("*.py")):
+        if path.name == "tuning.py" and path.parent.name == "trainers":
+            continue
+        for node in ast.parse(path.read_text(), filename=str(path)).body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+            value = getattr(node, "value", None)
+            if isinstance(target, ast.Name) and target.id.endswith("_S") and isinstance(value, ast.Constant):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {target.id}")
+    assert found == [], "move these into trainers/tuning.py:\n" + "\n".join(found)
