@@ -36,11 +36,12 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pyarrow.fs as pafs
 
+from storage import settings
 from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, same_filesystem
 
@@ -134,27 +135,25 @@ class RetryPolicy:
     """How often and how patiently an upload is tried again (see the module's docstring)."""
 
     #: Retries after the first try (``FLOWTRAIN_UPLOAD_RETRIES``): 5 tries in all.
-    retries: int = 4
+    retries: int = settings.UPLOAD_RETRIES.default
     #: Seconds before the first retry (``FLOWTRAIN_UPLOAD_BACKOFF_S``); doubled for each further one.
-    backoff_s: float = 0.5
+    backoff_s: float = settings.UPLOAD_BACKOFF_S.default
     #: The longest wait between two tries (``FLOWTRAIN_UPLOAD_BACKOFF_MAX_S``). With the defaults an
     #: upload that never succeeds gives up after waiting at most 0.5+1+2+4 = 7.5 s.
-    backoff_max_s: float = 8.0
+    backoff_max_s: float = settings.UPLOAD_BACKOFF_MAX_S.default
     #: Files copied at once into remote storage (``FLOWTRAIN_UPLOAD_THREADS``); local disk copies
     #: one file at a time.
-    threads: int = 8
+    threads: int = settings.UPLOAD_THREADS.default
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> RetryPolicy:
-        """The policy the ``FLOWTRAIN_UPLOAD_*`` variables set (defaults for those unset); a value
-        that is not a number, or is negative, is a ``ValueError`` naming the variable."""
-        env = os.environ if environ is None else environ
-        default = cls()
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RetryPolicy:
+        """The policy the ``FLOWTRAIN_UPLOAD_*`` variables set (defaults for those unset); a bad
+        value is a ``ValueError`` naming the variable."""
         return cls(
-            retries=_read(env, "FLOWTRAIN_UPLOAD_RETRIES", default.retries, minimum=0),
-            backoff_s=_read(env, "FLOWTRAIN_UPLOAD_BACKOFF_S", default.backoff_s, minimum=0),
-            backoff_max_s=_read(env, "FLOWTRAIN_UPLOAD_BACKOFF_MAX_S", default.backoff_max_s, minimum=0),
-            threads=_read(env, "FLOWTRAIN_UPLOAD_THREADS", default.threads, minimum=1),
+            retries=settings.UPLOAD_RETRIES.read(environ),
+            backoff_s=settings.UPLOAD_BACKOFF_S.read(environ),
+            backoff_max_s=settings.UPLOAD_BACKOFF_MAX_S.read(environ),
+            threads=settings.UPLOAD_THREADS.read(environ),
         )
 
     @property
@@ -168,21 +167,6 @@ class RetryPolicy:
         all come back at the same moment."""
         step = min(self.backoff_max_s, self.backoff_s * 2**retry)
         return step * (0.5 + 0.5 * draw())
-
-
-def _read(env: Any, name: str, default: int | float, *, minimum: int) -> Any:
-    """``name``'s value, of the type of ``default``, which is also the value when it is unset."""
-    text = env.get(name)
-    if text is None or text.strip() == "":
-        return default
-    try:
-        value = type(default)(text)
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
-        kind = "a whole number" if isinstance(default, int) else "a number"
-        raise ValueError(f"{name}={text!r}: must be {kind} of at least {minimum} (unset: {default}).")
-    return value
 
 
 @dataclasses.dataclass(frozen=True)

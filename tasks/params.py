@@ -15,14 +15,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from storage import settings
 from storage.filesystem import is_uri
 from storage.layout import run_folder
 from trainers import CheckpointConfig, FailureConfig, ScalingConfig
 
 ColumnKind = Literal["float", "int", "number", "string", "bool"]
-
-#: Where runs are stored when the parameters do not say: set it as a deployment's job variable.
-STORAGE_PATH_ENV = "FLOWTRAIN_STORAGE_PATH"
 
 #: ``package.module:function``: how a deployment names its training loop (no pickled code).
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -173,7 +171,7 @@ class RunSettings(ParamsModel):
     def completed(self, default_name: str) -> RunSettings:
         """These settings with the blanks filled: ``default_name``, and ``$FLOWTRAIN_STORAGE_PATH``
         for the storage (a deployment's job variable), else ``~/flowtrain_results``."""
-        storage_path = self.storage_path or os.environ.get(STORAGE_PATH_ENV) or None
+        storage_path = self.storage_path or settings.STORAGE_PATH.read()
         return self.model_copy(update={"name": self.name or default_name, "storage_path": storage_path})
 
     @property

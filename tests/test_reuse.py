@@ -10,6 +10,7 @@ import types
 
 import pytest
 
+from storage import settings
 from trainers._internal.workers import reuse
 from trainers._internal.workers.fresh_process import TORCH_START_SEED, ProcessBaseline, installed_roots, is_user_module
 from trainers._internal.workers.reuse import GroupFacts, Reuse, refusal
@@ -46,12 +47,12 @@ def test_each_reason_a_group_is_not_reused(facts, reuse_, reason):
 
 
 def test_replacing_can_be_turned_off_and_a_bad_value_names_the_variable(monkeypatch):
-    monkeypatch.setenv(reuse.REPLACE_ENV, "0")
+    monkeypatch.setenv("FLOWTRAIN_REPLACE_RANKS", "0")
     assert refusal(TORCH, Reuse.WITHIN_RUN) == "FLOWTRAIN_REPLACE_RANKS=0"
     assert refusal(TORCH, Reuse.BETWEEN_RUNS) is None
-    monkeypatch.setenv(reuse.REPLACE_ENV, "perhaps")
+    monkeypatch.setenv("FLOWTRAIN_REPLACE_RANKS", "perhaps")
     with pytest.raises(ValueError, match="FLOWTRAIN_REPLACE_RANKS='perhaps'"):
-        reuse.replacing_enabled()
+        settings.REPLACE_RANKS.read()
 
 
 def test_a_process_that_loaded_a_library_with_process_state_is_not_reused(monkeypatch):

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import TEST_NUM_CPUS, live_train_workers, process_alive
 from prefect_server import wait_until
+from storage import settings
 from trainers import DataParallelTrainer, RunConfig, ScalingConfig, WorkerGroupError
 from trainers._internal.workers import warm_workers
 from trainers.backend import Backend, BackendConfig
@@ -103,7 +104,7 @@ def test_another_shape_kills_the_parked_workers_and_starts_its_own(tmp_path):
 
 
 def test_parked_workers_are_killed_after_the_keep_time(tmp_path, monkeypatch):
-    monkeypatch.setenv(warm_workers.KEEP_ENV, "0.5")
+    monkeypatch.setenv("FLOWTRAIN_KEEP_WORKERS_S", "0.5")
     found = run(tmp_path, "brief")
     for pid in pids(found):
         wait_until(lambda pid=pid: not process_alive(pid), timeout_s=30, what=f"parked worker {pid} expiring")
@@ -112,7 +113,7 @@ def test_parked_workers_are_killed_after_the_keep_time(tmp_path, monkeypatch):
 
 
 def test_a_keep_time_of_zero_keeps_nothing(tmp_path, monkeypatch):
-    monkeypatch.setenv(warm_workers.KEEP_ENV, "0")
+    monkeypatch.setenv("FLOWTRAIN_KEEP_WORKERS_S", "0")
     first = run(tmp_path, "a")
     assert warm_workers.parked_actor_ids() == set()
     assert workers_parked(tmp_path, "a") == ["not parked: FLOWTRAIN_KEEP_WORKERS_S=0"]
@@ -120,9 +121,9 @@ def test_a_keep_time_of_zero_keeps_nothing(tmp_path, monkeypatch):
 
 
 def test_a_keep_time_that_is_not_a_number_names_the_variable(monkeypatch):
-    monkeypatch.setenv(warm_workers.KEEP_ENV, "soon")
+    monkeypatch.setenv("FLOWTRAIN_KEEP_WORKERS_S", "soon")
     with pytest.raises(ValueError, match="FLOWTRAIN_KEEP_WORKERS_S='soon'"):
-        warm_workers.keep_s()
+        settings.KEEP_WORKERS_S.read()
 
 
 class _CustomBackend(Backend["_CustomConfig"]):

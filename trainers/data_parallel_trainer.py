@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from storage import Checkpoint, CheckpointConfig, RunStorage
+from storage import Checkpoint, CheckpointConfig, RunStorage, settings
 from storage.health import Timeline
 from storage.lease import new_owner
 from trainers._internal.log_level import log_level
@@ -31,7 +31,7 @@ from trainers.callback import TrainRunContext
 from trainers.config import DataConfig, FailureConfig, RunConfig, ScalingConfig
 from trainers.context import StorageInfo
 from trainers.errors import ControllerError, PreemptionError, TrainingFailedError, WorkerGroupError
-from trainers.health import PreflightSettings, StragglerSettings, draw_timeline_into, timeline_setting
+from trainers.health import PreflightSettings, StragglerSettings, draw_timeline_into
 from trainers.result import Result
 from trainers.tuning import worker_start_timeout_s
 from trainers.validation import ValidationConfig
@@ -223,6 +223,7 @@ class DataParallelTrainer(TuneTrainableAttributes):
     def fit(self) -> Result:
         """Train; return the Result, or raise TrainingFailedError when training cannot finish."""
         scaling, run_config = self.scaling_config, self.run_config
+        settings.check_all()  # a bad FLOWTRAIN_* value fails here, before anything starts
         _warn_controller_failure_limit(run_config.failure_config)
         datasets: dict[str, Any] = {}
         name = run_config.name or f"{type(self).__name__}_{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
@@ -317,7 +318,7 @@ class DataParallelTrainer(TuneTrainableAttributes):
 
     def _run(self, name: str, storage: RunStorage, scaling: ScalingConfig, datasets: dict[str, Any]) -> Result:
         run_config = self.run_config
-        timeline_wanted = timeline_setting()  # a bad value fails here, before any worker starts
+        timeline_wanted = settings.TIMELINE.read()
         spec = self._run_spec(name, storage, scaling, datasets)
         progress = ProgressLine(name)
         validations = make_runner(self.validation_config, storage, scaling, run_config.worker_runtime_env)

@@ -21,19 +21,11 @@ report at the same pace, and the wait hides which one the others waited for. Mar
         trainers.report({"loss": loss.item()})
 
 ``trainers.collective``'s ``barrier()`` and ``broadcast_from_rank_zero()`` count as waiting on
-their own. Settings (read at each ``fit()``):
-
-- ``FLOWTRAIN_STRAGGLER_FACTOR`` (default 1.5): how many times the median rank's step a rank's must
-  take to be slow; ``0`` turns detection off.
-- ``FLOWTRAIN_STRAGGLER_STEPS`` (default 5): slow reports in a row before a rank is named (and normal
-  ones in a row that end its episode).
-- ``FLOWTRAIN_PREFLIGHT`` (default ``auto``): the pre-flight check before the first step (a compute
-  probe per worker and an all-reduce); ``auto`` runs it for GPU runs, ``on`` for every run, ``off``
-  never. A worker more than ``FLOWTRAIN_PREFLIGHT_FACTOR`` (default 2.5) times slower than the
-  median worker fails ``fit()`` with ``trainers.errors.PreflightError`` before training.
-- ``FLOWTRAIN_TIMELINE`` (default ``auto``): when ``fit()`` draws the timeline picture
-  (``.health/timeline-attemptNNNN.png`` in the run folder): ``auto`` when the run had a restart, a
-  failure or a straggler, ``always``, or ``never``. ``draw_timeline`` draws it afterwards too.
+their own. The settings (``FLOWTRAIN_STRAGGLER_FACTOR``, ``FLOWTRAIN_STRAGGLER_STEPS``,
+``FLOWTRAIN_PREFLIGHT``, ``FLOWTRAIN_PREFLIGHT_FACTOR``, ``FLOWTRAIN_TIMELINE``, read at each ``fit()``)
+are in ``storage.settings`` and docs/settings.md. A worker more than ``FLOWTRAIN_PREFLIGHT_FACTOR``
+times slower than the median one fails ``fit()`` with ``trainers.errors.PreflightError`` before
+training; ``draw_timeline`` draws the timeline picture after a run too.
 """
 
 from __future__ import annotations
@@ -46,30 +38,9 @@ from typing import TYPE_CHECKING
 
 import pyarrow.fs
 
-from trainers._internal.health.health_settings import (
-    FACTOR_ENV,
-    PREFLIGHT_ENV,
-    PREFLIGHT_FACTOR_ENV,
-    STEPS_ENV,
-    TIMELINE_ENV,
-    PreflightSettings,
-    StragglerSettings,
-    timeline_setting,
-)
+from trainers._internal.health.health_settings import PreflightSettings, StragglerSettings
 
-__all__ = [
-    "FACTOR_ENV",
-    "PREFLIGHT_ENV",
-    "PREFLIGHT_FACTOR_ENV",
-    "STEPS_ENV",
-    "TIMELINE_ENV",
-    "PreflightSettings",
-    "StragglerSettings",
-    "draw_timeline",
-    "draw_timeline_into",
-    "timeline_setting",
-    "waiting",
-]
+__all__ = ["PreflightSettings", "StragglerSettings", "draw_timeline", "draw_timeline_into", "waiting"]
 
 if TYPE_CHECKING:
     from storage.health import Timeline

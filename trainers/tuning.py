@@ -2,41 +2,44 @@
 and why it has that value.
 
 None of these is a user setting (those are config fields, e.g. ``FailureConfig.report_timeout_s``,
-``TorchConfig.timeout_s``; the one variable read here is ``FLOWTRAIN_WORKER_START_TIMEOUT_S``);
-they are the clocks a change of hardware or of Ray may call for retuning. Modules import the names
-they use from here; this module imports nothing of flowtrain, so any module may.
+``TorchConfig.timeout_s``, and the ``FLOWTRAIN_*`` variables of ``storage.settings``, one of which,
+``FLOWTRAIN_WORKER_START_TIMEOUT_S``, overrides the start timeout computed here); they are the
+clocks a change of hardware or of Ray may call for retuning. Modules import the names they use
+from here; this module imports only ``storage.settings``, so any module may.
 
-Kept beside the code they time, for the reason given:
-
-- ``storage/run_storage.py``: ``METRICS_FLUSH_INTERVAL_S``, and ``storage/upload.py``: the upload
-  retries, backoff and threads (``FLOWTRAIN_UPLOAD_*``). ``storage`` imports nothing of ``trainers``.
-- ``trainers/_internal/workers/worker_group.py``: ``TURN_CHECK_S``; ``trainers/_internal/events/worker_inbox.py``:
-  ``LONG_POLL_S``, ``UNAVAILABLE_GRACE_S``; ``trainers/_internal/events/event_channel.py``:
-  ``CONNECT_TIMEOUT_S``, ``ACK_TIMEOUT_S``. The report path, being reworked as one piece.
+Every clock of ``trainers`` is here (``tests/test_settings.py`` fails on one defined elsewhere);
+the one of ``storage``, which imports nothing of ``trainers``, is kept beside its code:
+``storage/run_storage.py``'s ``METRICS_FLUSH_INTERVAL_S``.
 """
 
 from __future__ import annotations
 
-import os
+from storage import settings
 
 # -- starting workers ----------------------------------------------------------------------------
 
-#: Variable that overrides ``DEFAULT_WORKER_START_TIMEOUT_S`` (read at each ``fit()``).
-WORKER_START_TIMEOUT_ENV = "FLOWTRAIN_WORKER_START_TIMEOUT_S"
 #: Seconds for the placement group, actors and backend to start before it counts as a failure:
 #: time for a cold node to import torch or a busy cluster to free a bundle, yet within minutes.
 DEFAULT_WORKER_START_TIMEOUT_S = 120.0
 #: Seconds added per worker: Ray starts at most one process per CPU at once, so big groups start
 #: slower (64 workers on 2 cores: ~20 s in benchmarks/scale, well inside 120 + 64 x 0.5 s).
 WORKER_START_TIMEOUT_PER_WORKER_S = 0.5
+#: Inside a Tune trial, how often a worker group waiting its turn checks the cluster could still hold it.
+TURN_CHECK_S = 5.0
+#: How long a kept worker may take to answer that it is alive, or a worker to answer its reset when a
+#: run ends cleanly, before it is replaced (or not kept). Milliseconds on a quiet machine, but seconds
+#: on an overloaded one (5 s were missed on 2 busy cores, and the next run started every process
+#: anew); only a wedged process, which is rare once its training has ended, makes a run wait this long.
+KEPT_WORKER_ANSWER_S = 30.0
 
 
 def worker_start_timeout_s(num_workers: int = 1) -> float:
     """Seconds a group of ``num_workers`` workers may take to start: ``FLOWTRAIN_WORKER_START_TIMEOUT_S``
     when set (read now, not at import, so a test or a Ray ``runtime_env`` can set it), else
     120 s plus 0.5 s per worker."""
-    if WORKER_START_TIMEOUT_ENV in os.environ:
-        return float(os.environ[WORKER_START_TIMEOUT_ENV])
+    chosen = settings.WORKER_START_TIMEOUT_S.read()
+    if chosen is not None:
+        return chosen
     return DEFAULT_WORKER_START_TIMEOUT_S + WORKER_START_TIMEOUT_PER_WORKER_S * max(1, num_workers)
 
 
@@ -57,10 +60,6 @@ VALIDATION_POLL_S = 0.25
 #: before use); clashes are rare, so three in a row means something holds the ports for good.
 SETUP_CLASH_RESTARTS = 3
 
-#: Seconds a rank's step must exceed the median rank's by, besides the factor, to count as slow:
-#: below ~50 ms a step's time is at the mercy of the scheduler and the garbage collector.
-STRAGGLER_MIN_GAP_S = 0.05
-
 # -- replacing failed ranks ---------------------------------------------------------------------
 
 #: How long a surviving rank's training function may take to stop after a failure elsewhere (a
@@ -72,6 +71,44 @@ SURVIVOR_STOP_S = 10.0
 INTERRUPT_GRACE_S = 0.2
 #: How often that error is raised again while the thread runs on (user code may catch one).
 INTERRUPT_EVERY_S = 0.5
+#: How long a surviving rank may take past its stop's own wait to answer, before it is replaced:
+#: short, since a failed attempt's recovery waits on it.
+SURVIVOR_ANSWER_S = 5.0
+
+# -- the event road (``trainers/_internal/events/event_channel.py``, ``worker_inbox.py``) ------------------
+
+#: How long a worker tries to reach the controller before it falls back to the Ray long poll.
+CONNECT_TIMEOUT_S = 5.0
+#: How long an event may stay unacknowledged before its worker gives the connection up and
+#: replays over Ray (the workers ask at half of it). Long, because the kernel finds a dead
+#: network path sooner (``event_channel._TCP_OPTIONS``): this catches a connection the controller never reads,
+#: and a controller busy longer than this (a very slow commit) only moves that worker to the
+#: slower Ray road for the rest of the attempt.
+ACK_TIMEOUT_S = 15.0
+#: The controller acknowledges a connection at most this often unless asked. A third of
+#: ``ACK_TIMEOUT_S``: a worker reporting steadily is acknowledged before it would ask, and rounds
+#: up to 5 s apart share one acknowledgement per rank instead of paying one each.
+ACK_EVERY_S = 5.0
+#: How long a worker's next_events call waits before answering "nothing yet". Events normally
+#: come over the socket, so these calls mostly just wait to fail when a worker dies (which they
+#: do at once); each answer costs the watcher one ray.wait over every worker, so at 1,000
+#: workers a short wait would keep a core busy for nothing.
+LONG_POLL_S = 60.0
+#: A worker Ray calls unavailable (unreachable, maybe back soon) is given this long before it
+#: counts as failed; a worker that died fails at once.
+UNAVAILABLE_GRACE_S = 10.0
+
+# -- run health ----------------------------------------------------------------------------------
+
+#: Seconds a rank's step must exceed the median rank's by, besides the factor, to count as slow:
+#: below ~50 ms a step's time is at the mercy of the scheduler and the garbage collector.
+STRAGGLER_MIN_GAP_S = 0.05
+#: Seconds between two reads of the memory limit (a cgroup file); a limit rarely changes.
+LIMIT_READ_EVERY_S = 1.0
+#: The least length of a round of the pre-flight compute probe. A CPU quota (a container's or cgroup's CFS limit) lets a process run at
+#: full speed for its share of each 100 ms period and then stops it: a round shorter than that
+#: share can fit inside it and see a throttled worker at full speed, one of 50 ms cannot.
+PROBE_ROUND_S = 0.05
 
 # -- workers waiting on the controller -----------------------------------------------------------
 

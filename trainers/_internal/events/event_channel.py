@@ -72,6 +72,8 @@ from typing import Any, Protocol, cast
 
 from ray import cloudpickle
 
+from trainers.tuning import ACK_EVERY_S, ACK_TIMEOUT_S, CONNECT_TIMEOUT_S
+
 logger = logging.getLogger(__name__)
 
 #: Every frame a worker writes: the payload's length (0: an ask for an acknowledgement) and the
@@ -85,18 +87,6 @@ _ACK = struct.Struct("!Q")
 _HELLO = struct.Struct("!16sI")
 #: Bytes read from one connection per readiness: a report round is a few hundred bytes per rank.
 _READ_CHUNK = 1 << 20
-#: How long a worker tries to reach the controller before it falls back to the Ray long poll.
-CONNECT_TIMEOUT_S = 5.0
-#: How long an event may stay unacknowledged before its worker gives the connection up and
-#: replays over Ray (the workers ask at half of it). Long, because the kernel finds a dead
-#: network path sooner (``_TCP_OPTIONS``): this catches a connection the controller never reads,
-#: and a controller busy longer than this (a very slow commit) only moves that worker to the
-#: slower Ray road for the rest of the attempt.
-ACK_TIMEOUT_S = 15.0
-#: The controller acknowledges a connection at most this often unless asked. A third of
-#: ``ACK_TIMEOUT_S``: a worker reporting steadily is acknowledged before it would ask, and rounds
-#: up to 5 s apart share one acknowledgement per rank instead of paying one each.
-ACK_EVERY_S = 5.0
 #: The worker's connection errs within about 15 s when the peer's kernel stops answering: while
 #: idle by keepalive probes (from 4 s, 2 s apart), with bytes in flight by ``TCP_USER_TIMEOUT``
 #: (ms; it also bounds the keepalive). Linux names; elsewhere the system's own timers apply.

@@ -26,15 +26,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from trainers._internal.events.event_channel import ChannelAddress, EventListener
 from trainers._internal.events.messages import Event, FailedEvent, FinishedEvent
-
-#: How long a worker's next_events call waits before answering "nothing yet". Events normally
-#: come over the socket, so these calls mostly just wait to fail when a worker dies (which they
-#: do at once); each answer costs the watcher one ray.wait over every worker, so at 1,000
-#: workers a short wait would keep a core busy for nothing.
-LONG_POLL_S = 60.0
-#: A worker Ray calls unavailable (unreachable, maybe back soon) is given this long before it
-#: counts as failed; a worker that died fails at once.
-UNAVAILABLE_GRACE_S = 10.0
+from trainers.tuning import LONG_POLL_S, UNAVAILABLE_GRACE_S
 
 
 class WorkerInbox:

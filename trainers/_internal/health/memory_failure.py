@@ -17,13 +17,9 @@ import tempfile
 
 import pyarrow.fs
 
+from storage import settings
 from storage.health import MemoryPeak, write_health_file
 from storage.layout import RunLayout
-
-#: Set to 1 to record CUDA allocations from each attempt's start and dump PyTorch's memory snapshot
-#: (``torch.cuda.memory._dump_snapshot``; open it at https://pytorch.org/memory_viz) when a rank runs
-#: out of CUDA memory.
-SNAPSHOT_ENV = "FLOWTRAIN_CUDA_MEMORY_SNAPSHOT"
 
 #: Words of the errors that mean an allocation failed: PyTorch's CUDA and CPU allocators, NCCL's,
 #: Python's ``MemoryError``, Ray's memory monitor (``ray.exceptions.OutOfMemoryError``).
@@ -40,8 +36,10 @@ def is_out_of_memory(error: BaseException | str) -> bool:
 
 
 def record_cuda_history() -> None:
-    """With ``FLOWTRAIN_CUDA_MEMORY_SNAPSHOT=1`` and a GPU, start recording CUDA allocations."""
-    if os.environ.get(SNAPSHOT_ENV, "") not in ("1", "true", "yes", "on"):
+    """With ``FLOWTRAIN_CUDA_MEMORY_SNAPSHOT`` on and a GPU, start recording CUDA allocations (and
+    dump PyTorch's memory snapshot, ``torch.cuda.memory._dump_snapshot``, when a rank runs out of
+    CUDA memory; open it at https://pytorch.org/memory_viz)."""
+    if not settings.CUDA_MEMORY_SNAPSHOT.read():
         return
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
@@ -73,7 +71,7 @@ def leave_memory_summary(
         lines += ["", torch.cuda.memory_summary()]  # type: ignore[union-attr]
     try:
         path = write_health_file(filesystem, layout, f"{stem}.txt", "\n".join(lines).encode())
-        if cuda and os.environ.get(SNAPSHOT_ENV, "") in ("1", "true", "yes", "on"):
+        if cuda and settings.CUDA_MEMORY_SNAPSHOT.read():
             _upload_snapshot(layout, filesystem, f"{stem}.pickle")
     except Exception:  # noqa: BLE001 - the failure itself must reach the controller whatever storage does
         return None

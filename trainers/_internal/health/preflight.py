@@ -18,16 +18,13 @@ from storage.health import PreflightRecord
 from trainers._internal.health.health_settings import PreflightSettings
 from trainers._internal.network import INTERFACE_VARIABLES
 from trainers.errors import PreflightError
+from trainers.tuning import PROBE_ROUND_S
 
 #: Matrix side and repetitions of one batch of the compute probe (5 to 50 ms on a CPU core, tens
 #: of milliseconds on a GPU); a round repeats batches for at least ``PROBE_ROUND_S`` and the best of
 #: ``PROBE_ROUNDS`` rounds counts.
 CPU_SIDE, CPU_REPEATS = 256, 20
 PROBE_ROUNDS = 3
-#: A round's least length. A CPU quota (a container's or cgroup's CFS limit) lets a process run at
-#: full speed for its share of each 100 ms period and then stops it: a round shorter than that
-#: share can fit inside it and see a throttled worker at full speed, one of 50 ms cannot.
-PROBE_ROUND_S = 0.05
 GPU_SIDE, GPU_REPEATS = 4096, 20
 #: All-reduce payload (bytes) and repetitions: big enough to measure bandwidth, small enough to be quick.
 CPU_ALLREDUCE_BYTES, GPU_ALLREDUCE_BYTES, ALLREDUCE_REPEATS = 4 * 2**20, 256 * 2**20, 5

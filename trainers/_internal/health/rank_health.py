@@ -15,9 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from storage.health import MemoryPeak
+from trainers.tuning import LIMIT_READ_EVERY_S
 
-#: Seconds between two reads of the memory limit (a cgroup file); a limit rarely changes.
-LIMIT_READ_EVERY_S = 1.0
 #: cgroup v1 writes "no limit" as the largest page-aligned int64; anything from 2**60 up is none.
 UNLIMITED_CGROUP_BYTES = 2**60
 

@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import os
 import sys
+
+from storage import settings
 
 #: Libraries that remember, for the life of the process, the distributed setup they first saw
 #: (DeepSpeed's communication backend, Accelerate's shared state, Lightning's and Transformers'
 #: environment): a process that loaded one is not reused.
 KEEPS_PROCESS_STATE = ("deepspeed", "accelerate", "lightning", "pytorch_lightning", "transformers", "torch_xla")
 
-#: Turns replacing only the failed ranks off ("0"): every failure restarts every worker.
-REPLACE_ENV = "FLOWTRAIN_REPLACE_RANKS"
 #: The resources a worker may reserve and still be parked between runs.
 PARKABLE_RESOURCES = frozenset({"CPU", "memory"})
 
@@ -62,16 +61,6 @@ class GroupFacts:
     resources: tuple[str, ...] = ("CPU",)
 
 
-def replacing_enabled() -> bool:
-    """``FLOWTRAIN_REPLACE_RANKS``: anything but "0"/"false"/"no"/"off" (default: on)."""
-    raw = os.environ.get(REPLACE_ENV, "1").strip().lower()
-    if raw in ("0", "false", "no", "off"):
-        return False
-    if raw in ("", "1", "true", "yes", "on"):
-        return True
-    raise ValueError(f"{REPLACE_ENV}={raw!r}: must be 1 (replace only the failed ranks) or 0 (restart every worker)")
-
-
 def refusal(facts: GroupFacts, reuse: Reuse) -> str | None:
     """Why the group described by ``facts`` cannot be reused ``reuse``-wise, or None when it can.
 
@@ -87,8 +76,8 @@ def refusal(facts: GroupFacts, reuse: Reuse) -> str | None:
     if facts.tpu_slices:
         return "the workers hold whole TPU slices"
     if reuse is Reuse.WITHIN_RUN:
-        if not replacing_enabled():
-            return f"{REPLACE_ENV}=0"
+        if not settings.REPLACE_RANKS.read():
+            return f"{settings.REPLACE_RANKS.name}=0"
         if facts.elastic:
             return "an elastic run sizes each attempt by what fits then"
         return None

@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow.fs
 
-from storage import Checkpoint
+from storage import Checkpoint, settings
 from storage.health import PreflightRecord
 from storage.layout import RunLayout
 from storage.positions import DataResume, RoundPosition
@@ -31,14 +31,13 @@ from trainers._internal.ray_private import end_dataset_splits, set_current_data_
 from trainers._internal.session.data import is_dataset, names_to_split, split_datasets
 from trainers._internal.session.data_position import DataPositions, ResumePlan, plan_resume, position_hooks_problem
 from trainers._internal.session.worker_session import WorkerSession
-from trainers._internal.workers import shared_storage, warm_workers
+from trainers._internal.workers import shared_storage
 from trainers._internal.workers.devices import assign_visible_devices
 from trainers._internal.workers.elastic import ElasticSizer, NodeResources, wait_released
 from trainers._internal.workers.preemption_watch import DrainWatch, PreemptionNotice
 from trainers._internal.workers.ranks import Ranks
 from trainers._internal.workers.resources import capturing_placement_group
-from trainers._internal.workers.reuse import Reuse, refusal, replacing_enabled
-from trainers._internal.workers.spares import spares_after_s, spares_per_node
+from trainers._internal.workers.reuse import Reuse, refusal
 from trainers._internal.workers.start_failure import describe_nodes
 from trainers._internal.workers.worker import run_training_function
 from trainers._internal.workers.worker_group import RayWorkerGroup, WorkerStartError
@@ -182,11 +181,8 @@ class RayWorkers:
         self._reforming = False
         #: The first attempt's pre-flight check, when it ran (the controller keeps it in run.json).
         self.preflight: PreflightRecord | None = None
-        # Settings read now, so a bad value fails before any worker starts.
-        warm_workers.keep_s()
-        replacing_enabled()
-        self._spares_per_node = spares_per_node() if spec.restartable else 0
-        self._spares_after_s = spares_after_s()
+        self._spares_per_node = settings.SPARE_WORKERS.read() if spec.restartable else 0
+        self._spares_after_s = settings.SPARE_AFTER_S.read()
         #: This attempt's group should get its spare workers once it reports (``_fill_spares``).
         self._spares_due = False
         self._first_started_at: float | None = None

@@ -10,15 +10,15 @@ rank's bundle when it is on that bundle's node, and another spare starts once th
 reports (so that it does not compete with the recovery for CPU).
 
 Only a run that may restart after a failure (``FailureConfig.max_failures`` != 0) has spares:
-nothing else uses them. Such a run gets one spare per node once it has trained for
-``DEFAULT_AFTER_S`` and reports, which is its first report in most runs, so a short run's
+nothing else uses them. Such a run gets one spare per node (``FLOWTRAIN_SPARE_WORKERS``) once it
+has trained for ``FLOWTRAIN_SPARE_AFTER_S`` (2 s) and reports, which is its first report in most runs, so a short run's
 recovery finds one warm: a rank killed at the third of six 2.5 s epochs is back in 0.15 s with a
 spare against 2.2 s without (``benchmarks.recovery``). What a spare costs a run that never fails:
 a worker start (Ray's own, about 0.7 s of a core), its imports (about 2.5 s of CPU, made at the
 lowest CPU priority, ``SCHED_IDLE``, in the time the training leaves idle; on the 2 cores of the
 benchmarks' machine the epoch it overlaps still takes about 1 s longer) and its memory (a
 process with torch imported: 300-400 MB) for as long as the run lasts. A trivial ``fit()``, a
-test or a notebook's quick rerun ends before ``DEFAULT_AFTER_S``, and a run with no failure
+test or a notebook's quick rerun ends before that, and a run with no failure
 budget never starts one. Spares exist only for workers started beside their group (CPU workers
 of backends that set ``Backend.reuses_workers``: torch and the plain data-parallel backend): a
 GPU worker must start in its bundle to be given its GPU, which the failed worker holds until it
@@ -34,39 +34,6 @@ import sys
 import threading
 from collections.abc import Callable
 from typing import Any
-
-#: Spare workers per node the group uses (0: none).
-SPARES_ENV = "FLOWTRAIN_SPARE_WORKERS"
-DEFAULT_SPARES = 1
-#: Seconds a group trains before its spares start.
-SPARES_AFTER_ENV = "FLOWTRAIN_SPARE_AFTER_S"
-DEFAULT_AFTER_S = 2.0
-
-
-def spares_per_node() -> int:
-    """``FLOWTRAIN_SPARE_WORKERS``: a whole number >= 0 (default 1)."""
-    raw = os.environ.get(SPARES_ENV, "").strip()
-    if not raw:
-        return DEFAULT_SPARES
-    if not raw.isdigit():
-        raise ValueError(f"{SPARES_ENV}={raw!r}: must be a whole number of spare workers per node (0: none)")
-    return int(raw)
-
-
-def spares_after_s() -> float:
-    """``FLOWTRAIN_SPARE_AFTER_S``: seconds >= 0 (default 2)."""
-    raw = os.environ.get(SPARES_AFTER_ENV, "").strip()
-    if not raw:
-        return DEFAULT_AFTER_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(
-            f"{SPARES_AFTER_ENV}={raw!r}: must be the seconds a run trains before its spare workers start"
-        ) from None
-    if value < 0:
-        raise ValueError(f"{SPARES_AFTER_ENV}={raw!r}: must be 0 or more seconds")
-    return value
 
 
 def installed_modules() -> list[str]:

@@ -6,8 +6,8 @@ framework (torch: about 2 s of CPU), and what the first optimizer pulls in (``to
 all of it again. So when a run ends cleanly, its CPU workers are reset (environment, working
 directory, ``sys.path``, flowtrain's log levels, the event connection) and parked here, holding no
 resources: the next group of the same shape on the same nodes takes them instead of starting new
-processes. Parked workers are killed after ``FLOWTRAIN_KEEP_WORKERS_S`` seconds (default
-``DEFAULT_KEEP_S``; 0 turns keeping off), when a group of another shape parks, and with the driver.
+processes. Parked workers are killed after ``FLOWTRAIN_KEEP_WORKERS_S`` seconds (default 30; 0
+turns keeping off), when a group of another shape parks, and with the driver.
 
 Only what a fresh process would not notice is kept: CPU-only workers of backends that declare
 ``reuses_workers`` (torch, and the plain data-parallel backend), started by this process outside a
@@ -19,30 +19,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import threading
 from collections.abc import Iterable
 from typing import Any
 
 import ray
 
+from storage import settings
+
 logger = logging.getLogger(__name__)
-
-#: How long parked workers wait for the next run when ``FLOWTRAIN_KEEP_WORKERS_S`` is not set.
-DEFAULT_KEEP_S = 30.0
-KEEP_ENV = "FLOWTRAIN_KEEP_WORKERS_S"
-
-
-def keep_s() -> float:
-    """Seconds a clean run's workers stay parked (0: not kept)."""
-    raw = os.environ.get(KEEP_ENV)
-    if raw is None or raw == "":
-        return DEFAULT_KEEP_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{KEEP_ENV}={raw!r}: must be a number of seconds (0 keeps no workers)") from None
-    return max(0.0, value)
 
 
 def shape_key(resources: dict[str, float], runtime_env: dict | None) -> tuple:
@@ -96,10 +81,10 @@ def park(key: tuple, workers: list[tuple[Any, str, str]]) -> str | None:
     """Keep ``workers`` (reset, holding no resources) for a group of shape ``key``; whatever was
     parked before is killed. Returns why they were killed instead, or None when they were parked."""
     global _parked
-    seconds = keep_s()
+    seconds = settings.KEEP_WORKERS_S.read()
     if seconds <= 0 or not workers:
         _kill(workers)
-        return f"{KEEP_ENV}=0" if workers else None
+        return f"{settings.KEEP_WORKERS_S.name}=0" if workers else None
     parked = _Parked(key, list(workers), threading.Timer(seconds, lambda: _expire(parked)))
     parked.timer.daemon = True
     with _lock:

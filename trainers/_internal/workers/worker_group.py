@@ -44,20 +44,9 @@ from trainers._internal.workers.tpu import host_order, reserve_slices
 from trainers._internal.workers.worker import TrainWorker, WorkerMetadata
 from trainers.config import ScalingConfig
 from trainers.errors import InsufficientResourcesError, WorkerError
-from trainers.tuning import SURVIVOR_STOP_S
+from trainers.tuning import KEPT_WORKER_ANSWER_S, SURVIVOR_ANSWER_S, SURVIVOR_STOP_S, TURN_CHECK_S
 
 logger = logging.getLogger(__name__)
-
-#: Inside a Tune trial, how often a worker group waiting its turn checks the cluster could still hold it.
-TURN_CHECK_S = 5.0
-#: How long a kept worker may take to answer that it is alive, or a worker to answer its reset when a
-#: run ends cleanly, before it is replaced (or not kept). Milliseconds on a quiet machine, but seconds
-#: on an overloaded one (5 s were missed on 2 busy cores, and the next run started every process
-#: anew); only a wedged process, which is rare once its training has ended, makes a run wait this long.
-KEPT_WORKER_ANSWER_S = 30.0
-#: How long a surviving rank may take past its stop's own wait to answer, before it is replaced:
-#: short, since a failed attempt's recovery waits on it.
-SURVIVOR_ANSWER_S = 5.0
 
 
 @functools.cache
