@@ -1,6 +1,6 @@
 """A rank that leaves its torch group frees the peers waiting on it in a collective, even while
 something still holds the group (a DDP model the user's code keeps): the connections the group
-opened are shut (``collectives.forming_group`` / ``leave``). Plain ``torch.multiprocessing``, no Ray.
+opened are shut (``connections.forming_group``, ``TorchProcess.leave_group``). Plain ``torch.multiprocessing``, no Ray.
 
 Without it, a rank that raised kept its sockets open for as long as its model lived: in an 8-rank
 ring, the ranks waiting on the raising ones stayed blocked in C++ until the controller gave up on
@@ -22,7 +22,7 @@ HOLD_S = 300
 def _rank(rank: int, port: int, said: queue.Queue) -> None:
     import torch
 
-    from trainers._internal.workers import collectives
+    from trainers.torch.process import TorchProcess
     from trainers.torch.rendezvous import join_at_store
 
     torch.set_num_threads(1)
@@ -37,7 +37,7 @@ def _rank(rank: int, port: int, said: queue.Queue) -> None:
             model(features).sum().backward()
     except RuntimeError:  # a peer's connection closed: this rank's collective failed
         pass
-    collectives.leave()  # while the model still holds the group, as a user's loop may
+    TorchProcess.leave_group()  # while the model still holds the group, as a user's loop may
     said.put(rank)
     time.sleep(HOLD_S)
     del model

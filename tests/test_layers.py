@@ -173,6 +173,23 @@ def test_part_order_scan_catches_an_import_up(tmp_path):
     ]
 
 
+#: The frameworks a backend brings: the core (``trainers/_internal``) asks its backend instead.
+FRAMEWORKS = ("torch", "tensorflow", "keras", "jax", "xgboost", "lightgbm", "deepspeed", "lightning")
+
+
+def test_the_core_imports_no_framework():
+    """What the framework must do at a stop, a reset, the pre-flight probe or a memory failure is
+    the backend's ``FrameworkProcess`` (torch's in ``trainers/torch/process.py``)."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in sorted((ROOT / "trainers" / "_internal").rglob("*.py"))
+        for line, modules in imports(path, ROOT)
+        for module in modules[:1]
+        if module.split(".")[0] in FRAMEWORKS
+    ]
+    assert not found, "trainers/_internal imports a framework:\n" + "\n".join(found)
+
+
 def test_each_part_is_a_package_that_says_what_it_holds():
     internal = ROOT / "trainers" / "_internal"
     assert sorted(p.name for p in internal.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(PARTS)

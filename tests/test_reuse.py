@@ -12,8 +12,9 @@ import pytest
 
 from storage import settings
 from trainers._internal.workers import reuse
-from trainers._internal.workers.fresh_process import TORCH_START_SEED, ProcessBaseline, installed_roots, is_user_module
+from trainers._internal.workers.fresh_process import ProcessBaseline, installed_roots, is_user_module
 from trainers._internal.workers.reuse import GroupFacts, Reuse, refusal
+from trainers.torch.process import TORCH_START_SEED, TorchProcess
 
 TORCH = GroupFacts(backend_reuses=True, backend_name="torch")
 
@@ -91,7 +92,7 @@ def test_restore_forgets_user_modules_and_puts_torch_and_the_environment_back(tm
         sys.path.append(str(tmp_path / "elsewhere"))
         torch.set_default_dtype(torch.float64)
         torch.manual_seed(3)
-        forgotten = baseline.restore()
+        forgotten = baseline.restore(TorchProcess)
         assert "edited_here" in forgotten and "edited_here" not in sys.modules
         assert "FLOWTRAIN_TEST_LEFT_BEHIND" not in os.environ and os.getcwd() == cwd
         assert str(tmp_path / "elsewhere") not in sys.path
@@ -112,11 +113,11 @@ def test_deterministic_algorithms_are_put_back_without_importing_inductor():
     and still turns them off when it did."""
     code = (
         "import sys, torch\n"
-        "from trainers._internal.workers.fresh_process import restore_torch_settings\n"
-        "restore_torch_settings()\n"
+        "from trainers.torch.process import TorchProcess\n"
+        "TorchProcess.reset()\n"
         "untouched = 'torch._inductor.config' not in sys.modules\n"
         "torch.use_deterministic_algorithms(True, warn_only=True)\n"
-        "restore_torch_settings()\n"
+        "TorchProcess.reset()\n"
         "print(untouched, torch.are_deterministic_algorithms_enabled(),"
         " torch.is_deterministic_algorithms_warn_only_enabled(),"
         " sys.modules['torch._inductor.config'].deterministic)\n"

@@ -18,8 +18,70 @@ from typing import Any, ClassVar, Generic, TypeVar
 ConfigT = TypeVar("ConfigT", bound="BackendConfig")
 
 
+class FrameworkProcess:
+    """What a worker's process asks of the framework that trains in it, at the points where only
+    the framework knows the answer: when an attempt stops (its collectives interrupted, its group
+    left, the device checked), when the process is put back as a fresh one, for the pre-flight
+    probe, and for the device's memory. Run in the workers; every method is static, so the class
+    travels to a worker by its name. The default knows no framework: nothing to interrupt, leave,
+    reset or measure, and no probe. A backend names its own (``Backend.process``); torch's is
+    ``trainers.torch.process.TorchProcess``."""
+
+    @staticmethod
+    def interrupt() -> None:
+        """The attempt stops: make the collectives that wait on a device fail now (NCCL's abort).
+        Called before the training thread is waited for, also when it has ended after a failure."""
+
+    @staticmethod
+    def leave_group() -> None:
+        """Leave this process's collective group, once its training thread has ended, so that the
+        peers still waiting on it in a collective fail at once and the process can join another."""
+
+    @staticmethod
+    def unusable() -> str | None:
+        """Why this process cannot train again (a device left broken by an abort), or None."""
+        return None
+
+    @staticmethod
+    def reset() -> None:
+        """Put the framework's process-wide settings and random generators back as a new process has them."""
+
+    @staticmethod
+    def probe(use_gpu: bool) -> dict[str, Any] | None:
+        """The pre-flight probe of one worker: ``{"gflops", "bus_gbps", "interface"}``, or None when
+        the framework has none (the check is then not run)."""
+        return None
+
+    @staticmethod
+    def device_peaks() -> tuple[int, int] | None:
+        """Bytes allocated and reserved on this process's device at their peaks, or None without one."""
+        return None
+
+    @staticmethod
+    def reset_device_peaks() -> None:
+        """Start the device's peaks over (a kept process reports its next attempt's own)."""
+
+    @staticmethod
+    def watch_device_memory() -> None:
+        """An attempt starts: record the device's allocations, for a snapshot if it runs out
+        (``FLOWTRAIN_CUDA_MEMORY_SNAPSHOT``)."""
+
+    @staticmethod
+    def device_memory_summary() -> str | None:
+        """The device's memory in words, for a rank that ran out of it; None without a device."""
+        return None
+
+    @staticmethod
+    def save_device_snapshot(local_path: str) -> bool:
+        """Write the recorded allocations to ``local_path``; False when nothing was recorded."""
+        return False
+
+
 class Backend(Generic[ConfigT]):
     """Hooks around the life of a worker group. The default does nothing."""
+
+    #: What the workers' processes ask of the framework (run in the workers).
+    process: ClassVar[type[FrameworkProcess]] = FrameworkProcess
 
     #: Whether a clean run's worker processes may serve the next run of the same shape in this
     #: driver (see ``FLOWTRAIN_KEEP_WORKERS_S``): only when ``on_start`` can set the backend up again

@@ -10,8 +10,8 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from trainers._checks import check_choice, check_number
-from trainers._internal.workers.collectives import leave
 from trainers.backend import Backend, BackendConfig, host_port
+from trainers.torch.process import TorchProcess
 from trainers.torch.rendezvous import host_store, hosted_store_port, join_at_store, new_generation
 
 BACKENDS = ("gloo", "nccl")
@@ -129,6 +129,7 @@ class TorchBackend(Backend[TorchConfig]):
     """
 
     reuses_workers = True  # every set-up leaves any process group before joining the new one
+    process = TorchProcess
 
     def on_start(self, worker_group: Any, backend_config: TorchConfig) -> None:
         if worker_group.world_size < 1:
@@ -154,4 +155,4 @@ class TorchBackend(Backend[TorchConfig]):
     def on_shutdown(self, worker_group: Any, backend_config: TorchConfig) -> None:
         # The actors are killed right after, whatever happens here; leaving first lets nccl free its communicators.
         with contextlib.suppress(Exception):
-            worker_group.execute(leave, timeout_s=5)
+            worker_group.execute(TorchProcess.leave_group, timeout_s=5)

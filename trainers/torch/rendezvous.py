@@ -23,7 +23,8 @@ from typing import Any
 import ray
 
 from trainers._internal.network import pin_collective_interface
-from trainers._internal.workers import collectives
+from trainers._internal.workers.connections import forming_group
+from trainers.torch.process import TorchProcess
 
 _lock = threading.Lock()
 #: The store this process hosts, once it hosts one.
@@ -75,11 +76,11 @@ def join_process_group(backend: str, timeout_s: float, **meeting: Any) -> None:
     ``store=``, as ``torch.distributed.init_process_group`` takes them)."""
     import torch.distributed as dist
 
-    collectives.leave()
+    TorchProcess.leave_group()
     pin_collective_interface(ray.util.get_node_ip_address())
     with _lock:
         store_port = None if _store is None else int(_store.port)
-    with collectives.forming_group(store_port=store_port):
+    with forming_group(store_port=store_port):
         dist.init_process_group(
             backend=backend,
             rank=int(os.environ["RANK"]),

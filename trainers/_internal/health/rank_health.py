@@ -9,12 +9,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import resource
-import sys
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from storage.health import MemoryPeak
+from trainers.backend import FrameworkProcess
 from trainers.tuning import LIMIT_READ_EVERY_S
 
 #: cgroup v1 writes "no limit" as the largest page-aligned int64; anything from 2**60 up is none.
@@ -46,10 +45,11 @@ class StepHealth:
 class RankHealth:
     """One worker's measures for one attempt. Made when the attempt's training function starts:
     the process's peaks are reset then, so a kept process reports this attempt's peak, as a fresh
-    one would."""
+    one would. ``framework`` measures the device's memory (the backend's ``FrameworkProcess``)."""
 
-    def __init__(self) -> None:
-        reset_peaks()
+    def __init__(self, framework: type[FrameworkProcess] = FrameworkProcess) -> None:
+        self.framework = framework
+        reset_peaks(framework)
         self._step_started: float | None = None
         self._waiting_s = 0.0
         #: Seconds waited for batches since the last report: the data iterators add to it directly
@@ -68,11 +68,12 @@ class RankHealth:
         waiting_s, self._waiting_s = self._waiting_s, 0.0
         data_wait_s, self.data_wait_s = self.data_wait_s, 0.0
         sent = self._memory
-        if sent is not None and _rss_bytes() <= sent.rss_bytes + _slack(sent.rss_bytes) and _cuda() is None:
+        device = self.framework.device_peaks()
+        if sent is not None and device is None and _rss_bytes() <= sent.rss_bytes + _slack(sent.rss_bytes):
             return StepHealth(step_s, waiting_s, None, data_wait_s)  # the common case, kept to one getrusage
         if now - self._limit_read_at >= LIMIT_READ_EVERY_S:  # grown: worth its limit
             self._limit, self._limit_read_at = memory_limit(), now
-        memory = peak_memory(self._limit)
+        memory = _peak(self._limit, device)
         if sent is not None and not _grown(memory, sent):
             return StepHealth(step_s, waiting_s, None, data_wait_s)
         self._memory = memory
@@ -94,7 +95,7 @@ class RankHealth:
 
     def now(self) -> MemoryPeak:
         """The peak now, with the limit read afresh (for a failure's message)."""
-        return peak_memory(memory_limit())
+        return peak_memory(memory_limit(), self.framework)
 
 
 def _slack(sent_bytes: int) -> int:
@@ -116,23 +117,20 @@ def _grown(memory: MemoryPeak, sent: MemoryPeak) -> bool:
     return any(new is not None and (old is None or new > old + _slack(old)) for new, old in pairs)
 
 
-def peak_memory(limit_bytes: int | None = None) -> MemoryPeak:
-    """This process's peak resident set and, when it has used CUDA, PyTorch's peaks on its device,
-    with ``limit_bytes`` as its limit. About a microsecond on CPU: ``getrusage``, no file read."""
-    torch = _cuda()
-    if torch is None:
+def peak_memory(limit_bytes: int | None = None, framework: type[FrameworkProcess] = FrameworkProcess) -> MemoryPeak:
+    """This process's peak resident set and, when it has used a device, ``framework``'s peaks on
+    it, with ``limit_bytes`` as its limit. About a microsecond on CPU: ``getrusage``, no file read."""
+    return _peak(limit_bytes, framework.device_peaks())
+
+
+def _peak(limit_bytes: int | None, device: tuple[int, int] | None) -> MemoryPeak:
+    if device is None:
         return MemoryPeak(_rss_bytes(), limit_bytes=limit_bytes)
-    return MemoryPeak(_rss_bytes(), torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(), limit_bytes)
+    return MemoryPeak(_rss_bytes(), *device, limit_bytes)
 
 
 def _rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-
-
-def _cuda() -> Any:
-    """PyTorch, when this process has initialised CUDA with it; else None."""
-    torch = sys.modules.get("torch")
-    return torch if torch is not None and torch.cuda.is_initialized() else None
 
 
 def memory_limit() -> int | None:
@@ -171,16 +169,14 @@ def _cgroup_limit() -> int | None:
     return None
 
 
-def reset_peaks() -> None:
+def reset_peaks(framework: type[FrameworkProcess] = FrameworkProcess) -> None:
     """Start the peaks over (a process kept from an earlier attempt or run behaves as a fresh one).
 
     Linux's ``clear_refs`` 5 resets the process's peak resident set, which ``getrusage`` reads;
-    PyTorch resets its own CUDA peaks."""
+    the framework resets its device's."""
     try:
         with open("/proc/self/clear_refs", "w") as clear_refs:
             clear_refs.write("5")
     except OSError:
         pass  # not Linux, or not allowed: the peak covers the process's life
-    torch = _cuda()
-    if torch is not None:
-        torch.cuda.reset_peak_memory_stats()
+    framework.reset_device_peaks()

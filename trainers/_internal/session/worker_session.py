@@ -22,12 +22,12 @@ from storage.layout import RunLayout
 from storage.retention import flatten
 from trainers._checks import pickling_error
 from trainers._internal.events.messages import Event, ReportEvent, SyncEvent, TrainingInterrupted
-from trainers._internal.health.memory_failure import record_cuda_history
 from trainers._internal.health.rank_health import RankHealth
 from trainers._internal.session import checkpoint_upload
 from trainers._internal.session.data_position import DataPositions
 from trainers._internal.session.reported_checkpoints import Answer, Answers
 from trainers._internal.session.uploader import OrderedUploader
+from trainers.backend import FrameworkProcess
 from trainers.context import TrainContext, _set_context
 from trainers.report_config import CheckpointUploadMode
 from trainers.tuning import BROADCAST_WARN_BYTES, SYNC_WAKE_S
@@ -52,8 +52,11 @@ class WorkerSession:
         score_attribute: str | None = None,
         validation_config: Any = None,
         data_position: DataPositions | None = None,
+        framework: type[FrameworkProcess] = FrameworkProcess,
     ) -> None:
         self.context = context
+        #: What the framework does in this process (its backend's): memory, and a stopped attempt.
+        self.framework = framework
         self.attempt = attempt
         self.layout = layout
         self.filesystem = filesystem
@@ -61,7 +64,7 @@ class WorkerSession:
         #: Where this worker's data iterators stand (None: ``DataConfig(checkpoint_data_position=False)``).
         self.data_position = data_position
         #: This rank's step times, data waits and peak memory, carried by its reports.
-        self.health = RankHealth()
+        self.health = RankHealth(framework)
         self.dataset_shards = (
             data_position.track_shards(dataset_shards, self.health) if data_position is not None else dataset_shards
         )
@@ -85,7 +88,7 @@ class WorkerSession:
         self._sync: _SyncPoint | None = None
         #: Set by the controller when a node of this run is being preempted (``get_preemption_info``).
         self.preemption_info: Any = None
-        record_cuda_history()
+        framework.watch_device_memory()
 
     def report(
         self,

@@ -14,17 +14,12 @@ would not show is put back:
   the installed packages (site-packages, the standard library, Ray, flowtrain) is forgotten, so the
   next attempt imports it again from disk: an edited module's new code, its globals as a fresh
   import sets them;
-- torch's process-wide settings (when torch was imported): the default dtype and device, the
-  number of intra-op threads (from ``OMP_NUM_THREADS``, as torch reads it at start), deterministic
-  algorithms, cuDNN's deterministic and benchmark flags, float32 matmul precision, anomaly
-  detection, the compiled-graph caches of ``torch.compile``, and the random generators (torch's
-  seeded with its fixed start-up seed, as a new process has it; Python's ``random`` and NumPy's
-  global generator re-seeded from the OS, as a new process does);
+- the framework's process-wide settings and random generators, as its backend says
+  (``FrameworkProcess.reset``: torch's in ``trainers.torch.process``); Python's ``random`` and
+  NumPy's global generator re-seeded from the OS, as a new process does;
 - Ray Data's ``DataContext`` (when Ray Data was imported): a new default one.
 
-Grad mode, inference mode and autocast are per thread in torch, and every attempt's training
-function runs in a new thread, so they start fresh by themselves. The torch process group is left
-by the worker (``TrainWorker.stop``) before this runs. Not put back: state a library keeps in C
+The framework's group is left by the worker (``TrainWorker.stop``) before this runs. Not put back: state a library keeps in C
 that no API resets (a custom operator registered by a user module is registered again on re-import,
 which torch refuses; such a module should register in an installed package), and the libraries that
 keep process-wide distributed state, whose processes are never reused (``reuse.KEEPS_PROCESS_STATE``).
@@ -39,9 +34,7 @@ import random
 import sys
 import sysconfig
 
-#: torch's default seed for its CPU and CUDA generators in a new process (``default_rng_seed_val``
-#: in c10): ``torch.initial_seed()`` answers it until the user seeds.
-TORCH_START_SEED = 67280421310721
+from trainers.backend import FrameworkProcess
 
 #: Top-level packages whose modules are never forgotten: flowtrain's own (an editable install
 #: lives outside site-packages) and Ray's (a worker's own machinery).
@@ -83,9 +76,9 @@ class ProcessBaseline:
     def capture(cls) -> ProcessBaseline:
         return cls(dict(os.environ), os.getcwd(), list(sys.path), frozenset(sys.modules))
 
-    def restore(self) -> list[str]:
-        """Put the process back as ``capture`` found it (see the module's docstring); returns the
-        names of the user modules it forgot."""
+    def restore(self, framework: type[FrameworkProcess] = FrameworkProcess) -> list[str]:
+        """Put the process back as ``capture`` found it (see the module's docstring), ``framework``'s
+        process-wide settings too; returns the names of the user modules it forgot."""
         os.environ.clear()
         os.environ.update(self.environ)
         os.chdir(self.cwd)
@@ -95,8 +88,7 @@ class ProcessBaseline:
         for name in FLOWTRAIN_LOGGERS:
             logging.getLogger(name).setLevel(logging.NOTSET)
         forgotten = self.forget_user_modules()
-        if "torch" in sys.modules:
-            restore_torch_settings()
+        framework.reset()
         random.seed()
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed()
@@ -126,29 +118,3 @@ class ProcessBaseline:
 
             importlib.invalidate_caches()  # a module file created since the last import is found
         return sorted(names)
-
-
-def restore_torch_settings() -> None:
-    """torch's process-wide settings as a new process has them (torch is already imported)."""
-    import torch
-
-    torch.set_default_dtype(torch.float32)
-    torch.set_default_device(None)
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
-    # use_deterministic_algorithms imports torch._inductor's config first (0.8 s of a worker's CPU):
-    # only when there is something to put back.
-    if (
-        torch.are_deterministic_algorithms_enabled()
-        or torch.is_deterministic_algorithms_warn_only_enabled()
-        or "torch._inductor.config" in sys.modules
-    ):
-        torch.use_deterministic_algorithms(False)
-    torch.backends.cudnn.deterministic = False
-    torch.backends.cudnn.benchmark = False
-    torch.set_float32_matmul_precision("highest")
-    torch.autograd.set_detect_anomaly(False)
-    torch.manual_seed(TORCH_START_SEED)  # every CUDA device too, lazily
-    if "torch._dynamo" in sys.modules:
-        torch._dynamo.reset()

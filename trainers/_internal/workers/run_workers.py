@@ -146,6 +146,7 @@ def _session_args(
         score_attribute=spec.score_attribute,
         validation_config=spec.validation_config,
         data_position=DataPositions(plan.starts[ranks.world_rank]) if plan is not None else None,
+        framework=spec.backend_config.backend_cls.process,
     )
 
 
@@ -316,10 +317,15 @@ class RayWorkers:
         )
         return plan.note if plan is not None else None
 
-    def _preflight(self, group: RayWorkerGroup) -> PreflightRecord:
-        """Every worker's compute probe and the group's all-reduce, judged against the median worker."""
+    def _preflight(self, group: RayWorkerGroup) -> PreflightRecord | None:
+        """Every worker's compute probe and the group's all-reduce, judged against the median
+        worker; None when the backend's framework has no probe."""
         started = time.monotonic()
-        figures = group.execute(preflight.probe, self.spec.scaling.use_gpu, timeout_s=self.spec.start_timeout_s)
+        figures = group.execute(
+            self.backend.process.probe, self.spec.scaling.use_gpu, timeout_s=self.spec.start_timeout_s
+        )
+        if None in figures:
+            return None
         return preflight.judge(figures, self._nodes, self.spec.preflight, time.monotonic() - started)
 
     def poll(self, timeout_s: float) -> list[Event | PreemptionNotice]:

@@ -28,8 +28,10 @@ from trainers._internal.events.messages import NOT_TRAINING, Event, FailedEvent,
 from trainers._internal.health.memory_failure import is_out_of_memory, leave_memory_summary
 from trainers._internal.session.worker_session import TrainingInterrupted, WorkerSession, set_session
 from trainers._internal.worker_output import announce, worker_label
+from trainers._internal.workers.connections import cut_connections_to
 from trainers._internal.workers.fresh_process import ProcessBaseline
 from trainers._internal.workers.reuse import process_refusal
+from trainers.backend import FrameworkProcess
 from trainers.errors import WorkerError
 from trainers.tuning import INTERRUPT_EVERY_S, INTERRUPT_GRACE_S
 
@@ -106,6 +108,7 @@ def run_training_function(
                 reports=session.num_reports,
                 error=error,
                 memory=memory,
+                framework=session.framework,
             )
             failure = dataclasses.replace(failure, memory=memory, memory_summary=summary)
         _release_locals(error)
@@ -187,6 +190,8 @@ class TrainWorker:
             os.environ["OMP_NUM_THREADS"] = str(omp_num_threads)
         #: The process before any attempt ran: ``stop`` puts it back before it serves again.
         self._baseline = ProcessBaseline.capture()
+        #: What the framework of the latest attempt needs when it stops (its backend's).
+        self._framework: type[FrameworkProcess] = FrameworkProcess
 
     def __repr__(self) -> str:
         # Ray shows this actor's lines under this name; trainers.worker_output routes them by it.
@@ -206,26 +211,25 @@ class TrainWorker:
         would be (``fresh_process``). Answers the actor's id, or why the process cannot serve again.
 
         A training function still running is stopped: ``report()`` and barriers raise
-        ``TrainingInterrupted`` from now on, an NCCL group is aborted, and after a moment the same
-        error is raised in the training thread at its next Python instruction, again every
-        ``INTERRUPT_EVERY_S``, for up to ``wait_s`` seconds. A thread still running then (stuck in
-        C code, or swallowing the error) means the process is not reused. Then the torch process
-        group is left (gloo: the peers still waiting on this rank fail at once). ``failed``: the
-        attempt failed, so an NCCL group is aborted even when the function has ended (its last
-        collectives may still wait on the GPU for a rank that is gone). ``lost_hosts``: addresses of
-        nodes that left the cluster, whose connections are shut first (a partitioned host closes
-        none itself).
+        ``TrainingInterrupted`` from now on, the framework interrupts its collectives (NCCL's
+        abort: ``FrameworkProcess.interrupt``), and after a moment the same error is raised in the
+        training thread at its next Python instruction, again every ``INTERRUPT_EVERY_S``, for up
+        to ``wait_s`` seconds. A thread still running then (stuck in C code, or swallowing the
+        error) means the process is not reused. Then the framework's group is left (the peers
+        still waiting on this rank fail at once). ``failed``: the attempt failed, so the
+        collectives are interrupted even when the function has ended (its last ones may still
+        wait on the GPU for a rank that is gone). ``lost_hosts``: addresses of nodes that left the
+        cluster, whose connections are shut first (a partitioned host closes none itself).
         """
-        from trainers._internal.workers import collectives
-
+        framework = self._framework
         if self._session is not None:
             self._session.stop_requested.set()
         thread = self._thread
         running = thread is not None and thread.is_alive()
         if running or failed:
-            collectives.abort_nccl()
+            framework.interrupt()
         if thread is not None and running:
-            collectives.cut_connections_to(lost_hosts)
+            cut_connections_to(lost_hosts)
             deadline = time.monotonic() + wait_s
             thread.join(min(INTERRUPT_GRACE_S, wait_s))
             while thread.is_alive() and time.monotonic() < deadline:
@@ -235,8 +239,8 @@ class TrainWorker:
                 return StopAnswer(
                     None, f"its training function did not stop within {wait_s:g} s ({describe_activity(thread)})"
                 )
-        collectives.leave()
-        why_not = process_refusal() or collectives.cuda_usable()
+        framework.leave_group()
+        why_not = process_refusal() or framework.unusable()
         if why_not:
             return StopAnswer(None, why_not)
         self._outbox.close()
@@ -244,7 +248,7 @@ class TrainWorker:
         self._session = None
         self._thread = None
         self._label = "TrainWorker"
-        self._baseline.restore()
+        self._baseline.restore(framework)
         return StopAnswer(ray.get_runtime_context().get_actor_id())
 
     def set_env(self, env: dict[str, str]) -> None:
@@ -277,6 +281,7 @@ class TrainWorker:
                     file=sys.stderr,
                 )
         self._session = WorkerSession(emit=self._outbox.put, **session_args)
+        self._framework = self._session.framework
         self._thread = threading.Thread(
             target=_train_in_thread,
             args=(train_fn, config, takes_config, self._session, self._outbox.put, context),

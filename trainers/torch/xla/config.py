@@ -17,6 +17,7 @@ from trainers._checks import check_choice, check_number
 from trainers._extras import MissingExtraError
 from trainers.backend import Backend, free_port
 from trainers.torch.config import INIT_METHODS, TorchBackend, TorchConfig, init_method_url
+from trainers.torch.process import TorchProcess
 from trainers.torch.rendezvous import join_process_group
 
 logger = logging.getLogger(__name__)
@@ -164,6 +165,8 @@ def _compile_extracted_graphs() -> None:
 
 class TorchXLABackend(Backend[TorchXLAConfig]):
     """Joins every worker in an ``xla`` process group; compiles Neuron graphs at shutdown if asked."""
+
+    process = TorchProcess  # an xla group is a torch.distributed group
 
     def on_start(self, worker_group: Any, backend_config: TorchXLAConfig) -> None:
         if worker_group.world_size < 1:
