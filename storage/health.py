@@ -1,14 +1,14 @@
 """How a run's ranks fared while they trained, as run.json keeps it: each rank's peak memory and
-every straggler episode. Typed records written and read as JSON (``to_json``/``from_json``); the
+every straggler episode. Typed records written and read by ``storage.codec``; the
 workers measure and the controller judges (``trainers/_internal/health/rank_health.py``,
 ``trainers/_internal/health/stragglers.py``); these are only what travels and is kept."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from storage.codec import Record, Round4, Round6
 from storage.figures import number, seconds, share
 from storage.filesystem import write_bytes
 
@@ -19,9 +19,11 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass(frozen=True)
-class MemoryPeak:
+class MemoryPeak(Record):
     """The most memory one rank's process has held in this attempt: its resident set (RSS) and,
     when it used CUDA, what PyTorch's caching allocator allocated and reserved on its device."""
+
+    JSON_OMITS_DEFAULTS = True  # None figures are not written
 
     rss_bytes: int
     cuda_allocated_bytes: int | None = None
@@ -52,14 +54,6 @@ class MemoryPeak:
             text += f", reserved {_size(self.cuda_reserved_bytes)}"
         return text
 
-    def to_json(self) -> dict[str, int]:
-        return {key: value for key, value in dataclasses.asdict(self).items() if value is not None}
-
-    @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> MemoryPeak:
-        names = {field.name for field in dataclasses.fields(cls)}
-        return cls(**{key: int(value) for key, value in body.items() if key in names and value is not None})
-
     @property
     def near_limit(self) -> bool:
         """Whether the resident set was within a fifth of the process's limit: a process killed
@@ -80,7 +74,7 @@ def _size(num_bytes: int) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class StragglerRecord:
+class StragglerRecord(Record):
     """One episode of a rank training persistently slower than the others: named once, when it has
     been slower for ``steps`` reports in a row."""
 
@@ -105,14 +99,6 @@ class StragglerRecord:
             f"({seconds(self.step_s)} s against {seconds(self.median_step_s)} s) for {self.steps} steps"
         )
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> StragglerRecord:
-        names = {field.name for field in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in body.items() if key in names})
-
 
 #: A run whose ranks waited for data at least this share of their training time (the waits
 #: included) is input-bound: the data pipeline, not the model, sets its pace.
@@ -120,32 +106,32 @@ INPUT_BOUND_SHARE = 0.2
 
 
 @dataclasses.dataclass(frozen=True)
-class GoodputAccount:
+class GoodputAccount(Record):
     """Where one ``fit()`` call's wall time went (from its controller's start to its end). The
     parts add up to ``wall_s``: training is what moved the model forward; the rest is the cost of
     starting, waiting for data, checkpoints, failures and the run's end."""
 
-    wall_s: float
+    wall_s: Round6
     #: The first attempt's workers starting (placement, processes, the backend), until they train.
-    starting_s: float
+    starting_s: Round6
     #: Training that counted: every step kept, less the time blocked on checkpoints and waiting for data.
-    training_s: float
+    training_s: Round6
     #: Ranks blocked uploading checkpoints (``CheckpointUploadMode.SYNC``; the slowest rank's).
-    checkpoint_s: float
+    checkpoint_s: Round6
     #: From a failure, preemption or resize until the next attempt trained (drain, stop, start).
-    restarting_s: float
+    restarting_s: Round6
     #: Training since the latest committed checkpoint that a failure or resize threw away: those
     #: steps were trained again.
-    rolled_back_s: float
+    rolled_back_s: Round6
     #: The run's end: the workers finishing (or a failed run's last moments).
-    waiting_s: float
+    waiting_s: Round6
     #: Workers held over the wall time, and their GPUs (``ScalingConfig``'s GPUs per worker).
-    worker_hours: float
-    gpu_hours: float
+    worker_hours: Round6
+    gpu_hours: Round6
     #: Ranks waiting for their next batch, timed on each rank around its dataset shards' and
     #: prepared loaders' iterators (each round's slowest rank's wait; 0 in accounts written
     #: before flowtrain measured it).
-    data_wait_s: float = 0.0
+    data_wait_s: Round6 = 0.0
 
     @property
     def goodput(self) -> float:
@@ -187,23 +173,16 @@ class GoodputAccount:
         waited = share(self.data_wait_s / (self.training_s + self.data_wait_s))
         return f"input-bound: the ranks waited for their next batch {waited} of their training time"
 
-    def to_json(self) -> dict[str, float]:
-        return {key: round(value, 6) for key, value in dataclasses.asdict(self).items()}
-
-    @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> GoodputAccount:
-        return cls(**{field.name: float(body.get(field.name, 0.0)) for field in dataclasses.fields(cls)})
-
 
 @dataclasses.dataclass(frozen=True)
-class PreflightRecord:
+class PreflightRecord(Record):
     """The pre-flight check of one ``fit()`` call: how long it took, each worker's compute rate,
     the group's all-reduce bus bandwidth (None without a process group), and the network interface
     each worker's collectives use."""
 
-    seconds: float
+    seconds: Round4
     #: GFLOP/s of each worker's matrix-multiply probe, by world rank.
-    gflops: tuple[float, ...]
+    gflops: tuple[Round4, ...]
     bus_gbps: float | None = None
     #: By world rank: the interface gloo/NCCL use (``GLOO_SOCKET_IFNAME``), "" where none was set.
     interfaces: tuple[str, ...] = ()
@@ -214,24 +193,6 @@ class PreflightRecord:
         names = sorted(set(self.interfaces) - {""})
         over = f", collectives over {', '.join(names)}" if names else ""
         return f"pre-flight check passed in {seconds(self.seconds)} s: {rates}{bus}{over}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "seconds": round(self.seconds, 4),
-            "gflops": [round(g, 4) for g in self.gflops],
-            "bus_gbps": self.bus_gbps,
-            "interfaces": list(self.interfaces),
-        }
-
-    @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> PreflightRecord:
-        bus = body.get("bus_gbps")
-        return cls(
-            float(body["seconds"]),
-            tuple(float(g) for g in body["gflops"]),
-            None if bus is None else float(bus),
-            tuple(str(name) for name in body.get("interfaces", ())),
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,9 +211,11 @@ class RunHealth:
 
 
 @dataclasses.dataclass(frozen=True)
-class TimelineRound:
+class TimelineRound(Record):
     """One committed report round on the timeline: when (seconds since the ``fit()`` call's
     controller started), which, and each rank's step (None: not measured)."""
+
+    JSON_AS_LIST = True  # thousands of rounds: [t, attempt, index, checkpoint, steps]
 
     t: float
     attempt: int
@@ -262,7 +225,7 @@ class TimelineRound:
 
 
 @dataclasses.dataclass(frozen=True)
-class TimelineMark:
+class TimelineMark(Record):
     """Something that happened to one rank: ``what`` is a failure's kind ("died", "error", ...) or
     "straggler"."""
 
@@ -273,7 +236,7 @@ class TimelineMark:
 
 
 @dataclasses.dataclass(frozen=True)
-class Timeline:
+class Timeline(Record):
     """What a ``fit()`` call's timeline picture is drawn from (``.health/timeline-attemptNNNN.json``
     in the run folder): the phases, the rounds, failures and stragglers, in seconds since the
     controller started."""
@@ -295,27 +258,6 @@ class Timeline:
     def notable(self) -> bool:
         """Whether there is something to look at: a restart, a failure or a straggler."""
         return bool(self.marks) or any(phase == "restarting" for phase, _, _ in self.phases)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run_name": self.run_name,
-            "world_size": self.world_size,
-            "phases": [list(p) for p in self.phases],
-            "rolled_back": [list(span) for span in self.rolled_back],
-            "rounds": [[r.t, r.attempt, r.index, r.checkpoint, list(r.steps)] for r in self.rounds],
-            "marks": [dataclasses.asdict(m) for m in self.marks],
-        }
-
-    @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> Timeline:
-        return cls(
-            str(body["run_name"]),
-            int(body["world_size"]),
-            tuple((str(p), float(a), float(b)) for p, a, b in body["phases"]),
-            tuple((float(a), float(b)) for a, b in body["rolled_back"]),
-            tuple(TimelineRound(t, a, i, bool(c), tuple(s)) for t, a, i, c, s in body["rounds"]),
-            tuple(TimelineMark(**m) for m in body["marks"]),
-        )
 
 
 def write_health_file(filesystem: pafs.FileSystem, layout: RunLayout, name: str, data: bytes) -> str:

@@ -36,6 +36,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from storage.codec import Record
 from storage.filesystem import is_local, read_bytes, write_bytes
 from storage.layout import RunLayout
 from storage.metric_values import decode, encode
@@ -49,19 +50,12 @@ _SEGMENT = re.compile(r"^(\d{8})-(\d{4})\.jsonl$")
 
 
 @dataclasses.dataclass(frozen=True)
-class ReportEntry:
+class ReportEntry(Record):
     """One recorded report: rank 0's metrics, and which report of which attempt it was."""
 
     attempt: int
     report_index: int
     metrics: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "report_index": self.report_index, "metrics": self.metrics}
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any]) -> ReportEntry:
-        return cls(int(body["attempt"]), int(body["report_index"]), body["metrics"])
 
 
 def _segment_name(attempt: int, serial: int) -> str:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import pyarrow.fs as pafs
 
+from storage.codec import UNWRITTEN, Record, from_json, to_json
 from storage.errors import SnapshotCorruptError
 from storage.filesystem import exists, read_bytes, write_bytes
 from storage.health import GoodputAccount, MemoryPeak, PreflightRecord, StragglerRecord
@@ -40,7 +41,7 @@ VALIDATION_FAILED = "VALIDATION_FAILED"
 
 
 @dataclasses.dataclass
-class CheckpointRecord:
+class CheckpointRecord(Record):
     """One committed checkpoint: its number, folder name, metrics, and the report it came with."""
 
     seq: int
@@ -62,25 +63,9 @@ class CheckpointRecord:
     #: there; None when not kept.
     data_position: RoundPosition | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        position, upload = self.data_position, self.upload
-        return {
-            **vars(self),
-            "data_position": position.to_json() if position is not None else None,
-            "upload": upload.to_record() if upload is not None else None,
-        }
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any]) -> CheckpointRecord:
-        known = {f.name for f in dataclasses.fields(cls)}
-        fields = {k: v for k, v in body.items() if k in known}  # newer writers may add fields
-        fields["data_position"] = RoundPosition.from_json(fields.get("data_position"))
-        fields["upload"] = UploadStats.from_record(fields.get("upload"))
-        return cls(**fields)
-
 
 @dataclasses.dataclass(frozen=True)
-class DroppedCheckpoint:
+class DroppedCheckpoint(Record):
     """What is left of a checkpoint retention dropped: enough for the checkpoints table."""
 
     seq: int
@@ -97,18 +82,9 @@ class DroppedCheckpoint:
     #: The metrics it was reported with (None in a record written before they were kept).
     metrics: dict[str, Any] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {**vars(self), "upload": self.upload.to_record() if self.upload is not None else None}
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any]) -> DroppedCheckpoint:
-        known = {f.name for f in dataclasses.fields(cls)}
-        fields = {k: v for k, v in body.items() if k in known}
-        return cls(**{**fields, "upload": UploadStats.from_record(fields.get("upload"))})
-
 
 @dataclasses.dataclass(frozen=True)
-class RestartRecord:
+class RestartRecord(Record):
     """How the workers of one failed attempt were restarted: which ranks kept their processes,
     which were replaced and why, or why every worker was restarted."""
 
@@ -122,23 +98,6 @@ class RestartRecord:
     #: Why every worker was restarted instead of only the failed ranks; None when only ``replaced`` were.
     full_restart: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "attempt": self.attempt,
-            "kept": list(self.kept),
-            "replaced": {str(rank): why for rank, why in sorted(self.replaced.items())},
-            "full_restart": self.full_restart,
-        }
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any]) -> RestartRecord:
-        return cls(
-            attempt=int(body["attempt"]),
-            kept=tuple(int(rank) for rank in body.get("kept", ())),
-            replaced={int(rank): str(why) for rank, why in (body.get("replaced") or {}).items()},
-            full_restart=body.get("full_restart"),
-        )
-
     def describe(self) -> str:
         """One line: "replaced rank 1 (its process died); kept ranks 0, 2" or "restarted every worker: why"."""
         if self.full_restart is not None:
@@ -146,19 +105,6 @@ class RestartRecord:
         replaced = "; ".join(f"rank {rank} ({why})" for rank, why in sorted(self.replaced.items()))
         kept = ", ".join(map(str, self.kept)) or "none"
         return f"replaced {replaced or 'no rank'}; kept rank(s) {kept}"
-
-
-#: The snapshot's lists of typed records (None only in ``peak_memory``), and each one's type.
-_RECORDS: dict[str, Any] = {
-    "checkpoints": CheckpointRecord,
-    "dropped": DroppedCheckpoint,
-    "data_resumes": DataResume,
-    "restarts": RestartRecord,
-    "peak_memory": MemoryPeak,
-    "stragglers": StragglerRecord,
-    "goodput": GoodputAccount,
-    "preflight": PreflightRecord,
-}
 
 
 @dataclasses.dataclass
@@ -215,7 +161,9 @@ class RunSnapshot:
     #: Reports this snapshot holds that the run's metrics log does not, in order: those of a
     #: run.json written before the log (format 1) or of a ``ray.train`` folder. Not written:
     #: ``RunStorage.open`` moves them into the log. Not a field.
-    unlogged_reports: list[ReportEntry] = dataclasses.field(default_factory=list, compare=False, repr=False)
+    unlogged_reports: list[ReportEntry] = dataclasses.field(
+        default_factory=list, compare=False, repr=False, metadata=UNWRITTEN
+    )
 
     def kept_reports(self) -> int:
         """How many reports a restart keeps: those up to the latest checkpoint's (none without one)."""
@@ -224,12 +172,7 @@ class RunSnapshot:
 
     def to_json(self) -> bytes:
         """The snapshot as run.json; metric values JSON cannot hold are tagged (``storage.metric_values``)."""
-        fields = {key: value for key, value in vars(self).items() if key != "unlogged_reports"}
-        for name in _RECORDS:  # each keeps its place among the fields
-            fields[name] = [r.to_json() if r is not None else None for r in getattr(self, name)]
-        body = encode(fields)
-        body["format"] = FORMAT
-        return json.dumps(body, allow_nan=True).encode()
+        return json.dumps({**encode(to_json(self)), "format": FORMAT}, allow_nan=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> RunSnapshot:
@@ -237,20 +180,17 @@ class RunSnapshot:
         if not isinstance(body, dict) or body.get("format") not in READ_FORMATS:
             raise ValueError(f"unknown snapshot format {body.get('format') if isinstance(body, dict) else body!r}")
         body.pop("format")
-        unlogged = [ReportEntry.from_json(r) for r in body.pop("reports", None) or []]  # format 1
-        known = {f.name for f in dataclasses.fields(cls)} - {"unlogged_reports"}
-        body = {k: v for k, v in body.items() if k in known}  # newer writers may add fields
-        for name, record in _RECORDS.items():
-            body[name] = [record.from_json(r) if r is not None else None for r in body.get(name, [])]
-        if unlogged:
-            body["num_reports"] = len(unlogged)
-            body["dropped"] = [
-                dataclasses.replace(d, metrics=unlogged[d.report].metrics)
-                if d.metrics is None and 0 <= d.report < len(unlogged)
+        snapshot = from_json(cls, body)
+        snapshot.unlogged_reports = [ReportEntry.from_json(r) for r in body.get("reports") or []]  # format 1
+        if snapshot.unlogged_reports:
+            snapshot.num_reports = len(snapshot.unlogged_reports)
+            snapshot.dropped = [
+                dataclasses.replace(d, metrics=snapshot.unlogged_reports[d.report].metrics)
+                if d.metrics is None and 0 <= d.report < len(snapshot.unlogged_reports)
                 else d
-                for d in body["dropped"]
+                for d in snapshot.dropped
             ]
-        return cls(**body, unlogged_reports=unlogged)
+        return snapshot
 
 
 def write_snapshot(

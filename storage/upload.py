@@ -42,6 +42,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from storage import settings
+from storage.codec import Record, Round6
 from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, same_filesystem
 
@@ -170,24 +171,13 @@ class RetryPolicy:
 
 
 @dataclasses.dataclass(frozen=True)
-class UploadStats:
+class UploadStats(Record):
     """What one upload took: the checkpoint's bytes, the seconds from start to end (waits between
     tries included) and how many tries failed and were made again."""
 
     bytes: int
-    seconds: float
+    seconds: Round6
     retries: int = 0
-
-    def to_record(self) -> dict[str, Any]:
-        """The form kept in a checkpoint's record in run.json."""
-        return {"bytes": self.bytes, "seconds": round(self.seconds, 6), "retries": self.retries}
-
-    @classmethod
-    def from_record(cls, body: dict[str, Any] | None) -> UploadStats | None:
-        """Read back what ``to_record`` wrote (None stays None)."""
-        if body is None:
-            return None
-        return cls(int(body["bytes"]), float(body["seconds"]), int(body.get("retries", 0)))
 
     @staticmethod
     def combine(parts: Iterable[UploadStats | None]) -> UploadStats | None:

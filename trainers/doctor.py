@@ -37,6 +37,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from storage.codec import Record
 from storage.filesystem import resolve_filesystem
 from trainers._internal.cluster_checks import (
     CheckResult,
@@ -66,7 +67,7 @@ __all__ = ["CheckResult", "DoctorReport", "NodeFacts", "main", "run_doctor"]
 
 
 @dataclasses.dataclass(frozen=True)
-class DoctorReport:
+class DoctorReport(Record):
     """Everything one doctor run found: its checks in the order they ran, the driver's facts and
     each alive node's that answered."""
 
@@ -92,20 +93,8 @@ class DoctorReport:
         return text
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "checks": [check.to_json() for check in self.checks],
-            "driver": self.driver.to_json(),
-            "nodes": [node.to_json() for node in self.nodes],
-            "failed": len(self.failed),
-        }
-
-    @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> DoctorReport:
-        return cls(
-            checks=tuple(CheckResult.from_json(c) for c in body["checks"]),
-            driver=NodeFacts.from_json(body["driver"]),
-            nodes=tuple(NodeFacts.from_json(n) for n in body["nodes"]),
-        )
+        """The report as ``--json`` prints it: its fields, and how many checks failed."""
+        return {**super().to_json(), "failed": len(self.failed)}
 
 
 def run_doctor(

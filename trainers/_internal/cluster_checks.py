@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import ray
 
+from storage.codec import Record
 from storage.filesystem import exists, read_bytes, resolve_filesystem, write_bytes
 from trainers._internal.ray_init import AUTH_FIX
 
@@ -31,7 +32,7 @@ PROBE_FOLDER = ".doctor"
 
 
 @dataclasses.dataclass(frozen=True)
-class NodeFacts:
+class NodeFacts(Record):
     """What one process found about itself: a Ray task pinned to a node, or the driver."""
 
     #: Ray's node id (hex); ``"driver"`` for the driver's own facts.
@@ -57,16 +58,9 @@ class NodeFacts:
             return f"driver {self.ip} ({self.hostname})"
         return f"node {self.ip} ({self.hostname}, {self.node_id[:8]})"
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> NodeFacts:
-        return cls(**body)
-
 
 @dataclasses.dataclass(frozen=True)
-class CheckResult:
+class CheckResult(Record):
     """One line of the report: a check, where it looked, what it found, and the fix when it failed."""
 
     #: ``connect``, ``auth``, ``node``, ``versions``, ``resources``, ``scaling``, ``storage``, ``prefect``.
@@ -89,13 +83,6 @@ class CheckResult:
         if self.fix:
             text.append(f"{'':<4}  {'':<9}  fix: {self.fix}")
         return text
-
-    def to_json(self) -> dict[str, str]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> CheckResult:
-        return cls(**body)
 
 
 # -- facts -----------------------------------------------------------------------------------
