@@ -34,15 +34,7 @@ from storage.commit import adopt_folder, commit_folder, is_committed, try_delete
 from storage.config import CheckpointConfig
 from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, exists, is_local, read_bytes, resolve_filesystem, write_bytes
-from storage.health import (
-    GoodputAccount,
-    MemoryPeak,
-    PreflightRecord,
-    RunHealth,
-    StragglerRecord,
-    Timeline,
-    write_health_file,
-)
+from storage.health import GoodputAccount, MemoryPeak, RunHealth, Timeline, write_health_file
 from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name, join_run
 from storage.lease import Lease
 from storage.metrics_log import KeptRange, MetricsLog, ReportEntry, kept_ranges, last_report, read_history, segments
@@ -56,7 +48,6 @@ from storage.snapshot import (
     VALIDATED,
     CheckpointRecord,
     DroppedCheckpoint,
-    RestartRecord,
     RunSnapshot,
     read_snapshot,
     write_snapshot,
@@ -418,24 +409,13 @@ class RunStorage:
         was skipped, and whether that is exact."""
         latest = self.snapshot.latest
         checkpoint = latest.dir_name if latest is not None else None
-        self.snapshot.data_resumes.append(
-            dataclasses.replace(note, attempt=self.snapshot.attempt, checkpoint=checkpoint)
-        )
-        self._write()
+        self.append("data_resumes", dataclasses.replace(note, attempt=self.snapshot.attempt, checkpoint=checkpoint))
 
-    def record_restart(self, restart: RestartRecord) -> None:
-        """Keep how a failed attempt's workers were restarted (which ranks kept, which replaced)."""
-        self.snapshot.restarts.append(restart)
-        self._write()
-
-    def record_straggler(self, straggler: StragglerRecord) -> None:
-        """Keep one straggler episode (a rank named as persistently slower than the others)."""
-        self.snapshot.stragglers.append(straggler)
-        self._write()
-
-    def record_preflight(self, record: PreflightRecord) -> None:
-        """Keep the pre-flight check of the ``fit()`` call under way."""
-        self.snapshot.preflight.append(record)
+    def append(self, name: str, record: Any) -> None:
+        """Add ``record`` to the run record's list ``name`` and write it at once: ``"restarts"``
+        (how a failed attempt's workers were restarted), ``"stragglers"`` (an episode),
+        ``"preflight"`` (the check of the ``fit()`` call under way)."""
+        getattr(self.snapshot, name).append(record)
         self._write()
 
     def record_goodput(self, account: GoodputAccount, workers_parked: str | None = None) -> None:

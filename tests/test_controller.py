@@ -44,8 +44,8 @@ class MemoryStore:
     def record_data_resume(self, note):
         self.data_resumes.append(note)
 
-    def record_restart(self, restart):
-        self.restarts.append(restart)
+    def append(self, name, record):
+        getattr(self, name).append(record)
 
     def record_failure(self):
         self.num_failures += 1
@@ -54,9 +54,6 @@ class MemoryStore:
     def record_preemption(self):
         self.num_preemptions += 1
         return self.num_preemptions
-
-    def record_straggler(self, straggler):
-        self.stragglers.append(straggler)
 
     def record_goodput(self, account, workers_parked=None):
         self.accounts.append(account)

@@ -128,8 +128,8 @@ class _Store:
     def record_report(self, round_):
         self.memory.append(round_.memory)
 
-    def record_straggler(self, straggler):
-        self.stragglers.append(straggler)
+    def append(self, name, record):
+        getattr(self, name).append(record)
 
     def record_goodput(self, account, workers_parked=None):
         self.account = account

@@ -246,7 +246,7 @@ class Controller:
         if self.workers.preflight is not None and not self._preflight_kept:
             self._preflight_kept = True
             logger.info("%s: %s", self.settings.run_context.name or "run", self.workers.preflight.describe())
-            self.storage.record_preflight(self.workers.preflight)
+            self.storage.append("preflight", self.workers.preflight)
         self.goodput.switch(Phase.TRAINING, self.workers.world_size)
         self.state = State.RUNNING
 
@@ -324,7 +324,7 @@ class Controller:
         )
         logger.warning("%s: straggler: %s", self.settings.run_context.name or "run", record.describe())
         self.timeline_book.mark(self.goodput.elapsed(), self.attempt, straggling.rank, "straggler")
-        self.storage.record_straggler(record)
+        self.storage.append("stragglers", record)
         for listener in self.listeners:
             listener.on_straggler(self.run_context, record)
 
@@ -440,7 +440,7 @@ class Controller:
                 return
             self.storage.record_failure()
         if restart is not None:
-            self.storage.record_restart(restart)
+            self.storage.append("restarts", restart)
         self._last_failures = failures
         self.state = State.RESTARTING
 
@@ -491,7 +491,7 @@ class Controller:
         if self.policy.may_restart(Charge.PREEMPTION, self.storage.num_preemptions):
             self.storage.record_preemption()
             preempted = ", ".join(sorted(info.preempted_node_to_ranks)) or "?"
-            self.storage.record_restart(RestartRecord(self.attempt, full_restart=f"node(s) {preempted} preempted"))
+            self.storage.append("restarts", RestartRecord(self.attempt, full_restart=f"node(s) {preempted} preempted"))
             self._last_failures = failures or []
             self.state = State.RESTARTING
             return
