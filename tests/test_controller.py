@@ -431,3 +431,30 @@ def test_callbacks_see_the_dead_rank_first_whatever_order_failures_arrive_in():
     ).run()
     (failures,) = restarts
     assert [(f.world_rank, f.kind) for f in failures][0] == (1, "died") and len(failures) == 2
+
+
+def test_features_attach_as_listeners_and_the_controller_keeps_only_the_run_loop():
+    """Health, progress, tracking and Prefect's reports are listeners (``RunListener`` or the
+    public ``UserCallback``): the controller's own state is the run loop's, 15 attributes at most."""
+    from trainers._internal.run.health_watch import RunHealthWatch
+    from trainers._internal.run.listener import RunListener
+    from trainers._internal.run.progress import ProgressLine
+    from trainers.integrations.mlflow import MLflowLoggerCallback
+
+    heard = []
+
+    class Heard(RunListener):
+        def round_committed(self, run, index, round_, checkpoint, arrived_at):
+            heard.append(("round", index, sorted(round_)))
+
+        def run_ended(self, run):
+            heard.append(("end", run.state))
+
+    workers = ScriptedWorkers(2, [[[report(0, 0), report(1, 0)], [FinishedEvent(0, None), FinishedEvent(1, None)]]])
+    controller = Controller(workers, storage=MemoryStore(), policy=policy(), listeners=[Heard()])
+    controller.run()
+    assert heard == [("round", 0, [0, 1]), ("end", State.FINISHED)]
+    assert len(vars(controller)) <= 15, sorted(vars(controller))
+    (health,) = [listener for listener in controller.listeners if isinstance(listener, RunHealthWatch)]
+    assert health.account is not None and health.account.wall_s >= 0  # attached by default, and heard the run
+    assert issubclass(ProgressLine, UserCallback) and issubclass(MLflowLoggerCallback, UserCallback)

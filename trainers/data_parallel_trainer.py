@@ -16,6 +16,7 @@ from trainers._internal.log_level import log_level
 from trainers._internal.ray_private import TuneTrainableAttributes
 from trainers._internal.run.controller import Controller, ControllerSettings
 from trainers._internal.run.failure_policy import FailurePolicy
+from trainers._internal.run.health_watch import RunHealthWatch
 from trainers._internal.run.progress import ProgressLine
 from trainers._internal.run.run_hooks import RunHooks
 from trainers._internal.run.validation_runner import make_runner
@@ -348,10 +349,11 @@ class DataParallelTrainer(TuneTrainableAttributes):
         finally:
             if validations is not None:
                 validations.cancel_all()  # a failed run's pending validations rerun when it resumes
-            if controller.account is not None:
-                progress.note(controller.account.describe())  # the controller logs it too
-            if controller.timeline is not None:
-                _draw_timeline_if_wanted(storage, controller.timeline, timeline_wanted)
+            health = next(listener for listener in controller.listeners if isinstance(listener, RunHealthWatch))
+            if health.account is not None:
+                progress.note(health.account.describe())  # the health watch logs it too
+            if health.timeline is not None:
+                _draw_timeline_if_wanted(storage, health.timeline, timeline_wanted)
             progress.close()
         storage.finish()
         return hooks.finished(Result._from_run(storage, return_value=value, error=None))

@@ -19,18 +19,17 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from storage import Checkpoint, RunRecord
-from storage.health import GoodputAccount, PreflightRecord, StragglerRecord, Timeline
+from storage.health import PreflightRecord
 from storage.positions import DataResume, RoundPosition
 from storage.snapshot import RestartRecord
 from trainers._internal.events.messages import LAUNCH, NOT_TRAINING, CheckpointsQuery, Event, FailedEvent
-from trainers._internal.health.goodput import GoodputClock, Phase, blocked_on_upload_s, waited_for_data_s
 from trainers._internal.health.health_settings import StragglerSettings
 from trainers._internal.health.memory_failure import is_out_of_memory
-from trainers._internal.health.stragglers import StragglerWatch, Straggling
-from trainers._internal.health.timeline import TimelineBook
 from trainers._internal.run.attempt_book import AttemptBook
 from trainers._internal.run.failure_policy import Charge, FailurePolicy
-from trainers._internal.run.round_commit import report_round, round_steps
+from trainers._internal.run.health_watch import RunHealthWatch
+from trainers._internal.run.listener import RunListener
+from trainers._internal.run.round_commit import report_round
 from trainers._internal.session.reported_checkpoints import PendingQueries
 from trainers._internal.workers.preemption_watch import PreemptionNotice, deadline_passed
 from trainers._internal.workers.preemption_watch import merge as merge_preemptions
@@ -118,14 +117,31 @@ class ControllerSettings:
     clock: Callable[[], float] = time.monotonic
     #: UNIX time in seconds (preemption deadlines are wall-clock times).
     wall_clock: Callable[[], float] = time.time
-    #: When a rank is named a straggler (``FLOWTRAIN_STRAGGLER_*``, read by the trainer).
+    #: When a rank is named a straggler (``FLOWTRAIN_STRAGGLER_*``, read by the trainer), for the
+    #: run's health watch when the listeners bring none.
     stragglers: StragglerSettings = StragglerSettings()
-    #: GPUs each worker holds, for the goodput account's GPU-hours.
+    #: GPUs each worker holds, for the goodput account's GPU-hours (as ``stragglers``).
     gpus_per_worker: float = 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class PreemptionUnderWay:
+    """A preemption of this attempt's nodes, and when (UNIX seconds) it was first noticed."""
+
+    info: PreemptionInfo
+    noticed_at: float
+
+
+#: ``Controller._restarting_after``'s word for a restart that no failure caused: an elastic run grows.
+RESIZE = "resize"
+
+
 class Controller:
-    """Runs attempts until the training function returns on every worker or the budget is spent."""
+    """Runs attempts until the training function returns on every worker or the budget is spent.
+
+    Its own state is the run loop's; every feature that watches the run is one of its
+    ``listeners`` (``RunListener``, ``UserCallback``), the run's health among them
+    (``RunHealthWatch``, attached from ``settings`` when the listeners bring none)."""
 
     def __init__(
         self,
@@ -140,38 +156,25 @@ class Controller:
         self.workers = workers
         self.storage = storage
         self.policy = policy
-        #: Told of every report, failure, restart and resize, one after another in this order.
+        #: Told of everything that happens, one after another in this order.
         self.listeners = list(listeners)
+        if not any(isinstance(listener, RunHealthWatch) for listener in self.listeners):
+            self.listeners.insert(0, RunHealthWatch(settings.stragglers, settings.gpus_per_worker))
         #: Runs checkpoint validations, or None without a ValidationConfig.
         self.validations = validations
         self.settings = settings
-        #: Free restarts after a backend's set-up clash, counted per fit() call and not in run.json:
-        #: a clash is a race for a port, not a fault of the run, and a rerun starts a new race.
-        self.setup_clash_restarts = 0
-        #: The preemption under way in this attempt and when it was noticed, or None.
-        self._preemption: PreemptionInfo | None = None
-        self._preemption_noticed_at = 0.0
-        self._resizing = False
-        #: ``get_all_reported_checkpoints()`` calls waiting for rounds or validations.
-        self._queries = PendingQueries()
         self.state = State.LAUNCHING
         self.attempt = 0
         self.return_value: Any = None
         self.error: TrainingFailedError | None = None
         #: This attempt's rounds, barriers, finished and failed ranks.
         self.book = AttemptBook(settings.clock)
-        #: Where this fit() call's wall time goes (``account`` once ``run`` returns).
-        self.goodput = GoodputClock(settings.clock, settings.gpus_per_worker)
-        self.account: GoodputAccount | None = None
-        #: The rounds, failures and stragglers of this fit() call (``timeline`` once ``run`` returns).
-        self.timeline_book = TimelineBook()
-        self.timeline: Timeline | None = None
-        self._preflight_kept = False
-        #: When the events being handled arrived: the training a checkpoint keeps ends there.
-        self._arrived_at: float | None = None
-        #: This attempt's ranks' step times, judged round by round.
-        self._stragglers = StragglerWatch(settings.stragglers)
-        self._last_failures: list[RankFailure] = []
+        #: ``get_all_reported_checkpoints()`` calls waiting for rounds or validations.
+        self._queries = PendingQueries()
+        #: The preemption under way in this attempt, or None.
+        self._preemption: PreemptionUnderWay | None = None
+        #: What the restart under way follows: the failures (root cause first), or ``RESIZE``.
+        self._restarting_after: list[RankFailure] | str = []
         #: What the ranks that did not fail were doing when the others failed (hang diagnosis).
         self._activity: dict[int, str] = {}
 
@@ -179,6 +182,23 @@ class Controller:
     def run_context(self) -> TrainRunContext:
         """The run as listeners see it now."""
         return dataclasses.replace(self.settings.run_context, attempt=self.attempt)
+
+    @property
+    def setup_clash_restarts(self) -> int:
+        """Free restarts after the backend's set-up clash in this fit() call (``FailurePolicy``)."""
+        return self.policy.setup_clashes
+
+    def tell(self, hook: str, *args: Any) -> None:
+        """Call the ``UserCallback`` hook ``hook`` of every listener, in order, with the run's context."""
+        context = self.run_context
+        for listener in self.listeners:
+            getattr(listener, hook)(context, *args)
+
+    def _notify(self, hook: str, *args: Any) -> None:
+        """Call the ``RunListener`` hook ``hook`` of every listener that is one, in order."""
+        for listener in self.listeners:
+            if isinstance(listener, RunListener):
+                getattr(listener, hook)(self, *args)
 
     # -- the state machine ----------------------------------------------------------------------
 
@@ -200,34 +220,21 @@ class Controller:
     def run(self) -> Any:
         """Step until done; return rank 0's return value or raise ``WorkerGroupError`` (or
         ``PreemptionError`` when preemptions spent their budget)."""
-        self.goodput.start(self.workers.world_size)
+        self._notify("run_started")
         try:
             while self.state not in (State.FINISHED, State.FAILED):
                 self.step()
         finally:
-            self.goodput.switch(Phase.WAITING)
+            self._notify("training_ended")
             self.workers.shutdown()
-            self._close_account()
+            self._notify("run_ended")
         if self.error is not None:
             raise self.error
         return self.return_value
 
-    def _close_account(self) -> None:
-        """Keep this fit() call's goodput account in the run's record and say it in one line."""
-        name = self.settings.run_context.name or "run"
-        self.account = self.goodput.account()
-        self.timeline = self.timeline_book.close(name, self.workers.world_size, self.goodput)
-        logger.info("%s: %s", name, self.account.describe())
-        try:
-            self.storage.record_goodput(self.account, self.workers.workers_parked)
-            self.storage.record_timeline(self.timeline)
-        except Exception as error:  # noqa: BLE001 - the run's own outcome (or error) must come out, not this
-            logger.warning("the goodput account and timeline were not written to the run's folder: %s", error)
-
     def _launch(self) -> None:
         self.attempt = self.storage.start_attempt()
         self.book.reset()
-        self._stragglers = StragglerWatch(self.settings.stragglers)
         self._activity = {}
         self._preemption = None
         self._queries.clear()
@@ -243,29 +250,25 @@ class Controller:
             return
         if resumed is not None:
             self.storage.record_data_resume(resumed)
-        if self.workers.preflight is not None and not self._preflight_kept:
-            self._preflight_kept = True
-            logger.info("%s: %s", self.settings.run_context.name or "run", self.workers.preflight.describe())
-            self.storage.append("preflight", self.workers.preflight)
-        self.goodput.switch(Phase.TRAINING, self.workers.world_size)
+        self._notify("attempt_launched")
         self.state = State.RUNNING
 
     def _handle(self, events: Sequence[Event | PreemptionNotice]) -> None:
         book = self.book
-        self._arrived_at = self.settings.clock()  # when these reports reached the driver
+        arrived_at = self.settings.clock()  # when these reports reached the driver
         for event in events:
             if isinstance(event, CheckpointsQuery):
                 self._queries.add(event)
             elif isinstance(event, PreemptionNotice):
-                if self._preemption is None:
-                    self._preemption_noticed_at = self.settings.wall_clock()
-                self._preemption = merge_preemptions(self._preemption, event.info)
+                known = self._preemption
+                info = merge_preemptions(known.info if known else None, event.info)
+                self._preemption = PreemptionUnderWay(info, known.noticed_at if known else self.settings.wall_clock())
                 # The surviving ranks may commit their reports (a just-in-time checkpoint) without these.
-                if relaxed := self.policy.relaxed_ranks(self._preemption):
+                if relaxed := self.policy.relaxed_ranks(info):
                     book.relaxed = relaxed
             else:
                 book.add(event)
-        self._commit_complete_rounds()
+        self._commit_complete_rounds(arrived_at)
         self._validate_and_answer()
         if not book.failed:  # else the attempt ends; its workers are about to be stopped
             while (sync := book.pop_complete_sync(self.workers.world_size)) is not None:
@@ -276,8 +279,8 @@ class Controller:
             for event in book.laggards(self.workers.world_size, self.policy.config.report_timeout_s):
                 book.failed[event.world_rank] = event
         if book.failed:
-            self.goodput.thrown_away(Phase.RESTARTING)  # from here on the attempt only ends
-            self._drain_rounds_the_failed_ranks_finished()
+            self._notify("attempt_failing")  # from here on the attempt only ends
+            self._drain_rounds_the_failed_ranks_finished(arrived_at)
             alive = [r for r in range(self.workers.world_size) if r not in book.failed or book.failed[r].kind == "hung"]
             dead, self._activity = self.workers.probe(alive) if alive else ([], {})
             for event in dead:
@@ -286,7 +289,8 @@ class Controller:
         elif len(book.finished) == self.workers.world_size:
             self._finish()
 
-    def _commit_complete_rounds(self) -> None:
+    def _commit_complete_rounds(self, arrived_at: float) -> None:
+        """Commit every round all ranks reported (their reports reached the driver at ``arrived_at``)."""
         size = self.workers.world_size
         while (complete := self.book.pop_complete_round(size)) is not None:
             index, round_ = complete
@@ -297,36 +301,10 @@ class Controller:
             checkpoint = self.storage.record_report(
                 report_round(round_, index=index, attempt=self.attempt, world_size=size)
             )
-            self.goodput.waited_for_data(waited_for_data_s(round_.values()))
-            if checkpoint is not None:
-                self.goodput.committed(blocked_on_upload_s(round_.values()), reported_at=self._arrived_at)
-            metrics = [round_[rank].metrics if rank in round_ else {} for rank in range(size)]
-            for listener in self.listeners:
-                listener.after_report(self.run_context, metrics, checkpoint)
-            steps = round_steps(round_, size)
-            self.timeline_book.round(self.goodput.elapsed(), self.attempt, index, checkpoint is not None, steps)
-            for straggling in self._stragglers.observe(steps):
-                self._name_straggler(index, straggling)
-
-    def _name_straggler(self, index: int, straggling: Straggling) -> None:
-        """Say once, everywhere a user looks, that a rank trains persistently slower than the others."""
-        node_id, node_ip = self.workers.where(straggling.rank)
-        node = f"{node_ip} ({node_id[:12]})" if node_ip and node_id else (node_ip or node_id or "?")
-        record = StragglerRecord(
-            self.attempt,
-            straggling.rank,
-            node,
-            index,
-            straggling.steps,
-            straggling.ratio,
-            straggling.step_s,
-            straggling.median_step_s,
-        )
-        logger.warning("%s: straggler: %s", self.settings.run_context.name or "run", record.describe())
-        self.timeline_book.mark(self.goodput.elapsed(), self.attempt, straggling.rank, "straggler")
-        self.storage.append("stragglers", record)
-        for listener in self.listeners:
-            listener.on_straggler(self.run_context, record)
+            self.tell(
+                "after_report", [round_[rank].metrics if rank in round_ else {} for rank in range(size)], checkpoint
+            )
+            self._notify("round_committed", index, round_, checkpoint, arrived_at)
 
     def _refuse_validation_without_checkpoint(self, index: int, round_: dict[int, Any]) -> None:
         """``report(validation=...)`` on some rank, and no rank of the round passed a checkpoint.
@@ -358,7 +336,7 @@ class Controller:
                 send=self.workers.answer_checkpoints,
             )
 
-    def _drain_rounds_the_failed_ranks_finished(self) -> None:
+    def _drain_rounds_the_failed_ranks_finished(self, arrived_at: float) -> None:
         """Commit every round the failed ranks completed whose other reports are on their way.
 
         A rank whose training function has ended (it raised or returned) has every event it will
@@ -383,10 +361,10 @@ class Controller:
                 continue  # a dead rank never reports: the rounds it missed are no longer awaited
             for arrived in self.workers.poll(min(DRAIN_POLL_S, max(0.0, limit - time.monotonic()))):
                 self.book.add(arrived)  # barriers and questions no longer matter: the attempt ends
-            self._commit_complete_rounds()
+            self._commit_complete_rounds(arrived_at)
 
     def _finish(self) -> None:
-        self.goodput.switch(Phase.WAITING)
+        self._notify("training_ended")
         if self.book.pending:
             self.book.failed[0] = FailedEvent(
                 0,
@@ -403,19 +381,16 @@ class Controller:
         self.state = State.FINISHED
 
     def _fail(self) -> None:
-        self.goodput.thrown_away(Phase.RESTARTING)
         # A dead process is the likely root cause of the others' errors: listeners see it first too.
         failures = sorted(
             (self._describe(e) for e in self.book.failed.values()), key=lambda f: (f.kind not in DEATHS, f.world_rank)
         )
         errors = {rank: event.error for rank, event in self.book.failed.items()}
-        for failure in failures:
-            self.timeline_book.mark(self.goodput.elapsed(), self.attempt, failure.world_rank, failure.kind)
+        self._notify("attempt_failed", failures)
         charge = self.policy.charge(
             failures,
             list(errors.values()),
-            preemption=self._preemption,
-            setup_clashes=self.setup_clash_restarts,
+            preemption=self._preemption.info if self._preemption else None,
             node_left=self.workers.lost_a_node,
         )
         restart: RestartRecord | None = None
@@ -425,32 +400,26 @@ class Controller:
             self.workers.shutdown()  # the run ends, or a preempted node's ranks restart with the rest
         else:
             restart = self.workers.stop({rank: event.kind for rank, event in self.book.failed.items()})
-        for listener in self.listeners:
-            listener.after_exception(self.run_context, errors)
+        self.tell("after_exception", errors)
         if charge is Charge.PREEMPTION:
             self._preempted(drain_timed_out=False, failures=failures)
             return
-        if charge is Charge.SETUP_CLASH:
-            self.setup_clash_restarts += 1
-        elif charge is Charge.FAILURE:
+        if charge is Charge.FAILURE:
             if not self.policy.may_restart(charge, self.storage.num_failures):
                 self.error = self._error(failures, budget_exhausted=self.policy.config.max_failures != 0)
-                self.goodput.switch(Phase.WAITING)
+                self._notify("training_ended")
                 self.state = State.FAILED
                 return
             self.storage.record_failure()
         if restart is not None:
             self.storage.append("restarts", restart)
-        self._last_failures = failures
+        self._restarting_after = failures
         self.state = State.RESTARTING
 
     def _restart(self) -> None:
         checkpoint = self.storage.rewind_to_latest_checkpoint()
-        if self._resizing:
-            self._resizing = False  # on_resize told the listeners already; nothing failed
-        else:
-            for listener in self.listeners:
-                listener.on_restart(self.run_context, self._last_failures, checkpoint)
+        if self._restarting_after != RESIZE:  # a resize told the listeners already; nothing failed
+            self.tell("on_restart", self._restarting_after, checkpoint)
         self.state = State.LAUNCHING
 
     # -- preemption and elastic resizing ----------------------------------------------------------
@@ -460,28 +429,27 @@ class Controller:
         otherwise let an elastic run grow when more workers fit."""
         if self.state is not State.RUNNING:
             return
-        if self._preemption is not None:
+        preemption = self._preemption
+        if preemption is not None:
             grace_s = self.policy.config.preemption_grace_s
-            if deadline_passed(self._preemption, self._preemption_noticed_at, grace_s, self.settings.wall_clock()):
+            if deadline_passed(preemption.info, preemption.noticed_at, grace_s, self.settings.wall_clock()):
                 self._preempted(drain_timed_out=True)
             return
         size = self.workers.resize_to()
         if size is not None:
             old = self.workers.world_size
-            self.goodput.thrown_away(Phase.RESTARTING)  # it restarts from the latest checkpoint
+            self._notify("attempt_failing")  # it restarts from the latest checkpoint
             self.workers.shutdown()
-            for listener in self.listeners:
-                listener.on_resize(self.run_context, old, size)
-            self._resizing = True
-            self._last_failures = []
+            self.tell("on_resize", old, size)
+            self._restarting_after = RESIZE
             self.state = State.RESTARTING
 
     def _preempted(self, *, drain_timed_out: bool, failures: list[RankFailure] | None = None) -> None:
         """A preemption ended this attempt: restart on the nodes left from the latest checkpoint
         while ``FailureConfig.max_preemption_failures`` allows, else fail with ``PreemptionError``."""
-        self.goodput.thrown_away(Phase.RESTARTING)
+        self._notify("attempt_failing")
         self.workers.shutdown()
-        info = self._preemption
+        info = self._preemption.info if self._preemption else None
         if info is None:  # the node went before its drain was noticed
             nodes: dict[str, list[int]] = {}
             for failure in failures or []:
@@ -492,11 +460,11 @@ class Controller:
             self.storage.record_preemption()
             preempted = ", ".join(sorted(info.preempted_node_to_ranks)) or "?"
             self.storage.append("restarts", RestartRecord(self.attempt, full_restart=f"node(s) {preempted} preempted"))
-            self._last_failures = failures or []
+            self._restarting_after = failures or []
             self.state = State.RESTARTING
             return
         self.error = PreemptionError(info, drain_timed_out)
-        self.goodput.switch(Phase.WAITING)
+        self._notify("training_ended")
         self.state = State.FAILED
 
     # -- errors ----------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Which budget pays for an attempt that failed, and whether the run goes on.
 
 ``FailurePolicy`` holds the worker-level rows of the failure budget table in docs/design.md, one
-``Charge`` each (the driver-level rows are ``tasks/retries.py``'s); the controller keeps the counts.
+``Charge`` each (the driver-level rows are ``tasks/retries.py``'s); the run's record keeps the
+counts that outlive a ``fit()`` call, the policy the free restarts of this one.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class FailurePolicy:
         self.config = config
         self.elastic = elastic
         self.is_setup_clash = is_setup_clash
+        #: Free restarts after a backend's set-up clash, counted per fit() call and not in run.json:
+        #: a clash is a race for a port, not a fault of the run, and a rerun starts a new race.
+        self.setup_clashes = 0
 
     def charge(
         self,
@@ -55,11 +59,11 @@ class FailurePolicy:
         errors: list[BaseException],
         *,
         preemption: PreemptionInfo | None,
-        setup_clashes: int,
         node_left: Callable[[list[str]], bool],
     ) -> Charge:
         """Which budget pays for ``failures`` (and their ``errors``), given the preemption under
-        way, the setup clashes so far, and the workers' answer to "did one of these nodes leave?"."""
+        way and the workers' answer to "did one of these nodes leave?"; a free setup-clash restart
+        is counted here."""
         # As in Ray Train, a preempted node's death makes the others' errors its echo (broken
         # collectives); a call in flight may fail before Ray knows why: a death on a draining node counts.
         draining = set(preemption.preempted_ranks) if preemption is not None else set()
@@ -68,7 +72,8 @@ class FailurePolicy:
         deaths = [f.node_id for f in failures if f.kind == "died"]
         if self.elastic and deaths and node_left(deaths):  # asked only here: the answer waits for Ray
             return Charge.NODE_LOST
-        if setup_clashes < SETUP_CLASH_RESTARTS and errors and all(map(self.is_setup_clash, errors)):
+        if self.setup_clashes < SETUP_CLASH_RESTARTS and errors and all(map(self.is_setup_clash, errors)):
+            self.setup_clashes += 1
             return Charge.SETUP_CLASH
         return Charge.FAILURE
 
