@@ -808,7 +808,7 @@ def test_out_of_memory_is_told_from_errors_and_from_a_death_at_the_limit():
 def test_the_testing_seams_time_health_as_a_run_does_and_judge_the_same():
     from trainers.testing import RankHealthMeter, RoundHealthJudge
 
-    RankHealthMeter().report()
+    RankHealthMeter().measure()
     judge = RoundHealthJudge(3)
     named = [judge.judge(round_) for round_ in judge.rounds([[0.1, 0.1, 0.9]] * 6)]
     assert named == [[], [], [], [], [2], []]  # the fifth slow step names it (the default setting), once

@@ -1,10 +1,13 @@
 """Backends set up a framework's communication on the workers (developer API, as in Ray Train).
 
-A ``BackendConfig`` names its ``Backend``; the trainer calls ``on_start`` after the workers are up
-and ranked and before the training function starts, and ``on_shutdown`` before they are stopped.
-A config may also give ``train_func_context``: every worker runs the training function inside it
-(XGBoost's collective communicator is entered this way). Torch, XGBoost and LightGBM are
-backends; you can write your own.
+A ``BackendConfig`` names its ``Backend``. The trainer calls ``on_start`` after the workers are
+up and ranked and before the training function starts, ``on_training_start`` right before it
+starts, and ``on_shutdown`` when a run ends cleanly, before the workers are stopped or parked. A
+config may also give ``train_func_context``: every worker runs the training function inside it
+(XGBoost's collective communicator is entered this way). ``Backend.reuses_workers`` says whether
+its processes may serve again, and ``Backend.process`` names what a worker's process asks of the
+framework itself (``FrameworkProcess``). Torch (with torch-xla), XGBoost, LightGBM, TensorFlow and
+JAX are backends; you can write your own.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ checkpoint resumes at the exact row (``DataConfig(checkpoint_data_position=True)
 from __future__ import annotations
 
 import time
+import types
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -82,35 +83,44 @@ class ShardCounter:
 
 class RankHealthMeter:
     """What every ``report()`` measures of its rank (its step and its peak memory), outside a run:
-    to time it. One ``report()`` is ``meter.report()``."""
+    to time it. ``meter.measure()`` is what one ``report()`` measures."""
 
     def __init__(self) -> None:
         self._health = RankHealth()
 
-    def report(self) -> None:
+    def measure(self) -> None:
+        """One report's measures: the step that ends, the memory, the next step that begins."""
         self._health.report_starts()
         self._health.report_ends()
 
 
 class RoundHealthJudge:
-    """What the controller does with the health of each committed round of ``ranks`` ranks (each
-    rank's report count and memory kept, the steps read, the straggler judge, the timeline),
-    outside a run: to time it. ``rounds(steps)`` builds the rounds from each rank's step, ``judge``
-    takes them one by one and returns the ranks it named stragglers."""
+    """What the controller does with the health of each committed round of ``ranks`` ranks (the
+    attempt's book keeps each report, the round is read for its commit, the run's health watch
+    judges its steps and draws its timeline), outside a run: to time it. ``rounds(steps)`` builds
+    the rounds from each rank's step; ``judge`` takes them one by one, as the controller's commit
+    does, and returns the ranks it named stragglers."""
 
     def __init__(self, ranks: int) -> None:
-        from trainers._internal.health.goodput import GoodputClock
         from trainers._internal.health.health_settings import StragglerSettings
-        from trainers._internal.health.stragglers import StragglerWatch
-        from trainers._internal.health.timeline import TimelineBook
         from trainers._internal.run.attempt_book import AttemptBook
+        from trainers._internal.run.health_watch import RunHealthWatch
 
         self.ranks = ranks
         self._book = AttemptBook(time.monotonic)
-        self._watch = StragglerWatch(StragglerSettings())
-        self._timeline = TimelineBook()
-        self._clock = GoodputClock(time.monotonic)
-        self._clock.start(ranks)
+        self.named: list[int] = []
+        # The run as the watch sees it: the controller's clock, a group of ``ranks`` workers, a
+        # record that keeps only which ranks were named.
+        self._run = types.SimpleNamespace(
+            settings=types.SimpleNamespace(clock=time.monotonic, run_context=types.SimpleNamespace(name="judged")),
+            workers=types.SimpleNamespace(world_size=ranks, preflight=None, where=lambda rank: ("", "")),
+            storage=types.SimpleNamespace(append=lambda name, record: self.named.append(record.rank)),
+            attempt=1,
+            tell=lambda hook, *args: None,
+        )
+        self._watch = RunHealthWatch(StragglerSettings())
+        self._watch.run_started(self._run)
+        self._watch.attempt_launched(self._run)
 
     def rounds(self, steps: Sequence[Sequence[float]]) -> list[Any]:
         """One round per entry of ``steps`` (each rank's step in seconds), ready to ``judge``."""
@@ -122,15 +132,14 @@ class RoundHealthJudge:
         ]
 
     def judge(self, round_: Any) -> list[int]:
-        from trainers._internal.run.round_commit import round_memory, round_steps
+        from trainers._internal.run.round_commit import report_round
 
-        book = self._book
-        for rank, event in round_.items():  # what AttemptBook.add keeps of each report's health
-            book.reports_made[rank] = event.index + 1
-            if event.memory is not None:
-                book.memory[rank] = event.memory
-        index = next(iter(round_.values())).index
-        round_memory(round_, self.ranks)
-        steps = round_steps(round_, self.ranks)
-        self._timeline.round(self._clock.elapsed(), 1, index, False, steps)
-        return [named.rank for named in self._watch.observe(steps)]
+        for event in round_.values():
+            self._book.add(event)
+        complete = self._book.pop_complete_round(self.ranks)
+        assert complete is not None, "judge() takes the rounds in order, each whole"
+        index, reports = complete
+        report_round(reports, index=index, attempt=1, world_size=self.ranks)
+        self.named = []
+        self._watch.round_committed(self._run, index, reports, None, time.monotonic())
+        return self.named

@@ -101,47 +101,19 @@ class WorkerSession:
         delete_local: bool | None = None,
         upload_fn: checkpoint_upload.UploadFn | None = None,
     ) -> None:
+        """What ``trainers.report`` does in this worker: check the request (``_checked``), then send
+        the report to the controller as an event (with the step's health and the data position),
+        after putting ``checkpoint``'s files into the run's staging folder first (SYNC), from a
+        private copy in the background (ASYNC), or not at all (NO_UPLOAD: already in the run
+        folder); see ``_send_with_checkpoint``. Raises ``TrainingInterrupted`` once the controller
+        stopped the attempt."""
         step = self.health.report_starts()
         try:
             if self.stop_requested.is_set():
                 raise TrainingInterrupted("the controller stopped this attempt")
-            if not isinstance(metrics, dict):
-                raise TypeError(f"report(metrics={metrics!r}): metrics must be a dict of name to value.")
-            if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
-                raise TypeError(
-                    f"report(checkpoint={checkpoint!r}): pass a trainers.Checkpoint, "
-                    "e.g. Checkpoint.from_directory(folder)."
-                )
-            if not isinstance(upload_mode, CheckpointUploadMode):
-                raise ValueError(
-                    f"report(checkpoint_upload_mode={upload_mode!r}): must be CheckpointUploadMode.SYNC or ASYNC "
-                    "(flowtrain copies the checkpoint), or NO_UPLOAD (it is already in the run folder)."
-                )
-            no_upload = upload_mode is CheckpointUploadMode.NO_UPLOAD
-            delete_local = checkpoint_upload.resolve_delete(
-                delete_local, asynchronous=upload_mode is CheckpointUploadMode.ASYNC, no_upload=no_upload
+            plain, validation, delete_local = self._checked(
+                metrics, checkpoint, upload_mode, validation, dir_name, delete_local, upload_fn
             )
-            checkpoint_upload.check_request(
-                checkpoint,
-                no_upload=no_upload,
-                dir_name=dir_name,
-                upload_fn=upload_fn,
-                delete_local=delete_local,
-                layout=self.layout,
-                filesystem=self.filesystem,
-            )
-            if checkpoint is not None and dir_name is not None and not no_upload:
-                if dir_name in self._dir_names:
-                    raise ValueError(
-                        f"report(checkpoint_dir_name={dir_name!r}): an earlier report of this worker used that name; "
-                        "each checkpoint needs a folder name of its own, e.g. with the epoch or step in it."
-                    )
-                self._dir_names.add(dir_name)
-            validation = resolve_request(validation, self.validation_config)
-            plain = plain_metrics(metrics)
-            if checkpoint is not None and self.score_attribute is not None:
-                # With a validation the score may come from it, so it need not be reported here.
-                check_score(plain, self.score_attribute, required=self.context.world_rank == 0 and not validation)
             index = self.num_reports
             self.num_reports += 1
             event = ReportEvent(
@@ -160,54 +132,122 @@ class WorkerSession:
             if checkpoint is None:  # metrics only: the common report, kept short
                 self.uploader.flush()  # earlier background uploads (if any) come first; re-raises their errors
                 self.emit(event)
-                return
-            staging = self.layout.staging_path(self.attempt, index)
-            persist = dict(
-                staging=staging, layout=self.layout, filesystem=self.filesystem, dir_name=dir_name, upload_fn=upload_fn
-            )
-            if upload_mode is CheckpointUploadMode.ASYNC:
-                # The upload works from a private copy taken now; the reported folder is never
-                # touched after report() returns (the loop may be writing its next checkpoint there).
-                local_copy = checkpoint_upload.take_for_upload(
-                    checkpoint, release=delete_local, layout=self.layout, filesystem=self.filesystem
-                )
-
-                def upload_then_report() -> None:
-                    try:
-                        placement = checkpoint_upload.persist(
-                            Checkpoint(local_copy, pyarrow.fs.LocalFileSystem()), **persist
-                        )
-                    finally:
-                        shutil.rmtree(local_copy, ignore_errors=True)
-                    self.emit(
-                        dataclasses.replace(
-                            event,
-                            dir_name=placement.dir_name,
-                            in_place=placement.in_place,
-                            upload=placement.upload,
-                            uploaded_in_background=True,
-                        )
-                    )
-
-                self.uploader.submit(upload_then_report)
-                return
-            self.uploader.flush()  # earlier background uploads (if any) come first; re-raises their errors
-            if no_upload:
-                name = self.layout.checkpoint_dir_name(self.filesystem, checkpoint.filesystem, checkpoint.path)
-                event = dataclasses.replace(event, dir_name=name, in_place=True)
-                self.checkpoint, self._unseen_commit = checkpoint, None  # already where it stays, as in Ray Train
             else:
-                placement = checkpoint_upload.persist(checkpoint, **persist)
-                if delete_local:
-                    kept = checkpoint_upload.uploaded(placement, staging, self.layout, self.filesystem)
-                    checkpoint_upload.delete_source(checkpoint, keep=kept)
-                event = dataclasses.replace(
-                    event, dir_name=placement.dir_name, in_place=placement.in_place, upload=placement.upload
-                )
-                self._unseen_commit = self.num_reports
-            self.emit(event)
+                self._send_with_checkpoint(event, checkpoint, upload_mode, delete_local, upload_fn)
         finally:
             self.health.report_ends()
+
+    def _checked(
+        self,
+        metrics: Any,
+        checkpoint: Any,
+        upload_mode: Any,
+        validation: Any,
+        dir_name: str | None,
+        delete_local: bool | None,
+        upload_fn: Any,
+    ) -> tuple[dict[str, Any], Any, bool]:
+        """A ``report()`` call's arguments checked, each refused with the field and the fix, before
+        anything is sent: the metrics as plain values, the validation asked for, and whether the
+        checkpoint's local folder is deleted after its upload."""
+        if not isinstance(metrics, dict):
+            raise TypeError(f"report(metrics={metrics!r}): metrics must be a dict of name to value.")
+        if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+            raise TypeError(
+                f"report(checkpoint={checkpoint!r}): pass a trainers.Checkpoint, e.g. Checkpoint.from_directory(folder)."
+            )
+        if not isinstance(upload_mode, CheckpointUploadMode):
+            raise ValueError(
+                f"report(checkpoint_upload_mode={upload_mode!r}): must be CheckpointUploadMode.SYNC or ASYNC "
+                "(flowtrain copies the checkpoint), or NO_UPLOAD (it is already in the run folder)."
+            )
+        no_upload = upload_mode is CheckpointUploadMode.NO_UPLOAD
+        delete = checkpoint_upload.resolve_delete(
+            delete_local, asynchronous=upload_mode is CheckpointUploadMode.ASYNC, no_upload=no_upload
+        )
+        checkpoint_upload.check_request(
+            checkpoint,
+            no_upload=no_upload,
+            dir_name=dir_name,
+            upload_fn=upload_fn,
+            delete_local=delete,
+            layout=self.layout,
+            filesystem=self.filesystem,
+        )
+        if checkpoint is not None and dir_name is not None and not no_upload:
+            if dir_name in self._dir_names:
+                raise ValueError(
+                    f"report(checkpoint_dir_name={dir_name!r}): an earlier report of this worker used that name; "
+                    "each checkpoint needs a folder name of its own, e.g. with the epoch or step in it."
+                )
+            self._dir_names.add(dir_name)
+        validation = resolve_request(validation, self.validation_config)
+        plain = plain_metrics(metrics)
+        if checkpoint is not None and self.score_attribute is not None:
+            # With a validation the score may come from it, so it need not be reported here.
+            check_score(plain, self.score_attribute, required=self.context.world_rank == 0 and not validation)
+        return plain, validation, delete
+
+    def _send_with_checkpoint(
+        self,
+        event: ReportEvent,
+        checkpoint: Checkpoint,
+        upload_mode: CheckpointUploadMode,
+        delete_local: bool,
+        upload_fn: Any,
+    ) -> None:
+        """Send ``event`` once ``checkpoint`` is where the controller commits it from: uploaded to
+        the attempt's staging folder now (SYNC), or from a private copy taken now, in the
+        background and in report order (ASYNC), or left where it is (NO_UPLOAD)."""
+        staging = self.layout.staging_path(self.attempt, event.index)
+        persist = dict(
+            staging=staging,
+            layout=self.layout,
+            filesystem=self.filesystem,
+            dir_name=event.dir_name,
+            upload_fn=upload_fn,
+        )
+        if upload_mode is CheckpointUploadMode.ASYNC:
+            # The upload works from a private copy taken now; the reported folder is never
+            # touched after report() returns (the loop may be writing its next checkpoint there).
+            local_copy = checkpoint_upload.take_for_upload(
+                checkpoint, release=delete_local, layout=self.layout, filesystem=self.filesystem
+            )
+
+            def upload_then_report() -> None:
+                try:
+                    placement = checkpoint_upload.persist(
+                        Checkpoint(local_copy, pyarrow.fs.LocalFileSystem()), **persist
+                    )
+                finally:
+                    shutil.rmtree(local_copy, ignore_errors=True)
+                self.emit(
+                    dataclasses.replace(
+                        event,
+                        dir_name=placement.dir_name,
+                        in_place=placement.in_place,
+                        upload=placement.upload,
+                        uploaded_in_background=True,
+                    )
+                )
+
+            self.uploader.submit(upload_then_report)
+            return
+        self.uploader.flush()  # earlier background uploads (if any) come first; re-raises their errors
+        if upload_mode is CheckpointUploadMode.NO_UPLOAD:
+            name = self.layout.checkpoint_dir_name(self.filesystem, checkpoint.filesystem, checkpoint.path)
+            event = dataclasses.replace(event, dir_name=name, in_place=True)
+            self.checkpoint, self._unseen_commit = checkpoint, None  # already where it stays, as in Ray Train
+        else:
+            placement = checkpoint_upload.persist(checkpoint, **persist)
+            if delete_local:
+                kept = checkpoint_upload.uploaded(placement, staging, self.layout, self.filesystem)
+                checkpoint_upload.delete_source(checkpoint, keep=kept)
+            event = dataclasses.replace(
+                event, dir_name=placement.dir_name, in_place=placement.in_place, upload=placement.upload
+            )
+            self._unseen_commit = self.num_reports
+        self.emit(event)
 
     def current_checkpoint(self) -> Checkpoint | None:
         """What ``get_checkpoint()`` returns: the checkpoint this attempt started from, or the

@@ -258,7 +258,8 @@ class RayWorkers:
         group = self.group
         assert group is not None  # launch started or re-formed it
         self._started_at = time.monotonic()
-        if self._first_started_at is None:
+        first_attempt = self._first_started_at is None
+        if first_attempt:
             self._first_started_at = self._started_at
         self._spares_due = self._spares_per_node > 0
         import ray
@@ -299,7 +300,7 @@ class RayWorkers:
 
             group.execute(apply_log_level, spec.log_level)
         self.backend.on_start(group, spec.backend_config)
-        if self._started_at == self._first_started_at and spec.preflight.runs(spec.scaling.use_gpu):
+        if first_attempt and spec.preflight.runs(spec.scaling.use_gpu):
             self.preflight = self._preflight(group)  # before step 0: PreflightError names a slow worker
         plan = _resume_plan(spec, self.world_size, data_position)
         session_args = [

@@ -99,9 +99,10 @@ class RayWorkerGroup:
         self.runtime_env = runtime_env
         #: Whether the backend can set up again in a process that ran it (``Backend.reuses_workers``).
         self.reusable = reusable
-        #: Set by ``start``: these workers hold no resources of their own and may be parked.
-        self._keepable = False
-        self._parking_refusal: str | None = None
+        #: Set by ``start``: why these workers cannot outlive the placement group (None: they can,
+        #: so they start beside it holding no resources of their own, may be parked after a clean
+        #: end, and have spares; ``reuse.refusal`` between runs decides it).
+        self._held_in_group: str | None = "not started"
         #: Set by ``start``: what decides whether these workers are reused (``reuse.refusal``).
         self.facts = GroupFacts(backend_reuses=reusable, backend_name="")
         #: World rank -> bundle of the workers ``stop_training`` let go, for ``refill`` to replace.
@@ -180,13 +181,12 @@ class RayWorkerGroup:
             in_tune_trial=not self._owns_pg or trial_group is not None,
             resources=tuple(sorted(bundle)),
         )
-        self._parking_refusal = refusal(self.facts, Reuse.BETWEEN_RUNS)
-        logger.debug("workers may be parked after a clean end: %s", self._parking_refusal or "yes")
-        self._keepable = self._parking_refusal is None
-        if self._keepable:
+        self._held_in_group = refusal(self.facts, Reuse.BETWEEN_RUNS)
+        logger.debug("workers may be parked after a clean end: %s", self._held_in_group or "yes")
+        if self._beside_group:
             self._shape = warm_workers.shape_key(bundle, self.runtime_env)
         bundles = list(range(first_bundle, first_bundle + self.world_size))
-        parked = warm_workers.take(self._shape, [self._placed[b] for b in bundles]) if self._keepable else []
+        parked = warm_workers.take(self._shape, [self._placed[b] for b in bundles]) if self._beside_group else []
         actors = self._start_actors(bundles, parked)
         self._rank(self._wait_for_actors(actors, bundles, deadline))
 
@@ -223,7 +223,7 @@ class RayWorkerGroup:
         ``ready[i]`` ObjectRef resolves (a spare's warm-up: up to ``wait_s``), or its metadata call
         returns (up to ``KEPT_WORKER_ANSWER_S``).
 
-        Workers that may be parked (``_keepable``) start beside the placement group, on their
+        Workers that may be parked (``_beside_group``) start beside the placement group, on their
         bundle's node and holding no resources themselves (the group holds them), so that they can
         outlive it when the run ends cleanly; the others start in their bundle.
         """
@@ -251,10 +251,15 @@ class RayWorkerGroup:
                 actors[i] = self._new_worker(bundle)
         return actors
 
+    @property
+    def _beside_group(self) -> bool:
+        """Whether the workers start beside the placement group, able to outlive it (``_held_in_group``)."""
+        return self._held_in_group is None
+
     def _new_worker(self, bundle: int) -> Any:
         """A new worker for placement-group bundle ``bundle``: beside it when it may be parked,
         else in it, holding the bundle's resources."""
-        if self._keepable:
+        if self._beside_group:
             return self._new_worker_beside(self._placed[bundle])
         assert self._pg is not None  # start() reserved it
         strategy = PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=bundle)
@@ -573,7 +578,7 @@ class RayWorkerGroup:
             self._wait_for_group(deadline)  # a lost node's bundles are placed again first
             self._placed = dict(placement_group_table(self._pg).get("bundles_to_node_id") or {})
             bundles = sorted(vacant.values())
-            spares = [self.spares.take(self._placed[b]) if self._keepable else None for b in bundles]
+            spares = [self.spares.take(self._placed[b]) if self._beside_group else None for b in bundles]
             actors = self._start_actors(
                 bundles,
                 [spare[0] if spare else None for spare in spares],
@@ -596,7 +601,7 @@ class RayWorkerGroup:
     def fill_spares(self, per_node: int) -> None:
         """Have ``per_node`` spare workers on each node the group uses (``spares``); the first call
         asks rank 0 which installed modules its process imported, for the spares to import."""
-        if not self._keepable or not self.workers:
+        if not self._beside_group or not self.workers:
             return
         if not self.spares.modules:
             self.spares.modules = self.execute_single(0, installed_modules)
@@ -614,7 +619,7 @@ class RayWorkerGroup:
             self._inbox = None
         parked = None
         if keep and self.workers:
-            parked = self._park() if self._keepable else f"not parked: {self._parking_refusal}"
+            parked = self._park() if self._beside_group else f"not parked: {self._held_in_group}"
             logger.debug("the workers after a clean end: %s", parked)
         warm_workers.kill_actors([w.actor for w in self.workers] + self.spares.clear())
         self.workers = []
