@@ -125,6 +125,14 @@ class DataParallelTrainer(TuneTrainableAttributes):
     #: (``TorchTrainer``: ``("torch_config", TorchConfig)``); ``__init__`` checks it for every trainer.
     _backend_config_arg: tuple[str, type[BackendConfig]] = ("backend_config", BackendConfig)
 
+    def _init_above(self, trainer: type[DataParallelTrainer], arguments: dict[str, Any]) -> None:
+        """Run the ``__init__`` above ``trainer`` (a framework's trainer class) with the arguments
+        its own ``__init__`` got (its ``locals()``), every one as it came: the framework's config
+        (``_backend_config_arg``) as ``backend_config``."""
+        given = {name: value for name, value in arguments.items() if name not in ("self", "__class__")}
+        given["backend_config"] = given.pop(self._backend_config_arg[0])
+        super(trainer, self).__init__(**given)
+
     # Ray Train's signature, which must stay exact (tests/test_api_surface.py checks it).
     def __init__(
         self,

@@ -38,13 +38,9 @@ class GBDTTrainer(DataParallelTrainer):
         train_kwargs: dict[str, Any],
         **trainer_args: Any,
     ) -> None:
-        """``backend_config`` is the subclass's ``<library>_config=``; ``trainer_args`` go to
-        ``DataParallelTrainer`` as they are."""
+        """``backend_config`` is the subclass's ``<library>_config=`` (``_backend_config_arg``);
+        ``trainer_args`` go to ``DataParallelTrainer`` as they are."""
         library, name = self._library, type(self).__name__
-        if backend_config is not None and not isinstance(backend_config, library.config_cls):
-            raise TypeError(
-                f"{library.name}_config={backend_config!r}: must be a trainers.{library.name}.{library.config_cls.__name__}."
-            )
         param_args: dict[str, Any] = dict(
             label_column=label_column, params=params, num_boost_round=num_boost_round, dmatrix_params=dmatrix_params
         )
@@ -67,7 +63,7 @@ class GBDTTrainer(DataParallelTrainer):
         super().__init__(
             train_loop_per_worker,  # type: ignore[arg-type]  # None gets DataParallelTrainer's own TypeError, which names the argument
             train_loop_config=train_loop_config,
-            backend_config=backend_config or library.config_cls(),
+            backend_config=backend_config,
             datasets=datasets,
             dataset_config=dataset_config,
             **trainer_args,

@@ -48,23 +48,16 @@ class JaxTrainer(DataParallelTrainer):
         metadata: dict[str, Any] | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
     ) -> None:
-        if jax_config is None:
-            scaling = scaling_config if isinstance(scaling_config, ScalingConfig) else ScalingConfig()
-            jax_config = JaxConfig(use_tpu=scaling.use_tpu, use_gpu=scaling.use_gpu)
-        super().__init__(  # every argument as it came, as in every framework's trainer
-            train_loop_per_worker,
-            train_loop_config=train_loop_config,
-            backend_config=jax_config,
-            scaling_config=scaling_config,
-            run_config=run_config,
-            datasets=datasets,
-            dataset_config=dataset_config,
-            validation_config=validation_config,
-            metadata=metadata,
-            resume_from_checkpoint=resume_from_checkpoint,
-        )
+        jax_config = jax_config if jax_config is not None else _config_of(scaling_config)
+        self._init_above(JaxTrainer, locals())
         for flag, kind, also in (("use_gpu", "GPU", ""), ("use_tpu", "TPU", ", topology=..., accelerator_type=...")):
             if getattr(jax_config, flag) and not getattr(self.scaling_config, flag):
                 raise ValueError(
                     f"JaxConfig({flag}=True) needs {kind}s reserved: set ScalingConfig({flag}=True{also}), or {flag}=False."
                 )
+
+
+def _config_of(scaling_config: Any) -> JaxConfig:
+    """The ``JaxConfig`` a trainer without one gets: GPUs and TPUs as ``scaling_config`` reserves them."""
+    scaling = scaling_config if isinstance(scaling_config, ScalingConfig) else ScalingConfig()
+    return JaxConfig(use_tpu=scaling.use_tpu, use_gpu=scaling.use_gpu)

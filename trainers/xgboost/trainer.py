@@ -83,6 +83,8 @@ class XGBoostTrainer(GBDTTrainer):
         reserved=("params", "dtrain", "num_boost_round", "evals", "xgb_model"),
     )
 
+    _backend_config_arg = ("xgboost_config", XGBoostConfig)
+
     # Ray Train's signature, which LightGBMTrainer shares but for lightgbm_config=.
     def __init__(
         self,
@@ -105,21 +107,4 @@ class XGBoostTrainer(GBDTTrainer):
         dmatrix_params: dict[str, dict[str, Any]] | None = None,
         **train_kwargs: Any,
     ) -> None:
-        # Every argument goes on to GBDTTrainer as it came, as in every framework's trainer.
-        super().__init__(
-            train_loop_per_worker,
-            train_loop_config=train_loop_config,
-            backend_config=xgboost_config,
-            scaling_config=scaling_config,
-            run_config=run_config,
-            datasets=datasets,
-            dataset_config=dataset_config,
-            validation_config=validation_config,
-            metadata=metadata,
-            resume_from_checkpoint=resume_from_checkpoint,
-            label_column=label_column,
-            params=params,
-            num_boost_round=num_boost_round,
-            dmatrix_params=dmatrix_params,
-            train_kwargs=train_kwargs,
-        )
+        self._init_above(XGBoostTrainer, locals())
