@@ -10,7 +10,7 @@ Faults between hosts (``NamespaceCluster``):
   reaching no other host, and none reaches them;
 - ``cut_between(a, b)``/``join_between(a, b)``: only the path between two hosts cut (each drops
   what it sends the other, silently: a ``clsact`` egress filter redirecting it to a veth whose
-  peer is down), the rest of their links up;
+  peer is down; ``cut_frames`` counts them), the rest of their links up;
 - ``impair(host, delay_s, loss)``/``unimpair(host)``: a slow or lossy link, what
   ``tc netem delay D loss L`` on the host's ``eth0`` does (``benchmarks.link_relay``: kernels
   without ``sch_netem`` exist);
@@ -34,6 +34,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -212,6 +213,12 @@ class NamespaceCluster:
                 *("dev", _SINK),
             )
 
+    def cut_frames(self, host: Host, peer: Host) -> int:
+        """How many frames for ``peer`` the cut between them has kept from ``host`` (0: none cut)."""
+        shown = _tc(host.netns, "-s", "filter", "show", "dev", "eth0", "egress", "prio", str(self._cut_prio(peer)))
+        found = re.search(r"Sent \d+ bytes (\d+) pkt", shown.stdout)
+        return int(found.group(1)) if found else 0
+
     def join_between(self, a: Host, b: Host) -> None:
         """Undo ``cut_between(a, b)``."""
         for one, other in ((a, b), (b, a)):
@@ -360,7 +367,7 @@ class RayHosts:
         self.root = root
         self.dashboard = dashboard
         self.home = root / "home"  # each host's ~/.ray/auth_token, one file here as all share a disk
-        self.home.mkdir(exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True)
         dropped = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "RAY_ADDRESS", "PYTHONPATH")
         environ = {k: v for k, v in os.environ.items() if k not in dropped and not k.startswith("RAY_health_check_")}
         self.env = {
