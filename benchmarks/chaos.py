@@ -189,16 +189,21 @@ def main(argv: list[str] | None = None) -> int:
     started, load, date = time.monotonic(), os.getloadavg()[0], datetime.datetime.now().isoformat(timespec="seconds")
     work = str(args.inside) if on_hosts else tempfile.mkdtemp(prefix="flowtrain-chaos-")
     planned = sum(len(plan.faults) for plan in schedule)
-    print(
+    lines = sys.stdout
+    if on_hosts:  # Ray prints to every driver's stdout what it says of a dead raylet (its log's tail): to stderr
+        lines, sys.stdout = os.fdopen(os.dup(1), "w", buffering=1), sys.stderr
+
+    def say(line: str) -> None:
+        print(line, file=lines, flush=True)
+
+    say(
         f"chaos soak: {planned} faults of {len({f.kind for p in schedule for f in p.faults})} kinds in "
         f"{len(schedule)} runs, seed {args.seed}, {settings.storage} storage"
         + (f", {args.hosts} worker hosts (world size {settings.world_size})" if on_hosts else "")
-        + f"; work folder {work}",
-        flush=True,
+        + f"; work folder {work}"
     )
     reports: list[RunReport] = []
     setup_s = reference_s = 0.0
-    say = lambda line: print(line, flush=True)  # noqa: E731
     soak: Soak
     if on_hosts:
         cluster = RayHosts.from_json(json.loads((args.inside / "cluster.json").read_text()))
@@ -210,13 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         with soak:
             reference = soak.reference()
             setup_s, reference_s = time.monotonic() - started, soak.unit_s
-            print(f"  the cluster and the fault-free run: {setup_s:.1f} s (the run: {reference_s:.1f} s)", flush=True)
+            say(f"  the cluster and the fault-free run: {setup_s:.1f} s (the run: {reference_s:.1f} s)")
             for plan in schedule:
                 if args.minutes is not None and time.monotonic() - started > args.minutes * 60:
-                    print(
-                        f"  --minutes {args.minutes:g} reached: {len(schedule) - len(reports)} runs not started",
-                        flush=True,
-                    )
+                    say(f"  --minutes {args.minutes:g} reached: {len(schedule) - len(reports)} runs not started")
                     break
                 reports.append(soak.run(plan, reference))
                 if args.fail_fast and reports[-1].broken:

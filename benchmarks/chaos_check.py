@@ -341,17 +341,26 @@ def time_lost(faults: list[Fault], marks: str, journal: list[dict[str, Any]], st
 
 def restart_causes(faults: list[Fault], marks: str, journal: list[dict[str, Any]]) -> list[tuple[str | None, dict]]:
     """Each restart of a run's journal with the kind of the fault that caused it (None when no
-    fired fault can have): of the faults that may restart a group, struck before it and not
-    matched yet, the latest one that struck a rank the restart names as failed, else the latest."""
+    fired fault can have). Of the faults struck before it that may still restart the group (a
+    kind's ``restarts`` each), the latest that struck a rank the restart names as failed, else
+    the latest not matched yet, else the latest."""
     struck = {f.id: struck_at(marks, f) for f in faults}
-    unused = [f for f in faults if KINDS[f.kind].restarts and struck[f.id] is not None]
+    matched = {f.id: 0 for f in faults}
     causes: list[tuple[str | None, dict]] = []
     for line in (line for line in journal if line["e"] == "restart"):
         failed = {failure["rank"] for failure in line.get("failures", [])}
-        before = sorted((f for f in unused if struck[f.id] < line["t"]), key=lambda f: struck[f.id])
-        named = [f for f in before if f.rank in failed]
-        cause = (named or before or [None])[-1]
+        before = sorted(
+            (
+                f
+                for f in faults
+                if struck[f.id] is not None and struck[f.id] < line["t"] and matched[f.id] < KINDS[f.kind].restarts
+            ),
+            key=lambda f: struck[f.id],
+        )
+        named = [f for f in before if f.rank in failed and not matched[f.id]]
+        fresh = [f for f in before if not matched[f.id]]
+        cause = (named or fresh or before or [None])[-1]
         if cause is not None:
-            unused.remove(cause)
+            matched[cause.id] += 1
         causes.append((cause.kind if cause is not None else None, line))
     return causes

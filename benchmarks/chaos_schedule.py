@@ -95,10 +95,13 @@ KINDS: dict[str, Kind] = {
             waits_for_ray=True,
             about="a rank's host cut off and every process on it killed (a power loss); Ray started there again",
         ),
+        # Two restarts: its rank's worker is found dead at once, and its replacement is started in
+        # the same bundle, on the node Ray has not declared dead yet: it dies starting, a second
+        # failure while the group re-forms, and every worker is restarted.
         Kind(
             "raylet-kill",
             HOST,
-            restarts=1,
+            restarts=2,
             allow_s=90.0,
             about="SIGKILL of a rank's host's raylet; Ray started there again once its ranks are replaced",
         ),

@@ -359,15 +359,15 @@ class RayHosts:
         dashboard: bool = True,
         subnet: str = "10.213.0",
     ) -> None:
+        self.root = root
+        self.home = root / "home"  # each host's ~/.ray/auth_token, one file here as all share a disk
+        self.home.mkdir(parents=True, exist_ok=True)
         # Ray's sockets live under its temp folder, and a socket's path must stay under 107 bytes:
         # a short folder of its own (under pytest-xdist, tmp paths are long), removed in stop().
         self.ray_root = pathlib.Path(tempfile.mkdtemp(prefix="ftray", dir="/tmp"))
         self.net = NamespaceCluster(len(cpus), subnet=subnet, private=[str(self.ray_root / "ray")])
         self.cpus = list(cpus)
-        self.root = root
         self.dashboard = dashboard
-        self.home = root / "home"  # each host's ~/.ray/auth_token, one file here as all share a disk
-        self.home.mkdir(parents=True, exist_ok=True)
         dropped = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "RAY_ADDRESS", "PYTHONPATH")
         environ = {k: v for k, v in os.environ.items() if k not in dropped and not k.startswith("RAY_health_check_")}
         self.env = {
