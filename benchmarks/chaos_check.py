@@ -293,6 +293,34 @@ def fenced(result: Any, journal: list[dict[str, Any]], rank_lines: list[list[dic
     return broken
 
 
+def fenced_rounds(journal: list[dict[str, Any]], rank_lines: list[list[dict[str, Any]]]) -> list[str]:
+    """Nothing a replaced process reported was committed, checkpoint or not: every rank's report
+    in a round the driver committed comes from the attempt it committed the round in, and from
+    the process (and node) the rank started in that attempt."""
+    started = {
+        (line["attempt"], line["rank"]): [line["pid"], line.get("node")]
+        for lines in rank_lines
+        for line in lines
+        if line["e"] == "start"
+    }
+    broken = []
+    for line in journal:
+        if line["e"] != "commit" or not line.get("by"):
+            continue
+        for rank, (attempt, pid, node) in enumerate(line["by"]):
+            if attempt != line["attempt"]:
+                broken.append(
+                    f"fencing: step {line['step']} committed in attempt {line['attempt']} holds rank {rank}'s report "
+                    f"from attempt {attempt} (pid {pid} on {node})"
+                )
+            elif started.get((attempt, rank), [pid, node]) != [pid, node]:
+                broken.append(
+                    f"fencing: step {line['step']}: rank {rank}'s report came from pid {pid} on {node}, not from the "
+                    f"process that rank started in attempt {attempt} ({started[(attempt, rank)]})"
+                )
+    return broken
+
+
 def step_seconds(journal: list[dict[str, Any]]) -> float:
     """A step's time in a run's journal: from its first commit to its last, per step (0 with
     fewer than two; the driver often commits several rounds at once, so not the median gap)."""

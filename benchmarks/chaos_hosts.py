@@ -147,7 +147,7 @@ class HostSoak(Soak):
         ]
 
     def extra_checks(self, result: Any, journal: list[dict], rank_lines: list[list[dict]]) -> list[str]:
-        return chaos_check.fenced(result, journal, rank_lines)
+        return chaos_check.fenced(result, journal, rank_lines) + chaos_check.fenced_rounds(journal, rank_lines)
 
     def exempt_rounds(
         self, plan: RunPlan, folder: pathlib.Path, journal: list[dict], rank_lines: list[list[dict]]

@@ -15,7 +15,7 @@ driver or removes a node once a step is committed, then strikes near that step, 
 
 Every rank appends a line to ``rank{rank}.jsonl`` when its attempt starts (with its process and
 node) and whenever ``report()`` returned, which the soak holds against what the driver committed;
-each checkpoint file names the attempt, process and node that wrote it.
+each report and each checkpoint file names the attempt, process and node that made it.
 """
 
 from __future__ import annotations
@@ -116,6 +116,7 @@ def chaos_loop(config: dict) -> dict:
                 raise RuntimeError(f"chaos: injected failure at step {step}")
         digest = weights_hash(module.state_dict())
         metrics = {"step": step, "loss": loss.item() if rank == 0 else None, "weights": digest, "score": score(step)}
+        metrics.update(attempt=attempt, pid=os.getpid(), node=node)  # who reported it (see chaos_check.fenced_rounds)
         checkpointed = step % config["every"] == config["every"] - 1 or step == config["steps"] - 1
         if checkpointed:
             with tempfile.TemporaryDirectory() as folder:

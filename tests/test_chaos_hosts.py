@@ -113,6 +113,30 @@ def test_fencing_names_a_checkpoint_file_from_a_replaced_process(tmp_path):
     assert "not by the process that rank started in attempt 2" in line
 
 
+def test_fencing_names_a_committed_report_from_a_replaced_process():
+    """``chaos_check.fenced_rounds``: every rank's report in a committed round, checkpoint or
+    not, comes from the attempt that committed it and the process its rank started then."""
+    starts = [
+        [{"e": "start", "attempt": 2, "rank": 0, "pid": 10, "node": "10.0.0.3"}],
+        [{"e": "start", "attempt": 1, "rank": 1, "pid": 11, "node": "10.0.0.4"}]
+        + [{"e": "start", "attempt": 2, "rank": 1, "pid": 21, "node": "10.0.0.5"}],
+    ]
+    good = {
+        "e": "commit",
+        "attempt": 2,
+        "step": 8,
+        "checkpoint": None,
+        "by": [[2, 10, "10.0.0.3"], [2, 21, "10.0.0.5"]],
+    }
+    assert chaos_check.fenced_rounds([good], starts) == []
+    stale = {**good, "step": 9, "by": [[2, 10, "10.0.0.3"], [1, 11, "10.0.0.4"]]}
+    [line] = chaos_check.fenced_rounds([good, stale], starts)
+    assert "step 9" in line and "from attempt 1" in line and "10.0.0.4" in line
+    impostor = {**good, "step": 10, "by": [[2, 10, "10.0.0.3"], [2, 11, "10.0.0.4"]]}
+    [line] = chaos_check.fenced_rounds([impostor], starts)
+    assert "not from the process that rank started in attempt 2" in line
+
+
 def _serve(net: NamespaceCluster, host, port: int) -> subprocess.Popen:
     """A TCP echo server on ``host``; returns once it listens."""
     server = net.popen(
