@@ -179,7 +179,12 @@ def retention(
 ) -> list[str]:
     """The kept checkpoints are the best ``num_to_keep`` by score plus the latest; with ``tidy``
     (fit() has finished), the run folder holds nothing else: no orphaned folder, no ``.staging``,
-    no lease."""
+    no lease.
+
+    Without ``tidy`` (a driver killed, or storage that denies writes), the history may end with a
+    checkpoint's report whose checkpoint was not committed: the metrics log is written before
+    run.json, the commit point, and the driver died between the two (the next ``fit()`` rewinds
+    past it). Then the kept ones are those of the checkpoints before it."""
     from storage.config import CheckpointConfig
     from storage.retention import select_kept
 
@@ -189,6 +194,8 @@ def retention(
     config = CheckpointConfig(num_to_keep=num_to_keep, checkpoint_score_attribute="score")
     wanted = select_kept([(s, {"score": score(s)}) for s in made], config)
     kept = {int(metrics["step"]) for _, metrics in result.best_checkpoints}
+    if not tidy and kept != wanted and made and reported[-1] == made[-1] and made[-1] not in kept:
+        wanted = select_kept([(s, {"score": score(s)}) for s in made[:-1]], config)
     broken = []
     if kept != wanted:
         broken.append(f"retention: keeps the checkpoints of steps {sorted(kept)}, not {sorted(wanted)}")

@@ -44,6 +44,8 @@ S3_PORT = 9000
 SUBNET = "10.214.0"
 #: Host kinds that end the struck host's Ray node (or may: a cut until Ray declares it dead).
 NODE_ENDING = frozenset({"partition", "host-kill", "raylet-kill", "driver-cut"})
+#: Host kinds that slow a host's link (through its relay: one at a time on a host).
+SLOW_KINDS = frozenset({"link-slow", "link-lossy"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +87,15 @@ class HostSoak(Soak):
         self.inner = chaos_storage.s3_filesystem(endpoint)
         workers = [h for h, cpus in zip(cluster.net.hosts, cluster.cpus, strict=True) if cpus]
         self.worker_hosts = workers
-        self.host_locks = {h.netns: threading.Lock() for h in workers}
+        #: Guards ``ending``, ``cuts`` and the hosts' relays.
+        self.state = threading.Lock()
+        #: Hosts a node-ending fault holds (until their Ray node is started again): no other
+        #: fault strikes them meanwhile.
+        self.ending: set[str] = set()
+        #: Hosts a slow or lossy link's fault holds (one relay a host).
+        self.slowed: set[str] = set()
+        #: Link cuts in force per host: its link is healed when the last one ends.
+        self.cuts: dict[str, int] = {}
         #: The spare hosts: that many node-ending faults at a time, so the run has hosts to go to.
         self.capacity = threading.Semaphore(max(1, len(workers) - settings.world_size))
 
@@ -189,17 +199,35 @@ class HostSoak(Soak):
         return any(n["Alive"] and n["NodeManagerAddress"] == host.address for n in ray.nodes())
 
     def restart_node(self, host: Host) -> None:
-        """Start ``host`` again: every process on it killed, then ``ray start`` (a rebooted host)."""
-        self.hosts.net.kill_all(host)
+        """Start ``host`` again: every process on it killed, then ``ray start`` (a rebooted host,
+        its link no longer slowed: the relay that slowed it was one of its processes)."""
+        with self.state:
+            if self.hosts.net.impaired(host):
+                self.hosts.net.unimpair(host)
+            self.hosts.net.kill_all(host)
         self.hosts.start_node(host)
 
     def ensure_nodes(self) -> None:
-        """Every worker host has a live Ray node (one a fault ended is started again)."""
+        """Every worker host has a live Ray node (one a fault ended is started again); called
+        between segments, when no fault is in force."""
         for host in self.worker_hosts:
-            with self.host_locks[host.netns]:
-                if not self.node_alive(host):
-                    self.say(f"    {host.address}: no live Ray node; started again")
-                    self.restart_node(host)
+            if not self.node_alive(host):
+                self.say(f"    {host.address}: no live Ray node; started again")
+                self.restart_node(host)
+
+    def cut(self, host: Host) -> None:
+        """Cut ``host``'s link (another fault's cut may be in force already)."""
+        with self.state:
+            self.cuts[host.netns] = self.cuts.get(host.netns, 0) + 1
+            if self.cuts[host.netns] == 1:
+                self.hosts.net.partition(host)
+
+    def heal(self, host: Host) -> None:
+        """End one cut of ``host``'s link: the link is up once none is left."""
+        with self.state:
+            self.cuts[host.netns] -= 1
+            if not self.cuts[host.netns]:
+                self.hosts.net.heal(host)
 
 
 class HostNemesis:
@@ -247,8 +275,8 @@ class HostNemesis:
         if ending and not self._acquire(soak.capacity):
             return
         try:
-            host = self._lock_rank_host(fault.rank)
-            if host is None:
+            host = self._claim_rank_host(fault)
+            if host is None:  # the segment ended first: the fault did not fire
                 return
             try:
                 chaos_journal.fire(self.marks, fault.id)
@@ -256,7 +284,11 @@ class HostNemesis:
                 note = self._do(fault, host, struck)
                 soak.say(f"    {fault.kind}@{fault.step} on {host.address}: {note}")
             finally:
-                soak.host_locks[host.netns].release()
+                with soak.state:
+                    if ending:
+                        soak.ending.discard(host.netns)
+                    elif fault.kind in SLOW_KINDS:
+                        soak.slowed.discard(host.netns)
         finally:
             if ending:
                 soak.capacity.release()
@@ -266,53 +298,59 @@ class HostNemesis:
         soak, net = self.soak, self.soak.hosts.net
         kind = fault.kind
         if kind in ("link-blip", "link-cut"):
-            net.partition(host)
+            soak.cut(host)
             self.closing.wait(fault.hold_s)
-            net.heal(host)
+            soak.heal(host)
             return f"cut for {time.time() - struck:.1f} s"
-        if kind in ("link-slow", "link-lossy"):
+        if kind in SLOW_KINDS:
             delay, loss = (fault.amount, 0.0) if kind == "link-slow" else (0.0, fault.amount)
             net.impair(host, delay_s=delay, loss=loss, seed=fault.id)
             self.closing.wait(fault.hold_s)
-            counts = net.unimpair(host)
+            with soak.state:
+                counts = net.unimpair(host)
             return f"delay {delay * 1000:.0f} ms, loss {loss:.0%} for {time.time() - struck:.1f} s ({counts})"
         if kind == "partition":
-            net.partition(host)
-            why = self._wait_replaced(struck)
-            net.heal(host)
+            soak.cut(host)
+            why = self._wait_replaced(struck, fault.rank)
+            soak.heal(host)
             return f"cut for {time.time() - struck:.1f} s ({why}){self._repair_if_dead(host)}"
         if kind == "host-kill":
-            net.partition(host)
-            killed = net.kill_all(host)
-            why = self._wait_replaced(struck)
-            net.heal(host)
+            soak.cut(host)
+            with soak.state:  # its relay, if its link is slow, dies with it (restart_node removes its redirect)
+                killed = net.kill_all(host)
+            why = self._wait_replaced(struck, fault.rank)
+            soak.heal(host)
             soak.restart_node(host)
             return f"{len(killed)} processes killed, down for {time.time() - struck:.1f} s ({why}); Ray started again"
         if kind == "raylet-kill":
             raylets = soak.hosts.raylet_pids(host)
             for pid in raylets:
                 os.kill(pid, signal.SIGKILL)
-            why = self._wait_replaced(struck)
+            why = self._wait_replaced(struck, fault.rank)
             soak.restart_node(host)
             return f"raylet {raylets} killed ({why}); Ray started again after {time.time() - struck:.1f} s"
         if kind == "driver-cut":
             head = soak.hosts.head
             net.cut_between(head, host)
-            why = self._wait_replaced(struck)
+            why = self._wait_replaced(struck, fault.rank)
             net.join_between(head, host)
             return f"cut from {head.address} for {time.time() - struck:.1f} s ({why}){self._repair_if_dead(host)}"
         raise ValueError(f"not a host kind: {kind!r}")
 
-    def _wait_replaced(self, struck: float) -> str:
-        """Wait until the run restarted after ``struck``, ended, or ``partition_max_s`` passed; which."""
+    def _wait_replaced(self, struck: float, rank: int) -> str:
+        """Wait until the run replaced rank ``rank`` after ``struck`` (or restarted every worker),
+        ended, or ``partition_max_s`` passed; which."""
         deadline = struck + self.soak.host_settings.partition_max_s
         while True:
-            if any(line["e"] == "restart" and line["t"] > struck for line in self.lines):
-                return "the run restarted"
+            for line in self.lines:
+                if line["e"] == "restart" and line["t"] > struck:
+                    replaced = {str(r) for r in line.get("replaced") or ()}
+                    if line.get("full_restart") or str(rank) in replaced:
+                        return f"rank {rank} replaced"
             if self.closing.is_set():
                 return "the run ended"
             if time.time() > deadline:
-                return f"no restart in {self.soak.host_settings.partition_max_s:.0f} s"
+                return f"rank {rank} not replaced in {self.soak.host_settings.partition_max_s:.0f} s"
             time.sleep(0.1)
 
     def _repair_if_dead(self, host: Host) -> str:
@@ -330,18 +368,25 @@ class HostNemesis:
                 return False
         return True
 
-    def _lock_rank_host(self, rank: int) -> Host | None:
-        """The host rank ``rank`` runs on, locked (waiting while another fault holds it; the
-        rank may have moved meanwhile); None when the segment ended first."""
-        while True:
-            host = self.soak.host_of_rank(self.folder, rank)
+    def _claim_rank_host(self, fault: Fault) -> Host | None:
+        """The host ``fault``'s rank runs on, once no node-ending fault holds it (the rank may
+        move meanwhile) and, for a slow or lossy link, once no other one slows it; a node-ending
+        fault claims it for itself. None when the segment ended first."""
+        soak = self.soak
+        while not self.closing.is_set():
+            host = soak.host_of_rank(self.folder, fault.rank)
             if host is None:
                 return None
-            if not self._acquire(self.soak.host_locks[host.netns]):
-                return None
-            if self.soak.host_of_rank(self.folder, rank) == host:
-                return host
-            self.soak.host_locks[host.netns].release()
+            slows = fault.kind in SLOW_KINDS
+            with soak.state:
+                if host.netns not in soak.ending and not (slows and host.netns in soak.slowed):
+                    if fault.kind in NODE_ENDING:
+                        soak.ending.add(host.netns)
+                    elif slows:
+                        soak.slowed.add(host.netns)
+                    return host
+            time.sleep(0.2)
+        return None
 
 
 # -- the outer process -----------------------------------------------------------------------------
