@@ -405,7 +405,7 @@ def markdown(table: dict) -> str:
     for name, counts in table["kinds"].items():
         kind = KINDS[name]
         about = kind.about + (
-            " **(today: waits for Ray to declare the node dead, ~1 min)**" if kind.waits_for_ray else ""
+            " **(today: waits for Ray's health checks to declare the node dead)**" if kind.waits_for_ray else ""
         )
         lines.append(
             f"| {name} | {counts['planned']} | {counts['injected']} | {counts['survived']} | "

@@ -32,8 +32,9 @@ class Kind:
     #: Seconds a fault of this kind may add to its run's wall time on the soak on hosts (beside its
     #: own ``hold_s``): what today's code needs, with room for a loaded machine (``chaos_hosts``).
     allow_s: float = 45.0
-    #: Whether today's code waits for Ray to declare a node dead after missed health checks
-    #: (about a minute with Ray's defaults) to recover from it.
+    #: Whether today's code waits for Ray to declare a node dead after missed health checks to
+    #: recover from it (with Ray's defaults: about a minute for a host cut off or killed, 20-35 s
+    #: for a path cut between it and the head here).
     waits_for_ray: bool = False
 
 
