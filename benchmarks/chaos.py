@@ -264,6 +264,7 @@ def hosts_main(args: argparse.Namespace) -> int:
             print(f"the soak on the head host wrote no table (work folder {work})", flush=True)
             return 1
         table["wall_s"] = round(time.monotonic() - started, 1)
+        table["command"] = "python -m benchmarks.chaos " + " ".join(args.argv)
         table["left_behind"] = left
         if left:
             table["broken"].append(
@@ -350,6 +351,7 @@ def summarize(
         "overlap": args.overlap,
         "hosts": args.hosts,
         "detect_s": args.detect_s if args.hosts else None,
+        "baseline": bool(args.hosts and args.baseline),
         "runs": len(reports),
         "segments": len(segments),
         "restarts": sum(1 for s in segments for line in s.journal if line["e"] == "restart"),
@@ -429,6 +431,18 @@ def markdown(table: dict) -> str:
             "Time lost per fault: from the strike to the run's first commit past the step it had reached, less a "
             "fault-free step; faults that overlap share their stall."
         )
+    if table.get("baseline"):
+        lines += [
+            "",
+            "| run (rank 1's host, from step 8) | wall time, s | against the fault-free run | restarts |",
+            "| --- | --- | --- | --- |",
+            f"| fault-free | {table['fault_free_run_s']:.1f} | | 0 |",
+        ]
+        for run in table["runs_wall_s"]:
+            lines.append(
+                f"| {', '.join(run['fired'])} | {run['wall_s']:.1f} | {run['wall_s'] - table['fault_free_run_s']:+.1f} s "
+                f"| {run['restarts']} |"
+            )
     for item in table["broken"]:
         lines.append(f"- {item['run']} segment {item['segment']} (fired: {item['fired']}): {item['invariant']}")
     return "\n".join(lines)
