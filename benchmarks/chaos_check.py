@@ -376,14 +376,16 @@ def time_lost(faults: list[Fault], marks: str, journal: list[dict[str, Any]], st
 
 def restart_causes(faults: list[Fault], marks: str, journal: list[dict[str, Any]]) -> list[tuple[str | None, dict]]:
     """Each restart of a run's journal with the kind of the fault that caused it (None when no
-    fired fault can have). Of the faults struck before it that may still restart the group (a
-    kind's ``restarts`` each), the latest that struck a rank the restart names as failed, else
-    the latest not matched yet, else the latest."""
+    fired fault can have), by a rule of thumb: of the faults struck before it that may still
+    restart the group (a kind's ``restarts`` each), the latest that struck a rank the restart
+    names as failed or replaced, else the latest not matched yet, else the latest. (A restart may
+    name only the rank that saw its peer's connection close, not the peer that was killed.)"""
     struck = {f.id: struck_at(marks, f) for f in faults}
     matched = {f.id: 0 for f in faults}
     causes: list[tuple[str | None, dict]] = []
     for line in (line for line in journal if line["e"] == "restart"):
         failed = {failure["rank"] for failure in line.get("failures", [])}
+        failed |= {int(rank) for rank in line.get("replaced") or ()}
         before = sorted(
             (
                 f
