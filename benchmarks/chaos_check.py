@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Collection
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -46,6 +47,8 @@ class Segment:
     seconds: float = 0.0
     #: Why it hung, or the end of the driver's output when it crashed.
     tail: str = ""
+    #: When its driver started (``time.time()``, as the journals' ``t``).
+    started_t: float = 0.0
 
 
 def ending(segment: Segment) -> list[str]:
@@ -107,9 +110,14 @@ def committed(result: Any, journal: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def lost_reports(rank_lines: list[list[dict[str, Any]]], journal: list[dict[str, Any]], exempt: set[int]) -> list[str]:
+def lost_reports(
+    rank_lines: list[list[dict[str, Any]]],
+    journal: list[dict[str, Any]],
+    exempt: set[int],
+    exempt_rounds: Collection[tuple[int, int]] = (),
+) -> list[str]:
     """No round whose ``report()`` returned on every rank went uncommitted (except in attempts
-    the driver died under)."""
+    the driver died under, and ``exempt_rounds``: (attempt, step) a rank's host took with it)."""
     returned: dict[tuple[int, int], int] = {}
     checkpointed = set()
     for lines in rank_lines:
@@ -120,7 +128,9 @@ def lost_reports(rank_lines: list[list[dict[str, Any]]], journal: list[dict[str,
             returned[key] = returned.get(key, 0) + 1
     done = {(line["attempt"], line["step"]) for line in journal if line["e"] == "commit"}
     lost = sorted(
-        key for key, count in returned.items() if count == len(rank_lines) and key not in done and key[0] not in exempt
+        key
+        for key, count in returned.items()
+        if count == len(rank_lines) and key not in done and key[0] not in exempt and key not in exempt_rounds
     )
     return [
         f"report lost: step {step}{' (with its checkpoint)' if (attempt, step) in checkpointed else ''} returned on every "
@@ -169,7 +179,12 @@ def retention(
 ) -> list[str]:
     """The kept checkpoints are the best ``num_to_keep`` by score plus the latest; with ``tidy``
     (fit() has finished), the run folder holds nothing else: no orphaned folder, no ``.staging``,
-    no lease."""
+    no lease.
+
+    Without ``tidy`` (a driver killed, or storage that denies writes), the history may end with a
+    checkpoint's report whose checkpoint was not committed: the metrics log is written before
+    run.json, the commit point, and the driver died between the two (the next ``fit()`` rewinds
+    past it). Then the kept ones are those of the checkpoints before it."""
     from storage.config import CheckpointConfig
     from storage.retention import select_kept
 
@@ -179,6 +194,8 @@ def retention(
     config = CheckpointConfig(num_to_keep=num_to_keep, checkpoint_score_attribute="score")
     wanted = select_kept([(s, {"score": score(s)}) for s in made], config)
     kept = {int(metrics["step"]) for _, metrics in result.best_checkpoints}
+    if not tidy and kept != wanted and made and reported[-1] == made[-1] and made[-1] not in kept:
+        wanted = select_kept([(s, {"score": score(s)}) for s in made[:-1]], config)
     broken = []
     if kept != wanted:
         broken.append(f"retention: keeps the checkpoints of steps {sorted(kept)}, not {sorted(wanted)}")
@@ -238,3 +255,149 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"  # a zombie is gone but unreaped
     except (OSError, IndexError):
         return False
+
+
+def fenced(result: Any, journal: list[dict[str, Any]], rank_lines: list[list[dict[str, Any]]]) -> list[str]:
+    """Nothing committed came from a process the run had replaced: every file of a kept
+    checkpoint was written in the attempt that committed it, by the process (and on the node)
+    that rank started in that attempt. A rank cut off and replaced may live on and send its
+    reports when its link is back; they belong to an ended attempt."""
+    import torch
+
+    attempt_of = {line["checkpoint"]: line["attempt"] for line in journal if line["e"] == "commit"}
+    started = {
+        (line["attempt"], line["rank"]): (line["pid"], line.get("node"))
+        for lines in rank_lines
+        for line in lines
+        if line["e"] == "start"
+    }
+    broken = []
+    for checkpoint, _ in result.best_checkpoints:
+        name = os.path.basename(checkpoint.path.rstrip("/"))
+        attempt = attempt_of.get(name)
+        with checkpoint.as_directory() as folder:
+            for file in sorted(os.listdir(folder)):
+                if not file.endswith(".pt"):
+                    continue
+                try:
+                    state = torch.load(os.path.join(folder, file))
+                except Exception:  # noqa: BLE001 - ``checkpoints`` names a file that does not load
+                    continue
+                if "attempt" not in state:
+                    continue
+                writer = (state["attempt"], state["rank"])
+                if attempt is not None and state["attempt"] != attempt:
+                    broken.append(
+                        f"fencing: checkpoint {name}, committed in attempt {attempt}, holds rank {state['rank']}'s "
+                        f"file from attempt {state['attempt']} (node {state['node']}, pid {state['pid']})"
+                    )
+                elif started.get(writer, (state["pid"], state["node"])) != (state["pid"], state["node"]):
+                    broken.append(
+                        f"fencing: checkpoint {name}: rank {state['rank']}'s file was written by pid {state['pid']} "
+                        f"on {state['node']}, not by the process that rank started in attempt {state['attempt']} "
+                        f"({started[writer]})"
+                    )
+    return broken
+
+
+def fenced_rounds(journal: list[dict[str, Any]], rank_lines: list[list[dict[str, Any]]]) -> list[str]:
+    """Nothing a replaced process reported was committed, checkpoint or not: every rank's report
+    in a round the driver committed comes from the attempt it committed the round in, and from
+    the process (and node) the rank started in that attempt."""
+    started = {
+        (line["attempt"], line["rank"]): [line["pid"], line.get("node")]
+        for lines in rank_lines
+        for line in lines
+        if line["e"] == "start"
+    }
+    broken = []
+    for line in journal:
+        if line["e"] != "commit" or not line.get("by"):
+            continue
+        for rank, (attempt, pid, node) in enumerate(line["by"]):
+            if attempt != line["attempt"]:
+                broken.append(
+                    f"fencing: step {line['step']} committed in attempt {line['attempt']} holds rank {rank}'s report "
+                    f"from attempt {attempt} (pid {pid} on {node})"
+                )
+            elif started.get((attempt, rank), [pid, node]) != [pid, node]:
+                broken.append(
+                    f"fencing: step {line['step']}: rank {rank}'s report came from pid {pid} on {node}, not from the "
+                    f"process that rank started in attempt {attempt} ({started[(attempt, rank)]})"
+                )
+    return broken
+
+
+def step_seconds(journal: list[dict[str, Any]]) -> float:
+    """A step's time in a run's journal: from its first commit to its last, per step (0 with
+    fewer than two; the driver often commits several rounds at once, so not the median gap)."""
+    times = [line["t"] for line in journal if line["e"] == "commit"]
+    return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
+
+
+def struck_at(marks: str, fault: Fault) -> float | None:
+    """When ``fault`` fired (its marker's time), or None when it did not."""
+    from benchmarks.chaos_journal import marker
+
+    try:
+        return os.path.getmtime(marker(marks, fault.id, "fired"))
+    except FileNotFoundError:
+        return None
+
+
+def time_lost(faults: list[Fault], marks: str, journal: list[dict[str, Any]], step_s: float) -> dict[int, float | None]:
+    """What each fired fault cost its run in wall time, as the pace of its commits shows: at the
+    run's first commit past the step it had committed when the fault struck, once the fault is
+    over (its ``hold_s``; for a kind that restarts the group and holds for no set time, once the
+    run restarted), the time since the strike less what the steps gained take without faults
+    (``step_s`` each). It holds the wait for the failure to be found, the restart, the steps
+    trained again, any new driver, and a slow link's slower steps. Faults that overlap share
+    their stall; None: the run committed nothing past that step after it."""
+    commits = [line for line in journal if line["e"] == "commit"]
+    restarts = [line["t"] for line in journal if line["e"] == "restart"]
+    lost: dict[int, float | None] = {}
+    for fault in faults:
+        struck = struck_at(marks, fault)
+        if struck is None:
+            continue
+        before = [line for line in commits if line["t"] <= struck]
+        top = before[-1]["step"] if before else -1
+        over = struck + fault.hold_s
+        if KINDS[fault.kind].restarts and not fault.hold_s:
+            over = next((t for t in restarts if t > struck), struck)
+        past = [line for line in commits if line["t"] > struck and line["step"] > top]
+        # Its first commit once the fault is over; or, when the run ended first, its last.
+        resumed = next((line for line in past if line["t"] > over), past[-1] if past else None)
+        lost[fault.id] = (
+            None if resumed is None else round(max(0.0, resumed["t"] - struck - (resumed["step"] - top) * step_s), 2)
+        )
+    return lost
+
+
+def restart_causes(faults: list[Fault], marks: str, journal: list[dict[str, Any]]) -> list[tuple[str | None, dict]]:
+    """Each restart of a run's journal with the kind of the fault that caused it (None when no
+    fired fault can have), by a rule of thumb: of the faults struck before it that may still
+    restart the group (a kind's ``restarts`` each), the latest that struck a rank the restart
+    names as failed or replaced, else the latest not matched yet, else the latest. (A restart may
+    name only the rank that saw its peer's connection close, not the peer that was killed.)"""
+    struck = {f.id: struck_at(marks, f) for f in faults}
+    matched = {f.id: 0 for f in faults}
+    causes: list[tuple[str | None, dict]] = []
+    for line in (line for line in journal if line["e"] == "restart"):
+        failed = {failure["rank"] for failure in line.get("failures", [])}
+        failed |= {int(rank) for rank in line.get("replaced") or ()}
+        before = sorted(
+            (
+                f
+                for f in faults
+                if struck[f.id] is not None and struck[f.id] < line["t"] and matched[f.id] < KINDS[f.kind].restarts
+            ),
+            key=lambda f: struck[f.id],
+        )
+        named = [f for f in before if f.rank in failed and not matched[f.id]]
+        fresh = [f for f in before if not matched[f.id]]
+        cause = (named or fresh or before or [None])[-1]
+        if cause is not None:
+            matched[cause.id] += 1
+        causes.append((cause.kind if cause is not None else None, line))
+    return causes

@@ -4,7 +4,8 @@ Joins the Ray in ``RAY_ADDRESS``, runs ``fit()`` of the soak's loop (2 workers, 
 ``FailureConfig(max_failures=-1)``) under the run name and storage the spec gives, and writes
 down for the soak (which may SIGKILL this process at any moment):
 
-- ``driver.jsonl``: each committed round (attempt, step, checkpoint folder), each restart with
+- ``driver.jsonl``: each committed round (attempt, step, checkpoint folder, and who reported it:
+  each rank's attempt, process and node), each restart with
   its failures, each event-road fault that fired;
 - the spec's ``outcome`` file, once ``fit()`` returned or raised: the Result's history and
   return value, or the error and its causes.
@@ -34,8 +35,10 @@ class Journal(UserCallback):
     def after_report(self, run_context, metrics, checkpoint):
         step = metrics[0]["step"]
         folder = os.path.basename(checkpoint.path.rstrip("/")) if checkpoint is not None else None
+        # Who reported the round, rank by rank: (attempt, pid, node), as each rank's loop says.
+        by = [[m.get("attempt"), m.get("pid"), m.get("node")] for m in metrics]
         chaos_journal.append(
-            self.path, {"e": "commit", "attempt": run_context.attempt, "step": step, "checkpoint": folder}
+            self.path, {"e": "commit", "attempt": run_context.attempt, "step": step, "checkpoint": folder, "by": by}
         )
         self._note(self.road.committed(step))
 

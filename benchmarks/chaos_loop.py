@@ -13,8 +13,9 @@ DDP's all-reduce: the other ranks enter it late). Each fires once, whichever att
 first. A step also sleeps ``pace_s``, as real work would take time: the soak, which kills the
 driver or removes a node once a step is committed, then strikes near that step, not at the end.
 
-Every rank appends a line to ``rank{rank}.jsonl`` when its attempt starts and whenever
-``report()`` returned, which the soak holds against what the driver committed.
+Every rank appends a line to ``rank{rank}.jsonl`` when its attempt starts (with its process and
+node) and whenever ``report()`` returned, which the soak holds against what the driver committed;
+each report and each checkpoint file names the attempt, process and node that made it.
 """
 
 from __future__ import annotations
@@ -85,7 +86,12 @@ def chaos_loop(config: dict) -> dict:
     generator = torch.Generator().manual_seed(config["seed"])
     x = torch.randn(ROWS, FEATURES, generator=generator)
     y = torch.sin(x @ torch.randn(FEATURES, 1, generator=generator))
-    chaos_journal.append(log, {"e": "start", "attempt": attempt, "rank": rank, "pid": os.getpid(), "step": start})
+    import ray
+
+    node = ray.util.get_node_ip_address()
+    chaos_journal.append(
+        log, {"e": "start", "attempt": attempt, "rank": rank, "pid": os.getpid(), "node": node, "step": start}
+    )
     faults = [f for f in config["faults"] if f["kind"] in ("kill-step", "kill-collective", "raise")]
     marks = config["marks"]
     for step in range(start, config["steps"]):
@@ -110,10 +116,19 @@ def chaos_loop(config: dict) -> dict:
                 raise RuntimeError(f"chaos: injected failure at step {step}")
         digest = weights_hash(module.state_dict())
         metrics = {"step": step, "loss": loss.item() if rank == 0 else None, "weights": digest, "score": score(step)}
+        metrics.update(attempt=attempt, pid=os.getpid(), node=node)  # who reported it (see chaos_check.fenced_rounds)
         checkpointed = step % config["every"] == config["every"] - 1 or step == config["steps"] - 1
         if checkpointed:
             with tempfile.TemporaryDirectory() as folder:
-                state = {"step": step, "rank": rank, "weights": digest}
+                # Who wrote it (the soak on hosts holds it against the rank's start in that attempt).
+                state = {
+                    "step": step,
+                    "rank": rank,
+                    "weights": digest,
+                    "attempt": attempt,
+                    "pid": os.getpid(),
+                    "node": node,
+                }
                 if rank == 0:
                     state.update(model=module.state_dict(), optimizer=optimizer.state_dict())
                 torch.save(state, os.path.join(folder, state_file(rank, step)))

@@ -29,6 +29,18 @@ class Kind:
     about: str = ""
     #: Left out unless named in ``--kinds``: it breaks a promise flowtrain does not keep yet.
     opt_in: bool = False
+    #: Seconds a fault of this kind may add to its run's wall time on the soak on hosts (beside its
+    #: own ``hold_s``): what today's code needs, with room for a loaded machine (``chaos_hosts``).
+    allow_s: float = 45.0
+    #: Whether today's code waits for Ray to declare a node dead after missed health checks to
+    #: recover from it (with Ray's defaults: about a minute for a host cut off or killed, 20-35 s
+    #: for a path cut between it and the head here).
+    waits_for_ray: bool = False
+
+
+#: A host kind: struck by the soak on hosts, on the host of a rank (or the path between it and
+#: the driver's host); only ``benchmarks.chaos --hosts`` injects them.
+HOST = "host"
 
 
 KINDS: dict[str, Kind] = {
@@ -55,6 +67,65 @@ KINDS: dict[str, Kind] = {
             about="writes denied from a checkpoint on, till fit() ends",
         ),
         Kind("snapshot-transient", "storage", True, about="one failed write of run.json, a checkpoint's commit point"),
+        Kind(
+            "link-blip",
+            HOST,
+            allow_s=30.0,
+            about="a rank's host's link cut at the switch, healed after 0.2-0.8x the detection bound",
+        ),
+        Kind(
+            "link-cut",
+            HOST,
+            restarts=1,
+            allow_s=45.0,
+            about="a rank's host's link cut at the switch, healed after 1.5-4x the detection bound",
+        ),
+        Kind(
+            "partition",
+            HOST,
+            restarts=1,
+            allow_s=150.0,
+            waits_for_ray=True,
+            about="a rank's host's link cut until its ranks are replaced, then healed; Ray started there again",
+        ),
+        Kind(
+            "host-kill",
+            HOST,
+            restarts=1,
+            allow_s=150.0,
+            waits_for_ray=True,
+            about="a rank's host cut off and every process on it killed (a power loss); Ray started there again",
+        ),
+        # Two restarts: its rank's worker is found dead at once, and its replacement is started in
+        # the same bundle, on the node Ray has not declared dead yet: it dies starting, a second
+        # failure while the group re-forms, and every worker is restarted.
+        Kind(
+            "raylet-kill",
+            HOST,
+            restarts=2,
+            allow_s=90.0,
+            about="SIGKILL of a rank's host's raylet; Ray started there again once its ranks are replaced",
+        ),
+        Kind(
+            "link-slow",
+            HOST,
+            allow_s=45.0,
+            about="50-300 ms added to everything a rank's host sends, for 5-20 s",
+        ),
+        Kind(
+            "link-lossy",
+            HOST,
+            allow_s=45.0,
+            about="1-10% of what a rank's host sends dropped, for 5-20 s",
+        ),
+        Kind(
+            "driver-cut",
+            HOST,
+            restarts=1,
+            allow_s=150.0,
+            waits_for_ray=True,
+            about="the path between the driver's host and a rank's host cut until its ranks are replaced",
+        ),
     )
 }
 
@@ -79,9 +150,14 @@ class Fault:
     rank: int
     #: "worker" or "driver": whose storage write a storage fault strikes (upload or commit).
     side: str = "worker"
-    #: Seconds the soak waits after the step before it strikes (driver-kill, node-loss), or a
-    #: slow write's hold; frames let through first (event faults).
+    #: Seconds the soak waits after the step before it strikes (driver-kill, node-loss, the host
+    #: kinds), or a slow write's hold; frames let through first (event faults).
     detail: float = 0.0
+    #: Host kinds: how long the fault lasts before it is undone (0: until the run has replaced
+    #: the ranks it struck, or has ended).
+    hold_s: float = 0.0
+    #: Host kinds: the added delay in seconds (link-slow) or the share of frames dropped (link-lossy).
+    amount: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +178,9 @@ def checkpoint_steps(steps: int, every: int) -> list[int]:
 
 def group(kind: str, *, overlap: bool) -> str:
     """Which runs a fault of ``kind`` goes to: "storage" (those needing the storage wrapper),
-    "road" (the event road's faults and the driver kill) or "kill" (the worker and node kills and
-    the loop's exception: each ends an attempt, and its workers with it).
+    "road" (the event road's faults and the driver kill) or "kill" (the worker and node kills,
+    the loop's exception and the host kinds: each ends an attempt, and its workers with it, or
+    holds a host's traffic up).
 
     The road's faults and the worker kills never share a run unless ``overlap``: their steps
     are milliseconds apart, and a worker whose attempt ends while its connection is broken,
@@ -127,10 +204,14 @@ def make_schedule(
     per_run: int,
     world_size: int = 2,
     overlap: bool = False,
+    detect_s: float = 5.0,
 ) -> list[RunPlan]:
     """``num_faults`` faults of ``kinds`` (each kind in turn, in a seeded order, so a short
-    schedule covers them all), at most ``per_run`` to a run, at seeded steps at least two apart.
-    Runs of each ``group`` take turns, the road's first."""
+    schedule covers them all), at most ``per_run`` to a run, at seeded steps at least two apart,
+    but for a host kind, which a third of the time strikes at the step of a host fault before it
+    in its run (together: the soak strikes them at once). Runs of each ``group`` take turns, the
+    road's first. ``detect_s``: the detection bound a host link's cut is drawn shorter or longer
+    than (``_hold``)."""
     rng = random.Random(seed)
     order = list(kinds)
     sequence: list[str] = []
@@ -149,12 +230,14 @@ def make_schedule(
         faults = []
         taken: list[int] = []
         for name in chunk:
+            by = KINDS[name].by
             if KINDS[name].on_checkpoint:
                 domain = checkpoints[:-1]
             else:  # the soak strikes a little after the step it waits for: leave it steps to strike in
-                domain = list(range(1, steps - (SOAK_LAG_STEPS if KINDS[name].by == "soak" else 1)))
+                domain = list(range(1, steps - (SOAK_LAG_STEPS if by in ("soak", HOST) else 1)))
             free = [s for s in domain if all(abs(s - t) >= 2 for t in taken)] or domain
-            step = rng.choice(free)
+            together = [f.step for f in faults if KINDS[f.kind].by == HOST]
+            step = rng.choice(together) if by == HOST and together and rng.random() < 1 / 3 else rng.choice(free)
             taken.append(step)
             faults.append(
                 Fault(
@@ -164,6 +247,8 @@ def make_schedule(
                     rank=rng.randrange(world_size),
                     side=_side(name, rng),
                     detail=_detail(name, rng),
+                    hold_s=_hold(name, rng, detect_s),
+                    amount=_amount(name, rng),
                 )
             )
             next_id += 1
@@ -224,10 +309,30 @@ def _side(kind: str, rng: random.Random) -> str:
 
 
 def _detail(kind: str, rng: random.Random) -> float:
-    if kind in ("driver-kill", "node-loss"):
+    if kind in ("driver-kill", "node-loss") or KINDS[kind].by == HOST:
         return round(rng.uniform(0.0, 0.2), 3)
     if kind == "storage-slow":
         return round(rng.uniform(1.0, 2.0), 3)
     if kind.startswith("event-"):
         return float(rng.randrange(2))
+    return 0.0
+
+
+def _hold(kind: str, rng: random.Random, detect_s: float) -> float:
+    """How long a host fault lasts: a blip shorter than the detection bound, a cut longer, a slow
+    or lossy link 5-20 s; 0 (until the run replaced the ranks struck) for the rest."""
+    if kind == "link-blip":
+        return round(rng.uniform(0.2, 0.8) * detect_s, 2)
+    if kind == "link-cut":
+        return round(rng.uniform(1.5, 4.0) * detect_s, 2)
+    if kind in ("link-slow", "link-lossy"):
+        return round(rng.uniform(5.0, 20.0), 2)
+    return 0.0
+
+
+def _amount(kind: str, rng: random.Random) -> float:
+    if kind == "link-slow":
+        return round(rng.uniform(0.05, 0.3), 3)
+    if kind == "link-lossy":
+        return round(rng.uniform(0.01, 0.1), 3)
     return 0.0

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow.fs as pafs
 
@@ -51,12 +51,53 @@ class Settings:
     ack_timeout_s: float | None = None
 
 
+class Nemesis(Protocol):
+    """What strikes the faults the soak injects itself (not the loop, storage or road) during
+    one segment of a run, as its driver commits."""
+
+    def step(self, lines: list[dict[str, Any]]) -> bool:
+        """Strike what the segment's journal ``lines`` so far make due; True: kill the driver now."""
+        ...
+
+    def close(self) -> None:
+        """The segment ended: undo what is still in force, before its invariants are checked."""
+        ...
+
+
+class NodeLoss:
+    """The soak's kinds on one machine, one at a time in step order: a driver kill, or the node
+    of a rank removed (``Soak.lose_node``), once the run has committed the fault's step."""
+
+    def __init__(self, soak: Soak, plan: RunPlan, marks: str, already: set[int]) -> None:
+        self.soak = soak
+        self.marks = marks
+        self.ours = [f for f in plan.faults if KINDS[f.kind].by == "soak" and f.id not in already]
+
+    def step(self, lines: list[dict[str, Any]]) -> bool:
+        top = max((line["step"] for line in lines if line["e"] == "commit"), default=-1)
+        if self.ours and top >= self.ours[0].step:
+            fault = self.ours.pop(0)
+            time.sleep(fault.detail)
+            chaos_journal.fire(self.marks, fault.id)
+            if fault.kind == "driver-kill":
+                return True
+            self.soak.lose_node()
+        return False
+
+    def close(self) -> None:
+        pass
+
+
 @dataclasses.dataclass
 class RunReport:
     """What became of one run: its segments and the invariants each broke."""
 
     plan: RunPlan
     segments: list[tuple[Segment, list[str]]] = dataclasses.field(default_factory=list)
+    #: Each fired fault's cost in wall time (``chaos_check.time_lost``), by fault id.
+    lost: dict[int, float | None] = dataclasses.field(default_factory=dict)
+    #: Each restart of the run with the kind of the fault that caused it (``chaos_check.restart_causes``).
+    restarts: list[tuple[str | None, dict]] = dataclasses.field(default_factory=list)
 
     @property
     def broken(self) -> list[str]:
@@ -77,6 +118,8 @@ class Soak:
         self.inner: pafs.FileSystem = pafs.LocalFileSystem()
         #: Seconds the fault-free run took (driver start to end); the unit of the deadlines.
         self.unit_s = 300.0
+        #: Seconds between two of its commits (the median), what a step costs without faults.
+        self.step_s = 0.0
 
     def __enter__(self) -> Soak:
         import ray
@@ -132,6 +175,7 @@ class Soak:
         segment = report.segments[-1][0]
         outcome = segment.outcome
         self.unit_s = segment.seconds
+        self.step_s = chaos_check.step_seconds(segment.journal)
         return Reference(
             weights={int(r["step"]): r["weights"] for r in history},
             loss={int(r["step"]): r["loss"] for r in history},
@@ -158,7 +202,20 @@ class Soak:
             (folder / "marks" / chaos_storage.DENIED).unlink(missing_ok=True)  # the storage recovers once fit() ended
             if segment.ended not in ("killed", "failed") or broken and segment.ended == "failed":
                 break  # the run finished, or it broke in a way a rerun would not mend
+        fired = [f for segment, _ in report.segments for f in segment.fired]
+        journal = chaos_journal.read(str(folder / "driver.jsonl"))
+        report.lost = chaos_check.time_lost(fired, str(folder / "marks"), journal, self.step_s)
+        report.restarts = chaos_check.restart_causes(fired, str(folder / "marks"), journal)
+        if report.segments and reference is not None:
+            late = self.run_checks(plan, report)
+            report.segments[-1][1].extend(late)
+            for line in late:
+                self.say(f"    BROKEN {line}")
         return report
+
+    def run_checks(self, plan: RunPlan, report: RunReport) -> list[str]:
+        """Invariants of a whole run, checked once its last segment ended (none here)."""
+        return []
 
     def _segment(self, plan: RunPlan, index: int, folder: pathlib.Path, exempt: set[int]) -> Segment:
         settings = self.settings
@@ -194,10 +251,10 @@ class Soak:
         spec_path.write_text(json.dumps(spec))
         already = {f.id for f in plan.faults if chaos_journal.fired(marks, f.id)}
         skip = len(chaos_journal.read(driver_log))
-        ours = [f for f in plan.faults if KINDS[f.kind].by == "soak" and f.id not in already]
+        nemesis = self.nemesis(plan, folder, already)
         deadline_s = self.deadline_s(plan)
-        env = {**os.environ, "RAY_ADDRESS": self.cluster.address}
-        start = time.monotonic()
+        env = {**os.environ, "RAY_ADDRESS": self.ray_address}
+        start, start_t = time.monotonic(), time.time()
         with open(folder / f"driver-{index}.log", "w") as output:  # the driver keeps its own copy of the handle
             driver = subprocess.Popen(
                 [sys.executable, "-m", "benchmarks.chaos_driver", str(spec_path)],
@@ -212,28 +269,24 @@ class Soak:
                 lines = chaos_journal.read(driver_log)[skip:]
                 if len(lines) > seen:
                     progress, seen = time.monotonic(), len(lines)
-                if time.monotonic() - start > deadline_s or time.monotonic() - progress > self.stall_s:
+                stall_s = self.stall_for(plan)
+                if time.monotonic() - start > deadline_s or time.monotonic() - progress > stall_s:
                     ended = "deadline"
                     hung = (
                         f"ran past its deadline of {deadline_s:.0f} s"
                         if time.monotonic() - start > deadline_s
-                        else f"committed nothing for {self.stall_s:.0f} s"
+                        else f"committed nothing for {stall_s:.0f} s"
                     )
                     break
-                top = max((line["step"] for line in lines if line["e"] == "commit"), default=-1)
-                if ours and top >= ours[0].step:
-                    fault = ours.pop(0)
-                    time.sleep(fault.detail)
-                    chaos_journal.fire(marks, fault.id)
-                    if fault.kind == "driver-kill":
-                        ended = "killed"
-                        break
-                    self._lose_node()
+                if nemesis.step(lines):
+                    ended = "killed"
+                    break
                 time.sleep(0.02)
         finally:
             if driver.poll() is None:
                 driver.kill()
             driver.wait()
+            nemesis.close()
         seconds = time.monotonic() - start
         outcome_path = folder / f"outcome-{index}.json"
         outcome = json.loads(outcome_path.read_text()) if outcome_path.exists() else None
@@ -249,7 +302,16 @@ class Soak:
         fired = [f for f in plan.faults if f.id not in already and chaos_journal.fired(marks, f.id)]
         tail = (folder / f"driver-{index}.log").read_text()[-1500:] if ended == "crashed" else hung
         journal = chaos_journal.read(driver_log)[skip:]
-        return Segment(plan.name, index, ended, outcome, fired, journal, set(exempt), seconds, tail)
+        return Segment(plan.name, index, ended, outcome, fired, journal, set(exempt), seconds, tail, start_t)
+
+    @property
+    def ray_address(self) -> str:
+        """The address the drivers join Ray at."""
+        return str(self.cluster.address)
+
+    def nemesis(self, plan: RunPlan, folder: pathlib.Path, already: set[int]) -> Nemesis:
+        """What strikes the soak's own kinds of ``plan`` in a segment (those not ``already`` fired)."""
+        return NodeLoss(self, plan, str(folder / "marks"), already)
 
     def deadline_s(self, plan: RunPlan) -> float:
         """How long one segment of ``plan``'s run may take before it counts as hung.
@@ -261,13 +323,17 @@ class Soak:
         units = sum(3 if KINDS[fault.kind].restarts else 1 for fault in plan.faults)
         return self.settings.deadline_s + self.unit_s * (2 + units)
 
+    def stall_for(self, plan: RunPlan) -> float:
+        """How long a segment of ``plan``'s run may go without a commit (``stall_s`` here)."""
+        return self.stall_s
+
     @property
     def stall_s(self) -> float:
         """How long a segment may go without its driver committing anything (or restarting)
         before it counts as hung: time for a new driver, or a restart, twice over."""
         return self.settings.deadline_s + 2 * self.unit_s
 
-    def _lose_node(self) -> None:
+    def lose_node(self) -> None:
         """Remove the node of one rank (the rank dies with it) and add a new one, which the
         restarted group needs: one CPU is left without it."""
         self.cluster.remove_node(self.spare)
@@ -293,7 +359,10 @@ class Soak:
             result, reference, steps=settings.steps, finished=finished, outcome=segment.outcome
         )
         broken += chaos_check.committed(result, chaos_journal.read(str(folder / "driver.jsonl")))
-        broken += chaos_check.lost_reports(rank_lines, chaos_journal.read(str(folder / "driver.jsonl")), segment.exempt)
+        journal = chaos_journal.read(str(folder / "driver.jsonl"))
+        broken += chaos_check.lost_reports(
+            rank_lines, journal, segment.exempt, self.exempt_rounds(plan, folder, journal, rank_lines)
+        )
         broken += chaos_check.checkpoints(result, reference, settings.world_size)
         broken += chaos_check.retention(
             result,
@@ -307,4 +376,14 @@ class Soak:
         broken += chaos_check.restarts(segment)
         if finished and segment.outcome["return_value"]["weights"] != reference.final:
             broken.append("the final weights differ from the fault-free run's")
-        return broken
+        return broken + self.extra_checks(result, journal, rank_lines)
+
+    def exempt_rounds(
+        self, plan: RunPlan, folder: pathlib.Path, journal: list[dict], rank_lines: list[list[dict]]
+    ) -> set[tuple[int, int]]:
+        """Rounds (attempt, step) whose reports a fault may have taken with it (none here)."""
+        return set()
+
+    def extra_checks(self, result: Any, journal: list[dict], rank_lines: list[list[dict]]) -> list[str]:
+        """Invariants of a segment beside the ones every soak checks (none here)."""
+        return []

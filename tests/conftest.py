@@ -53,6 +53,7 @@ TEST_NUM_CPUS = 4
 #: these first keeps a long one from being the last to begin.
 LONGEST_FIRST = (
     "test_chaos",
+    "test_chaos_hosts",
     "test_deployments",
     "test_scale_bench",
     "test_ray_train_runs",
@@ -80,6 +81,7 @@ LONGEST_FIRST = (
 ON_THEIR_OWN = (
     "test_chaos.py::test_the_short_schedule_breaks_no_invariant",
     "test_chaos.py::test_the_soak_reports_a_planted_defect",
+    "test_chaos_hosts.py::test_the_short_host_schedule_breaks_no_invariant_and_leaves_nothing_behind",
     "test_deployments.py::test_nightly_deployment_runs_when_its_schedule_fires_on_postgres",
 )
 

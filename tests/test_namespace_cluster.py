@@ -1,6 +1,6 @@
 """From one machine to a cluster, proven on hosts with their own addresses.
 
-Three network namespaces joined through a bridge (``netns_cluster``) are three hosts, 10.213.0.1-3;
+Three network namespaces joined through a bridge (``benchmarks.hosts``) are three hosts, 10.213.0.1-3;
 ``ray start --head`` runs on the first and ``ray start --address`` on the others, with Ray 2.60's
 token authentication, as a user sets up a cluster. The user's script (``cluster_script.py``) is the
 one a laptop runs; only where it runs changes. Nothing here sets ``GLOO_SOCKET_IFNAME``: every
@@ -11,18 +11,15 @@ node's address, gloo fails to connect (``connectFullMesh ... remote=[127.0.0.1]`
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
 import cluster_script
+from benchmarks.hosts import RayHosts, can_make_namespaces
 from conftest import process_alive
-from netns_cluster import NamespaceCluster, can_make_namespaces
 from prefect_server import wait_until
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -47,123 +44,36 @@ BUCKET = "flowtrain"
 pytestmark = pytest.mark.skipif(can_make_namespaces() is not None, reason=str(can_make_namespaces()))
 
 
-class RayHosts:
-    """The namespace hosts with a Ray cluster on them, and how to run a process on one."""
-
-    def __init__(self, root: pathlib.Path) -> None:
-        # Ray's sockets live under its temp folder, and a socket's path must stay under 107 bytes:
-        # a short folder of its own (under pytest-xdist, tmp paths are long), removed in stop().
-        self.ray_root = pathlib.Path(tempfile.mkdtemp(prefix="ftray", dir="/tmp"))
-        self.net = NamespaceCluster(3, private=[str(self.ray_root / "ray")])
-        self.root = root
-        self.home = root / "home"  # each host's ~/.ray/auth_token, one file here as all share a disk
-        self.home.mkdir()
-        environ = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
-        environ.pop("RAY_ADDRESS", None)
-        self.env = {
-            **environ,
-            "HOME": str(self.home),
-            "RAY_AUTH_MODE": "token",
-            "PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)]),
-            **HEALTH_CHECK,
-            # Every process, Ray's workers included, reaches S3 on the head (s3_on_head) as a
-            # cluster's nodes reach their object store: by the environment.
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": f"http://{self.net.hosts[0].address}:{S3_PORT}",
-            "AWS_EC2_METADATA_DISABLED": "true",
-        }
-
-    @property
-    def head(self):
-        return self.net.hosts[0]
-
-    @property
-    def address(self) -> str:
-        return f"{self.head.address}:6379"
-
-    def start(self) -> RayHosts:
-        self.net.up()
-        subprocess.run([RAY, "get-auth-token", "--generate"], env=self.env, check=True, capture_output=True)
-        common = [f"--num-cpus={CPUS_PER_HOST}", "--object-store-memory=150000000", "--disable-usage-stats"]
-        self._ray(
-            self.head,
-            [
-                "--head",
-                "--port=6379",
-                "--include-dashboard=true",  # Ray Jobs go through the dashboard
-                f"--dashboard-host={self.head.address}",
-                f"--temp-dir={self.ray_root / 'ray'}",
-                *common,
-            ],
-        )
-        for host in self.net.hosts[1:]:
-            self._ray(host, [f"--address={self.address}", *common])
-        return self
-
-    def _ray(self, host, args: list[str]) -> None:
-        done = self.net.run(
-            host,
-            [RAY, "start", f"--node-ip-address={host.address}", *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-
-    def python(self, host, args: list[str], log: pathlib.Path, **env: str) -> subprocess.Popen:
-        """Start ``python ARGS`` on ``host``, joined to the cluster by RAY_ADDRESS; output to ``log``."""
-        with open(log, "w") as out:
-            return self.net.popen(
-                host,
-                [sys.executable, *args],
-                env={**self.env, "RAY_ADDRESS": self.address, **env},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+def ray_hosts(root: pathlib.Path) -> RayHosts:
+    """Three hosts of ``CPUS_PER_HOST`` CPUs, Ray's health checks at ``HEALTH_CHECK``."""
+    hosts = RayHosts(root, cpus=[CPUS_PER_HOST] * 3, pythonpath=[str(TESTS)], env=HEALTH_CHECK)
+    # Every process, Ray's workers included, reaches S3 on the head (s3_on_head) as a cluster's
+    # nodes reach their object store: by the environment.
+    hosts.env.update(
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_ENDPOINT_URL=f"http://{hosts.head.address}:{S3_PORT}",
+        AWS_EC2_METADATA_DISABLED="true",
+    )
+    return hosts
 
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
-    cluster = RayHosts(tmp_path_factory.mktemp("hosts"))
+    cluster = ray_hosts(tmp_path_factory.mktemp("hosts"))
     try:
         yield cluster.start()
     finally:
-        cluster.net.down()
-        shutil.rmtree(cluster.ray_root, ignore_errors=True)
+        cluster.stop()
 
 
 @pytest.fixture(scope="module")
 def s3_on_head(hosts, tmp_path_factory):
     """A moto S3 server on the head's address with the bucket ``BUCKET``: ``s3://BUCKET``."""
     log = tmp_path_factory.mktemp("s3") / "moto.log"
-    with open(log, "w") as out:
-        server = hosts.net.popen(
-            hosts.head,
-            [sys.executable, "-m", "moto.server", "-H", hosts.head.address, "-p", str(S3_PORT)],
-            env=hosts.env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    # pyarrow's S3FileSystem() does not read AWS_ENDPOINT_URL (FileSystem.from_uri, which fit() uses, does).
-    bucket = (
-        "import pyarrow.fs as fs; fs.S3FileSystem(allow_bucket_creation=True, scheme='http', "
-        f"endpoint_override='{hosts.head.address}:{S3_PORT}').create_dir({BUCKET!r})"
-    )
+    server = hosts.start_s3(hosts.head, port=S3_PORT, bucket=BUCKET, log=log)
     try:
-        wait_until(
-            lambda: (
-                server.poll() is not None
-                or hosts.net.run(
-                    hosts.head, [sys.executable, "-c", bucket], env=hosts.env, capture_output=True
-                ).returncode
-                == 0
-            ),
-            timeout_s=120,
-            what="S3 on the head",
-        )
-        assert server.poll() is None, log.read_text()[-3000:]
         yield f"s3://{BUCKET}"
     finally:
         server.kill()
