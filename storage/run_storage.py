@@ -1,17 +1,9 @@
-"""RunStorage: one run's folder -- record reports and checkpoints, apply retention, resume.
+"""RunStorage: one run's folder: record reports and checkpoints, apply retention, resume.
 
-The order of every change is what makes a crash at any point safe:
-
-1. workers upload into ``.staging/attempt_N/report_K`` (never read on resume);
-2. the controller moves the staged folder to ``checkpoint_{seq}`` (an atomic rename on local
-   disk; a copy and then a ``.committed`` marker on object stores);
-3. the snapshot is written naming it (this is the commit point), with the folders retention
-   drops listed for deletion;
-4. only then are those folders deleted; a failed deletion is retried later.
-
-On ``open`` everything the snapshot does not name (staging, half-committed folders) is removed.
-Step 2 is ``storage.commit``; the snapshot's file, the retention rule and the lease have their
-own modules, and this one keeps them in that order.
+It keeps a commit's steps in the order that makes a crash at any point safe (docs/design.md,
+"Storage layout of a run"): the workers' staged upload, its commit (``storage.commit``), the
+snapshot naming it (the commit point, ``storage.snapshot``), then the deletions retention asks
+for. On ``open`` everything the snapshot does not name (staging, half-committed folders) is removed.
 """
 
 from __future__ import annotations

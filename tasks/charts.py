@@ -3,12 +3,7 @@
 A chart is an SVG document embedded in markdown as a ``data:image/svg+xml;base64`` image: the
 Prefect UI (3.8) shows such images, while its HTML sanitizer breaks an inline ``<svg>``. Each
 plotted line carries its values in ``data-*`` attributes, so a test (or a curious user) can read
-the exact numbers back from the artifact.
-
-Tables round floats to 4 significant digits (``storage.figures``, the rule for every figure a
-person reads) and put the report number (from 1), the step and the score metric in the first
-columns. A run's charts count along the step its reports carry (epoch 0, 1, ...: the loop's own
-count, which its table and its log lines show), or along the reports (1, 2, ...) without one.
+the exact numbers back from the artifact. Figures are written as ``storage.figures`` says.
 """
 
 from __future__ import annotations
