@@ -168,21 +168,14 @@ def metric_series(history: Sequence[Sequence[dict[str, Any]]], metric: str) -> l
         [as_number(ranks[rank].get(metric)) if rank < len(ranks) else None for ranks in history]
         for rank in range(num_ranks)
     ]
-    if not by_rank:
-        return []
-    if all(_same_where_reported(history, rank, by_rank) for rank in range(1, num_ranks)):
-        return [Series(metric, "all", tuple(by_rank[0]))] if any(v is not None for v in by_rank[0]) else []
-    return [
-        Series(metric, str(rank), tuple(values))
+    same = all(
+        values[i] == by_rank[0][i]
         for rank, values in enumerate(by_rank)
-        if any(v is not None for v in values)
-    ]
-
-
-def _same_where_reported(
-    history: Sequence[Sequence[dict[str, Any]]], rank: int, by_rank: list[list[float | None]]
-) -> bool:
-    return all(by_rank[rank][i] == by_rank[0][i] for i, ranks in enumerate(history) if rank < len(ranks))
+        for i, ranks in enumerate(history)
+        if rank < len(ranks)
+    )
+    lines = [("all", by_rank[0])] if same and by_rank else [(str(rank), values) for rank, values in enumerate(by_rank)]
+    return [Series(metric, rank, tuple(values)) for rank, values in lines if any(v is not None for v in values)]
 
 
 def plotted_metrics(keys: Iterable[str], score: str | None = None) -> list[list[str]]:
