@@ -24,7 +24,6 @@ from tasks.charts import as_number, charts_markdown, json_safe, trials_chart
 from tasks.console import run_output
 from tasks.params import Checkpointing, DatasetSpec, Failures, ParamsModel, RunSettings, Scaling, TorchTraining
 from tasks.reporting import artifact_key
-from tasks.retries import train_task_options
 from tasks.train import train
 
 
@@ -283,11 +282,6 @@ def train_trial(trial: Trial, settings: SweepSettings) -> TrialOutcome:
         run_path=found.uri,
         checkpoint_path=found.checkpoint.path if found.checkpoint else None,
     )
-
-
-def train_trial_with_retries(failures: Failures) -> Any:
-    """The trial task with Prefect retries set from ``failures`` (the table in ``tasks.retries``)."""
-    return train_trial.with_options(**train_task_options(failures))
 
 
 def collect_outcomes(trials: list[Trial], futures: list[Any]) -> list[TrialOutcome]:

@@ -26,7 +26,6 @@ from tasks.params import (
     resolve_train_loop,
 )
 from tasks.reporting import PrefectReporter, log_failure, publish_metrics, publish_run_health, without_traceback
-from tasks.retries import train_task_options
 from tasks.tracking import tracking_callbacks
 from trainers import TRAIN_DATASET_KEY, DataConfig, DataParallelTrainer, RunConfig, TrainingFailedError, UserCallback
 
@@ -163,8 +162,3 @@ def train(
         checkpoint_path=result.checkpoint.path if result.checkpoint else None,
         num_reports=len(history),
     )
-
-
-def train_with_retries(failures: Failures) -> Any:
-    """The train task with Prefect retries set from ``failures`` (the table in ``tasks.retries``)."""
-    return train.with_options(**train_task_options(failures))
