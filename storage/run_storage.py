@@ -101,11 +101,9 @@ class RunStorage:
     def open(self, owner: str) -> RunSnapshot:
         """Check the storage answers, take the lease, load the snapshot (resume) or start one.
 
-        A folder ``ray.train`` wrote (no run.json, Ray's ``checkpoint_manager_snapshot.json``) is
-        resumed too: Ray's kept checkpoints become the run's first checkpoints, each with its
-        report, and retention treats them as any other (``storage.ray_run_format``); Ray's own
-        files are left as they are. A Ray snapshot in a format flowtrain does not read raises
-        ``RayRunFormatError`` and the folder is not touched.
+        A folder ``ray.train`` wrote is resumed from Ray's snapshot, its kept checkpoints the run's
+        first (``storage.ray_run_format``; a format flowtrain does not read raises
+        ``RayRunFormatError`` and the folder is not touched).
 
         Fails within ``check_timeout_s`` with a ``StorageError`` naming the path and the operation
         when the storage cannot be written, and with ``RunInProgressError`` when another live
@@ -545,16 +543,13 @@ class RunStorage:
     def best_checkpoints(self) -> list[tuple[Checkpoint, dict[str, Any]]]:
         """The kept checkpoints with their metrics, best first by the CheckpointConfig's rule (or
         as the ``ray.train`` run read by ``load_run`` ranked them)."""
-        records = {c.seq: c for c in self.snapshot.checkpoints}
         if self.ranked is not None:
-            seqs = {c.dir_name: c.seq for c in self.snapshot.checkpoints}
-            order = [seqs[name] for name in reversed(self.ranked)]
+            named = {c.dir_name: c for c in self.snapshot.checkpoints}
+            kept = [named[name] for name in reversed(self.ranked)]
         else:
-            order = rank_best_first(self._rankable(), self.checkpoint_config)
-        return [
-            (Checkpoint(self.layout.path_of(records[seq].dir_name), self.filesystem), records[seq].metrics)
-            for seq in order
-        ]
+            records = {c.seq: c for c in self.snapshot.checkpoints}
+            kept = [records[seq] for seq in rank_best_first(self._rankable(), self.checkpoint_config)]
+        return [(Checkpoint(self.layout.path_of(c.dir_name), self.filesystem), c.metrics) for c in kept]
 
     # -- internals --------------------------------------------------------------------------------
 
