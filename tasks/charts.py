@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from storage.figures import SIGNIFICANT, number
+from storage.figures import number, rounded
 from storage.retention import flatten
 
 #: Metric names that count steps rather than measure anything: shown first, never plotted.
@@ -51,12 +51,10 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
-def round_sig(value: Any, digits: int = SIGNIFICANT) -> Any:
-    """``value`` rounded to ``digits`` significant digits when it is a finite float, else as
+def round_sig(value: Any) -> Any:
+    """``value`` rounded as ``storage.figures`` writes figures when it is a finite float, else as
     ``json_safe`` makes it (NaN and infinity None, a datetime or a Decimal its text)."""
-    if isinstance(value, float) and math.isfinite(value):
-        return float(f"{value:.{digits}g}")
-    return json_safe(value)
+    return rounded(value) if isinstance(value, float) and math.isfinite(value) else json_safe(value)
 
 
 def as_number(value: Any) -> float | None:
@@ -153,7 +151,7 @@ class Chart:
         """The x value of the report numbered ``report`` as the axis labels it: whole numbers in
         full (step 120000, not 1.2e+05), others to 4 significant digits."""
         value = self.x_of(report)
-        return str(int(value)) if float(value).is_integer() else f"{value:.4g}"
+        return str(int(value)) if float(value).is_integer() else number(value)
 
 
 def metric_series(history: Sequence[Sequence[dict[str, Any]]], metric: str) -> list[Series]:
@@ -383,7 +381,7 @@ def _axes_svg(frame: _Frame, height: float) -> list[str]:
     for tick in frame.y_ticks:
         y = frame.y_at(tick)
         parts.append(f'<line x1="{frame.left}" x2="{frame.right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e3e3e3"/>')
-        parts.append(f'<text x="{frame.left - 8}" y="{y + 4:.1f}" text-anchor="end" fill="#444">{tick:.4g}</text>')
+        parts.append(f'<text x="{frame.left - 8}" y="{y + 4:.1f}" text-anchor="end" fill="#444">{number(tick)}</text>')
     bottom = frame.bottom
     for report in x_ticks(frame.chart.num_reports):
         x = frame.x_at(report)

@@ -39,10 +39,9 @@ def reports_already_kept(run: RunSettings) -> int:
     from storage import StorageError, load_run
 
     try:
-        latest = load_run(run.run_path).snapshot.latest
+        return load_run(run.run_path).snapshot.kept_reports()
     except StorageError:
         return 0
-    return latest.report + 1 if latest is not None else 0
 
 
 def _callbacks(paths: list[str]) -> list[UserCallback]:
