@@ -244,14 +244,9 @@ class RunStorage:
         return self.snapshot.attempt
 
     def record_report(self, round_: ReportRound) -> Checkpoint | None:
-        """Record one report round (rank 0's metrics); when it carries a checkpoint, commit it and
-        return it (see ``ReportRound`` for what the commit keeps).
-
-        A ``validation`` marks the checkpoint PENDING_VALIDATION: it is kept whatever its score
-        until ``record_validation``, and its score may come from there. A ``dir_name`` one of the
-        run's kept checkpoints has is refused with ``ValueError``. An ``in_place`` checkpoint is
-        recorded where it is, and staged files of other ranks, if any, are merged into it. The
-        commit's own retries are added to ``upload``'s count.
+        """Record one report round (rank 0's metrics); when it carries a checkpoint, commit it as
+        ``ReportRound``'s fields say and return it. A ``dir_name`` one of the run's kept checkpoints
+        has is refused with ``ValueError``; the commit's own retries are added to ``upload``'s count.
         """
         metrics, report_index, attempt = round_.metrics, round_.report_index, round_.attempt
         if attempt != self.snapshot.attempt:
