@@ -49,7 +49,8 @@ def run_resource(run_name: str, run_path: str) -> dict[str, str]:
     }
 
 
-def _brief(metrics: dict[str, Any]) -> str:
+def brief(metrics: dict[str, Any]) -> str:
+    """``loss=0.06249, epoch=3``: names and values on one line, floats as ``storage.figures`` writes them."""
     return ", ".join(f"{k}={number(v)}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
 
 
@@ -99,7 +100,7 @@ class PrefectReporter(UserCallback):
         self.num_reports += 1
         shown = {k: json_safe(v) for k, v in metrics[0].items()}
         saved = f"; checkpoint {checkpoint.path}" if checkpoint else ""
-        self.logger.info("report %d (attempt %d): %s%s", self.num_reports, run_context.attempt, _brief(shown), saved)
+        self.logger.info("report %d (attempt %d): %s%s", self.num_reports, run_context.attempt, brief(shown), saved)
         update_progress_artifact(self.progress_id, self._progress())
         if checkpoint is not None:
             self._reports_at_checkpoint = self.num_reports

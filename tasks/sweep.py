@@ -23,7 +23,7 @@ from storage.retention import flatten
 from tasks.charts import as_number, charts_markdown, json_safe, trials_chart
 from tasks.console import run_output
 from tasks.params import Checkpointing, DatasetSpec, Failures, ParamsModel, RunSettings, Scaling, TorchTraining
-from tasks.reporting import artifact_key
+from tasks.reporting import artifact_key, brief
 from tasks.train import train
 
 
@@ -341,8 +341,7 @@ MAX_CHARTED_TRIALS = 10
 
 def trial_label(place: int, outcome: TrialOutcome) -> str:
     """``#1 lr=0.1, layers=2``: a trial's place in the ranking and its parameters, for a legend."""
-    params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in outcome.params.items())
-    return f"#{place} {params or outcome.name}"
+    return f"#{place} {brief(outcome.params) or outcome.name}"
 
 
 def publish_sweep_chart(sweep_name: str, search: Search, ranked: list[TrialOutcome]) -> None:
