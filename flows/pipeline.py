@@ -28,8 +28,9 @@ from tasks.params import (
     Tracking,
     Validation,
 )
+from tasks.retries import train_task_options
 from tasks.tracking import flow_run_id
-from tasks.train import train_with_retries
+from tasks.train import train
 
 #: Keys of ``train_loop_config`` that say how many reports a run makes (for the progress artifact).
 _REPORT_COUNT_KEYS = ("epochs", "num_epochs", "num_boost_round")
@@ -61,7 +62,7 @@ def _pipeline(
     """The wiring every pipeline shares: ingest each dataset, train, then keep and publish checkpoints."""
     run = run.completed(default_name=f"pipeline-{str(flow_run_id())[:8]}")  # the flow run's id: stable across retries
     specs = [ingest(name, source) for name, source in datasets.items()]
-    summary = train_with_retries(failures)(
+    summary = train.with_options(**train_task_options(failures))(  # Prefect retries the driver-level failures
         training,
         datasets=specs,
         scaling=scaling,

@@ -17,6 +17,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows.pipeline import flow_run_name
 from tasks.ingest import ingest
 from tasks.params import Checkpointing, DatasetSource, Failures, RunSettings, Scaling
+from tasks.retries import train_task_options
 from tasks.sweep import (
     Search,
     SweepSettings,
@@ -25,7 +26,7 @@ from tasks.sweep import (
     collect_outcomes,
     plan_sweep,
     rank_trials,
-    train_trial_with_retries,
+    train_trial,
 )
 
 DEFAULT_SWEEP_NAME = "sweep"
@@ -37,7 +38,7 @@ def sweep_trials(trials: list[Trial], settings: SweepSettings) -> list[TrialOutc
 
     The caller sets this flow's task runner so that only as many trials train at once as fit.
     """
-    futures = train_trial_with_retries(settings.failures).map(trials, settings=unmapped(settings))
+    futures = train_trial.with_options(**train_task_options(settings.failures)).map(trials, settings=unmapped(settings))
     return collect_outcomes(trials, list(futures))
 
 

@@ -71,7 +71,7 @@ class Checkpoint:
         """The checkpoint's metadata dict (empty when none was set)."""
         try:
             return json.loads(read_bytes(self.filesystem, f"{self.path}/{METADATA_FILE}"))
-        except (FileNotFoundError, OSError):
+        except OSError:
             return {}
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:

@@ -1,18 +1,11 @@
 """The one codec of the run record's typed records (run.json, the health files, the doctor's
-report): a dataclass to a JSON-ready dict and back, driven by its fields and their type hints.
-
-- A field is written under its name, in the dataclass's order; a nested dataclass as its own
-  dict; a tuple or list as a list; a dict as a dict, its int keys (ranks) as text, in order.
-- A float hinted ``Round6`` (or ``Round4``) is written rounded to 6 (4) decimals: run.json keeps
-  seconds to the microsecond; the record in memory keeps every digit.
-- A value whose hint is ``Any`` (user metrics, the validation asked for) is passed on as it is,
-  so that ``storage.metric_values`` tags what JSON cannot hold (tuples, datetimes, objects).
-- Reading takes the fields the body has and ignores keys it does not know (a newer writer's); a
-  missing field takes its default. Numbers hinted ``float`` come back as floats.
-- A class may say ``JSON_OMITS_DEFAULTS = True`` (fields at their default are not written: most
-  ranks have no CUDA figures) or ``JSON_AS_LIST = True`` (written as a list of its values, for the
-  many small rows of a timeline); a body that is a list is read by position. A field with
-  ``metadata=UNWRITTEN`` is not part of the record.
+report): a dataclass to a JSON-ready dict and back, driven by its fields and type hints (nested
+records, tuples as lists, int keys as text, unknown keys ignored, missing ones defaulted; see
+docs/design.md). A float hinted ``Round6`` (``Round4``) is written rounded to 6 (4) decimals; a
+value hinted ``Any`` (user metrics) passes as it is, for ``storage.metric_values`` to tag. A class
+may say ``JSON_OMITS_DEFAULTS = True`` (fields at their default are not written) or
+``JSON_AS_LIST = True`` (written as a list of its values, read by position); a field with
+``metadata=UNWRITTEN`` is not part of the record.
 """
 
 from __future__ import annotations

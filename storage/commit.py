@@ -37,9 +37,8 @@ def commit_folder(
 ) -> int:
     """Move the staged files to ``final``, all or nothing; return the retries it took.
 
-    ``announce`` is called once the staged files are found and before anything moves (the run
-    lists a folder of a name the user chose for deletion, so a crash before the commit point
-    leaves nothing behind). ``still_owner`` raises when this driver may no longer own the run (its
+    ``announce`` is called once the staged files are found and before anything moves
+    (``RunStorage._announce``). ``still_owner`` raises when this driver may no longer own the run (its
     lease's check): it is called before each try to change ``final``, since a commit
     can outlast the lease (a copy stuck in a cut network, answered once the link is back) and
     the folder may then be another driver's.

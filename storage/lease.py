@@ -1,33 +1,11 @@
 """One live owner per run, on stores that cannot create a file only if it is absent.
 
-Object stores reached through ``pyarrow.fs`` have no conditional write (create if absent, replace
-if unchanged), so "read the lease, find it free, write it" lets two drivers both find it free
-before either writes; waiting a moment and reading again only narrows that window. Instead each
-driver that wants the run writes a claim of its own, ``lease.<id>.json`` in the run folder (owner,
-host, pid, heartbeat), and only then lists the folder: when another live claim is there it deletes
-its own and raises ``RunInProgressError``; otherwise the run is its own, and it rewrites its claim
-every ``stale_after_s / 6`` as its heartbeat.
-
-What is promised (hosts' clocks agreeing to within ``stale_after_s / 2``):
-
-* Two drivers never both take the run, whatever the timing of their steps: of two claimants, the
-  one that lists second lists after the other's claim was written, sees it and gives up. This
-  needs no waiting, only a listing that shows every file whose write has returned: the local
-  disk of one host, S3 (strongly consistent since December 2020), GCS, MinIO. A network
-  filesystem that caches listings (NFS) keeps apart only the drivers of one host. Two drivers
-  starting at the same moment may both be refused; the next try wins.
-* A dead owner does not block a rerun: its claim is ignored and removed once its heartbeat is
-  ``stale_after_s`` old, and at once when it was a process on this host that no longer exists
-  (a driver killed a moment ago), on local disk and object stores alike.
-* Taking over a stale claim is where time comes in, as it must without conditional writes: an
-  owner that could not renew its heartbeat for ``stale_after_s / 2`` (storage unreachable, process
-  paused) stops writing the run: ``check()`` raises, and ``RunStorage`` calls it before every
-  write. A write that passed ``check()`` but lands more than ``stale_after_s / 2`` later (stuck
-  in the network that long) can still land after a takeover; what would make it count (a retry,
-  a commit marker, run.json moved into place) checks again first.
-* An owner whose heartbeat went unrenewed for ``stale_after_s`` never owns the run again, even
-  when it finds no other claim once the storage is back: another driver may have taken the run
-  over, trained and released it meanwhile, leaving no claim to show it.
+Without a conditional write, "read the lease, find it free, write it" lets two drivers both find
+it free. So each driver that wants the run writes a claim of its own, ``lease.<id>.json`` in the
+run folder (owner, host, pid, heartbeat), and only then lists the folder: when another live claim
+is there it deletes its own and raises ``RunInProgressError``; else the run is its own, and it
+rewrites its claim every ``stale_after_s / 6`` as its heartbeat. What this promises, on which
+stores, and where clocks come in: docs/design.md, "Storage layout of a run".
 """
 
 from __future__ import annotations
@@ -60,7 +38,7 @@ def new_owner(role: str = "") -> str:
 
 
 class Lease:
-    """Take, keep and give back the run's lease (see the module's docstring for what it promises).
+    """Take, keep and give back the run's lease (what it promises: docs/design.md).
 
     ``acquire`` fails with ``RunInProgressError`` while another owner's claim is live: its
     heartbeat younger than ``stale_after_s`` and its process, when on this host, alive.
@@ -138,7 +116,7 @@ class Lease:
                     self._delete_own()
                     return
                 gap_s = time.time() - self._renewed
-                # Others may have judged the claim dead meanwhile: see the module docstring.
+                # Others may have judged the claim dead meanwhile: it never owns the run again (docs/design.md).
                 if gap_s >= self.stale_after_s:
                     self._lost = f"its heartbeat was not renewed for {gap_s:.0f} s, long enough for another driver to take the run over"
                 # Quiet long enough to be taken over: go on only if nobody did (claim, then list).

@@ -1,22 +1,13 @@
 """Metric values in run.json: JSON where they are JSON, a tagged form where they are not.
 
-``report()`` takes any picklable value, as Ray Train does. Numbers, strings, bools, None, lists
-and dicts with string keys are written as they are. Other values are written as a one-key
-object, ``{"__flowtrain_value__": TYPE, "value": ...}``, so reading run.json gives them back:
-
-- ``tuple`` -> its items (a tuple again when read);
-- ``datetime``/``date`` -> ISO 8601 text (a datetime in a named time zone is pickled instead);
-  ``Decimal`` -> its exact text;
-- anything else picklable (a numpy array, a set, a small object) -> ``pickle`` as base64, with
-  its ``repr`` beside it. Reading unpickles it; where that fails (its class cannot be imported
-  in the reading process) the repr is given, with a warning.
-
-A value ``pickle`` cannot take is written as its repr, with a warning: one odd value never costs
-a run its history. Subclasses of int, float and str (a numpy float64, an IntEnum) are written
-as plain numbers and text, and read back as such.
-
-Reading unpickles what the run wrote: read run.json only from storage you trust, as with the
-checkpoints next to it.
+``report()`` takes any picklable value, as Ray Train does (docs/getting-started.md, "Metric
+values"). JSON values are written as they are; a tuple, a datetime or date (ISO text; one in a
+named time zone is pickled), a ``Decimal`` (its text) and anything else picklable (base64, with
+its repr) as a one-key object, ``{"__flowtrain_value__": TYPE, "value": ...}``. A value pickle
+cannot take is written as its repr, and one whose class cannot be imported where it is read comes
+back as its repr, each with a warning: one odd value never costs a run its history. Subclasses of
+int, float and str (a numpy float64, an IntEnum) are written and read as plain numbers and text.
+Reading unpickles what the run wrote: read run.json only from storage you trust.
 """
 
 from __future__ import annotations

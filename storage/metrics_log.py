@@ -1,27 +1,10 @@
-"""The run's metrics history: an append-only log in the run folder, read back lazily.
+"""The run's metrics history: an append-only log in the run folder (``.metrics/``), read back lazily.
 
 ``run.json`` keeps what is bounded (checkpoints, budgets, health); every report's metrics go here,
-so neither a commit's work nor the driver's memory grows with the run's length.
-
-The log is the folder ``.metrics/`` of segments of JSON lines, ``AAAAAAAA-SSSS.jsonl``: the attempt
-that began it and its number within that attempt, read in that order. A segment's first line is
-``{"from": N}``: the history is cut to its first N reports there, and the segment's reports follow
-from position N. Every other line is one report, in order::
-
-    {"report": 0, "attempt": 1, "index": 0, "metrics": {"loss": 0.9, "epoch": 0}}
-
-``report`` is the report's position in the run's history (0, 1, 2, ...: what ``TrainRunContext``
-and the checkpoints table count), ``attempt`` and ``index`` which report of which attempt it was,
-and ``metrics`` rank 0's metrics (values JSON cannot hold in ``storage.metric_values``' tagged
-form). A restart forgets the reports made after the latest checkpoint: the next attempt's first
-segment starts ``{"from": N}`` with N the reports kept, which cuts the longer history of the
-segments before it; nothing is rewritten. A segment holds at most ``SEGMENT_REPORTS`` reports.
-
-Written as reports arrive, at most every ``storage.run_storage.METRICS_FLUSH_INTERVAL_S`` and
-before every commit point (a checkpoint's run.json never names a report the log lacks): on a
-local filesystem each flush appends lines; on object stores, which cannot append, it rewrites
-the current segment, which is bounded. ``pandas.read_json(path, lines=True)`` reads one segment;
-``Result.metrics_dataframe`` reads the history with its cuts applied.
+so neither a commit's work nor the driver's memory grows with the run's length. The segments, their
+lines, how a restart cuts the history without rewriting anything, and when the log is written:
+docs/design.md, "Storage layout of a run". Metric values are in ``storage.metric_values``' form;
+``pandas.read_json(path, lines=True)`` reads one segment, ``Result.metrics_dataframe`` the history.
 """
 
 from __future__ import annotations
@@ -56,10 +39,6 @@ class ReportEntry(Record):
     attempt: int
     report_index: int
     metrics: dict[str, Any]
-
-
-def _segment_name(attempt: int, serial: int) -> str:
-    return f"{attempt:08d}-{serial:04d}.jsonl"
 
 
 def _line(body: dict[str, Any]) -> bytes:
@@ -119,7 +98,7 @@ class MetricsLog:
         # Numbered on within an attempt, across cuts too: no two segments of this writer share a name.
         self._serial = self._serial + 1 if self._attempt == attempt else 0
         self._attempt = attempt
-        self._segment = f"{self.folder}/{_segment_name(attempt, self._serial)}"
+        self._segment = f"{self.folder}/{attempt:08d}-{self._serial:04d}.jsonl"
         self._lines = [_line({"from": self.length})]
         self._unwritten = 1
         self._count = 0
@@ -184,16 +163,13 @@ def kept_ranges(filesystem: pafs.FileSystem, layout: RunLayout) -> list[KeptRang
     """Where the history's reports are, oldest first: each segment that holds kept reports (a
     later segment's ``from`` cuts what the segments before it hold). Reads the first lines only;
     what they name is never written again, so reading them later gives this history."""
-    paths = segments(filesystem, layout)
-    starts = [_start(filesystem, path) for path in paths]
-    ranges = []
+    ranges: list[KeptRange] = []
     cut = math.inf
-    for path, start in zip(reversed(paths), reversed(starts), strict=True):
-        if start is None:
-            continue
-        if start < cut:
+    for path in reversed(segments(filesystem, layout)):
+        start = _start(filesystem, path)
+        if start is not None and start < cut:
             ranges.append(KeptRange(path, start, cut))
-        cut = min(cut, start)
+            cut = start
     return ranges[::-1]
 
 
@@ -220,9 +196,6 @@ def read_history(
 def last_report(filesystem: pafs.FileSystem, layout: RunLayout) -> ReportEntry | None:
     """The history's last report (reads the segments' first lines and one segment), or None."""
     for kept in reversed(kept_ranges(filesystem, layout)):
-        last = None
-        for last in _entries(filesystem, kept):  # noqa: B007 - the last one is wanted
-            pass
-        if last is not None:
-            return last
+        if last := collections.deque(_entries(filesystem, kept), maxlen=1):
+            return last[0]
     return None

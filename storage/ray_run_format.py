@@ -1,12 +1,9 @@
 """Run folders written by ``ray.train`` (Ray Train V2, as Ray 2.60 writes them), read as flowtrain runs.
 
-Ray keeps one file of run state, ``checkpoint_manager_snapshot.json``: the checkpoints its
-``CheckpointConfig`` kept (folder name, rank 0's metrics, report index), ranked as that config
-ranked them (best last), and how their validations ended. Metrics-only reports and dropped
-checkpoints leave no record there, so a carried-over history holds one report per kept checkpoint.
-
-This module only reads: Ray's files are never rewritten. ``RunStorage`` adopts what it reads
-as the first checkpoints and reports of the run (attempt 0) and writes run.json from then on.
+Ray's one file of run state, ``checkpoint_manager_snapshot.json``, keeps the checkpoints its
+``CheckpointConfig`` kept (ranked, best last), their metrics and report indices and how their
+validations ended; metrics-only reports and dropped checkpoints leave no record, so a carried-over
+history holds one report per kept checkpoint. Read only, never rewritten (docs/design.md).
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""RunStorage: one run's folder -- record reports and checkpoints, apply retention, resume.
+"""RunStorage: one run's folder: record reports and checkpoints, apply retention, resume.
 
-The order of every change is what makes a crash at any point safe:
-
-1. workers upload into ``.staging/attempt_N/report_K`` (never read on resume);
-2. the controller moves the staged folder to ``checkpoint_{seq}`` (an atomic rename on local
-   disk; a copy and then a ``.committed`` marker on object stores);
-3. the snapshot is written naming it (this is the commit point), with the folders retention
-   drops listed for deletion;
-4. only then are those folders deleted; a failed deletion is retried later.
-
-On ``open`` everything the snapshot does not name (staging, half-committed folders) is removed.
-Step 2 is ``storage.commit``; the snapshot's file, the retention rule and the lease have their
-own modules, and this one keeps them in that order.
+It keeps a commit's steps in the order that makes a crash at any point safe (docs/design.md,
+"Storage layout of a run"): the workers' staged upload, its commit (``storage.commit``), the
+snapshot naming it (the commit point, ``storage.snapshot``), then the deletions retention asks
+for. On ``open`` everything the snapshot does not name (staging, half-committed folders) is removed.
 """
 
 from __future__ import annotations
@@ -109,11 +101,9 @@ class RunStorage:
     def open(self, owner: str) -> RunSnapshot:
         """Check the storage answers, take the lease, load the snapshot (resume) or start one.
 
-        A folder ``ray.train`` wrote (no run.json, Ray's ``checkpoint_manager_snapshot.json``) is
-        resumed too: Ray's kept checkpoints become the run's first checkpoints, each with its
-        report, and retention treats them as any other (``storage.ray_run_format``); Ray's own
-        files are left as they are. A Ray snapshot in a format flowtrain does not read raises
-        ``RayRunFormatError`` and the folder is not touched.
+        A folder ``ray.train`` wrote is resumed from Ray's snapshot, its kept checkpoints the run's
+        first (``storage.ray_run_format``; a format flowtrain does not read raises
+        ``RayRunFormatError`` and the folder is not touched).
 
         Fails within ``check_timeout_s`` with a ``StorageError`` naming the path and the operation
         when the storage cannot be written, and with ``RunInProgressError`` when another live
@@ -254,14 +244,9 @@ class RunStorage:
         return self.snapshot.attempt
 
     def record_report(self, round_: ReportRound) -> Checkpoint | None:
-        """Record one report round (rank 0's metrics); when it carries a checkpoint, commit it and
-        return it (see ``ReportRound`` for what the commit keeps).
-
-        A ``validation`` marks the checkpoint PENDING_VALIDATION: it is kept whatever its score
-        until ``record_validation``, and its score may come from there. A ``dir_name`` one of the
-        run's kept checkpoints has is refused with ``ValueError``. An ``in_place`` checkpoint is
-        recorded where it is, and staged files of other ranks, if any, are merged into it. The
-        commit's own retries are added to ``upload``'s count.
+        """Record one report round (rank 0's metrics); when it carries a checkpoint, commit it as
+        ``ReportRound``'s fields say and return it. A ``dir_name`` one of the run's kept checkpoints
+        has is refused with ``ValueError``; the commit's own retries are added to ``upload``'s count.
         """
         metrics, report_index, attempt = round_.metrics, round_.report_index, round_.attempt
         if attempt != self.snapshot.attempt:
@@ -553,16 +538,13 @@ class RunStorage:
     def best_checkpoints(self) -> list[tuple[Checkpoint, dict[str, Any]]]:
         """The kept checkpoints with their metrics, best first by the CheckpointConfig's rule (or
         as the ``ray.train`` run read by ``load_run`` ranked them)."""
-        records = {c.seq: c for c in self.snapshot.checkpoints}
         if self.ranked is not None:
-            seqs = {c.dir_name: c.seq for c in self.snapshot.checkpoints}
-            order = [seqs[name] for name in reversed(self.ranked)]
+            named = {c.dir_name: c for c in self.snapshot.checkpoints}
+            kept = [named[name] for name in reversed(self.ranked)]
         else:
-            order = rank_best_first(self._rankable(), self.checkpoint_config)
-        return [
-            (Checkpoint(self.layout.path_of(records[seq].dir_name), self.filesystem), records[seq].metrics)
-            for seq in order
-        ]
+            records = {c.seq: c for c in self.snapshot.checkpoints}
+            kept = [records[seq] for seq in rank_best_first(self._rankable(), self.checkpoint_config)]
+        return [(Checkpoint(self.layout.path_of(c.dir_name), self.filesystem), c.metrics) for c in kept]
 
     # -- internals --------------------------------------------------------------------------------
 

@@ -1,28 +1,12 @@
 """Copying a checkpoint's files into the run's storage, retrying the errors that pass.
 
-Object stores fail now and then in ways that go away by themselves (an S3 503 or "slow down",
-a dropped connection, a timeout). An upload that meets one waits and tries again, with
-exponential backoff and jitter, a bounded number of times; then it fails with a
-``CheckpointUploadError`` naming where it was copying to and the last error.
-
-What is retried (``is_transient``): every ``OSError`` except those waiting cannot fix, which are
-raised after the first try:
-
-- a missing file or folder, no permission, a name taken by a folder (``FileNotFoundError``,
-  ``PermissionError``, ``IsADirectoryError``, ``NotADirectoryError``, ``FileExistsError``);
-- on local disk, a full disk or quota, a read-only filesystem, a name too long (by ``errno``);
-- on object stores, whose errors pyarrow raises as plain ``OSError`` with the cloud's error code
-  in the message: a missing bucket, access denied, bad credentials (``PERMANENT_CODES``).
-
-Any other exception (a ``TypeError``, pyarrow's ``ArrowInvalid``) is a mistake, not weather: it
-is raised at once, as it is.
-
-The policy (``RetryPolicy``, whose fields name their ``FLOWTRAIN_UPLOAD_*`` variables and
-defaults) is read from the environment at every upload, so a run can change it without a restart
-of Python. Workers read their own environment: set the variables in
-``RunConfig(worker_runtime_env={"env_vars": {...}})`` (or in the environment Ray's workers start
-with) for the workers' uploads, and in the driver's for the commit, which copies the staged files
-into the checkpoint's folder on object stores.
+An upload that meets an error waiting may fix (``is_transient``: an S3 503 or "slow down", a
+dropped connection, a timeout) tries again with exponential backoff and jitter, a bounded number
+of times (``RetryPolicy``); then, or at once for an error waiting cannot fix, it fails with a
+``CheckpointUploadError`` naming where it was copying to and the last error. Any other exception
+(a ``TypeError``, pyarrow's ``ArrowInvalid``) is a mistake, not weather: raised at once, as it is.
+The policy is read from the environment at every upload: the workers' for their uploads, the
+driver's for the commit (docs/checkpoints.md, "Uploads that hold up").
 """
 
 from __future__ import annotations
@@ -133,7 +117,7 @@ class CheckpointUploadError(StorageError):
 
 @dataclasses.dataclass(frozen=True)
 class RetryPolicy:
-    """How often and how patiently an upload is tried again (see the module's docstring)."""
+    """How often and how patiently an upload is tried again, as the ``FLOWTRAIN_UPLOAD_*`` variables say."""
 
     #: Retries after the first try (``FLOWTRAIN_UPLOAD_RETRIES``): 5 tries in all.
     retries: int = settings.UPLOAD_RETRIES.default
@@ -300,13 +284,9 @@ def copy_tree(
 
 
 def upload_directory(local_dir: str, fs: pafs.FileSystem, dest_path: str) -> UploadStats:
-    """Copy the files of ``local_dir`` into ``dest_path`` on ``fs``, merging with what is there.
-
-    Errors that pass (an S3 503, a dropped connection) are retried with backoff, as this module
-    describes; when that does not help, or the error is one waiting cannot fix,
-    ``CheckpointUploadError`` names ``dest_path`` and the last error. Returns the bytes copied,
-    the seconds it took and the retries.
-    """
+    """Copy the files of ``local_dir`` into ``dest_path`` on ``fs``, merging with what is there and
+    retrying the errors that pass (else ``CheckpointUploadError``); return the bytes copied, the
+    seconds it took and the retries."""
     return copy_tree(pafs.LocalFileSystem(), local_dir, fs, dest_path)
 
 

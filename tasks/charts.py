@@ -3,12 +3,7 @@
 A chart is an SVG document embedded in markdown as a ``data:image/svg+xml;base64`` image: the
 Prefect UI (3.8) shows such images, while its HTML sanitizer breaks an inline ``<svg>``. Each
 plotted line carries its values in ``data-*`` attributes, so a test (or a curious user) can read
-the exact numbers back from the artifact.
-
-Tables round floats to 4 significant digits (``storage.figures``, the rule for every figure a
-person reads) and put the report number (from 1), the step and the score metric in the first
-columns. A run's charts count along the step its reports carry (epoch 0, 1, ...: the loop's own
-count, which its table and its log lines show), or along the reports (1, 2, ...) without one.
+the exact numbers back from the artifact. Figures are written as ``storage.figures`` says.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from storage.figures import SIGNIFICANT, number
+from storage.figures import number, rounded
 from storage.retention import flatten
 
 #: Metric names that count steps rather than measure anything: shown first, never plotted.
@@ -56,12 +51,10 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
-def round_sig(value: Any, digits: int = SIGNIFICANT) -> Any:
-    """``value`` rounded to ``digits`` significant digits when it is a finite float, else as
+def round_sig(value: Any) -> Any:
+    """``value`` rounded as ``storage.figures`` writes figures when it is a finite float, else as
     ``json_safe`` makes it (NaN and infinity None, a datetime or a Decimal its text)."""
-    if isinstance(value, float) and math.isfinite(value):
-        return float(f"{value:.{digits}g}")
-    return json_safe(value)
+    return rounded(value) if isinstance(value, float) and math.isfinite(value) else json_safe(value)
 
 
 def as_number(value: Any) -> float | None:
@@ -158,7 +151,7 @@ class Chart:
         """The x value of the report numbered ``report`` as the axis labels it: whole numbers in
         full (step 120000, not 1.2e+05), others to 4 significant digits."""
         value = self.x_of(report)
-        return str(int(value)) if float(value).is_integer() else f"{value:.4g}"
+        return str(int(value)) if float(value).is_integer() else number(value)
 
 
 def metric_series(history: Sequence[Sequence[dict[str, Any]]], metric: str) -> list[Series]:
@@ -173,21 +166,14 @@ def metric_series(history: Sequence[Sequence[dict[str, Any]]], metric: str) -> l
         [as_number(ranks[rank].get(metric)) if rank < len(ranks) else None for ranks in history]
         for rank in range(num_ranks)
     ]
-    if not by_rank:
-        return []
-    if all(_same_where_reported(history, rank, by_rank) for rank in range(1, num_ranks)):
-        return [Series(metric, "all", tuple(by_rank[0]))] if any(v is not None for v in by_rank[0]) else []
-    return [
-        Series(metric, str(rank), tuple(values))
+    same = all(
+        values[i] == by_rank[0][i]
         for rank, values in enumerate(by_rank)
-        if any(v is not None for v in values)
-    ]
-
-
-def _same_where_reported(
-    history: Sequence[Sequence[dict[str, Any]]], rank: int, by_rank: list[list[float | None]]
-) -> bool:
-    return all(by_rank[rank][i] == by_rank[0][i] for i, ranks in enumerate(history) if rank < len(ranks))
+        for i, ranks in enumerate(history)
+        if rank < len(ranks)
+    )
+    lines = [("all", by_rank[0])] if same and by_rank else [(str(rank), values) for rank, values in enumerate(by_rank)]
+    return [Series(metric, rank, tuple(values)) for rank, values in lines if any(v is not None for v in values)]
 
 
 def plotted_metrics(keys: Iterable[str], score: str | None = None) -> list[list[str]]:
@@ -395,7 +381,7 @@ def _axes_svg(frame: _Frame, height: float) -> list[str]:
     for tick in frame.y_ticks:
         y = frame.y_at(tick)
         parts.append(f'<line x1="{frame.left}" x2="{frame.right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e3e3e3"/>')
-        parts.append(f'<text x="{frame.left - 8}" y="{y + 4:.1f}" text-anchor="end" fill="#444">{tick:.4g}</text>')
+        parts.append(f'<text x="{frame.left - 8}" y="{y + 4:.1f}" text-anchor="end" fill="#444">{number(tick)}</text>')
     bottom = frame.bottom
     for report in x_ticks(frame.chart.num_reports):
         x = frame.x_at(report)

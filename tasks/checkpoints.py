@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from storage import CheckpointConfig, RunSnapshot, RunStorage, figures
@@ -15,17 +15,10 @@ from storage.upload import UploadStats
 from tasks.charts import REPORT_COLUMN, is_step_key, round_sig
 from tasks.params import Checkpointing, CheckpointSummary, TrainSummary
 from tasks.reporting import artifact_key
-from tasks.retries import retry_io_errors
+from tasks.retries import io_task
 
 
-@task(
-    name="checkpoints",
-    task_run_name="checkpoints {summary.run_name}",
-    retries=2,
-    retry_delay_seconds=2,
-    retry_condition_fn=retry_io_errors,
-    persist_result=True,
-)
+@io_task(name="checkpoints", task_run_name="checkpoints {summary.run_name}", retries=2)
 def checkpoints(summary: TrainSummary, checkpointing: Checkpointing) -> CheckpointSummary:
     """Check that every kept checkpoint is there and committed, drop what retention does not keep
     (and anything a crash left behind), and publish the best checkpoint as a markdown artifact."""

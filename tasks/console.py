@@ -1,25 +1,12 @@
 """What a task run that reads data or trains puts on the terminal: its own log records, once each.
 
-Prefect prints every log record of a run on the console and keeps it with the run. Inside
-``run_output()``:
-
-- Ray Data draws no progress bars and logs no per-execution notices: they would bury the run's
-  lines and, on a terminal, redraw over them. Datasets opened inside keep these settings wherever
-  they run, Ray Data's split coordinator included (it runs with a copy of its dataset's settings).
-- Ray's own log records and the Python warnings raised in this thread (``fit()``'s "0.5 CPU per
-  worker" warning, say) become log records of the task run, instead of lines on stderr. Ray's
-  notices that it logs as warnings but that ask nothing of the user (``RAY_NOTICES``: a new local
-  Ray turned token authentication on) are logged at DEBUG: below what a run's log shows by
-  default (they were its second line), and Ray's own log file keeps them.
-- With ``run_name``, what the run's training workers print becomes log records of the task run
-  (stderr, where ``warnings.warn``, ``logging`` and tracebacks go, as warnings) instead of lines
-  Ray prints (``trainers.worker_output``).
-
-After a run, ``flow_run_ui_lines`` says where to see it in Prefect's UI.
-
-Ray Data's settings and the filter on Ray's console logging hold for the whole process while any
-``run_output()`` is open (a sweep trains several runs at once in threads of one process); Ray's
-defaults come back when the last one closes.
+Inside ``run_output()`` Ray Data draws no progress bars and logs no per-execution notices (datasets
+opened inside keep these settings wherever they run, Ray Data's split coordinator included); Ray's
+log records and the Python warnings raised in this thread become log records of the task run, and,
+with ``run_name``, so does what the run's workers print (stderr as warnings;
+``trainers.worker_output``). These settings hold for the whole process while any ``run_output()``
+is open (a sweep trains several runs at once in threads of one process); Ray's defaults come back
+when the last one closes. ``flow_run_ui_lines`` says where to see a run in Prefect's UI.
 """
 
 from __future__ import annotations

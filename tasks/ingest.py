@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 
 from tasks.console import run_output
 from tasks.params import DatasetSource, DatasetSpec
-from tasks.retries import retry_io_errors
+from tasks.retries import io_task
 
 
-@task(
-    name="ingest",
-    task_run_name="ingest {name}",
-    retries=3,
-    retry_delay_seconds=2,
-    retry_condition_fn=retry_io_errors,
-    persist_result=True,
-)
+@io_task(name="ingest", task_run_name="ingest {name}", retries=3)
 def ingest(name: str, source: DatasetSource) -> DatasetSpec:
     """Read the dataset ``name`` from ``source``, check its columns and that it has rows.
 

@@ -209,9 +209,7 @@ class Validation(ParamsModel):
         """The ``trainers.ValidationConfig`` these parameters describe."""
         from trainers import ValidationConfig, ValidationTaskConfig
 
-        fn = import_object("validation.fn", self.fn)
-        if not callable(fn):
-            raise ValueError(f"validation.fn={self.fn!r} names a {type(fn).__name__}, not a function.")
+        fn = import_function("validation.fn", self.fn)
         remote = {"num_cpus": self.num_cpus} if self.num_cpus is not None else None
         return ValidationConfig(
             fn, ValidationTaskConfig(fn_kwargs=dict(self.fn_kwargs), timeout_s=self.timeout_s), remote
@@ -329,11 +327,14 @@ def import_object(field: str, path: str) -> Any:
         raise ValueError(f"{field}={path!r}: module {module_name!r} has no {attribute!r}.") from None
 
 
+def import_function(field: str, path: str) -> Callable[..., Any]:
+    """``import_object`` of a function: a ``ValueError`` naming the field when ``path`` names another thing."""
+    found = import_object(field, path)
+    if not callable(found):
+        raise ValueError(f"{field}={path!r} names a {type(found).__name__}, not a function.")
+    return found
+
+
 def resolve_train_loop(train_loop: str | Callable[..., Any]) -> Callable[..., Any]:
     """The training function: a callable as it is (ad hoc calls), or imported from its path (deployments)."""
-    if callable(train_loop):
-        return train_loop
-    loop = import_object("train_loop", train_loop)
-    if not callable(loop):
-        raise ValueError(f"train_loop={train_loop!r} names a {type(loop).__name__}, not a function.")
-    return loop
+    return train_loop if callable(train_loop) else import_function("train_loop", train_loop)

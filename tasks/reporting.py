@@ -2,9 +2,8 @@
 
 ``PrefectReporter`` is a ``UserCallback``: every report becomes a log line and moves one progress
 artifact; every checkpoint and restart becomes a Prefect event; worker failures and resizes are
-logged. After ``fit()``, ``publish_metrics`` writes a table of every report and
-``publish_metric_chart`` charts of the losses, the accuracies and the score metric per epoch (per
-report when the reports carry no step), every rank's values where the ranks differ.
+logged. After ``fit()``, ``publish_metrics`` writes a table and charts of every report, and
+``publish_run_health`` the run's health page.
 """
 
 from __future__ import annotations
@@ -50,7 +49,8 @@ def run_resource(run_name: str, run_path: str) -> dict[str, str]:
     }
 
 
-def _brief(metrics: dict[str, Any]) -> str:
+def brief(metrics: dict[str, Any]) -> str:
+    """``loss=0.06249, epoch=3``: names and values on one line, floats as ``storage.figures`` writes them."""
     return ", ".join(f"{k}={number(v)}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
 
 
@@ -100,7 +100,7 @@ class PrefectReporter(UserCallback):
         self.num_reports += 1
         shown = {k: json_safe(v) for k, v in metrics[0].items()}
         saved = f"; checkpoint {checkpoint.path}" if checkpoint else ""
-        self.logger.info("report %d (attempt %d): %s%s", self.num_reports, run_context.attempt, _brief(shown), saved)
+        self.logger.info("report %d (attempt %d): %s%s", self.num_reports, run_context.attempt, brief(shown), saved)
         update_progress_artifact(self.progress_id, self._progress())
         if checkpoint is not None:
             self._reports_at_checkpoint = self.num_reports
@@ -172,31 +172,24 @@ def publish_metrics(
     run_name: str,
     history: list[dict[str, Any]],
     *,
-    reporter: PrefectReporter | None = None,
-    checkpointing: Checkpointing | None = None,
+    reporter: PrefectReporter,
+    checkpointing: Checkpointing,
     notes: dict[str, str] | None = None,
     health_artifact: uuid.UUID | None = None,
 ) -> None:
-    """After ``fit()``: a table of every report and charts of the losses, accuracies and score metric.
+    """After ``fit()``: a table artifact of every report (the report number, the step and the score
+    metric first, 4 significant digits, nested metrics as ``outer/inner`` columns) and a markdown
+    artifact charting the losses, accuracies and score metric per epoch (the step the reports
+    carry: ``tasks.charts.step_axis``), or per report without one.
 
     ``history`` is rank 0's metrics per report, as the run stored them; ``reporter`` adds the
-    other ranks' metrics for the reports it saw; ``checkpointing`` names the score metric;
-    ``notes`` says what each figure is (a loop's ``metric_notes``); the chart links to
-    ``health_artifact`` (``publish_run_health``'s).
+    other ranks' metrics for the reports it saw (where the ranks differ, each gets its own line);
+    ``checkpointing`` names the score metric; ``notes`` says what each figure is (a loop's
+    ``metric_notes``); the chart links to ``health_artifact`` (``publish_run_health``'s).
     """
-    by_rank = reporter.every_rank(history) if reporter is not None else [[metrics] for metrics in history]
-    score = checkpointing.score_attribute if checkpointing is not None else None
-    order = checkpointing.score_order if checkpointing is not None else "max"
-    publish_metrics_table(run_name, [ranks[0] for ranks in by_rank], score_attribute=score)
-    publish_metric_chart(
-        run_name, by_rank, score_attribute=score, score_order=order, notes=notes, health_artifact=health_artifact
-    )
-
-
-def publish_metrics_table(run_name: str, history: list[dict[str, Any]], *, score_attribute: str | None = None) -> None:
-    """A table artifact with one row per report: the report number, the step and ``score_attribute``
-    first, values rounded to 4 significant digits, nested metrics as ``outer/inner`` columns."""
-    rows = table_rows(history, score_attribute)
+    by_rank = reporter.every_rank(history)
+    score, order = checkpointing.score_attribute, checkpointing.score_order
+    rows = table_rows([ranks[0] for ranks in by_rank], score)
     create_table_artifact(
         table=rows,
         key=artifact_key(run_name, "metrics"),
@@ -205,34 +198,15 @@ def publish_metrics_table(run_name: str, history: list[dict[str, Any]], *, score
             "Reports count from 1; a step the loop reports (epoch, step) is the loop's own count."
         ),
     )
-
-
-def publish_metric_chart(
-    run_name: str,
-    history: list[list[dict[str, Any]]],
-    *,
-    score_attribute: str | None = None,
-    score_order: str = "max",
-    notes: dict[str, str] | None = None,
-    health_artifact: uuid.UUID | None = None,
-) -> None:
-    """A markdown artifact charting the run's losses, accuracies and ``score_attribute`` per epoch
-    (the step the reports carry: ``tasks.charts.step_axis``), or per report without one, each
-    figure's summary line saying what it is where ``notes`` has it, and a link to the run's health
-    artifact (``health_artifact``, its id).
-
-    ``history`` holds every rank's metrics per report (``PrefectReporter.every_rank``): where the
-    ranks reported different values, each rank gets its own line.
-    """
-    charts = run_charts(history, score_attribute, score_order)
-    score = f"; checkpoints are ranked by **{score_attribute}** ({score_order})" if score_attribute else ""
+    charts = run_charts(by_rank, score, order)
+    ranked = f"; checkpoints are ranked by **{score}** ({order})" if score else ""
     along = charts[0] if charts else None
     if along is not None and along.x:  # a step the loop reports: its own count
         intro = (
-            f"{len(history)} reports{score}. Charted by {along.x_label}, as the loop counts (from {along.x_text(1)})."
+            f"{len(history)} reports{ranked}. Charted by {along.x_label}, as the loop counts (from {along.x_text(1)})."
         )
     else:
-        intro = f"{len(history)} reports{score}. Charted by report, counted from 1."
+        intro = f"{len(history)} reports{ranked}. Charted by report, counted from 1."
     if health_artifact is not None:
         health = artifact_link(health_artifact, artifact_key(run_name, "health"))
         intro += f" Where the run's time went, and its timeline picture: {health}."

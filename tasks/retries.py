@@ -8,11 +8,17 @@ the worker-level rows are the controller's ``FailurePolicy``, inside one task ru
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+from prefect import Task, task
 
 from storage import RunInProgressError, SnapshotCorruptError, StorageError, StorageNotSharedError
 from tasks.params import Failures
 from trainers import ControllerError, WorkerGroupError
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: Prefect needs a number; ``controller_failure_limit=-1`` (unlimited) becomes this many retries.
 UNLIMITED_RETRIES = 100
@@ -72,8 +78,21 @@ def retry_driver_failures(task: Any, task_run: Any, state: Any) -> bool:
 
 
 def retry_io_errors(task: Any, task_run: Any, state: Any) -> bool:
-    """Prefect ``retry_condition_fn`` of the ingest task: only I/O errors (a bad file is not retried)."""
+    """Prefect ``retry_condition_fn`` of ``io_task``: only I/O errors (a bad file is not retried)."""
     return isinstance(failed_with(state), OSError)
+
+
+def io_task(*, name: str, task_run_name: str, retries: int) -> Callable[[Callable[P, R]], Task[P, R]]:
+    """The task decorator of the stages that read or tidy storage (ingest, checkpoints): Prefect
+    retries their I/O errors only (``retry_io_errors``), 2 s apart, and keeps their results."""
+    return task(
+        name=name,
+        task_run_name=task_run_name,
+        retries=retries,
+        retry_delay_seconds=2,
+        retry_condition_fn=retry_io_errors,
+        persist_result=True,
+    )
 
 
 def train_task_options(failures: Failures) -> dict[str, Any]:

@@ -23,8 +23,7 @@ from storage.retention import flatten
 from tasks.charts import as_number, charts_markdown, json_safe, trials_chart
 from tasks.console import run_output
 from tasks.params import Checkpointing, DatasetSpec, Failures, ParamsModel, RunSettings, Scaling, TorchTraining
-from tasks.reporting import artifact_key
-from tasks.retries import train_task_options
+from tasks.reporting import artifact_key, brief
 from tasks.train import train
 
 
@@ -285,11 +284,6 @@ def train_trial(trial: Trial, settings: SweepSettings) -> TrialOutcome:
     )
 
 
-def train_trial_with_retries(failures: Failures) -> Any:
-    """The trial task with Prefect retries set from ``failures`` (the table in ``tasks.retries``)."""
-    return train_trial.with_options(**train_task_options(failures))
-
-
 def collect_outcomes(trials: list[Trial], futures: list[Any]) -> list[TrialOutcome]:
     """Every trial's outcome from its task future; a trial that failed (after its retries) is kept
     as ``failed`` with its error, so one bad trial does not hide the others."""
@@ -347,8 +341,7 @@ MAX_CHARTED_TRIALS = 10
 
 def trial_label(place: int, outcome: TrialOutcome) -> str:
     """``#1 lr=0.1, layers=2``: a trial's place in the ranking and its parameters, for a legend."""
-    params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in outcome.params.items())
-    return f"#{place} {params or outcome.name}"
+    return f"#{place} {brief(outcome.params) or outcome.name}"
 
 
 def publish_sweep_chart(sweep_name: str, search: Search, ranked: list[TrialOutcome]) -> None:

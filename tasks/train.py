@@ -26,7 +26,6 @@ from tasks.params import (
     resolve_train_loop,
 )
 from tasks.reporting import PrefectReporter, log_failure, publish_metrics, publish_run_health, without_traceback
-from tasks.retries import train_task_options
 from tasks.tracking import tracking_callbacks
 from trainers import TRAIN_DATASET_KEY, DataConfig, DataParallelTrainer, RunConfig, TrainingFailedError, UserCallback
 
@@ -40,10 +39,9 @@ def reports_already_kept(run: RunSettings) -> int:
     from storage import StorageError, load_run
 
     try:
-        latest = load_run(run.run_path).snapshot.latest
+        return load_run(run.run_path).snapshot.kept_reports()
     except StorageError:
         return 0
-    return latest.report + 1 if latest is not None else 0
 
 
 def _callbacks(paths: list[str]) -> list[UserCallback]:
@@ -163,8 +161,3 @@ def train(
         checkpoint_path=result.checkpoint.path if result.checkpoint else None,
         num_reports=len(history),
     )
-
-
-def train_with_retries(failures: Failures) -> Any:
-    """The train task with Prefect retries set from ``failures`` (the table in ``tasks.retries``)."""
-    return train.with_options(**train_task_options(failures))
