@@ -1,25 +1,8 @@
 """Check a Ray cluster from the driver before the first run on it: ``python -m trainers.doctor``.
 
-One line per check (``ok``, ``FAIL`` or ``skip``, and what was found), the fix under each failure,
-and a non-zero exit status when any check failed::
-
-    python -m trainers.doctor --address head:6379 --storage-path s3://bucket/runs \\
-        --prefect-api-url http://prefect:4200/api --num-workers 8 --use-gpu
-
-- ``connect``/``auth``: the cluster answers, and takes this process's token (Ray 2.60's token
-  authentication: ``RAY_AUTH_MODE=token`` and the head's ``~/.ray/auth_token``);
-- ``node``: a tiny task pinned to each alive node ran there (flowtrain and Ray import on it);
-- ``versions``: Ray, Python and flowtrain on each node are the driver's;
-- ``resources``: each node's CPUs, GPUs and memory, and whether the GPUs Ray advertises are
-  there for a task to use;
-- ``scaling``: the ``--num-workers``/``--use-gpu``/``--resources-per-worker`` you plan fit the
-  cluster (``trainers.cluster.check_feasible``);
-- ``storage``: the driver and every node write a small file under ``<storage>/.doctor/`` and read
-  back every other one (then they are removed);
-- ``prefect``: ``<PREFECT_API_URL>/health`` answers.
-
-``run_doctor()`` does the same from Python and returns a ``DoctorReport``; ``--json`` prints
-``DoctorReport.to_json()``. See docs/doctor.md.
+One line per check (``ok``, ``FAIL`` or ``skip``), the fix under each failure, and a non-zero exit
+status when any check failed; ``run_doctor()`` does the same from Python and returns a
+``DoctorReport``. The checks, their options and their fixes: docs/doctor.md.
 """
 
 from __future__ import annotations
