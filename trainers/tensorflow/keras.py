@@ -20,21 +20,10 @@ from trainers.tensorflow.checkpoint import KERAS_KEY, TensorflowCheckpoint, kera
 __all__ = ["RayReportCallback", "ReportCheckpointCallback"]
 
 #: The Keras hooks (less their ``on_`` prefix) a report or a checkpoint can be tied to.
-EVENTS = (
-    "epoch_begin",
-    "epoch_end",
-    "train_batch_begin",
-    "train_batch_end",
-    "test_batch_begin",
-    "test_batch_end",
-    "predict_batch_begin",
-    "predict_batch_end",
-    "train_begin",
-    "train_end",
-    "test_begin",
-    "test_end",
-    "predict_begin",
-    "predict_end",
+EVENTS = tuple(
+    f"{stage}_{edge}"
+    for stage in ("epoch", "train_batch", "test_batch", "predict_batch", "train", "test", "predict")
+    for edge in ("begin", "end")
 )
 
 
@@ -114,53 +103,6 @@ class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]  # a base
         """
         return model_from_checkpoint(checkpoint)
 
-    # -- what Keras calls ------------------------------------------------------------------------
-
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._epoch = epoch
-        self._handle(logs, "epoch_begin")
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self._epoch = epoch
-        self._handle(logs, "epoch_end")
-
-    # Keras calls each hook by name; each hands its moment on to _handle.
-    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self._handle(logs, "train_batch_begin")
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self._handle(logs, "train_batch_end")
-
-    def on_test_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self._handle(logs, "test_batch_begin")
-
-    def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self._handle(logs, "test_batch_end")
-
-    def on_predict_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self._handle(logs, "predict_batch_begin")
-
-    def on_predict_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self._handle(logs, "predict_batch_end")
-
-    def on_train_begin(self, logs: dict | None = None) -> None:
-        self._handle(logs, "train_begin")
-
-    def on_train_end(self, logs: dict | None = None) -> None:
-        self._handle(logs, "train_end")
-
-    def on_test_begin(self, logs: dict | None = None) -> None:
-        self._handle(logs, "test_begin")
-
-    def on_test_end(self, logs: dict | None = None) -> None:
-        self._handle(logs, "test_end")
-
-    def on_predict_begin(self, logs: dict | None = None) -> None:
-        self._handle(logs, "predict_begin")
-
-    def on_predict_end(self, logs: dict | None = None) -> None:
-        self._handle(logs, "predict_end")
-
     # Keras 2 skips a callback's batch hooks when these say False: without them every batch would
     # pay for a call (and for turning its logs into numbers) even when nothing is reported per batch.
     def _implements_train_batch_hooks(self) -> bool:
@@ -230,6 +172,34 @@ class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]  # a base
         import trainers
 
         trainers.report(metrics)
+
+
+def _hook(when: str) -> Any:
+    """``RayReportCallback.on_<when>``, with the parameters Keras calls it with: the epoch or batch
+    index first (the epoch is kept for the metrics and checkpoints), then the logs."""
+    if when.startswith("epoch_"):
+
+        def on_epoch(self: RayReportCallback, epoch: int, logs: dict | None = None) -> None:
+            self._epoch = epoch
+            self._handle(logs, when)
+
+        return on_epoch
+    if "_batch_" in when:
+
+        def on_batch(self: RayReportCallback, batch: int, logs: dict | None = None) -> None:
+            self._handle(logs, when)
+
+        return on_batch
+
+    def on_stage(self: RayReportCallback, logs: dict | None = None) -> None:
+        self._handle(logs, when)
+
+    return on_stage
+
+
+# Keras calls each hook by name; every one hands its moment on to _handle.
+for _when in EVENTS:
+    setattr(RayReportCallback, f"on_{_when}", _hook(_when))
 
 
 class ReportCheckpointCallback(RayReportCallback):
