@@ -52,7 +52,6 @@ class JaxConfig(BackendConfig):
             )
         check_number("JaxConfig.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0")
 
-    # BackendConfig's hooks, filled in as every framework's config fills them in.
     framework = "jax"
 
     @property

@@ -35,7 +35,6 @@ class TensorflowConfig(BackendConfig):
     #: backend released it): restart on new ports, free of the failure budget.
     _setup_clashes = ("Could not start gRPC server", "Address already in use")
 
-    # BackendConfig's hooks, filled in as every framework's config fills them in.
     framework = "tensorflow"
 
     @property

@@ -44,7 +44,6 @@ class TorchConfig(BackendConfig):
         check_choice("TorchConfig.init_method", self.init_method, INIT_METHODS)
         check_number("TorchConfig.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0")
 
-    # BackendConfig's hooks, filled in as every framework's config fills them in.
     framework = "torch"
 
     @property

@@ -103,7 +103,6 @@ class TorchXLAConfig(TorchConfig):
         if not _has_torch_xla():
             raise TorchXLAMissingError()
 
-    # BackendConfig's hooks, filled in as every framework's config fills them in.
     framework = "torch_xla"
 
     @property
