@@ -9,22 +9,12 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from trainers._checks import check_number
+from trainers._checks import check_resources
 from trainers.config import RunConfig, ScalingConfig
 from trainers.tune.callback import TuneReportCallback, require_tune_trial
 
 #: What the trial's own process (the trainer's controller) reserves by default.
 DEFAULT_DRIVER_RESOURCES: dict[str, float] = {"CPU": 1}
-
-
-def _check_driver(driver_resources: Any) -> dict[str, float]:
-    if not isinstance(driver_resources, dict):
-        raise TypeError(f"driver_resources={driver_resources!r}: must be a dict such as {{'CPU': 1}}.")
-    for name, amount in driver_resources.items():
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"driver_resources: resource name {name!r} must be a non-empty string.")
-        check_number(f"driver_resources[{name!r}]", amount, minimum=0, allowed="a number >= 0")
-    return {name: amount for name, amount in driver_resources.items() if amount}
 
 
 def trial_resources(scaling_config: ScalingConfig, *, driver_resources: dict[str, float] | None = None) -> Any:
@@ -41,8 +31,9 @@ def trial_resources(scaling_config: ScalingConfig, *, driver_resources: dict[str
             f"scaling_config={scaling_config!r}: must be the trainers.ScalingConfig your trainer uses, "
             "e.g. ScalingConfig(num_workers=2)."
         )
-    driver = _check_driver(DEFAULT_DRIVER_RESOURCES if driver_resources is None else driver_resources)
-    return scaling_config.tune_bundles(driver)
+    driver = DEFAULT_DRIVER_RESOURCES if driver_resources is None else driver_resources
+    check_resources("driver_resources", driver)
+    return scaling_config.tune_bundles({name: amount for name, amount in driver.items() if amount})
 
 
 def with_resources(
