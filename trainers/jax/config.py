@@ -98,8 +98,6 @@ class JaxBackend(Backend[JaxConfig]):
         import ray
 
         workers = worker_group.workers
-        if not workers:
-            return
         host = workers[0].metadata.node_ip
         port = ray.get(workers[0].actor.execute.remote(free_port), timeout=60)
         coordinator = host_port(host, port)

@@ -143,8 +143,6 @@ class TorchBackend(Backend[TorchConfig]):
     process = TorchProcess
 
     def on_start(self, worker_group: Any, backend_config: TorchConfig) -> None:
-        if worker_group.world_size < 1:
-            return
         use_gpu = worker_group.scaling.use_gpu
         backend = backend_config.collective_backend(use_gpu)
         timeout_s = backend_config.timeout_s + 30

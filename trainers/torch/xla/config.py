@@ -168,8 +168,6 @@ class TorchXLABackend(Backend[TorchXLAConfig]):
     process = TorchProcess  # an xla group is a torch.distributed group
 
     def on_start(self, worker_group: Any, backend_config: TorchXLAConfig) -> None:
-        if worker_group.world_size < 1:
-            return
         master = worker_group.workers[0]
         port = worker_group.execute_single(0, free_port)
         env = _xla_env(
