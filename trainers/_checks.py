@@ -48,6 +48,17 @@ def check_resources(field: str, resources: Any) -> None:
         check_number(f"{field}[{name!r}]", amount, minimum=0, allowed="a number >= 0")
 
 
+def is_metric_choice(value: Any) -> bool:
+    """Whether ``value`` picks metrics as the report callbacks take them: None (all of them), a name,
+    a list of names, or a dict of reported name to the framework's name."""
+    return (
+        value is None
+        or isinstance(value, str)
+        or (isinstance(value, list) and all(isinstance(m, str) for m in value))
+        or (isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()))
+    )
+
+
 def pickling_error(value: Any) -> Exception | None:
     """Why ``value`` cannot be pickled the way Ray sends it (None: it can)."""
     from ray import cloudpickle

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from storage import Checkpoint
+from trainers._checks import is_metric_choice
 from trainers.context import get_context
 from trainers.train_fn import report
 
@@ -28,14 +29,7 @@ class ReportCallback:
     ) -> None:
         super().__init__()
         owner = type(self).__name__
-        if isinstance(metrics, str):
-            metrics = [metrics]
-        if metrics is not None and not (
-            (isinstance(metrics, list) and all(isinstance(m, str) for m in metrics))
-            or (
-                isinstance(metrics, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in metrics.items())
-            )
-        ):
+        if not is_metric_choice(metrics):
             raise TypeError(
                 f"{owner}(metrics={metrics!r}): must be None (report every metric), a metric name, a list of names, "
                 "or a dict of reported name to the library's name, e.g. {'loss': 'valid-logloss'}."
@@ -48,7 +42,7 @@ class ReportCallback:
             )
         if not isinstance(checkpoint_at_end, bool):
             raise TypeError(f"{owner}(checkpoint_at_end={checkpoint_at_end!r}): must be True or False.")
-        self._metrics = metrics
+        self._metrics = [metrics] if isinstance(metrics, str) else metrics
         self._filename = filename
         self._frequency = frequency
         self._checkpoint_at_end = checkpoint_at_end

@@ -15,6 +15,7 @@ import tempfile
 from typing import Any
 
 from storage import Checkpoint
+from trainers._checks import is_metric_choice
 from trainers.tensorflow.checkpoint import KERAS_KEY, TensorflowCheckpoint, keras_package, model_from_checkpoint
 
 __all__ = ["RayReportCallback", "ReportCheckpointCallback"]
@@ -42,19 +43,6 @@ def _events(field: str, value: Any) -> tuple[str, ...]:
             f"from {', '.join(repr(e) for e in EVENTS)}."
         )
     return tuple(names)
-
-
-def _check_metrics(metrics: Any) -> None:
-    if metrics is None or isinstance(metrics, str):
-        return
-    if isinstance(metrics, list) and all(isinstance(m, str) for m in metrics):
-        return
-    if isinstance(metrics, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in metrics.items()):
-        return
-    raise TypeError(
-        f"ReportCheckpointCallback(metrics={metrics!r}): must be None (every Keras log), a log name, a list of "
-        "log names, or a dict of reported name to log name, e.g. {'train_loss': 'loss'}."
-    )
 
 
 def _plain(value: Any) -> Any:
@@ -91,7 +79,11 @@ class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]  # a base
         super().__init__()
         self._checkpoint_on = _events("checkpoint_on", checkpoint_on)
         self._report_metrics_on = _events("report_metrics_on", report_metrics_on)
-        _check_metrics(metrics)
+        if not is_metric_choice(metrics):
+            raise TypeError(
+                f"ReportCheckpointCallback(metrics={metrics!r}): must be None (every Keras log), a log name, a list of "
+                "log names, or a dict of reported name to log name, e.g. {'train_loss': 'loss'}."
+            )
         self._metrics = metrics
         self._epoch: int | None = None
 

@@ -58,11 +58,6 @@ class TorchXLAMissingError(MissingExtraError):
         self.module, self.extra = "torch_xla", None
 
 
-def _has_torch_xla() -> bool:
-    # find_spec answers without importing torch_xla (slow, and it grabs devices).
-    return "torch_xla" in sys.modules or importlib.util.find_spec("torch_xla") is not None
-
-
 @dataclasses.dataclass(frozen=True)
 class TorchXLAConfig(TorchConfig):
     """How the workers' PyTorch/XLA process group is set up (``ray.train.torch.xla.TorchXLAConfig``).
@@ -100,7 +95,8 @@ class TorchXLAConfig(TorchConfig):
             raise ValueError(
                 f"TorchXLAConfig.neuron_parallel_compile={self.neuron_parallel_compile!r}: must be True or False."
             )
-        if not _has_torch_xla():
+        # find_spec answers without importing torch_xla (slow, and it grabs devices).
+        if "torch_xla" not in sys.modules and importlib.util.find_spec("torch_xla") is None:
             raise TorchXLAMissingError()
 
     framework = "torch_xla"
