@@ -65,7 +65,6 @@ class LightGBMTrainer(GBDTTrainer):
     #: This library as GBDTTrainer uses it (XGBoostTrainer fills in the same fields for xgboost).
     _library = Library(
         name="lightgbm",
-        config_cls=LightGBMConfig,
         train=lightgbm.train,
         feature_dtype=np.float64,
         report_callback=RayTrainReportCallback,

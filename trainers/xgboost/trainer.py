@@ -52,7 +52,6 @@ class XGBoostTrainer(GBDTTrainer):
     #: This library as GBDTTrainer uses it (LightGBMTrainer fills in the same fields for LightGBM).
     _library = Library(
         name="xgboost",
-        config_cls=XGBoostConfig,
         train=xgboost.train,
         feature_dtype=np.float32,
         report_callback=RayTrainReportCallback,
