@@ -1,9 +1,5 @@
-"""Optional framework integrations: import a framework only when its integration is used.
-
-``import trainers`` never imports Lightning, Transformers or Accelerate. Their integrations
-(``trainers.lightning``, ``trainers.huggingface.transformers``) import them on first use and,
-when one is missing, say which extra to install.
-"""
+"""Optional framework integrations (Lightning, Transformers, Accelerate, ...): imported only when
+used, and when one is missing, an error that says which extra to install."""
 
 from __future__ import annotations
 

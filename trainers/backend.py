@@ -1,13 +1,6 @@
-"""Backends set up a framework's communication on the workers (developer API, as in Ray Train).
-
-A ``BackendConfig`` names its ``Backend``. The trainer calls ``on_start`` after the workers are
-up and ranked and before the training function starts, ``on_training_start`` right before it
-starts, and ``on_shutdown`` when a run ends cleanly, before the workers are stopped or parked. A
-config may also give ``train_func_context``: every worker runs the training function inside it
-(XGBoost's collective communicator is entered this way). ``Backend.reuses_workers`` says whether
-its processes may serve again, and ``Backend.process`` names what a worker's process asks of the
-framework itself (``FrameworkProcess``). Torch (with torch-xla), XGBoost, LightGBM, TensorFlow and
-JAX are backends; you can write your own.
+"""Backends set up a framework's communication on the workers (developer API, as in Ray Train;
+docs/frameworks.md, "Another framework: write a backend"). A ``BackendConfig`` names its
+``Backend``; torch (with torch-xla), XGBoost, LightGBM, TensorFlow and JAX are backends.
 """
 
 from __future__ import annotations
@@ -93,13 +86,15 @@ class Backend(Generic[ConfigT]):
     reuses_workers: ClassVar[bool] = False
 
     def on_start(self, worker_group: Any, backend_config: ConfigT) -> None:
-        """Set up communication between the workers (e.g. a torch process group)."""
+        """Set up communication between the workers (e.g. a torch process group), once they are up
+        and ranked and before the training function starts."""
 
     def on_training_start(self, worker_group: Any, backend_config: ConfigT) -> None:
         """Called right before the training function starts on the workers."""
 
     def on_shutdown(self, worker_group: Any, backend_config: ConfigT) -> None:
-        """Tear down what ``on_start`` set up; the workers are killed afterwards anyway."""
+        """A run ended cleanly: tear down what ``on_start`` set up, before the workers are stopped
+        or parked (they are killed afterwards anyway)."""
 
 
 class BackendConfig:

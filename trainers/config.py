@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import os
 import re
 from typing import TYPE_CHECKING, Any, Literal
@@ -20,7 +21,7 @@ from storage.config import DEPRECATED
 from storage.config import deprecated as _deprecated
 from storage.filesystem import is_uri
 from storage.layout import resolve_storage_path
-from trainers._checks import check_bool, check_choice, check_int, check_number, is_count
+from trainers._checks import check_bool, check_choice, check_int, check_number, check_resources, is_count
 
 if TYPE_CHECKING:
     from trainers.callback import UserCallback
@@ -131,20 +132,13 @@ class ScalingConfig:
         check_bool("ScalingConfig.use_tpu", self.use_tpu)
         check_choice("ScalingConfig.placement_strategy", self.placement_strategy, PLACEMENT_STRATEGIES)
         if self.resources_per_worker is not None:
-            if not isinstance(self.resources_per_worker, dict):
-                raise TypeError(
-                    f"ScalingConfig.resources_per_worker={self.resources_per_worker!r}: must be a dict "
-                    'of resource name to amount, e.g. {"CPU": 2}.'
-                )
-            for name, amount in self.resources_per_worker.items():
-                if not isinstance(name, str) or not name:
+            check_resources("ScalingConfig.resources_per_worker", self.resources_per_worker)
+            for name, builtin in itertools.product(self.resources_per_worker, ("CPU", "GPU", "memory")):
+                if name != builtin and name.lower() == builtin.lower():  # a custom resource no node has
                     raise ValueError(
-                        f"ScalingConfig.resources_per_worker: resource name {name!r} must be a non-empty string."
+                        f"ScalingConfig.resources_per_worker: resource name {name!r} would be a custom resource "
+                        f"no node has; did you mean Ray's {builtin!r}? Resource names are case-sensitive."
                     )
-                _check_builtin_spelling(name)
-                check_number(
-                    f"ScalingConfig.resources_per_worker[{name!r}]", amount, minimum=0, allowed="a number >= 0"
-                )
         self._check_accelerators()
         self._check_label_selector()
 
@@ -313,20 +307,6 @@ class ScalingConfig:
 
         workers = [dict(self.worker_resources) for _ in range(self.max_workers)]
         return tune.PlacementGroupFactory([dict(driver_resources), *workers], strategy=self.placement_strategy)
-
-
-#: Ray's built-in resources, spelled as Ray spells them.
-BUILTIN_RESOURCES = ("CPU", "GPU", "memory")
-
-
-def _check_builtin_spelling(name: str) -> None:
-    """``"gpu"`` would be a custom resource no node has: the run could never start."""
-    for builtin in BUILTIN_RESOURCES:
-        if name != builtin and name.lower() == builtin.lower():
-            raise ValueError(
-                f"ScalingConfig.resources_per_worker: resource name {name!r} would be a custom resource "
-                f"no node has; did you mean Ray's {builtin!r}? Resource names are case-sensitive."
-            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -208,19 +208,19 @@ class DataParallelTrainer(TuneTrainableAttributes):
         """This trainer as a Ray Tune trainable: each trial runs ``fit()`` with its
         ``config["train_loop_config"]`` merged into ``train_loop_config``, in a run named after the
         trial, reserving one bundle per worker of ``scaling_config``."""
-        from trainers.tune.trainable import trainer_as_trainable
+        from trainers.tune.trial import trainer_as_trainable
 
         return trainer_as_trainable(self)
 
     def __call__(self, config: dict[str, Any]) -> None:
         """Run one Ray Tune trial of this trainer (what ``tune.Tuner(trainer, ...)`` calls)."""
-        from trainers.tune.trainable import run_trainer_trial
+        from trainers.tune.trial import run_trainer_trial
 
         run_trainer_trial(self, config)
 
     def _default_tune_resources(self) -> Any:
         # What a trial reserves unless tune.with_resources(trainer, ...) says (TuneTrainableAttributes).
-        from trainers.tune.trainable import trainer_trial_resources
+        from trainers.tune.trial import trainer_trial_resources
 
         return trainer_trial_resources(self)
 

@@ -1,25 +1,8 @@
 """Check a Ray cluster from the driver before the first run on it: ``python -m trainers.doctor``.
 
-One line per check (``ok``, ``FAIL`` or ``skip``, and what was found), the fix under each failure,
-and a non-zero exit status when any check failed::
-
-    python -m trainers.doctor --address head:6379 --storage-path s3://bucket/runs \\
-        --prefect-api-url http://prefect:4200/api --num-workers 8 --use-gpu
-
-- ``connect``/``auth``: the cluster answers, and takes this process's token (Ray 2.60's token
-  authentication: ``RAY_AUTH_MODE=token`` and the head's ``~/.ray/auth_token``);
-- ``node``: a tiny task pinned to each alive node ran there (flowtrain and Ray import on it);
-- ``versions``: Ray, Python and flowtrain on each node are the driver's;
-- ``resources``: each node's CPUs, GPUs and memory, and whether the GPUs Ray advertises are
-  there for a task to use;
-- ``scaling``: the ``--num-workers``/``--use-gpu``/``--resources-per-worker`` you plan fit the
-  cluster (``trainers.cluster.check_feasible``);
-- ``storage``: the driver and every node write a small file under ``<storage>/.doctor/`` and read
-  back every other one (then they are removed);
-- ``prefect``: ``<PREFECT_API_URL>/health`` answers.
-
-``run_doctor()`` does the same from Python and returns a ``DoctorReport``; ``--json`` prints
-``DoctorReport.to_json()``. See docs/doctor.md.
+One line per check (``ok``, ``FAIL`` or ``skip``), the fix under each failure, and a non-zero exit
+status when any check failed; ``run_doctor()`` does the same from Python and returns a
+``DoctorReport``. The checks, their options and their fixes: docs/doctor.md.
 """
 
 from __future__ import annotations
@@ -43,6 +26,7 @@ from trainers._internal.cluster_checks import (
     CheckResult,
     NodeFacts,
     NodeProbe,
+    Status,
     auth_failure,
     auth_ok,
     clean_up,
@@ -135,56 +119,37 @@ def run_doctor(
 def _connect(address: str | None, *, timeout_s: float) -> tuple[list[CheckResult], bool | None]:
     """The ``connect`` and ``auth`` lines, and whether Ray was joined here (True: shut it down
     after), was joined already (False), or could not be joined (None)."""
+
+    def lines(status: Status, found: str, auth: CheckResult | str, fix: str = "") -> list[CheckResult]:
+        """The ``connect`` line and the ``auth`` line (a reason it was skipped, as text)."""
+        if isinstance(auth, str):
+            auth = CheckResult(name="auth", status="skip", found=auth)
+        return [CheckResult(name="connect", status=status, found=found, fix=fix), auth]
+
     if ray.is_initialized():
         where = ray.get_runtime_context().gcs_address
-        return [
-            CheckResult(name="connect", status="ok", found=f"this process is connected to Ray already ({where})"),
-            CheckResult(name="auth", status="skip", found="joined before the doctor ran"),
-        ], False
+        return lines("ok", f"this process is connected to Ray already ({where})", "joined before the doctor ran"), False
     if address is None:
         ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-        return [
-            CheckResult(
-                name="connect",
-                status="skip",
-                found="no --address and no RAY_ADDRESS: no cluster to check, so a local Ray was started and is checked",
-            ),
-            CheckResult(name="auth", status="skip", found="a local Ray trusts its own processes"),
-        ], True
+        found = "no --address and no RAY_ADDRESS: no cluster to check, so a local Ray was started and is checked"
+        return lines("skip", found, "a local Ray trusts its own processes"), True
     fix = (
         "start the head there (ray start --head --port=...), or give the head's address (--address or RAY_ADDRESS, "
         "e.g. 10.0.0.1:6379), and open that port and Ray's node ports to this machine"
     )
     problem = tcp_problem(address, timeout_s)
     if problem:
-        return [
-            CheckResult(name="connect", status="FAIL", found=problem, fix=fix),
-            CheckResult(name="auth", status="skip", found="nothing to join"),
-        ], None
+        return lines("FAIL", problem, "nothing to join", fix), None
     try:
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except Exception as error:  # noqa: BLE001 - every way of failing to join is a finding
         if is_auth_failure(error):
-            return [
-                CheckResult(
-                    name="connect",
-                    status="FAIL",
-                    found=f"{address} refused this process for its token",
-                    fix="give this process the cluster's token (the auth check below)",
-                ),
-                auth_failure(address, error),
-            ], None
-        return [
-            CheckResult(
-                name="connect", status="FAIL", found=f"joining {address}: {type(error).__name__}: {error}", fix=fix
-            ),
-            CheckResult(name="auth", status="skip", found="not joined"),
-        ], None
+            found = f"{address} refused this process for its token"
+            token_fix = "give this process the cluster's token (the auth check below)"
+            return lines("FAIL", found, auth_failure(address, error), token_fix), None
+        return lines("FAIL", f"joining {address}: {type(error).__name__}: {error}", "not joined", fix), None
     alive = sum(1 for node in ray.nodes() if node.get("Alive"))
-    return [
-        CheckResult(name="connect", status="ok", found=f"joined {address}: {alive} alive node(s)"),
-        auth_ok(address),
-    ], True
+    return lines("ok", f"joined {address}: {alive} alive node(s)", auth_ok(address)), True
 
 
 def _on_node(remote: Any, node_id: str) -> Any:

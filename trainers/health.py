@@ -1,31 +1,9 @@
 """A run's health while it trains: stragglers, peak memory, the goodput account, the timeline
-picture and the pre-flight check (flowtrain's own; Ray Train 2.60 has none of it). See
-docs/health.md; what a run found is ``Result.health``.
+picture and the pre-flight check (flowtrain's own; Ray Train 2.60 has none of it). What a run found
+is ``Result.health``; how each is measured and judged, and the ``FLOWTRAIN_*`` settings: docs/health.md.
 
-Every report a rank makes carries how long its step took (from the end of its previous
-``report()`` to this one) and its peak memory; nothing else is sent. The controller names a rank
-whose steps are persistently slower than the median rank's, once per episode: in the log, the
-terminal's progress line, ``UserCallback.on_straggler`` (the Prefect pipeline's reporter turns it
-into a ``flowtrain.rank.straggling`` event) and run.json (``Result.health.stragglers``).
-
-When the ranks wait for each other every step (an all-reduce, DDP's gradient sync), they all
-report at the same pace, and the wait hides which one the others waited for. Mark the wait with
-``waiting()`` so the step a rank is judged on is its own work::
-
-    from trainers.health import waiting
-
-    for batch in loader:
-        loss = step(batch)
-        with waiting():
-            torch.distributed.all_reduce(loss)
-        trainers.report({"loss": loss.item()})
-
-``trainers.collective``'s ``barrier()`` and ``broadcast_from_rank_zero()`` count as waiting on
-their own. The settings (``FLOWTRAIN_STRAGGLER_FACTOR``, ``FLOWTRAIN_STRAGGLER_STEPS``,
-``FLOWTRAIN_PREFLIGHT``, ``FLOWTRAIN_PREFLIGHT_FACTOR``, ``FLOWTRAIN_TIMELINE``, read at each ``fit()``)
-are in ``storage.settings`` and docs/settings.md. A worker more than ``FLOWTRAIN_PREFLIGHT_FACTOR``
-times slower than the median one fails ``fit()`` with ``trainers.errors.PreflightError`` before
-training; ``draw_timeline`` draws the timeline picture after a run too.
+Mark the time a rank waits on the others (an all-reduce) with ``waiting()`` so that its step is
+judged on its own work; ``trainers.collective``'s calls count as waiting on their own.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
 """Node preemption, as the training function sees it: the ``PreemptionInfo`` that
-``trainers.get_preemption_info()`` returns.
-
-When a node that holds some of the run's workers is drained with a deadline (what a cloud does
-before it takes a spot instance back), every worker can learn it from inside its loop, save a
-checkpoint in time, and go on: once the node is gone the run restarts on the nodes left and
-resumes from that checkpoint, counting ``FailureConfig.max_preemption_failures``.
-"""
+``trainers.get_preemption_info()`` returns (docs/fault-tolerance.md)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import pyarrow.fs
 from storage import Checkpoint
 from storage.filesystem import display_path
 from storage.health import RunHealth
+from storage.retention import flatten
 from trainers.errors import TrainingFailedError
 
 if TYPE_CHECKING:
@@ -144,10 +145,10 @@ class Result:
             raise ResultError(
                 f"get_best_checkpoint({metric!r}): the run kept no checkpoint; pass checkpoint= to report() to keep one."
             )
-        values = ((_lookup(metrics, metric), checkpoint) for checkpoint, metrics in self.best_checkpoints)
+        values = ((flatten(metrics).get(metric), checkpoint) for checkpoint, metrics in self.best_checkpoints)
         scored = [(v, c) for v, c in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
         if not scored:
-            keys = sorted({k for _, m in self.best_checkpoints for k in metrics_frame([m]).columns})
+            keys = sorted({k for _, m in self.best_checkpoints for k in flatten(m)})
             raise ResultError(
                 f"Invalid metric name {metric}! get_best_checkpoint({metric!r}): no kept checkpoint reported it; "
                 f"reported keys: {keys}."
@@ -188,14 +189,3 @@ class Result:
             return_value=return_value,
             health=run.health,
         )
-
-
-def _lookup(metrics: dict[str, Any], key: str) -> Any:
-    if key in metrics:
-        return metrics[key]
-    value: Any = metrics
-    for part in key.split("/"):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value

@@ -1,14 +1,6 @@
-"""Checkpoint validation and the record of reported checkpoints, as in Ray Train.
-
-Give the trainer ``validation_config=ValidationConfig(fn)`` and call
-``report(metrics, checkpoint, validation=True)``: once the checkpoint is committed, the driver runs
-``fn(checkpoint, **fn_kwargs)`` as a separate Ray task while training goes on, and the metrics it
-returns are merged into that checkpoint's metrics (so ``Result.best_checkpoints`` and
-``CheckpointConfig`` retention rank by them). A validation that raises or runs past its
-``timeout_s`` is recorded with a warning; it never stops training.
-
-Inside the training function, ``get_all_reported_checkpoints()`` returns the run's kept
-checkpoints with their metrics and validation status.
+"""Checkpoint validation and the record of reported checkpoints, as in Ray Train (docs/checkpoints.md):
+``ValidationConfig(fn)`` on the trainer, ``report(..., validation=True)`` in the loop, and
+``get_all_reported_checkpoints()`` for the run's kept checkpoints with their validation status.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from storage import Checkpoint
+from trainers._checks import is_metric_choice
 from trainers.context import get_context
 from trainers.train_fn import report
 
@@ -27,7 +28,21 @@ class ReportCallback:
         results_postprocessing_fn: Callable[[dict[str, Any]], dict[str, Any]] | None,
     ) -> None:
         super().__init__()
-        self._metrics = _check_args(type(self).__name__, metrics, filename, frequency, checkpoint_at_end)
+        owner = type(self).__name__
+        if not is_metric_choice(metrics):
+            raise TypeError(
+                f"{owner}(metrics={metrics!r}): must be None (report every metric), a metric name, a list of names, "
+                "or a dict of reported name to the library's name, e.g. {'loss': 'valid-logloss'}."
+            )
+        if not isinstance(filename, str) or not filename or os.sep in filename:
+            raise ValueError(f"{owner}(filename={filename!r}): must be a file name such as 'model.ubj'.")
+        if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 0:
+            raise ValueError(
+                f"{owner}(frequency={frequency!r}): must be 0 (no checkpoints while training) or an integer >= 1."
+            )
+        if not isinstance(checkpoint_at_end, bool):
+            raise TypeError(f"{owner}(checkpoint_at_end={checkpoint_at_end!r}): must be True or False.")
+        self._metrics = [metrics] if isinstance(metrics, str) else metrics
         self._filename = filename
         self._frequency = frequency
         self._checkpoint_at_end = checkpoint_at_end
@@ -61,28 +76,6 @@ class ReportCallback:
         with tempfile.TemporaryDirectory(prefix="flowtrain-model-") as folder:
             save(os.path.join(folder, self._filename))
             report(metrics, checkpoint=Checkpoint.from_directory(folder))
-
-
-def _check_args(owner: str, metrics: Any, filename: Any, frequency: Any, checkpoint_at_end: Any) -> Any:
-    if isinstance(metrics, str):
-        metrics = [metrics]
-    if metrics is not None and not (
-        (isinstance(metrics, list) and all(isinstance(m, str) for m in metrics))
-        or (isinstance(metrics, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in metrics.items()))
-    ):
-        raise TypeError(
-            f"{owner}(metrics={metrics!r}): must be None (report every metric), a metric name, a list of names, "
-            "or a dict of reported name to the library's name, e.g. {'loss': 'valid-logloss'}."
-        )
-    if not isinstance(filename, str) or not filename or os.sep in filename:
-        raise ValueError(f"{owner}(filename={filename!r}): must be a file name such as 'model.ubj'.")
-    if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 0:
-        raise ValueError(
-            f"{owner}(frequency={frequency!r}): must be 0 (no checkpoints while training) or an integer >= 1."
-        )
-    if not isinstance(checkpoint_at_end, bool):
-        raise TypeError(f"{owner}(checkpoint_at_end={checkpoint_at_end!r}): must be True or False.")
-    return metrics
 
 
 @contextlib.contextmanager

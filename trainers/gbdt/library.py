@@ -6,8 +6,6 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from trainers.backend import BackendConfig
-
 #: This worker's part of each dataset, read one at a time: (name, features, labels), "train" first.
 Shards = Iterator[tuple[str, Any, Any]]
 
@@ -18,8 +16,6 @@ class Library:
 
     #: The package's name, as users import it ("xgboost"); the trainer's config argument is ``<name>_config``.
     name: str
-    #: The library's ``BackendConfig``: how its workers connect.
-    config_cls: type[BackendConfig]
     #: The library's train function; the parameter form's extra keyword arguments are checked against it.
     train: Callable[..., Any]
     #: The arguments of ``train`` the parameter form sets itself.

@@ -1,16 +1,9 @@
-"""MLflow for flowtrain runs, with the names of ``ray.air.integrations.mlflow``.
+"""MLflow for flowtrain runs, with the names of ``ray.air.integrations.mlflow`` (docs/tracking.md).
 
-``MLflowLoggerCallback`` logs a run from the driver: its parameters, every report as a step,
-and its best checkpoint. ``setup_mlflow()`` gives the training function the ``mlflow`` module on
-rank 0 (a no-op stand-in on the other ranks) to log anything else.
-
-One flowtrain run is one MLflow run, however often it is resumed. Which MLflow run is ours has
-one answer, ``our_run``: the run of the experiment tagged with the flowtrain run's folder and the
-rank (``flowtrain.run_path``, ``flowtrain.rank``), for the callback (rank 0) and ``setup_mlflow()``
-alike, so in the callback's experiment rank 0's ``setup_mlflow()`` logs to the callback's run. The
-callback also writes the id into the run's record (run.json) for people and tools to read. The
-MLflow run remembers the last step it holds (the ``flowtrain.last_step`` tag, set in the same
-request as the step's metrics), so a resumed run logs the steps after it and no step twice.
+One flowtrain run is one MLflow run however often it resumes. Which one has one answer,
+``our_run`` (the experiment's run tagged with the run's folder and the rank), for the callback
+(rank 0) and ``setup_mlflow()`` alike; the run's ``flowtrain.last_step`` tag, set in the same
+request as that step's metrics, is where a resumed run logs on, so no step is logged twice.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""TensorBoard event files in the run folder, written from the driver.
-
-``TensorBoardLoggerCallback`` writes rank 0's numeric metrics of every report as scalars into
-``<run folder>/tensorboard``, with the report's index in the run's history as the step. A resumed
-run first reads the event files already there and writes only the steps after the last one they
-hold, so across restarts every step is written once: point ``tensorboard --logdir`` at the run
-folder.
-"""
+"""TensorBoard event files in the run folder, written from the driver: every step once, across
+restarts (``TensorBoardLoggerCallback``; docs/tracking.md)."""
 
 from __future__ import annotations
 

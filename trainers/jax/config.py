@@ -52,7 +52,6 @@ class JaxConfig(BackendConfig):
             )
         check_number("JaxConfig.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0")
 
-    # BackendConfig's hooks, filled in as every framework's config fills them in.
     framework = "jax"
 
     @property
@@ -99,8 +98,6 @@ class JaxBackend(Backend[JaxConfig]):
         import ray
 
         workers = worker_group.workers
-        if not workers:
-            return
         host = workers[0].metadata.node_ip
         port = ray.get(workers[0].actor.execute.remote(free_port), timeout=60)
         coordinator = host_port(host, port)

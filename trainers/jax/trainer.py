@@ -12,17 +12,9 @@ from trainers.jax.config import JaxConfig
 
 
 class JaxTrainer(DataParallelTrainer):
-    """Runs a JAX training function on N workers connected by ``jax.distributed``, CPUs included.
-
-    Inside the function ``jax.process_count()`` is the number of workers and ``jax.devices()``
-    spans all of them, so one program shards its arrays over every worker::
-
-        def train_func(config):
-            mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
-            ...  # jit a step over batches sharded along "data"; gradients are summed across workers
-            trainers.report({"loss": loss}, checkpoint=...)
-
-        JaxTrainer(train_func, scaling_config=ScalingConfig(num_workers=4)).fit()
+    """Runs a JAX training function on N workers connected by ``jax.distributed``, CPUs included:
+    ``jax.process_count()`` is the number of workers and ``jax.devices()`` spans all of them, so one
+    program shards its arrays over every worker (example: docs/frameworks.md, "JAX").
 
     Same arguments as Ray Train's ``JaxTrainer``. Without ``jax_config`` the trainer takes
     ``use_gpu`` and ``use_tpu`` from ``scaling_config``; on TPUs also give ``ScalingConfig``'s

@@ -1,13 +1,9 @@
 """LightGBMConfig and the lightgbm backend: LightGBM's own network between the workers.
 
-LightGBM connects its workers itself, given every worker's ``ip:port`` (``machines``), the
-worker's own ``local_listen_port`` and ``num_machines``. Each worker asks its own OS for a free
-port and keeps it bound until the training function asks for the network parameters: so two
-workers on one node never get the same port, and nothing else can take it while the group
-starts. ``get_network_params()`` releases it just before LightGBM binds it. Should another
-process still take it in that moment, LightGBM fails to bind ("Binding port ... failed"): the
-trainer then restarts the worker group on new ports, without spending
-``FailureConfig.max_failures`` (``LightGBMConfig.is_setup_clash``).
+Each worker binds a free port of its own OS and holds it until the training function asks for
+``get_network_params()``, which frees it just before LightGBM binds it: two workers on a node never
+share a port, and nothing else takes it while the group starts. A process that takes it in that
+moment is a setup clash (``LightGBMConfig._setup_clashes``): a restart on new ports.
 """
 
 from __future__ import annotations

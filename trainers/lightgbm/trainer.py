@@ -47,46 +47,24 @@ def _boost(form: Any, shards: Shards, booster: Any, num_boost_round: int, callba
 
 
 class LightGBMTrainer(GBDTTrainer):
-    """Data-parallel LightGBM on N workers, each training on its shard of the data.
+    """Data-parallel LightGBM on N workers, each training on its shard of the data, as in Ray Train.
 
-    Two ways to call it, as in Ray Train:
-
-    With a training function (Ray Train's current form). Merge ``get_network_params()`` into the
-    parameters of ``lightgbm.train`` and set ``tree_learner="data_parallel"``::
-
-        def train_fn(config):
-            shard = trainers.get_dataset_shard("train").materialize().to_pandas()
-            x, y = shard.drop(columns="y"), shard["y"]
-            params = {**config, "tree_learner": "data_parallel", **trainers.lightgbm.get_network_params()}
-            train_set = lightgbm.Dataset(x, y, reference=trainers.lightgbm.shared_bins(x, params))
-            lightgbm.train(params, train_set, num_boost_round=50, callbacks=[RayTrainReportCallback(frequency=10)])
-
-    ``shared_bins`` (optional) makes every worker bin features from all workers' rows, as a
-    single process would; without it LightGBM bins each feature from one worker's rows. To
-    resume after a restart, start from ``trainers.get_checkpoint()``: load it with
-    ``RayTrainReportCallback.get_model(checkpoint)`` and pass ``init_model=booster`` and
-    ``num_boost_round=total - booster.current_iteration()``.
-
-    With parameters only (the form Ray Train removed): no function to write::
-
-        LightGBMTrainer(datasets={"train": train_ds, "valid": valid_ds}, label_column="y",
-                        params={"objective": "binary", "metric": "binary_logloss"},
-                        num_boost_round=100, scaling_config=ScalingConfig(num_workers=2)).fit()
-
-    It trains with ``tree_learner="data_parallel"`` and ``pre_partition=True`` unless ``params``
-    say otherwise, bins features from all workers' rows, reports (``valid-binary_logloss``, ...)
-    and checkpoints every round, and a restart or a second ``fit()`` of the same run continues
-    boosting from the latest checkpoint up to ``num_boost_round`` rounds. Only "train" is split
-    across workers; the other datasets are evaluated whole on every worker (LightGBM's
-    ``training`` metrics cover rank 0's shard only). ``dmatrix_params={"train": {...}}`` passes
-    keyword arguments to a dataset's ``lightgbm.Dataset``, and other keyword arguments go to
-    ``lightgbm.train`` (e.g. ``callbacks=[RayTrainReportCallback(frequency=10)]``).
+    With a training function, merge ``get_network_params()`` into the parameters of
+    ``lightgbm.train`` and set ``tree_learner="data_parallel"``; ``shared_bins(x, params)`` (ours)
+    bins features from all workers' rows, as one process would. To resume, load
+    ``RayTrainReportCallback.get_model(trainers.get_checkpoint())`` and pass ``init_model=booster``.
+    With parameters only (``datasets=``, ``label_column=``, ``params=``, ``num_boost_round=``: the
+    form Ray Train removed) it trains with ``tree_learner="data_parallel"`` and
+    ``pre_partition=True`` unless ``params`` say otherwise and shared bins; every round is reported
+    and checkpointed and a restart boosts the remaining rounds; only "train" is split across
+    workers (LightGBM's ``training`` metrics cover rank 0's shard only), ``dmatrix_params`` goes to
+    a dataset's ``lightgbm.Dataset`` and other keyword arguments to ``lightgbm.train``. Examples:
+    docs/frameworks.md, "XGBoost and LightGBM".
     """
 
     #: This library as GBDTTrainer uses it (XGBoostTrainer fills in the same fields for xgboost).
     _library = Library(
         name="lightgbm",
-        config_cls=LightGBMConfig,
         train=lightgbm.train,
         feature_dtype=np.float64,
         report_callback=RayTrainReportCallback,

@@ -35,7 +35,6 @@ class TensorflowConfig(BackendConfig):
     #: backend released it): restart on new ports, free of the failure budget.
     _setup_clashes = ("Could not start gRPC server", "Address already in use")
 
-    # BackendConfig's hooks, filled in as every framework's config fills them in.
     framework = "tensorflow"
 
     @property
@@ -68,8 +67,6 @@ class TensorflowBackend(Backend[TensorflowConfig]):
         import ray
 
         workers = worker_group.workers
-        if not workers:
-            return
         ports = worker_group.execute(free_port, timeout_s=TENSORFLOW_SETUP_TIMEOUT_S)
         addresses = [host_port(w.metadata.node_ip, port) for w, port in zip(workers, ports, strict=True)]
         # One call per worker with its own index, all sent before waiting on any.

@@ -15,26 +15,16 @@ import tempfile
 from typing import Any
 
 from storage import Checkpoint
+from trainers._checks import is_metric_choice
 from trainers.tensorflow.checkpoint import KERAS_KEY, TensorflowCheckpoint, keras_package, model_from_checkpoint
 
 __all__ = ["RayReportCallback", "ReportCheckpointCallback"]
 
 #: The Keras hooks (less their ``on_`` prefix) a report or a checkpoint can be tied to.
-EVENTS = (
-    "epoch_begin",
-    "epoch_end",
-    "train_batch_begin",
-    "train_batch_end",
-    "test_batch_begin",
-    "test_batch_end",
-    "predict_batch_begin",
-    "predict_batch_end",
-    "train_begin",
-    "train_end",
-    "test_begin",
-    "test_end",
-    "predict_begin",
-    "predict_end",
+EVENTS = tuple(
+    f"{stage}_{edge}"
+    for stage in ("epoch", "train_batch", "test_batch", "predict_batch", "train", "test", "predict")
+    for edge in ("begin", "end")
 )
 
 
@@ -53,19 +43,6 @@ def _events(field: str, value: Any) -> tuple[str, ...]:
             f"from {', '.join(repr(e) for e in EVENTS)}."
         )
     return tuple(names)
-
-
-def _check_metrics(metrics: Any) -> None:
-    if metrics is None or isinstance(metrics, str):
-        return
-    if isinstance(metrics, list) and all(isinstance(m, str) for m in metrics):
-        return
-    if isinstance(metrics, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in metrics.items()):
-        return
-    raise TypeError(
-        f"ReportCheckpointCallback(metrics={metrics!r}): must be None (every Keras log), a log name, a list of "
-        "log names, or a dict of reported name to log name, e.g. {'train_loss': 'loss'}."
-    )
 
 
 def _plain(value: Any) -> Any:
@@ -102,7 +79,11 @@ class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]  # a base
         super().__init__()
         self._checkpoint_on = _events("checkpoint_on", checkpoint_on)
         self._report_metrics_on = _events("report_metrics_on", report_metrics_on)
-        _check_metrics(metrics)
+        if not is_metric_choice(metrics):
+            raise TypeError(
+                f"ReportCheckpointCallback(metrics={metrics!r}): must be None (every Keras log), a log name, a list of "
+                "log names, or a dict of reported name to log name, e.g. {'train_loss': 'loss'}."
+            )
         self._metrics = metrics
         self._epoch: int | None = None
 
@@ -113,53 +94,6 @@ class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]  # a base
         Call it inside ``strategy.scope()`` to resume training on the workers.
         """
         return model_from_checkpoint(checkpoint)
-
-    # -- what Keras calls ------------------------------------------------------------------------
-
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._epoch = epoch
-        self._handle(logs, "epoch_begin")
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self._epoch = epoch
-        self._handle(logs, "epoch_end")
-
-    # Keras calls each hook by name; each hands its moment on to _handle.
-    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self._handle(logs, "train_batch_begin")
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self._handle(logs, "train_batch_end")
-
-    def on_test_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self._handle(logs, "test_batch_begin")
-
-    def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self._handle(logs, "test_batch_end")
-
-    def on_predict_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self._handle(logs, "predict_batch_begin")
-
-    def on_predict_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self._handle(logs, "predict_batch_end")
-
-    def on_train_begin(self, logs: dict | None = None) -> None:
-        self._handle(logs, "train_begin")
-
-    def on_train_end(self, logs: dict | None = None) -> None:
-        self._handle(logs, "train_end")
-
-    def on_test_begin(self, logs: dict | None = None) -> None:
-        self._handle(logs, "test_begin")
-
-    def on_test_end(self, logs: dict | None = None) -> None:
-        self._handle(logs, "test_end")
-
-    def on_predict_begin(self, logs: dict | None = None) -> None:
-        self._handle(logs, "predict_begin")
-
-    def on_predict_end(self, logs: dict | None = None) -> None:
-        self._handle(logs, "predict_end")
 
     # Keras 2 skips a callback's batch hooks when these say False: without them every batch would
     # pay for a call (and for turning its logs into numbers) even when nothing is reported per batch.
@@ -230,6 +164,34 @@ class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]  # a base
         import trainers
 
         trainers.report(metrics)
+
+
+def _hook(when: str) -> Any:
+    """``RayReportCallback.on_<when>``, with the parameters Keras calls it with: the epoch or batch
+    index first (the epoch is kept for the metrics and checkpoints), then the logs."""
+    if when.startswith("epoch_"):
+
+        def on_epoch(self: RayReportCallback, epoch: int, logs: dict | None = None) -> None:
+            self._epoch = epoch
+            self._handle(logs, when)
+
+        return on_epoch
+    if "_batch_" in when:
+
+        def on_batch(self: RayReportCallback, batch: int, logs: dict | None = None) -> None:
+            self._handle(logs, when)
+
+        return on_batch
+
+    def on_stage(self: RayReportCallback, logs: dict | None = None) -> None:
+        self._handle(logs, when)
+
+    return on_stage
+
+
+# Keras calls each hook by name; every one hands its moment on to _handle.
+for _when in EVENTS:
+    setattr(RayReportCallback, f"on_{_when}", _hook(_when))
 
 
 class ReportCheckpointCallback(RayReportCallback):

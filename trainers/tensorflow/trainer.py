@@ -14,22 +14,11 @@ from trainers.tensorflow.config import TensorflowConfig
 class TensorflowTrainer(DataParallelTrainer):
     """Runs a TensorFlow training function on N workers, ready for ``MultiWorkerMirroredStrategy``.
 
-    Every worker starts with ``TF_CONFIG`` naming all workers, so::
-
-        def train_func(config):
-            strategy = tf.distribute.MultiWorkerMirroredStrategy()
-            with strategy.scope():
-                model = build_and_compile_model()
-            data = prepare_dataset_shard(trainers.get_dataset_shard("train").to_tf("x", "y", batch_size=32))
-            model.fit(data, epochs=config["epochs"], callbacks=[ReportCheckpointCallback()])
-
-        TensorflowTrainer(train_func, train_loop_config={"epochs": 5}, datasets={"train": ds},
-                          scaling_config=ScalingConfig(num_workers=2)).fit()
-
-    trains one model on every worker's shard together, reporting and checkpointing each epoch
-    (``trainers.tensorflow.keras.ReportCheckpointCallback``). Same arguments as
-    ``ray.train.tensorflow.TensorflowTrainer``. Set TensorFlow's thread counts in the function
-    (``tf.config.threading``) if several workers share a node's cores.
+    Every worker starts with ``TF_CONFIG`` naming all workers, so the strategy trains one model on
+    every worker's shard together; ``trainers.tensorflow.keras.ReportCheckpointCallback`` reports
+    and checkpoints each epoch. Same arguments as ``ray.train.tensorflow.TensorflowTrainer``. Set
+    TensorFlow's thread counts in the function (``tf.config.threading``) if several workers share a
+    node's cores. Example: docs/frameworks.md, "TensorFlow and Keras".
     """
 
     _backend_config_arg = ("tensorflow_config", TensorflowConfig)

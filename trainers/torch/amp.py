@@ -1,13 +1,7 @@
-"""Automatic mixed precision through ``accelerate``, ``prepare_optimizer`` and ``backward``.
-
-These three are Ray Train's older AMP helpers, kept so that scripts using them run unchanged:
-``accelerate(amp=True)`` first, then ``prepare_model`` runs the model's forward under
-``torch.autocast`` on the worker's device, ``prepare_optimizer`` steps through a
-``GradScaler`` and ``backward(loss)`` scales the loss before back-propagating. New code is
-better served by ``torch.autocast`` and ``torch.amp.GradScaler`` directly.
-
-The choice made by ``accelerate`` belongs to one training session (one worker in one attempt):
-a restarted worker starts with a fresh one.
+"""Ray Train's older AMP helpers, kept so that scripts using them run unchanged: ``accelerate``,
+``prepare_optimizer`` and ``backward`` (new code is better served by ``torch.autocast`` and
+``torch.amp.GradScaler`` directly). The choice ``accelerate`` makes belongs to one training
+session (one worker in one attempt): a restarted worker starts with a fresh one.
 """
 
 from __future__ import annotations

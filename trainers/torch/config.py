@@ -44,7 +44,6 @@ class TorchConfig(BackendConfig):
         check_choice("TorchConfig.init_method", self.init_method, INIT_METHODS)
         check_number("TorchConfig.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0")
 
-    # BackendConfig's hooks, filled in as every framework's config fills them in.
     framework = "torch"
 
     @property
@@ -103,12 +102,28 @@ def _worker_device() -> Iterator[None]:
 
 
 def _per_rank_env(workers: list[Any], use_gpu: bool) -> dict[int, dict[str, str]]:
-    """Per world rank: Accelerate's and DeepSpeed's variables, set before the group is joined."""
-    from trainers.torch.deepspeed_env import deepspeed_env
+    """Per world rank: Accelerate's variables and those DeepSpeed's launcher would have set (torchrun's,
+    ``RANK``, ``LOCAL_RANK``, ..., every worker has), set before the group is joined. Without them
+    DeepSpeed guesses: on CPU it counts NUMA nodes as a node's devices, and it may pick an
+    accelerator the worker does not train on. Harmless to a loop that uses neither; imports neither.
 
-    merged = deepspeed_env(workers, use_gpu)
+    - ``LOCAL_SIZE``: workers on this worker's node (DeepSpeed's CPU accelerator's device count).
+    - ``CROSS_RANK`` / ``CROSS_SIZE``: this worker's node rank and the number of nodes.
+    - ``DS_ACCELERATOR=cpu`` on CPU workers: DeepSpeed then talks over the trainer's gloo group
+      instead of looking for a GPU (on GPU workers it finds CUDA itself).
+    """
+    num_nodes = len({w.ranks.node_rank for w in workers})
+    merged = {
+        w.ranks.world_rank: {
+            "LOCAL_SIZE": str(w.ranks.local_world_size),
+            "CROSS_RANK": str(w.ranks.node_rank),
+            "CROSS_SIZE": str(num_nodes),
+            **({} if use_gpu else {"DS_ACCELERATOR": "cpu"}),
+        }
+        for w in workers
+    }
     for rank, env in _accelerate_env(workers, use_gpu).items():
-        merged.setdefault(rank, {}).update(env)
+        merged[rank].update(env)
     return merged
 
 
@@ -120,20 +135,14 @@ def init_method_url(init_method: str, master_addr: str, master_port: str) -> str
 
 
 class TorchBackend(Backend[TorchConfig]):
-    """Sets up ``torch.distributed`` on every worker (gloo on CPU, nccl on GPU).
-
-    The group meets at a store a worker hosts (``trainers.torch.rendezvous``): the lowest-ranked
-    one kept from an earlier formation, else rank 0. Each formation uses a prefix of its own, so a
-    group re-formed around replaced ranks meets at a store that outlived the failure, and never
-    at the keys of an earlier generation; ``MASTER_ADDR``/``MASTER_PORT`` name that store.
-    """
+    """Sets up ``torch.distributed`` on every worker (gloo on CPU, nccl on GPU), meeting at the
+    store of the lowest-ranked worker that hosts one, else rank 0's (``trainers.torch.rendezvous``);
+    ``MASTER_ADDR``/``MASTER_PORT`` name that store."""
 
     reuses_workers = True  # every set-up leaves any process group before joining the new one
     process = TorchProcess
 
     def on_start(self, worker_group: Any, backend_config: TorchConfig) -> None:
-        if worker_group.world_size < 1:
-            return
         use_gpu = worker_group.scaling.use_gpu
         backend = backend_config.collective_backend(use_gpu)
         timeout_s = backend_config.timeout_s + 30

@@ -1,23 +1,10 @@
-"""What a worker's process asks of torch (``trainers.backend.FrameworkProcess``): run in the workers.
+"""What a worker's process asks of torch (``trainers.backend.FrameworkProcess``), run in the
+workers; each method does nothing in a process where torch (or CUDA) was never used.
 
-- **Stopping an attempt.** NCCL's collectives run on the GPU and a rank waits in a CUDA
-  synchronisation that no closed socket ends: the communicator is aborted (``interrupt``) before
-  the training thread is waited for, and CUDA is checked usable (``unusable``) before the process
-  is reused. Then the group is left (``leave_group``): destroyed, and the connections it opened
-  when it formed shut (``trainers._internal.workers.connections``), since torch frees a gloo
-  group's sockets only when nothing holds the group. Destroying a group another thread is using
-  is unsafe, so a rank leaves only once its training thread has ended.
-- **A fresh process.** torch's process-wide settings and random generators as a new process has
-  them (``reset``): the default dtype and device, the intra-op threads (from ``OMP_NUM_THREADS``,
-  as torch reads it at start), deterministic algorithms, cuDNN's flags, float32 matmul precision,
-  anomaly detection, ``torch.compile``'s caches, and torch's generators seeded with its start-up
-  seed. Grad mode, inference mode and autocast are per thread, and every attempt trains in a new one.
-- **The pre-flight probe** (``probe``): a matrix multiply on the worker's device, and an all-reduce
-  when the group has a process group.
-- **The device's memory**: CUDA's peaks (``device_peaks``), its summary and, with
-  ``FLOWTRAIN_CUDA_MEMORY_SNAPSHOT``, its allocation snapshot when a rank runs out of it.
-
-Each does nothing in a process where torch (or CUDA) was never used.
+NCCL's collectives wait in a CUDA synchronisation that no closed socket ends: the communicator is
+aborted (``interrupt``) before the training thread is waited for, and CUDA is checked usable
+(``unusable``) before the process is reused. A rank leaves its group (``leave_group``) only once
+its training thread has ended, since destroying a group another thread is using is unsafe.
 """
 
 from __future__ import annotations
@@ -136,7 +123,8 @@ class TorchProcess(FrameworkProcess):
 
 
 def _restore_torch_settings() -> None:
-    """torch's process-wide settings as a new process has them (torch is already imported)."""
+    """torch's process-wide settings as a new process has them (torch is already imported). Grad
+    mode, inference mode and autocast are per thread, and every attempt trains in a new one."""
     import torch
 
     torch.set_default_dtype(torch.float32)

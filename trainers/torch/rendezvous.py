@@ -1,15 +1,10 @@
 """Where the workers' torch process group meets: a store a kept worker hosts, one prefix a generation.
 
-With ``env://`` as torchrun uses it, rank 0 hosts the group's ``TCPStore`` inside its process
-group, and a group re-formed after a failure needs a new one. flowtrain keeps the survivors of a
-failure and re-forms the group around their replacements (``FLOWTRAIN_REPLACE_RANKS``), so the
-store is a process's own, apart from its process group: one ``TCPStore`` per worker process that
-hosts one, listening on all interfaces on a port the OS picks, kept when the process is reset for
-another attempt. A formation meets at the store of the lowest-ranked worker that already hosts
-one (a process kept from an earlier formation, which has outlived it), else at a new one on rank
-0; each formation (a generation) uses keys under a prefix of its own, so a late rank of an old
-generation can never meet a new one. The driver hosts nothing: it never imports torch (1.2 s of
-CPU at the start of every first ``fit()`` of a script that does not import it itself).
+With ``env://`` rank 0 hosts the ``TCPStore`` inside its process group, which dies with the group;
+a group re-formed around replaced ranks (``FLOWTRAIN_REPLACE_RANKS``) needs a store that outlived
+the failure. So a worker process hosts one apart from its group, kept across resets, and each
+formation uses keys under a prefix of its own (docs/design.md, step 5). The driver hosts nothing:
+it never imports torch (1.2 s of CPU at the start of a script that does not import it itself).
 """
 
 from __future__ import annotations

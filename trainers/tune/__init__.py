@@ -24,9 +24,7 @@ reserves the workers with the trial instead, up front::
 """
 
 from trainers.tune.callback import CHECKPOINT_PATH_KEY, RUN_PATH_KEY, NotInTuneTrialError, TuneReportCallback
-from trainers.tune.resources import trial_resources, with_resources
-from trainers.tune.run_config import trial_run_config
-from trainers.tune.trainable import trainer_trial_resources
+from trainers.tune.trial import trainer_trial_resources, trial_resources, trial_run_config, with_resources
 
 __all__ = [
     "CHECKPOINT_PATH_KEY",

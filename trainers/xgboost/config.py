@@ -38,7 +38,6 @@ class XGBoostConfig(BackendConfig):
     def __post_init__(self) -> None:
         check_choice("XGBoostConfig.xgboost_communicator", self.xgboost_communicator, COMMUNICATORS)
 
-    # BackendConfig's hooks, filled in as every framework's config fills them in.
     framework = "xgboost"
 
     @property

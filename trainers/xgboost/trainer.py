@@ -37,44 +37,21 @@ def _boost(form: Any, shards: Shards, booster: Any, num_boost_round: int, callba
 
 
 class XGBoostTrainer(GBDTTrainer):
-    """Data-parallel xgboost on N workers, each training on its shard of the data.
+    """Data-parallel xgboost on N workers, each training on its shard of the data, as in Ray Train.
 
-    Two ways to call it, as in Ray Train:
-
-    With a training function (Ray Train's current form). The trainer starts xgboost's collective
-    before your function runs, so ``xgboost.train`` combines every worker's shard::
-
-        def train_fn(config):
-            shard = trainers.get_dataset_shard("train").materialize().to_pandas()
-            dtrain = xgboost.DMatrix(shard.drop(columns="y"), label=shard["y"])
-            xgboost.train(config, dtrain, num_boost_round=50, callbacks=[RayTrainReportCallback(frequency=10)])
-
-        XGBoostTrainer(train_fn, train_loop_config=params, datasets={"train": ds},
-                       scaling_config=ScalingConfig(num_workers=2)).fit()
-
-    To resume after a restart, start from ``trainers.get_checkpoint()``: load it with
-    ``RayTrainReportCallback.get_model(checkpoint)`` and pass ``xgb_model=booster`` and
-    ``num_boost_round=total - booster.num_boosted_rounds()``.
-
-    With parameters only (the form Ray Train removed): no function to write::
-
-        XGBoostTrainer(datasets={"train": train_ds, "valid": valid_ds}, label_column="y",
-                       params={"objective": "binary:logistic", "eval_metric": "logloss"},
-                       num_boost_round=100, scaling_config=ScalingConfig(num_workers=2)).fit()
-
-    Every round is reported (``train-logloss``, ``valid-logloss``, ...) and checkpointed, and a
-    restart or a second ``fit()`` of the same run continues boosting from the latest checkpoint
-    up to ``num_boost_round`` rounds. Only "train" is split across workers; the other datasets
-    are evaluated whole on every worker. ``dmatrix_params={"train": {...}}`` passes keyword
-    arguments to a dataset's ``xgboost.DMatrix``, and other keyword arguments go to
-    ``xgboost.train`` (e.g. ``callbacks=[RayTrainReportCallback(frequency=10)]`` to checkpoint
-    less often, ``early_stopping_rounds=``).
+    With a training function, the trainer starts xgboost's collective before the function runs, so
+    ``xgboost.train(..., callbacks=[RayTrainReportCallback()])`` there combines every worker's shard;
+    to resume, load ``RayTrainReportCallback.get_model(trainers.get_checkpoint())`` and pass
+    ``xgb_model=booster``. With parameters only (``datasets=``, ``label_column=``, ``params=``,
+    ``num_boost_round=``: the form Ray Train removed), every round is reported and checkpointed and
+    a restart boosts the remaining rounds; only "train" is split across workers,
+    ``dmatrix_params={"train": {...}}`` goes to a dataset's ``xgboost.DMatrix`` and other keyword
+    arguments to ``xgboost.train``. Examples: docs/frameworks.md, "XGBoost and LightGBM".
     """
 
     #: This library as GBDTTrainer uses it (LightGBMTrainer fills in the same fields for LightGBM).
     _library = Library(
         name="xgboost",
-        config_cls=XGBoostConfig,
         train=xgboost.train,
         feature_dtype=np.float32,
         report_callback=RayTrainReportCallback,

@@ -58,11 +58,6 @@ class TorchXLAMissingError(MissingExtraError):
         self.module, self.extra = "torch_xla", None
 
 
-def _has_torch_xla() -> bool:
-    # find_spec answers without importing torch_xla (slow, and it grabs devices).
-    return "torch_xla" in sys.modules or importlib.util.find_spec("torch_xla") is not None
-
-
 @dataclasses.dataclass(frozen=True)
 class TorchXLAConfig(TorchConfig):
     """How the workers' PyTorch/XLA process group is set up (``ray.train.torch.xla.TorchXLAConfig``).
@@ -100,10 +95,10 @@ class TorchXLAConfig(TorchConfig):
             raise ValueError(
                 f"TorchXLAConfig.neuron_parallel_compile={self.neuron_parallel_compile!r}: must be True or False."
             )
-        if not _has_torch_xla():
+        # find_spec answers without importing torch_xla (slow, and it grabs devices).
+        if "torch_xla" not in sys.modules and importlib.util.find_spec("torch_xla") is None:
             raise TorchXLAMissingError()
 
-    # BackendConfig's hooks, filled in as every framework's config fills them in.
     framework = "torch_xla"
 
     @property
@@ -169,8 +164,6 @@ class TorchXLABackend(Backend[TorchXLAConfig]):
     process = TorchProcess  # an xla group is a torch.distributed group
 
     def on_start(self, worker_group: Any, backend_config: TorchXLAConfig) -> None:
-        if worker_group.world_size < 1:
-            return
         master = worker_group.workers[0]
         port = worker_group.execute_single(0, free_port)
         env = _xla_env(
