@@ -1,54 +1,13 @@
-"""A direct line from every worker to the controller for reports and other worker events, that
-loses none of them.
+"""A direct line from every worker to the controller for its events, that loses none of them.
 
-Sending each event as the answer to a Ray actor call costs the driver one ``ray.get`` and one
-new ``.remote()`` per rank per report: about 0.1 ms each, so a 64-rank report round cost the
-controller ~10 ms of CPU and grew with the square of the world size in latency. Here each worker
-opens one TCP connection to the controller when its training function starts and writes
-length-prefixed pickled events to it; the controller waits on all connections at once with
-``selectors`` (epoll), so a round costs one small read per rank.
-
-``sendall`` returning proves only that the local kernel took the bytes: a connection that breaks
-(a reset, a NAT or firewall forgetting it, a half-open socket after a network blip) loses what
-was in flight. So every event is numbered (per worker and attempt, from 1), and an ``Outbox``
-keeps each one until the controller acknowledges it:
-
-- The controller acknowledges on the same socket, 8 bytes: the highest number it has read on
-  that connection (a connection carries a worker's events in order, so every lower one arrived
-  too). It does so while reading, at most once per ``ACK_EVERY_S`` (5 s) per connection, in the
-  wakeup that read the event: a rank reporting more often than that costs the driver one small
-  write per 5 s, not one per report (on loopback a write costs about what reading a report
-  does). A worker whose oldest unacknowledged event is ``ack_timeout_s / 2`` old (the last
-  reports of a burst) asks with an empty frame, answered at once.
-- A connection is given up when it closes or errs, or leaves an event unacknowledged for
-  ``ack_timeout_s``. A half-open connection, whose writes all "succeed", is found by the kernel
-  within about 15 s (TCP keepalive while idle, ``TCP_USER_TIMEOUT`` while bytes wait for the
-  peer's TCP acknowledgement), which never mistakes a busy controller for a dead one: its kernel
-  keeps acknowledging. The application's timeout is the backstop for a connection whose peer's
-  kernel answers but whose controller never reads it (what a tap's ``Fate.DETACH`` leaves). The
-  worker then replays every unacknowledged event over the Ray long poll
-  (``TrainWorker.next_events``), which the worker group keeps open anyway (it is how a dead
-  worker or a lost node, which closes no socket, is noticed), and sends later events that way
-  too, for the rest of the attempt. The long poll acknowledges too: each
-  new call carries the highest number the controller holds, and the worker forgets up to it.
-- The controller (``WorkerInbox``) applies a worker's event only when its number is above the
-  highest applied from that worker: each road carries a worker's events in order, starting at or
-  before the first one the controller lacks, so anything lower is a replay. Inboxes live one
-  attempt, so the key is (attempt, rank, number).
-
-Why no reconnect: the Ray road is already open, reliable once acknowledged, and costs only
-speed (0.1 ms of driver CPU per event of that rank); a second connection would need ordering
-between the old and the new socket for a case (a broken connection) that is rare. An
-acknowledgement means the controller's process holds the event: its loop applies what a poll
-returns before it polls again, and if that process dies the attempt ends with it.
-
-A connection starts with a hello carrying a per-group random token handed to the workers over
-Ray, so a stray process cannot inject events into a run.
-
-The seam for faults: a test or the chaos soak installs an ``EventTap`` in the controller's
-process (``trainers.testing.tap_event_road``); listeners made while it is installed ask it after
-every frame whether to read on, close the connection, or hand it over unread (what a network blip
-leaves half-open). Without a tap the listener asks nothing. Workers never know about it.
+Each worker writes numbered, length-prefixed pickled events to one TCP connection (``Outbox``),
+opened with the group's token; the controller reads every connection at once with ``selectors``
+and acknowledges on the same socket (``EventListener``). A worker keeps each event until it is
+acknowledged; a connection that closes, errs or stays unacknowledged for ``ack_timeout_s`` is
+given up, and its events go over the Ray long poll (``TrainWorker.next_events``) instead, where
+``WorkerInbox`` drops replays by number. The protocol, its timers and why it never reconnects:
+docs/design.md, "The report path". A test or the chaos soak plants faults through an ``EventTap``
+(``tap_event_road``) in the controller's process; workers never know about it.
 """
 
 from __future__ import annotations
@@ -106,6 +65,12 @@ def _allow_open_files(wanted: int) -> None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
     except (ImportError, ValueError, OSError):
         pass  # not allowed here: workers that cannot connect fall back to the Ray long poll
+
+
+def _shut(sock: socket.socket) -> None:
+    """End ``sock``'s connection both ways, waking whatever waits on it; a closed one is no error."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def dumps_event(event: Any) -> bytes:
@@ -176,15 +141,15 @@ def tap_event_road(tap: EventTap | None, ack_timeout_s: float | None = None) -> 
         _road = before
 
 
+@dataclasses.dataclass(frozen=True)
 class ChannelAddress:
     """Where the controller listens, the token a worker proves itself with, and how long the
     worker waits for an acknowledgement (sent over Ray)."""
 
-    def __init__(self, host: str, port: int, token: bytes, ack_timeout_s: float = ACK_TIMEOUT_S) -> None:
-        self.host = host
-        self.port = port
-        self.token = token
-        self.ack_timeout_s = ack_timeout_s
+    host: str
+    port: int
+    token: bytes
+    ack_timeout_s: float = ACK_TIMEOUT_S
 
 
 class Outbox:
@@ -259,10 +224,7 @@ class Outbox:
         with self._send_lock:
             sock, self._sock = self._sock, None
         if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # its acknowledgement thread sees the end and lets the socket go
+            _shut(sock)  # its acknowledgement thread sees the end and lets the socket go
         with self._changed:
             self._closed = True
             self._kept.clear()
@@ -285,10 +247,7 @@ class Outbox:
         if self._sock is not sock:
             return
         self._sock = None
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        _shut(sock)
         if stalled:
             print(
                 f"flowtrain: the controller acknowledged nothing on this worker's connection for {self._ack_timeout_s:g} s "
@@ -340,10 +299,7 @@ class Outbox:
                     finally:
                         self._send_lock.release()
         if lost:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # first: it wakes a put stuck in sendall
-            except OSError:
-                pass
+            _shut(sock)  # first: it wakes a put stuck in sendall
             with self._send_lock:
                 self._give_up(sock, stalled)
         sock.close()

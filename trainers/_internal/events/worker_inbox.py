@@ -1,16 +1,9 @@
-"""Where the events of one attempt's workers arrive at the controller, by either of two roads.
-
-The fast road is the event channel: each worker writes its events to a socket the controller
-reads (``event_channel``). The Ray road is one outstanding ``next_events`` long poll per worker,
-watched by a background thread: it carries the events of a worker that could not reach the
-socket, and it is how a worker's death (or its node's) becomes a ``FailedEvent``, since a dead
-node closes no socket. Whatever the thread receives it queues and wakes the controller's wait.
-
-A worker numbers its events and replays the unacknowledged ones when it leaves the socket for
-the Ray road (``event_channel``), so the same event may come twice: the inbox applies an event
-only when its number is above the highest it applied from that worker. Each new long poll
-acknowledges what the inbox holds from that worker (the socket's own acknowledgements are the
-listener's).
+"""Where the events of one attempt's workers arrive at the controller, by either of two roads:
+the event channel's sockets (``event_channel``), and one outstanding ``next_events`` long poll per
+worker, watched by a background thread, which carries the events of a worker that left its socket
+and turns a worker's death (or its node's, which closes no socket) into a ``FailedEvent``. A
+replayed event comes twice: the inbox applies one only when its number is above the highest it
+applied from that worker, and each new long poll acknowledges what the inbox holds from it.
 """
 
 from __future__ import annotations

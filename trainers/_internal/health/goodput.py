@@ -1,15 +1,10 @@
-"""The goodput account of one ``fit()`` call: where its wall time went, kept by the controller as
-it moves from phase to phase.
+"""The goodput account of one ``fit()`` call: where its wall time went (the parts:
+docs/health.md, "The goodput account"), kept by the controller as it moves from phase to phase.
 
-Every moment from the controller's start to its end belongs to exactly one phase: starting (the
-first attempt's workers and backend), training, restarting (from a failure, a preemption or a
-resize until the next attempt trains), or waiting (the run's end: workers finishing, a failed
-run's last moments). Three parts are then moved out of training: the time the ranks waited for
-their next batch (each committed round's slowest rank's wait: the others wait for it at the next
-collective or commit), the time ranks were blocked uploading a checkpoint synchronously, and the
-training since the latest committed checkpoint that a failure or resize threw away (rolled back:
-those steps are trained again, their waits for data with them). Each part is also counted in
-worker-seconds (its seconds times the workers held then), for worker- and GPU-hours.
+Every moment belongs to one phase; then the waits for data (each committed round's slowest rank's:
+the others wait for it at the next collective or commit), the synchronous checkpoint uploads and
+the training a failure or resize threw away are moved out of training, each also counted in
+worker-seconds (its seconds times the workers held then).
 """
 
 from __future__ import annotations

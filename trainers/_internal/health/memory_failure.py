@@ -1,12 +1,8 @@
-"""Failures for want of memory: telling them from others, and what a rank leaves behind when it
-runs out (a memory summary in the run's ``.health/`` folder, with the device's summary and, with
-``FLOWTRAIN_CUDA_MEMORY_SNAPSHOT`` set, its allocation snapshot, from the backend's
-``FrameworkProcess``: PyTorch's CUDA ones for torch).
-
-A rank that raises a CUDA out-of-memory error, a ``MemoryError`` or an allocator's "can't
-allocate" error is out of memory by its error. A rank killed by the kernel's OOM killer or Ray's
-memory monitor leaves no error of its own: Ray's death message names the monitor, and for the
-kernel the controller compares the rank's memory at its last report with its limit
+"""Failures for want of memory (docs/health.md, "Memory"): telling them from others, and the
+summary a rank leaves in the run's ``.health/`` folder when it runs out, with its framework's
+device summary and snapshot (the backend's ``FrameworkProcess``). A rank the kernel or Ray's memory
+monitor killed leaves no error of its own: Ray's death message names the monitor, and for the
+kernel the controller compares the rank's last reported memory with its limit
 (``MemoryPeak.near_limit``).
 """
 

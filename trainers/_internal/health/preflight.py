@@ -1,11 +1,7 @@
-"""The pre-flight check: before the first step, every worker times a small compute probe (a
-matrix multiply on its device) and, when the group has a process group, an all-reduce (the
-backend's ``FrameworkProcess.probe``: torch's in ``trainers.torch.process``); a worker far slower than the median worker fails ``fit()`` before training, naming its
-rank, node and figures (``trainers.errors.PreflightError``).
-
-The all-reduce is one figure for the group (a collective runs at the pace of its slowest link),
-reported as bus bandwidth; the compute probe is per worker and is what names a bad one.
-On by default for GPU runs, off for CPU runs (``FLOWTRAIN_PREFLIGHT``; see ``trainers.health``).
+"""The pre-flight check (docs/health.md): before the first step every worker times a compute probe
+and, with a process group, an all-reduce (the backend's ``FrameworkProcess.probe``); a worker far
+slower than the median fails ``fit()`` with ``PreflightError``. The all-reduce is one figure for
+the group (a collective runs at its slowest link's pace); the compute probe names a bad worker.
 """
 
 from __future__ import annotations

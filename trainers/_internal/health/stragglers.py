@@ -1,11 +1,8 @@
-"""Which rank is a straggler: judged by the controller on every committed round, from the step
-times the ranks' reports carry (``StepHealth.busy_s``), with no round trip of its own.
-
-A rank is slow in a round when its step took more than ``factor`` times the median rank's and at
-least ``STRAGGLER_MIN_GAP_S`` more (so a 1 ms step against 0.5 ms is not news). After ``steps``
-slow rounds in a row it is named, once; the episode ends after ``steps`` rounds in a row that are
-not slow, and a later one is named again. The median is the lower median, so with two ranks the
-slower is judged against the faster.
+"""Which rank is a straggler (docs/health.md, "Stragglers"), judged by the controller on every
+committed round from the steps its reports carry (``StepHealth.busy_s``). A rank slower than
+``factor`` times the median rank and ``STRAGGLER_MIN_GAP_S`` more for ``steps`` rounds in a row is
+named once; as many rounds in a row not slow end the episode. The median is the lower median, so
+with two ranks the slower is judged against the faster.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""The timeline picture: one row per rank, time along the bottom, the run's phases in a band on
-top and each attempt's start named above it. Every committed round is a tick on every rank's row,
-coloured by how that rank's step compared with the median rank's (blue: near it; orange, red:
-slower), so a healthy rank shows as plainly as a slow one; checkpoints are dashed lines, failures
-black crosses, stragglers purple triangles, and training thrown away by a failure is hatched in
-the phase band. The legend, under the plot, names every kind of mark drawn and only those.
-
-Drawn 870 px wide, the width Prefect's artifact page gives it in a 1,400 px window (its newer UI
-scales it to about 690 px), with 10 pt text. Drawn with matplotlib's object API (no pyplot, no
-display)."""
+"""The timeline picture (docs/health.md, "The timeline picture", says what it shows): one row per
+rank, the phases in a band on top, a tick per committed round coloured by its step against the
+median rank's. Drawn 870 px wide (Prefect's artifact page in a 1,400 px window; its newer UI scales
+it to about 690 px) with 10 pt text, by matplotlib's object API (no pyplot, no display).
+"""
 
 from __future__ import annotations
 

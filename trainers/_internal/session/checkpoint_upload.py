@@ -1,17 +1,9 @@
-"""How ``report()`` puts a checkpoint into the run's storage, and what it does with the local folder.
-
-Three ways, as in Ray Train: flowtrain copies the folder (the default); the user's
-``checkpoint_upload_fn(checkpoint, checkpoint_dir_name)`` copies it; or nothing is copied
-(``CheckpointUploadMode.NO_UPLOAD``) because the user wrote the checkpoint into the run folder
-already. A copy, ours or the user's, lands in the report's staging folder, so the controller
-still commits it all at once; ``checkpoint_dir_name`` is handed to the upload function as the
-staging folder's path relative to the run folder (``get_storage().build_checkpoint_path_from_name``
-or ``experiment_fs_path + "/" + name`` turn it into the place to write).
-
-flowtrain's own copy retries errors that pass, with backoff (``storage.upload``); a user's
-``checkpoint_upload_fn`` is called once and never retried, because only its author knows whether
-calling it again is safe: retry inside it where it is. Each rank measures its upload (bytes,
-seconds, retries) and the controller records the checkpoint's totals in run.json.
+"""How ``report()`` puts a checkpoint into the run's storage, and what it does with the local folder
+(the three ways, as in Ray Train: docs/checkpoints.md). A copy, flowtrain's or the user's
+``checkpoint_upload_fn``'s, lands in the report's staging folder, so the controller still commits
+it all at once; the upload function gets the staging folder's path relative to the run folder as
+its ``checkpoint_dir_name``. flowtrain's own copy retries errors that pass (``storage.upload``); a
+user's function is called once, since only its author knows whether calling it again is safe.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""Where a worker's data stands in its epoch: saved with each checkpoint, resumed from after a restart.
+"""Where a worker's data stands in its epoch: saved with each checkpoint, resumed from after a
+restart (docs/data.md, "Resuming mid-epoch", says when that is exact).
 
-A worker's dataset shards (``get_dataset_shard``) and the loaders ``prepare_data_loader`` gave a
-``DistributedSampler`` count what they handed to the training loop in the current epoch. Every
-``report()`` carries those counts (``DataPositions.record``, a few numbers); the controller
-commits them with the round's checkpoint in run.json, never in the user's files. The next attempt
-(a worker restart, a rerun of the same run) gives each rank the position of the checkpoint it
-resumes from (``plan_resume``), and the first pass of that epoch skips what was handed out.
-
-Exact when each rank gets the same rows in the same order again: the dataset runs with
-``ExecutionOptions(preserve_order=True)`` and the world size is the one the checkpoint was saved
-with (a ``DistributedSampler``'s order is fixed by its seed). Otherwise the same number of rows is
-skipped, a warning says why that is not exact, and the run's record notes what was skipped.
-``DataConfig(checkpoint_data_position=False)`` turns all of it off.
+A worker's dataset shards and the loaders ``prepare_data_loader`` gave count what they handed to
+the training loop in the current epoch; every ``report()`` carries those counts
+(``DataPositions.record``), the controller commits them with the round's checkpoint in run.json,
+and the next attempt gives each rank the position of the checkpoint it resumes from
+(``plan_resume``): the first pass of that epoch skips what was handed out.
 """
 
 from __future__ import annotations

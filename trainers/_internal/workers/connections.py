@@ -1,13 +1,11 @@
 """A worker's TCP connections that a stopped attempt must end, whatever framework made them.
 
-Run in the worker. A rank blocked in a collective over sockets (gloo) gets out when the peer's
-socket closes: a peer whose process died closes its own, but a live rank's sockets close only when
-its group is freed, which a framework may not do while anything holds the group (a DDP model
-does, wherever the user's code keeps it; torch 2.13). So the connections a group opened when it
-formed are remembered (``forming_group``) and shut when the rank leaves its group
-(``shut_group_connections``, from the backend's ``FrameworkProcess.leave_group``), which fails the
-collectives its peers wait in, and each of them leaves in turn. A host cut off from the network
-closes nothing: the survivors shut their own connections to it (``cut_connections_to``).
+Run in the worker. A live rank's gloo sockets close only when its group is freed, which torch does
+not do while anything holds the group (a DDP model the user's code keeps; torch 2.13), so a peer
+blocked in a collective with it would wait on. The connections a group opened when it formed are
+remembered (``forming_group``) and shut when the rank leaves its group (``shut_group_connections``,
+from ``FrameworkProcess.leave_group``); a host cut off from the network closes nothing, so the
+survivors shut their own connections to it (``cut_connections_to``). See docs/design.md, step 8.
 """
 
 from __future__ import annotations

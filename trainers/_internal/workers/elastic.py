@@ -1,12 +1,7 @@
-"""How many workers an elastic run (``ScalingConfig(num_workers=(min, max))``) trains with.
-
-An attempt starts with as many workers as the cluster's free resources hold now, up to
-``max_workers``, once at least ``min_workers`` fit: it waits for nodes to join (an autoscaling
-cluster) up to the worker start timeout (``FLOWTRAIN_WORKER_START_TIMEOUT_S``). While it trains, every
-``elastic_resize_monitor_interval_s`` the free resources plus the attempt's own are counted
-again; when more workers would fit, the controller restarts the group at the larger size from
-the latest checkpoint. A lost node shrinks the run through the ordinary restart, which sizes the
-next attempt by what is left.
+"""How many workers an elastic run (``ScalingConfig(num_workers=(min, max))``) trains with
+(docs/scaling-out.md, "Elastic training"): each attempt as many as the cluster's free resources
+hold, once ``min_workers`` fit; while it trains, every ``elastic_resize_monitor_interval_s``,
+whether more would fit beside what the attempt holds, for the controller to restart it larger.
 """
 
 from __future__ import annotations

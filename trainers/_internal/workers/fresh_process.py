@@ -1,28 +1,12 @@
 """What a worker process puts back before it serves another attempt, so the user's code finds it
-as a fresh process.
+as a fresh process (the list, and what is not put back: docs/fault-tolerance.md, "A kept process
+is a fresh process to your code").
 
-flowtrain reuses worker processes (a clean run's workers for the next ``fit()``, and the ranks
-that survived a failure for the next attempt of the same run) because most of a worker's start is
-importing: Ray, torch, ``torch._dynamo``. What is expensive and shared stays: Python itself and
-every installed library already imported. Everything a run may have changed that a new process
-would not show is put back:
-
-- the environment variables, the working directory and ``sys.path``, as they were when the process
-  started;
-- flowtrain's log levels (``LoggingConfig``);
-- the user's own modules: every module imported since the process started whose file is outside
-  the installed packages (site-packages, the standard library, Ray, flowtrain) is forgotten, so the
-  next attempt imports it again from disk: an edited module's new code, its globals as a fresh
-  import sets them;
-- the framework's process-wide settings and random generators, as its backend says
-  (``FrameworkProcess.reset``: torch's in ``trainers.torch.process``); Python's ``random`` and
-  NumPy's global generator re-seeded from the OS, as a new process does;
-- Ray Data's ``DataContext`` (when Ray Data was imported): a new default one.
-
-The framework's group is left by the worker (``TrainWorker.stop``) before this runs. Not put back: state a library keeps in C
-that no API resets (a custom operator registered by a user module is registered again on re-import,
-which torch refuses; such a module should register in an installed package), and the libraries that
-keep process-wide distributed state, whose processes are never reused (``reuse.KEEPS_PROCESS_STATE``).
+What is expensive and shared stays: Python and every installed library already imported. The
+user's own modules (files outside the installed packages, flowtrain's and Ray's) are forgotten, to
+be imported again from disk; the framework's process-wide settings are its backend's to put back
+(``FrameworkProcess.reset``), and its group was left before (``TrainWorker.stop``). Processes of
+libraries that keep process-wide distributed state are never reused (``reuse.KEEPS_PROCESS_STATE``).
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Whether a worker group's processes may serve again, and if not, why: the one home of that rule.
 
-Processes are reused two ways, both to skip a new worker's start (Ray's worker start, importing
-torch and ``torch._dynamo``: about 6 s of CPU each):
-
-- **within a run**: when ranks fail and the budget allows a restart, the ranks that did not fail
-  are kept and only the failed ones are replaced (``FLOWTRAIN_REPLACE_RANKS``, on by default);
-- **between runs**: a clean run's CPU workers are parked for the next ``fit()`` of the same shape
-  (``FLOWTRAIN_KEEP_WORKERS_S``, ``warm_workers``).
-
-Either way a reused process is put back as a fresh one first (``fresh_process``). ``refusal``
-answers for a group, in the driver; ``process_refusal`` for one process, in the worker. The
-reasons are logged at debug level and kept in the run's record: a restart's in ``restarts``, a
-clean end's in ``workers_parked``.
+Processes are reused within a run (a failed attempt's surviving ranks serve the next attempt,
+``FLOWTRAIN_REPLACE_RANKS``) and between runs (a clean run's CPU workers are parked for the next
+``fit()`` of the same shape, ``warm_workers``), put back as fresh processes first
+(``fresh_process``): either way to skip a new worker's start. ``refusal`` answers for a group, in
+the driver; ``process_refusal`` for one process, in the worker; the reasons are kept in run.json's
+``restarts`` and ``workers_parked``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Does every worker see the run's storage where the driver writes it?
 
-A ``storage_path`` on a disk of the driver's host only (``/tmp/runs`` on a laptop, then run on a
-cluster) still "works" on the other nodes: each writes its checkpoints under the same path on
-its own disk, and the run resumes from nothing after a crash. Ray Train guards against it with a
-marker file the workers look for; so does this: the driver's lease file, which only this driver
-writes and which it keeps fresh, is looked for by every worker before training starts (one
-``stat`` each, on local disk and object stores alike). ``python -m trainers.doctor`` checks the
-same from every node, writing and reading, before any run.
+A ``storage_path`` on the driver's own disk still "works" on the other nodes, each writing its
+checkpoints to its own disk, and the run resumes from nothing after a crash. As Ray Train looks for
+a marker file, every worker looks for the driver's lease file (which only this driver writes and
+keeps fresh) before training starts: one ``stat`` each, on local disk and object stores alike.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """Spare workers: processes started and warmed up ahead of a failure, so that replacing a failed
-rank does not wait for a new process to start and import its framework.
-
-A new worker costs about 6 s of CPU before its first step (Ray's worker start, ``import torch``,
-``torch._dynamo`` on the first optimizer step); with the survivors kept (``reuse``), that start is
-most of what recovering from a killed rank takes. A spare is a worker started beside the group's
-placement group on a node the group uses, holding no resources, that has imported every installed
-module rank 0 had imported when the spare started; ``RayWorkerGroup.refill`` gives it the failed
-rank's bundle when it is on that bundle's node, and another spare starts once the re-formed group
-reports (so that it does not compete with the recovery for CPU).
-
-Only a run that may restart after a failure (``FailureConfig.max_failures`` != 0) has spares:
-nothing else uses them. Such a run gets one spare per node (``FLOWTRAIN_SPARE_WORKERS``) once it
-has trained for ``FLOWTRAIN_SPARE_AFTER_S`` (2 s) and reports, which is its first report in most runs, so a short run's
-recovery finds one warm: a rank killed at the third of six 2.5 s epochs is back in 0.15 s with a
-spare against 2.2 s without (``benchmarks.recovery``). What a spare costs a run that never fails:
-a worker start (Ray's own, about 0.7 s of a core), its imports (about 2.5 s of CPU, made at the
-lowest CPU priority, ``SCHED_IDLE``, in the time the training leaves idle; on the 2 cores of the
-benchmarks' machine the epoch it overlaps still takes about 1 s longer) and its memory (a
-process with torch imported: 300-400 MB) for as long as the run lasts. A trivial ``fit()``, a
-test or a notebook's quick rerun ends before that, and a run with no failure
-budget never starts one. Spares exist only for workers started beside their group (CPU workers
-of backends that set ``Backend.reuses_workers``: torch and the plain data-parallel backend): a
-GPU worker must start in its bundle to be given its GPU, which the failed worker holds until it
-is gone.
+rank does not wait for a new process to start and import its framework (what they buy and cost:
+docs/fault-tolerance.md, "Spare workers"). A spare starts beside the group's placement group on a
+node the group uses, holding no resources, and imports what rank 0 had imported;
+``RayWorkerGroup.refill`` gives it a failed rank's bundle on its node, and the next spare starts
+once the re-formed group reports, so that it does not compete with the recovery for CPU. Only
+workers started beside their group have spares: a GPU worker must start in its bundle to be given
+its GPU, which the failed worker holds until it is gone.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The worker processes of the last clean run, kept for the next ``fit()`` in this process.
 
-A training worker is a fresh Ray actor process, and most of its start is importing: Ray, the
-framework (torch: about 2 s of CPU), and what the first optimizer pulls in (``torch._dynamo``:
-2.5 s more). A script, notebook or test that calls ``fit()`` again with the same worker shape pays
-all of it again. So when a run ends cleanly, its workers are put back as fresh processes
-(``fresh_process``) and parked here, holding no resources: the next group of the same shape on the
-same nodes takes them instead of starting new processes. Parked workers are killed after
-``FLOWTRAIN_KEEP_WORKERS_S`` seconds (default 30; 0 turns keeping off), when a group of another
-shape parks, and with the driver.
-
-Only workers that started beside their placement group are parked (``reuse``: CPU workers of
-backends that declare ``reuses_workers``, torch's and the plain data-parallel backend's, started by
-this process outside a Ray Tune trial). Within a run, the workers a failed attempt keeps for the
-next one stay in their group (``RayWorkerGroup.stop_training``) and are not parked.
+When a run ends cleanly, its workers are put back as fresh processes (``fresh_process``) and parked
+here, holding no resources: the next group of the same shape on the same nodes takes them instead
+of starting new processes (Ray's worker start and the framework's imports: seconds of CPU each).
+Parked workers are killed after ``FLOWTRAIN_KEEP_WORKERS_S`` (0 turns keeping off), when a group
+of another shape parks, and with the driver. Which workers may be parked is ``reuse``'s rule.
 """
 
 from __future__ import annotations
