@@ -183,7 +183,7 @@ def test_the_controller_names_a_straggler_in_the_record_the_log_and_the_listener
         listeners=[Heard()],
         settings=ControllerSettings(poll_timeout_s=0.0, stragglers=StragglerSettings(1.5, 3)),
     )
-    with caplog.at_level("WARNING", logger="trainers._internal.run.controller"):
+    with caplog.at_level("WARNING", logger="trainers._internal.run"):
         while controller.step() not in (State.FINISHED, State.FAILED):
             pass
     assert controller.state is State.FINISHED
@@ -620,7 +620,7 @@ def test_a_run_that_waits_for_its_data_is_named_input_bound_and_a_compute_bound_
     from trainers.torch import TorchTrainer
 
     datasets = {"train": ray.data.range(32, override_num_blocks=8).map_batches(_slow_rows, batch_size=4)}
-    with caplog.at_level("INFO", logger="trainers._internal.run.controller"):
+    with caplog.at_level("INFO", logger="trainers._internal.run"):  # the goodput line comes from its health watch
         result = TorchTrainer(
             _reads_its_input,
             train_loop_config={"input": input_kind},
