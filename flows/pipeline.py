@@ -51,7 +51,6 @@ def flow_run_name(default: str | None = None) -> str:
 
 def _pipeline(
     training: TorchTraining | BoostingTraining,
-    *,
     datasets: dict[str, DatasetSource],
     scaling: Scaling,
     checkpointing: Checkpointing,
@@ -118,15 +117,7 @@ def training_pipeline(
         validation=validation,
         framework=framework,
     )
-    return _pipeline(
-        training,
-        datasets=datasets or {},
-        scaling=scaling,
-        checkpointing=checkpointing,
-        failures=failures,
-        run=run,
-        tracking=tracking,
-    )
+    return _pipeline(training, datasets or {}, scaling, checkpointing, failures, run, tracking)
 
 
 def _boosting_flow(framework: Literal["xgboost", "lightgbm"], description: str) -> Flow[..., dict[str, Any]]:
@@ -147,15 +138,7 @@ def _boosting_flow(framework: Literal["xgboost", "lightgbm"], description: str) 
         training = BoostingTraining(
             framework=framework, label_column=label_column, params=params or {}, num_boost_round=num_boost_round
         )
-        return _pipeline(
-            training,
-            datasets=datasets,
-            scaling=scaling,
-            checkpointing=checkpointing,
-            failures=failures,
-            run=run,
-            tracking=tracking,
-        )
+        return _pipeline(training, datasets, scaling, checkpointing, failures, run, tracking)
 
     pipeline.__name__ = pipeline.__qualname__ = f"{framework}_pipeline"  # the entrypoint prefect.yaml names
     pipeline.__doc__ = description
