@@ -65,6 +65,16 @@ def join_run(root: str, name: str) -> str:
     return f"{root.rstrip('/')}/{name}"
 
 
+class _RunFile:
+    """``RunLayout.<attribute>``: the path of one file of the run, named at the top of this module."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, layout: RunLayout, owner: type | None = None) -> str:
+        return layout._join(self.name)
+
+
 @dataclasses.dataclass(frozen=True)
 class RunLayout:
     """Paths of one run's files, inside its filesystem. Workers get a copy to know where to upload."""
@@ -74,31 +84,16 @@ class RunLayout:
     def _join(self, *parts: str) -> str:
         return "/".join([self.run_path.rstrip("/"), *parts])
 
-    # One path per file of the run, named at the top of this module.
-    @property
-    def snapshot(self) -> str:
-        return self._join(SNAPSHOT)
-
-    @property
-    def snapshot_previous(self) -> str:
-        return self._join(SNAPSHOT_PREVIOUS)
-
-    @property
-    def snapshot_new(self) -> str:
-        return self._join(SNAPSHOT_NEW)
-
-    @property
-    def metrics_folder(self) -> str:
-        """The folder of the run's metrics log (``.metrics/``)."""
-        return self._join(METRICS)
+    snapshot = _RunFile(SNAPSHOT)
+    snapshot_previous = _RunFile(SNAPSHOT_PREVIOUS)
+    snapshot_new = _RunFile(SNAPSHOT_NEW)
+    #: The folder of the run's metrics log (``.metrics/``).
+    metrics_folder = _RunFile(METRICS)
+    staging_root = _RunFile(STAGING)
 
     def health_path(self, file_name: str) -> str:
         """A file of the run's health folder (``.health/``)."""
         return self._join(HEALTH, file_name)
-
-    @property
-    def staging_root(self) -> str:
-        return self._join(STAGING)
 
     def staging_path(self, attempt: int, report_index: int) -> str:
         """Where ranks upload the checkpoint files of their ``report_index``-th report in ``attempt``."""
