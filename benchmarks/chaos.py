@@ -20,6 +20,7 @@ import json
 import os
 import pathlib
 import platform
+import random
 import shutil
 import socket
 import sys
@@ -105,25 +106,26 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     hosts.add_argument(
         "--baseline",
         action="store_true",
-        help="instead of a schedule, the issue's cases one run each: rank 1's host cut at step 8 until replaced, "
-        "a 2 s link blip and a 200 ms slower link from step 8 on (use with --steps 30)",
+        help="instead of a schedule, the issue's cases one run each: rank 1's host cut until replaced at a step "
+        "drawn by --seed, a 2 s link blip and a 200 ms slower link from step 8 on (use with --steps 30)",
     )
     hosts.add_argument("--inside", type=pathlib.Path, default=None, help=argparse.SUPPRESS)
     hosts.add_argument("--endpoint", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
-def baseline_plans() -> list[RunPlan]:
-    """The issue's headline cases on rank 1's host, from step 8 on: a cut until the rank is
-    replaced, a 2 s blip, and 200 ms more on everything the host sends until the run ends."""
+def baseline_plans(seed: int, steps: int) -> list[RunPlan]:
+    """The issue's headline cases on rank 1's host: a cut until the rank is replaced, at a step
+    drawn by ``seed`` (in the middle two thirds of ``steps``), then from step 8 on a 2 s blip and
+    200 ms more on everything the host sends until the run ends."""
     cases = [
-        ("partition", 0.0, 0.0),
-        ("link-blip", 2.0, 0.0),
-        ("link-slow", 24 * 3600.0, 0.2),
+        ("partition", random.Random(seed).randint(steps // 6, steps - steps // 6), 0.0, 0.0),
+        ("link-blip", 8, 2.0, 0.0),
+        ("link-slow", 8, 24 * 3600.0, 0.2),
     ]
     return [
-        RunPlan(name=f"baseline-{kind}", wrapped=False, faults=(Fault(i, kind, 8, 1, hold_s=hold, amount=amount),))
-        for i, (kind, hold, amount) in enumerate(cases)
+        RunPlan(name=f"baseline-{kind}", wrapped=False, faults=(Fault(i, kind, step, 1, hold_s=hold, amount=amount),))
+        for i, (kind, step, hold, amount) in enumerate(cases)
     ]
 
 
@@ -173,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         world_size=args.hosts - 1 if on_hosts else Settings.world_size,
     )
     if args.baseline:
-        schedule = baseline_plans()
+        schedule = baseline_plans(args.seed, args.steps)
     else:
         schedule = make_schedule(
             args.faults,
@@ -309,6 +311,7 @@ def summarize(
                     "ranks_replaced": 0,
                     "full_restarts": 0,
                     "lost_s": [],
+                    "restart_after_s": [],
                 },
             )["planned"] += 1
     broken = []
@@ -330,6 +333,7 @@ def summarize(
                 unexplained += 1
                 continue
             kinds[kind]["restarts"] += 1
+            kinds[kind]["restart_after_s"].append(restart["after_s"])
             if restart.get("full_restart"):
                 kinds[kind]["full_restarts"] += 1
             else:
@@ -401,24 +405,21 @@ def markdown(table: dict) -> str:
         + f"; {table['machine']['cores']} cores, load {table['machine']['load_1m_at_start']} at start",
         "",
         "| fault kind | planned | injected | survived | restarts | ranks replaced / full restarts "
-        "| time lost per fault, s: median (most) | what it is |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| restart after the strike, s: median (most) | time lost per fault, s: median (most) | what it is |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, counts in table["kinds"].items():
-        kind = KINDS[name]
-        about = kind.about + (
-            " **(today: waits for Ray's health checks to declare the node dead)**" if kind.waits_for_ray else ""
-        )
         lines.append(
             f"| {name} | {counts['planned']} | {counts['injected']} | {counts['survived']} | "
             f"{counts.get('restarts', '-')} | {counts.get('ranks_replaced', 0)} / {counts.get('full_restarts', 0)} | "
-            f"{lost_figure(counts.get('lost_s', []))} | {about} |"
+            f"{lost_figure(counts.get('restart_after_s', []))} | {lost_figure(counts.get('lost_s', []))} | "
+            f"{KINDS[name].about} |"
         )
     replaced = sum(k.get("ranks_replaced", 0) for k in table["kinds"].values())
     full = sum(k.get("full_restarts", 0) for k in table["kinds"].values())
     lines += [
         f"| **all** | {sum(k['planned'] for k in table['kinds'].values())} | {table['injected']} | {table['survived']} "
-        f"| {table['restarts']} | {replaced} / {full} | | |",
+        f"| {table['restarts']} | {replaced} / {full} | | | |",
         "",
         f"Invariants broken: **{table['invariants_broken']}**. Runs {table['runs']}, segments {table['segments']}, "
         f"restarts {table['restarts']}; wall time {table['wall_s']:.0f} s, of which {table['setup_s']:.0f} s starting the "
@@ -434,7 +435,7 @@ def markdown(table: dict) -> str:
     if table.get("baseline"):
         lines += [
             "",
-            "| run (rank 1's host, from step 8) | wall time, s | against the fault-free run | restarts |",
+            "| run (rank 1's host, kind@step) | wall time, s | against the fault-free run | restarts |",
             "| --- | --- | --- | --- |",
             f"| fault-free | {table['fault_free_run_s']:.1f} | | 0 |",
         ]

@@ -379,7 +379,8 @@ def restart_causes(faults: list[Fault], marks: str, journal: list[dict[str, Any]
     fired fault can have), by a rule of thumb: of the faults struck before it that may still
     restart the group (a kind's ``restarts`` each), the latest that struck a rank the restart
     names as failed or replaced, else the latest not matched yet, else the latest. (A restart may
-    name only the rank that saw its peer's connection close, not the peer that was killed.)"""
+    name only the rank that saw its peer's connection close, not the peer that was killed.) Each
+    restart line comes with ``after_s``: seconds from its cause's strike to it."""
     struck = {f.id: struck_at(marks, f) for f in faults}
     matched = {f.id: 0 for f in faults}
     causes: list[tuple[str | None, dict]] = []
@@ -399,5 +400,6 @@ def restart_causes(faults: list[Fault], marks: str, journal: list[dict[str, Any]
         cause = (named or fresh or before or [None])[-1]
         if cause is not None:
             matched[cause.id] += 1
+            line = {**line, "after_s": round(line["t"] - (struck[cause.id] or line["t"]), 2)}
         causes.append((cause.kind if cause is not None else None, line))
     return causes

@@ -432,7 +432,8 @@ def outer(args: argparse.Namespace, argv: list[str]) -> tuple[dict | None, list[
             inner = cluster.net.popen(
                 cluster.head,
                 [sys.executable, "-m", "benchmarks.chaos", "--inside", str(work), "--endpoint", endpoint, *argv],
-                env={**cluster.env, "RAY_ADDRESS": cluster.address},
+                # The soak's detection bound is the drivers' (flowtrain's own, not Ray's health checks).
+                env={**cluster.env, "RAY_ADDRESS": cluster.address, "FLOWTRAIN_UNREACHABLE_S": str(args.detect_s)},
                 cwd=ROOT,
                 stderr=errors,
             )

@@ -32,10 +32,6 @@ class Kind:
     #: Seconds a fault of this kind may add to its run's wall time on the soak on hosts (beside its
     #: own ``hold_s``): what today's code needs, with room for a loaded machine (``chaos_hosts``).
     allow_s: float = 45.0
-    #: Whether today's code waits for Ray to declare a node dead after missed health checks to
-    #: recover from it (with Ray's defaults: about a minute for a host cut off or killed, 20-35 s
-    #: for a path cut between it and the head here).
-    waits_for_ray: bool = False
 
 
 #: A host kind: struck by the soak on hosts, on the host of a rank (or the path between it and
@@ -84,26 +80,20 @@ KINDS: dict[str, Kind] = {
             "partition",
             HOST,
             restarts=1,
-            allow_s=150.0,
-            waits_for_ray=True,
             about="a rank's host's link cut until its ranks are replaced, then healed; Ray started there again",
         ),
         Kind(
             "host-kill",
             HOST,
             restarts=1,
-            allow_s=150.0,
-            waits_for_ray=True,
             about="a rank's host cut off and every process on it killed (a power loss); Ray started there again",
         ),
-        # Two restarts: its rank's worker is found dead at once, and its replacement is started in
-        # the same bundle, on the node Ray has not declared dead yet: it dies starting, a second
-        # failure while the group re-forms, and every worker is restarted.
+        # Its rank's worker is found dead at once, and its node's raylet takes no connection: the
+        # replacement is placed away from the node Ray has not declared dead yet.
         Kind(
             "raylet-kill",
             HOST,
-            restarts=2,
-            allow_s=90.0,
+            restarts=1,
             about="SIGKILL of a rank's host's raylet; Ray started there again once its ranks are replaced",
         ),
         Kind(
@@ -122,8 +112,6 @@ KINDS: dict[str, Kind] = {
             "driver-cut",
             HOST,
             restarts=1,
-            allow_s=150.0,
-            waits_for_ray=True,
             about="the path between the driver's host and a rank's host cut until its ranks are replaced",
         ),
     )

@@ -111,6 +111,11 @@ REPLACE_RANKS = _switch("FLOWTRAIN_REPLACE_RANKS", True)
 SPARE_WORKERS = _whole("FLOWTRAIN_SPARE_WORKERS", 1, 0, " of workers per node")
 #: Seconds a run trains (and then reports) before its spare workers start.
 SPARE_AFTER_S = _seconds("FLOWTRAIN_SPARE_AFTER_S", 2.0)
+#: Seconds a rank's host may stay silent on the event road, while the others are heard, before
+#: the rank is replaced as lost (a cut link), without waiting for Ray to declare its node dead.
+UNREACHABLE_S: Setting[float] = Setting(
+    "FLOWTRAIN_UNREACHABLE_S", 5.0, float, "seconds above 1 (0: wait for Ray instead)", lambda v: v == 0 or v > 1
+)
 
 #: How many times the median rank's step a rank's must take to be slow (0: no detection).
 STRAGGLER_FACTOR: Setting[float] = Setting(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import random
 import subprocess
 import sys
 
@@ -212,12 +213,11 @@ def test_faults_between_hosts_cut_slow_and_kill_what_they_name_and_leave_nothing
     assert net.leftovers() == []
 
 
-@needs_namespaces
-@pytest.mark.timeout(SOAK_TIMEOUT_S)
-def test_the_short_host_schedule_breaks_no_invariant_and_leaves_nothing_behind(tmp_path):
+def _soak(tmp_path: pathlib.Path, args: list[str]) -> tuple[dict, str]:
+    """Run ``benchmarks.chaos ARGS`` (it builds and removes its own hosts); its table and output."""
     out = tmp_path / "chaos-hosts"
     soak = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.chaos", *SHORT, "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.chaos", *args, "--out", str(out)],
         cwd=ROOT,
         env=os.environ.copy(),
         stdout=subprocess.PIPE,
@@ -235,6 +235,35 @@ def test_the_short_host_schedule_breaks_no_invariant_and_leaves_nothing_behind(t
     table = json.loads(table_file.read_text())
     assert soak.returncode == 0 and table["invariants_broken"] == 0, output[-6000:]
     assert table["left_behind"] == []
+    names = output.splitlines()[0].split()[1:]
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert names and not any(name in listed for name in names)
+    return table, output
+
+
+@needs_namespaces
+@pytest.mark.timeout(SOAK_TIMEOUT_S)
+def test_a_cut_host_is_replaced_in_seconds_and_a_blip_or_a_slow_link_costs_no_restart(tmp_path):
+    """With Ray's default health checks (about a minute to declare a node dead): rank 1's host
+    cut at a random step until its rank is replaced, a 2 s blip, 200 ms more on its link."""
+    seed = random.randrange(1000)
+    table, output = _soak(tmp_path, ["--hosts", "3", "--baseline", "--steps", "30", "--seed", str(seed)])
+    runs = {run["run"]: run for run in table["runs_wall_s"]}
+    why = f"seed {seed}:\n{output[-4000:]}"
+    # Every committed round once (an invariant above); found and replaced away from its host in
+    # seconds, and the run at most 20 s slower than the fault-free one.
+    cut = table["kinds"]["partition"]
+    assert cut["restarts"] == 1 and cut["ranks_replaced"] == 1 and cut["full_restarts"] == 0, why
+    assert cut["restart_after_s"][0] <= 10.0, why
+    assert runs["baseline-partition"]["wall_s"] <= table["fault_free_run_s"] + 20.0, why
+    # A blip shorter than the bound, and a slow host, are not dead ones.
+    assert runs["baseline-link-blip"]["restarts"] == 0 and runs["baseline-link-slow"]["restarts"] == 0, why
+
+
+@needs_namespaces
+@pytest.mark.timeout(SOAK_TIMEOUT_S)
+def test_the_short_host_schedule_breaks_no_invariant_and_leaves_nothing_behind(tmp_path):
+    table, output = _soak(tmp_path, SHORT)
     assert table["injected"] == 6 and table["survived"] == 6, output[-6000:]
     # The raylet's death cost its rank: replaced (on the spare host; when its replacement was
     # placed on the dead node first, every worker restarted after it).
@@ -243,7 +272,4 @@ def test_the_short_host_schedule_breaks_no_invariant_and_leaves_nothing_behind(t
     # The cut one's rank too, once Ray declared its node dead.
     cut = table["kinds"]["driver-cut"]
     assert cut["restarts"] == 1 and cut["ranks_replaced"] == 1, cut
-    names = output.splitlines()[0].split()[1:]
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert names and not any(name in listed for name in names)
-    assert pathlib.Path(out.parent / "chaos-hosts.md").read_text().startswith("Chaos soak")
+    assert (tmp_path / "chaos-hosts.md").read_text().startswith("Chaos soak")

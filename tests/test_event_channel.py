@@ -20,9 +20,10 @@ from benchmarks.chaos_road import ConnectionFaults
 from trainers import Checkpoint, DataParallelTrainer, FailureConfig, Result, RunConfig, ScalingConfig, UserCallback
 from trainers._internal.events import event_channel
 from trainers._internal.events.event_channel import ChannelAddress, EventListener, Outbox
-from trainers._internal.events.messages import ReportEvent, SyncEvent
+from trainers._internal.events.messages import FailedEvent, ReportEvent, SyncEvent
 from trainers._internal.events.worker_inbox import WorkerInbox
 from trainers._internal.run.attempt_book import AttemptBook
+from trainers.errors import WorkerError
 
 
 @pytest.fixture
@@ -191,6 +192,42 @@ def test_a_report_stuck_writing_into_an_unread_connection_is_freed_and_replayed(
         assert not writer.is_alive() and not outbox.connected
         inbox.replay_over_ray(0, outbox)
         assert inbox.steps(6) == [(0, step) for step in range(6)]
+    finally:
+        inbox.close()
+
+
+def test_a_rank_silent_while_the_others_are_heard_is_unreachable_once_and_only_if_its_host_is_silent_too(faults):
+    """Rank 1's connection goes quiet (its frames no longer read, as when its host is cut off);
+    rank 0 only sends heartbeats. Rank 1 is asked about once a second while its host answers
+    (a stopped process is not a lost host), named unreachable once when it does not, and never
+    after a pause of the controller's own, when it heard nobody."""
+    host_answers = True
+    asked: list[int] = []
+
+    def unreachable(rank: int, silent_s: float) -> FailedEvent | None:
+        asked.append(rank)
+        return None if host_answers else FailedEvent(rank, WorkerError(f"silent {silent_s} s"), "", kind="unreachable")
+
+    inbox = WorkerInbox([None, None], died=None, host="127.0.0.1", unreachable=unreachable, unreachable_s=1.5)
+    try:
+        outboxes = [connected(inbox.address, rank) for rank in (0, 1)]
+        faults.arm(1, "half-open")
+        outboxes[1].put(report(1, 0))
+        assert {(e.world_rank, e.index) for e in inbox.poll(0.5)} == {(1, 0)}
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:
+            assert inbox.poll(0.2) == []
+        assert asked and set(asked) == {1} and len(asked) <= 4, asked  # after 1.5 s, at most once a second
+        # The controller away for longer than the bound: it heard nobody, so it judges nobody yet.
+        host_answers = False
+        time.sleep(2.0)
+        assert inbox.poll(0.0) == []
+        lost: list = []
+        until(lambda: lost, lambda: lost.extend(inbox.poll(0.2)), tries=40)
+        assert [(e.world_rank, e.kind) for e in lost] == [(1, "unreachable")] and "silent 1.5 s" in str(lost[0].error)
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            assert inbox.poll(0.2) == []  # once; rank 0's heartbeats keep it heard
     finally:
         inbox.close()
 

@@ -26,7 +26,8 @@ class RankFailure:
     node_id: str
     node_ip: str
     #: ``"error"`` (the loop raised), ``"died"`` (the process or its node went away), ``"hung"``,
-    #: ``"preempted"`` (its node went away after a drain for preemption).
+    #: ``"preempted"`` (its node went away after a drain for preemption), ``"unreachable"`` (its
+    #: host stopped answering while the other ranks' did: a cut link or a lost host).
     kind: str
     error_type: str
     message: str

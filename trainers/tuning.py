@@ -89,6 +89,9 @@ ACK_TIMEOUT_S = 15.0
 #: ``ACK_TIMEOUT_S``: a worker reporting steadily is acknowledged before it would ask, and rounds
 #: up to 5 s apart share one acknowledgement per rank instead of paying one each.
 ACK_EVERY_S = 5.0
+#: A worker that sent nothing on its connection for this long sends a heartbeat (an empty frame):
+#: the controller finds a host it no longer hears (``FLOWTRAIN_UNREACHABLE_S``) by its silence.
+HEARTBEAT_S = 1.0
 #: How long a worker's next_events call waits before answering "nothing yet". Events normally
 #: come over the socket, so these calls mostly just wait to fail when a worker dies (which they
 #: do at once); each answer costs the watcher one ray.wait over every worker, so at 1,000

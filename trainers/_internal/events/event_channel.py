@@ -31,14 +31,15 @@ from typing import Any, Protocol, cast
 
 from ray import cloudpickle
 
-from trainers.tuning import ACK_EVERY_S, ACK_TIMEOUT_S, CONNECT_TIMEOUT_S
+from trainers.tuning import ACK_EVERY_S, ACK_TIMEOUT_S, CONNECT_TIMEOUT_S, HEARTBEAT_S
 
 logger = logging.getLogger(__name__)
 
-#: Every frame a worker writes: the payload's length (0: an ask for an acknowledgement) and the
-#: event's number; then the pickled event.
+#: Every frame a worker writes: the payload's length and the event's number, then the pickled
+#: event; an empty frame numbered 0 asks for an acknowledgement, numbered 1 is a heartbeat.
 _HEADER = struct.Struct("!IQ")
 _ASK = _HEADER.pack(0, 0)
+_BEAT = _HEADER.pack(0, 1)
 #: What the controller writes back: the highest event number it has read on that connection.
 _ACK = struct.Struct("!Q")
 #: A connection's first bytes: the group's 16-byte token and the rank, checked before anything
@@ -169,6 +170,8 @@ class Outbox:
         self._sock: socket.socket | None = None
         self._ack_timeout_s = ACK_TIMEOUT_S
         self._closed = False
+        #: When the connection last carried a frame of this worker's (a heartbeat follows silence).
+        self._sent_at = 0.0
 
     @property
     def connected(self) -> bool:
@@ -204,6 +207,7 @@ class Outbox:
                 return
             try:
                 sock.sendall(_HEADER.pack(len(payload), number) + payload)
+                self._sent_at = time.monotonic()
             except OSError:
                 self._give_up(sock)
 
@@ -257,8 +261,24 @@ class Outbox:
         with self._changed:
             self._changed.notify_all()
 
+    def _send_quietly(self, sock: socket.socket, frame: bytes) -> bool:
+        """Send an empty ``frame`` unless a report is being written (it may be stuck; this thread's
+        clock is not): False when the connection failed."""
+        if not self._send_lock.acquire(blocking=False):
+            return True
+        try:
+            if self._sock is sock:
+                sock.sendall(frame)
+                self._sent_at = time.monotonic()
+        except OSError:
+            return False
+        finally:
+            self._send_lock.release()
+        return True
+
     def _watch(self, sock: socket.socket) -> None:
-        """Read acknowledgements, ask for them, and give the connection up when it fails."""
+        """Read acknowledgements, ask for them, send a heartbeat after ``HEARTBEAT_S`` of silence,
+        and give the connection up when it fails."""
         ask_after = self._ack_timeout_s / 2
         asked_at = 0.0
         answer = bytearray()
@@ -266,7 +286,9 @@ class Outbox:
         with selectors.DefaultSelector() as selector:
             selector.register(sock, selectors.EVENT_READ)
             while self._sock is sock and not lost:
-                if selector.select(ask_after / 4):
+                if time.monotonic() - self._sent_at >= HEARTBEAT_S:
+                    lost = not self._send_quietly(sock, _BEAT)
+                if selector.select(min(ask_after / 4, HEARTBEAT_S)):
                     try:
                         data = sock.recv(4096)
                     except OSError:
@@ -289,15 +311,8 @@ class Outbox:
                     continue
                 if now - oldest > self._ack_timeout_s:
                     lost = stalled = True
-                elif now - asked_at > ask_after and self._send_lock.acquire(blocking=False):
-                    try:  # skipped while a report is being written: it may be stuck, the clock is not
-                        if self._sock is sock:
-                            sock.sendall(_ASK)
-                            asked_at = now
-                    except OSError:
-                        lost = True
-                    finally:
-                        self._send_lock.release()
+                elif now - asked_at > ask_after and self._send_quietly(sock, _ASK):
+                    asked_at = now
         if lost:
             _shut(sock)  # first: it wakes a put stuck in sendall
             with self._send_lock:
@@ -339,6 +354,16 @@ class EventListener:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        #: When a frame last came from each rank on an open connection (heartbeats included).
+        self._heard: dict[int, float] = {}
+
+    def silent(self, bound_s: float) -> list[int]:
+        """The ranks whose open connection carried nothing for over ``bound_s`` while another rank's
+        did within it: hosts that stopped answering, not a controller that stopped listening."""
+        now = time.monotonic()
+        if not any(now - heard <= bound_s for heard in self._heard.values()):
+            return []
+        return sorted(rank for rank, heard in self._heard.items() if now - heard > bound_s)
 
     def wake(self) -> None:
         try:
@@ -392,6 +417,8 @@ class EventListener:
                 self._drop(conn)
                 return
             conn.rank, offset = rank, _HELLO.size
+        if data:
+            self._heard[conn.rank] = time.monotonic()
         asked = False
         while size - offset >= _HEADER.size:
             length, number = _HEADER.unpack_from(conn.buffer, offset)
@@ -399,7 +426,7 @@ class EventListener:
             if end > size:
                 break
             if not length:
-                asked = True
+                asked = asked or number == 0  # else a heartbeat: heard, nothing to answer
             else:
                 events.append(
                     (conn.rank, number, cloudpickle.loads(memoryview(conn.buffer)[offset + _HEADER.size : end]))
@@ -435,6 +462,8 @@ class EventListener:
     def _drop(self, conn: _Connection) -> None:
         self._unregister(conn)
         conn.sock.close()
+        if conn.rank is not None:
+            self._heard.pop(conn.rank, None)  # a closed connection is no silence: its worker ended, or uses Ray
 
     def close(self) -> None:
         """Close every connection and stop listening. Safe to call twice."""

@@ -88,7 +88,8 @@ class FailedEvent:
     traceback: str
     #: "error" when the function raised, "died" when the worker process or its node went away,
     #: "preempted" when its node was drained for preemption, "hung" when it fell behind the others'
-    #: report past ``FailureConfig.report_timeout_s``, "failed to start" for the group's start.
+    #: report past ``FailureConfig.report_timeout_s``, "unreachable" when its host stopped answering
+    #: while the others did (``FLOWTRAIN_UNREACHABLE_S``), "failed to start" for the group's start.
     kind: str = "error"
     #: The rank's memory when it ran out of it (``trainers._internal.health.memory_failure``), else None.
     memory: MemoryPeak | None = None

@@ -1,8 +1,9 @@
 """Where the events of one attempt's workers arrive at the controller, by either of two roads:
 the event channel's sockets (``event_channel``), and one outstanding ``next_events`` long poll per
 worker, watched by a background thread, which carries the events of a worker that left its socket
-and turns a worker's death (or its node's, which closes no socket) into a ``FailedEvent``. A
-replayed event comes twice: the inbox applies one only when its number is above the highest it
+and turns a worker's death (or its node's, which closes no socket) into a ``FailedEvent``. A rank
+whose connection stays silent past the unreachable bound while its peers are heard (a host cut
+off, which Ray finds only a minute later) fails as "unreachable". A replayed event comes twice: the inbox applies one only when its number is above the highest it
 applied from that worker, and each new long poll acknowledges what the inbox holds from it.
 """
 
@@ -19,18 +20,35 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from trainers._internal.events.event_channel import ChannelAddress, EventListener
 from trainers._internal.events.messages import Event, FailedEvent, FinishedEvent
-from trainers.tuning import LONG_POLL_S, UNAVAILABLE_GRACE_S
+from trainers.tuning import HEARTBEAT_S, LONG_POLL_S, UNAVAILABLE_GRACE_S
 
 
 class WorkerInbox:
     """Events from the workers ``actors`` (indexed by world rank), from the socket and from Ray.
 
-    ``died(rank, error)`` turns a Ray error about a worker into its ``FailedEvent``.
+    ``died(rank, error)`` turns a Ray error about a worker into its ``FailedEvent``;
+    ``unreachable(rank, silent_s)`` gives the ``FailedEvent`` of a rank not heard for
+    ``unreachable_s`` (0: never: Ray's health checks find a lost host), or None when its host
+    still answers (a stopped process: ``FailureConfig.report_timeout_s`` finds it).
     """
 
-    def __init__(self, actors: list[Any], died: Callable[[int, BaseException], FailedEvent], host: str) -> None:
+    def __init__(
+        self,
+        actors: list[Any],
+        died: Callable[[int, BaseException], FailedEvent],
+        host: str,
+        unreachable: Callable[[int, float], FailedEvent | None] | None = None,
+        unreachable_s: float = 0.0,
+    ) -> None:
         self._actors = actors
         self._died = died
+        self._unreachable = unreachable
+        self._unreachable_s = unreachable_s if unreachable is not None else 0.0
+        #: When each silent rank's host last answered (asked again at most once a second).
+        self._answered_at: dict[int, float] = {}
+        #: Since when the controller has listened without a gap (a busy controller hears nobody:
+        #: a rank's silence counts only while it listens), and when it last stopped.
+        self._listening_since = self._left_at = time.monotonic()
         self._listener = EventListener(host, connections=len(actors))
         #: (rank, number, event) from the long polls; number None for a failure found here.
         self._from_ray: queue.SimpleQueue[tuple[int, int | None, Event]] = queue.SimpleQueue()
@@ -52,7 +70,15 @@ class WorkerInbox:
 
     def poll(self, timeout_s: float) -> list[Event]:
         """Events that arrived within ``timeout_s`` (returns as soon as there is one)."""
-        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
+        if start - self._left_at > HEARTBEAT_S:
+            self._listening_since = start
+        try:
+            return self._poll(start + timeout_s)
+        finally:
+            self._left_at = time.monotonic()
+
+    def _poll(self, deadline: float) -> list[Event]:
         while True:
             polled = self._listener.poll(max(0.0, deadline - time.monotonic()))
             received: list[tuple[int, int | None, Any]] = list(polled)  # and Ray's, numbered None
@@ -69,11 +95,29 @@ class WorkerInbox:
                 elif number > applied[rank]:  # else a replay of an event already applied
                     applied[rank] = number
                     events.append(event)
+            events += self._silent_ranks()
             for event in events:
                 if isinstance(event, (FinishedEvent, FailedEvent)):
                     self._ended.add(event.world_rank)
             if events or time.monotonic() >= deadline:
                 return events
+
+    def _silent_ranks(self) -> list[FailedEvent]:
+        """The "unreachable" failures of the ranks silent past the bound, once each."""
+        bound = self._unreachable_s
+        if not bound or time.monotonic() - self._listening_since <= bound:
+            return []
+        assert self._unreachable is not None  # a bound comes with it
+        lost = []
+        for rank in self._listener.silent(bound):
+            if rank in self._ended or time.monotonic() - self._answered_at.get(rank, 0.0) < 1.0:
+                continue
+            event = self._unreachable(rank, bound)
+            if event is None:
+                self._answered_at[rank] = time.monotonic()
+            else:
+                lost.append(event)
+        return lost
 
     def offer(self, rank: int, numbered: list[tuple[int, Event]]) -> None:
         """Events of ``rank`` fetched outside both roads (its unacknowledged ones, taken when an

@@ -92,7 +92,7 @@ class Workers(Protocol):
 
 #: Failure kinds that are a process or node going away: the likely root cause of other ranks'
 #: errors, so they are listed first.
-DEATHS = ("died", "preempted")
+DEATHS = ("died", "preempted", "unreachable")
 
 
 class State(enum.Enum):

@@ -184,6 +184,7 @@ class RayWorkers:
         self.preflight: PreflightRecord | None = None
         self._spares_per_node = settings.SPARE_WORKERS.read() if spec.restartable else 0
         self._spares_after_s = settings.SPARE_AFTER_S.read()
+        self._unreachable_s = settings.UNREACHABLE_S.read()
         #: This attempt's group should get its spare workers once it reports (``_fill_spares``).
         self._spares_due = False
         self._first_started_at: float | None = None
@@ -242,6 +243,7 @@ class RayWorkers:
             runtime_env=spec.runtime_env,
             reusable=type(self.backend) is Backend or self.backend.reuses_workers,
             backend_name=spec.backend_config.framework or type(self.backend).__name__,
+            unreachable_s=self._unreachable_s,
         )
         self.group.start(on_placed=split)
 
@@ -427,11 +429,12 @@ class RayWorkers:
         return RestartRecord(self._attempt, full_restart=why)
 
     def _lost_hosts(self, failed: dict[int, str]) -> frozenset[str]:
-        """The addresses of the failed ranks' nodes that Ray has declared dead."""
+        """The addresses of the failed ranks' nodes that Ray has declared dead, or that stopped answering."""
         import ray
 
         nodes = {self._nodes.get(rank, ("", ""))[0] for rank in failed} - {""}
         dead = {node["NodeID"] for node in ray.nodes() if not node.get("Alive")} & nodes
+        dead |= {self._nodes[rank][0] for rank, kind in failed.items() if kind == "unreachable" and rank in self._nodes}
         return frozenset(address for node, address in self._nodes.values() if node in dead)
 
     def _why_not_in_place(self, failed: dict[int, str]) -> str | None:

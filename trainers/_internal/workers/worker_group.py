@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from trainers._internal.events.messages import Event, FailedEvent
 from trainers._internal.events.worker_inbox import WorkerInbox
 from trainers._internal.workers import warm_workers
+from trainers._internal.workers.placement_away import MovedBundles, raylet_answers
 from trainers._internal.workers.ranks import Ranks, assign_ranks
 from trainers._internal.workers.resources import (
     WORKER_GROUP_PREFIX,
@@ -92,6 +93,7 @@ class RayWorkerGroup:
         runtime_env: dict | None = None,
         reusable: bool = False,
         backend_name: str = "data-parallel",
+        unreachable_s: float = 0.0,
     ) -> None:
         self.scaling = scaling
         self.backend_name = backend_name
@@ -118,6 +120,11 @@ class RayWorkerGroup:
         self._placed: dict[int, str] = {}
         #: The TPU slices reserved for the workers (a ``ray.util.tpu.SlicePlacementGroup``), or None.
         self._slices: Any = None
+        #: How long a rank's host may stay silent before it is replaced away from it (0: Ray decides).
+        self.unreachable_s = unreachable_s
+        #: Bundles reserved again away from hosts that stopped answering, and the hosts ``refill`` avoids.
+        self._moved = MovedBundles()
+        self._avoid: set[str] = set()
 
     @property
     def world_size(self) -> int:
@@ -262,7 +269,8 @@ class RayWorkerGroup:
         if self._beside_group:
             return self._new_worker_beside(self._placed[bundle])
         assert self._pg is not None  # start() reserved it
-        strategy = PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=bundle)
+        group, index = self._moved.placement(bundle) or (self._pg, bundle)
+        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
         options = _kwargs_for_worker(self.scaling.worker_resources)
         return (
             _remote_worker_class()
@@ -438,7 +446,16 @@ class RayWorkerGroup:
         """Start the training function on every worker (inside ``context`` when given), then listen
         for their events."""
         extra = () if context is None else (context,)
-        self._inbox = inbox = WorkerInbox([w.actor for w in self.workers], self._died, self.driver_address())
+        # Only a group of its own can be reserved again away from a silent host; in a Tune trial's
+        # or on TPU slices a rank waits for Ray to declare its node dead.
+        movable = self._owns_pg and self._slices is None
+        self._inbox = inbox = WorkerInbox(
+            [w.actor for w in self.workers],
+            self._died,
+            self.driver_address(),
+            self._unreachable,
+            self.unreachable_s if movable else 0.0,
+        )
         ray.get(
             [
                 w.actor.start.remote(train_fn, config, takes_config, args, *extra, channel=inbox.address)
@@ -498,6 +515,16 @@ class RayWorkerGroup:
             kind="preempted" if getattr(error, "preempted", False) else "died",
         )
 
+    def _unreachable(self, rank: int, silent_s: float) -> FailedEvent | None:
+        meta = self.workers[rank].metadata
+        if raylet_answers(meta.node_id, timeout_s=min(1.0, silent_s / 2)):
+            return None
+        error = WorkerError(
+            f"rank {rank}'s host {meta.node_ip} was silent for {silent_s:g} s while the other ranks were heard "
+            "(FLOWTRAIN_UNREACHABLE_S), and its raylet does not answer: its link is cut or the host is gone"
+        )
+        return FailedEvent(rank, error, "", kind="unreachable")
+
     def _park(self) -> str:
         """Reset the workers and hand those that answer to ``warm_workers``; they leave ``workers``.
         Returns what became of them, in one line, with the reasons of those not parked."""
@@ -528,7 +555,8 @@ class RayWorkerGroup:
         self, failed: dict[int, str], wait_s: float = SURVIVOR_STOP_S, lost_hosts: frozenset[str] = frozenset()
     ) -> dict[int, str]:
         """End the attempt but keep the processes that can train again: the ranks of ``failed``
-        (world rank -> failure kind) whose process died, hung or was preempted are killed, every
+        (world rank -> failure kind) whose process died, hung, was preempted or whose host stopped
+        answering are killed (``refill`` places the last away from that host), every
         other rank's training function is stopped and its process reset (``TrainWorker.stop``).
         Returns, for each rank to be replaced by ``refill``, why; the others stay in ``workers``.
         ``lost_hosts``: addresses of nodes that left the cluster, which the survivors cut off.
@@ -539,11 +567,20 @@ class RayWorkerGroup:
         if self._inbox is not None:
             self._inbox.close()
             self._inbox = None
+        reasons = {"preempted": "its process was preempted", "unreachable": "its host stopped answering"}
         replaced = {
-            rank: f"its process {'was preempted' if kind == 'preempted' else kind}"
+            rank: reasons.get(kind, f"its process {kind}")
             for rank, kind in failed.items()
-            if kind in ("died", "hung", "preempted")
+            if kind in ("died", "hung", "preempted", "unreachable")
         }
+        # A silent rank's node, and a dead rank's whose raylet is gone: Ray would place the
+        # replacement there until its health checks declare the node dead.
+        nodes = {
+            self.workers[rank].metadata.node_id: kind
+            for rank, kind in failed.items()
+            if kind in ("unreachable", "died")
+        }
+        self._avoid = {node for node, kind in nodes.items() if kind == "unreachable" or not raylet_answers(node, 1.0)}
         warm_workers.kill_actors(self.workers[rank].actor for rank in replaced)
         stopping = {
             w.actor.stop.remote(wait_s, failed=True, lost_hosts=lost_hosts): w
@@ -575,9 +612,8 @@ class RayWorkerGroup:
         fresh: list[Worker] = []
         if vacant:
             deadline = time.monotonic() + timeout_s
-            self._wait_for_group(deadline)  # a lost node's bundles are placed again first
-            self._placed = dict(placement_group_table(self._pg).get("bundles_to_node_id") or {})
             bundles = sorted(vacant.values())
+            self._place_vacant(bundles, deadline)
             spares = [self.spares.take(self._placed[b]) if self._beside_group else None for b in bundles]
             actors = self._start_actors(
                 bundles,
@@ -587,6 +623,25 @@ class RayWorkerGroup:
             )
             fresh = self._wait_for_actors(actors, bundles, deadline)
         self._rank(self.workers + fresh)  # the kept workers' environment was reset too
+
+    def _place_vacant(self, bundles: list[int], deadline: float) -> None:
+        """Have the vacant ``bundles`` placed: those on a host that stopped answering reserved
+        again away from it (``placement_away``), the others where Ray keeps them (after a node
+        loss, where it places them again), and note where each is."""
+        away = [b for b in bundles if self._placed.get(b) in self._avoid]
+        if len(away) < len(bundles):
+            self._wait_for_group(deadline)  # a lost node's bundles are placed again first
+        if away:
+            selectors = self.scaling.label_selector_per_worker(self.world_size)
+            missing = self._moved.move(away, self.scaling.worker_resources, self._avoid, selectors, deadline)
+            if missing:
+                raise WorkerStartError(
+                    f"could not reserve {self.scaling.worker_resources} for rank(s) of bundle(s) {missing} away from "
+                    f"the host(s) that stopped answering within the start timeout: no other node has room. "
+                    f"Nodes now: {describe_nodes()}."
+                )
+        self._avoid = set()
+        self._placed = dict(placement_group_table(self._pg).get("bundles_to_node_id") or {}) | self._moved.nodes()
 
     def release_sync(self, index: int, data: Any) -> None:
         """Let every worker past barrier ``index`` (no waiting: a dead worker fails the attempt
@@ -623,6 +678,7 @@ class RayWorkerGroup:
             logger.debug("the workers after a clean end: %s", parked)
         warm_workers.kill_actors([w.actor for w in self.workers] + self.spares.clear())
         self.workers = []
+        self._moved.release()
         if self._slices is not None:
             self._slices.shutdown()  # the workers' group and the slices' head reservations
         elif self._pg is not None and self._owns_pg:

@@ -1,0 +1,93 @@
+"""Hosts the run stopped hearing, and bundles of a worker group reserved again away from them.
+
+A rank silent on the event road may be a stopped process or a host cut off, and a rank that died
+may have lost its process or its node's raylet; the node is lost in the second case only, and it
+shows in one TCP connect from the driver to the node's raylet (``raylet_answers``). Ray keeps such a
+node alive for up to a minute (its health checks), and with it the group's bundles there: a
+replacement put in one never starts. Its bundle is therefore reserved again in a one-bundle
+placement group of its own, with a label selector that keeps it off the lost nodes; the group's own
+bundle stays reserved (Ray cannot shrink a placement group) until the run ends.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+
+from trainers._internal.workers.resources import WORKER_GROUP_PREFIX
+
+#: The label Ray gives every node: its id.
+NODE_ID_LABEL = "ray.io/node-id"
+
+
+def raylet_answers(node_id: str, timeout_s: float) -> bool:
+    """Whether the raylet of Ray node ``node_id`` takes a TCP connection within ``timeout_s``
+    (True when Ray does not know the node or has declared it dead: Ray places its bundles again)."""
+    node = next((n for n in ray.nodes() if n["NodeID"] == node_id), None)
+    if node is None or not node.get("Alive"):
+        return True
+    try:
+        socket.create_connection((node["NodeManagerAddress"], node["NodeManagerPort"]), timeout=timeout_s).close()
+    except OSError:  # refused (the raylet is gone) or no answer (the host is cut off)
+        return False
+    return True
+
+
+class MovedBundles:
+    """The group's bundles reserved again elsewhere: bundle index -> (its placement group, node)."""
+
+    def __init__(self) -> None:
+        self._moved: dict[int, tuple[PlacementGroup, str]] = {}
+
+    def move(
+        self,
+        bundles: list[int],
+        resources: dict[str, float],
+        avoid: set[str],
+        selectors: list[dict[str, str]] | None,
+        deadline: float,
+    ) -> list[int]:
+        """Reserve each of ``bundles`` again, on a node not in ``avoid`` and matching its label
+        selector (``selectors``, by bundle index, as the group was reserved); returns the bundles
+        that could not be reserved by ``deadline`` (nothing is held for them)."""
+        off = f"!in({','.join(sorted(avoid))})"
+        groups = {}
+        for bundle in bundles:
+            self.release(bundle)
+            selector = {**(selectors[bundle] if selectors else {}), NODE_ID_LABEL: off}
+            groups[bundle] = placement_group(
+                [dict(resources)],
+                name=f"{WORKER_GROUP_PREFIX}moved-{uuid.uuid4().hex[:8]}",
+                bundle_label_selector=[selector],
+            )
+        missing = []
+        for bundle, group in groups.items():
+            if group.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):
+                self._moved[bundle] = (group, placement_group_table(group)["bundles_to_node_id"][0])
+            else:
+                remove_placement_group(group)
+                missing.append(bundle)
+        return missing
+
+    def nodes(self) -> dict[int, str]:
+        """Where each moved bundle is now."""
+        return {bundle: node for bundle, (_, node) in self._moved.items()}
+
+    def placement(self, bundle: int) -> tuple[PlacementGroup, int] | None:
+        """The placement group and bundle index a worker of ``bundle`` runs in, when it moved."""
+        moved = self._moved.get(bundle)
+        return (moved[0], 0) if moved is not None else None
+
+    def release(self, bundle: int | None = None) -> None:
+        """Give back the reservation of ``bundle`` (every moved bundle's when None)."""
+        for index in [bundle] if bundle is not None else list(self._moved):
+            moved = self._moved.pop(index, None)
+            if moved is not None:
+                try:
+                    remove_placement_group(moved[0])
+                except Exception:  # noqa: BLE001 - Ray shutting down: the reservation goes with it
+                    pass
