@@ -204,9 +204,14 @@ def test_a_rank_silent_while_the_others_are_heard_is_unreachable_once_and_only_i
     host_answers = True
     asked: list[int] = []
 
-    def unreachable(rank: int, silent_s: float) -> FailedEvent | None:
-        asked.append(rank)
-        return None if host_answers else FailedEvent(rank, WorkerError(f"silent {silent_s} s"), "", kind="unreachable")
+    def unreachable(ranks: list[int], silent_s: float, others_heard: bool) -> list[FailedEvent]:
+        assert others_heard  # rank 0's heartbeats
+        asked.extend(ranks)
+        return (
+            []
+            if host_answers
+            else [FailedEvent(r, WorkerError(f"silent {silent_s} s"), "", kind="unreachable") for r in ranks]
+        )
 
     inbox = WorkerInbox([None, None], died=None, host="127.0.0.1", unreachable=unreachable, unreachable_s=1.5)
     try:

@@ -357,13 +357,12 @@ class EventListener:
         #: When a frame last came from each rank on an open connection (heartbeats included).
         self._heard: dict[int, float] = {}
 
-    def silent(self, bound_s: float) -> list[int]:
-        """The ranks whose open connection carried nothing for over ``bound_s`` while another rank's
-        did within it: hosts that stopped answering, not a controller that stopped listening."""
+    def silent(self, bound_s: float) -> tuple[list[int], bool]:
+        """The ranks whose open connection carried nothing for over ``bound_s``, and whether
+        another rank's did within it (then the silence is theirs, not this process's)."""
         now = time.monotonic()
-        if not any(now - heard <= bound_s for heard in self._heard.values()):
-            return []
-        return sorted(rank for rank, heard in self._heard.items() if now - heard > bound_s)
+        silent = sorted(rank for rank, heard in self._heard.items() if now - heard > bound_s)
+        return silent, len(silent) < len(self._heard)
 
     def wake(self) -> None:
         try:

@@ -27,9 +27,11 @@ class WorkerInbox:
     """Events from the workers ``actors`` (indexed by world rank), from the socket and from Ray.
 
     ``died(rank, error)`` turns a Ray error about a worker into its ``FailedEvent``;
-    ``unreachable(rank, silent_s)`` gives the ``FailedEvent`` of a rank not heard for
-    ``unreachable_s`` (0: never: Ray's health checks find a lost host), or None when its host
-    still answers (a stopped process: ``FailureConfig.report_timeout_s`` finds it).
+    ``unreachable(ranks, silent_s, others_heard)`` gives the ``FailedEvent`` of each of ``ranks``,
+    not heard for ``unreachable_s`` (0: never: Ray's health checks find a lost host), whose host
+    no longer answers (a stopped process on a live host is ``FailureConfig.report_timeout_s``'s);
+    ``others_heard``: whether other ranks were heard meanwhile (else the driver may be the one
+    cut off, which the callback must rule out).
     """
 
     def __init__(
@@ -37,7 +39,7 @@ class WorkerInbox:
         actors: list[Any],
         died: Callable[[int, BaseException], FailedEvent],
         host: str,
-        unreachable: Callable[[int, float], FailedEvent | None] | None = None,
+        unreachable: Callable[[list[int], float, bool], list[FailedEvent]] | None = None,
         unreachable_s: float = 0.0,
     ) -> None:
         self._actors = actors
@@ -46,6 +48,7 @@ class WorkerInbox:
         self._unreachable_s = unreachable_s if unreachable is not None else 0.0
         #: When each silent rank's host last answered (asked again at most once a second).
         self._answered_at: dict[int, float] = {}
+        self._judged_at = 0.0
         #: Since when the controller has listened without a gap (a busy controller hears nobody:
         #: a rank's silence counts only while it listens), and when it last stopped.
         self._listening_since = self._left_at = time.monotonic()
@@ -104,19 +107,19 @@ class WorkerInbox:
 
     def _silent_ranks(self) -> list[FailedEvent]:
         """The "unreachable" failures of the ranks silent past the bound, once each."""
-        bound = self._unreachable_s
-        if not bound or time.monotonic() - self._listening_since <= bound:
+        bound, now = self._unreachable_s, time.monotonic()
+        # Judged twice a second at most: a poll per report must not walk every rank each time.
+        if not bound or now - self._listening_since <= bound or now - self._judged_at < 0.5:
             return []
+        self._judged_at = now
         assert self._unreachable is not None  # a bound comes with it
-        lost = []
-        for rank in self._listener.silent(bound):
-            if rank in self._ended or time.monotonic() - self._answered_at.get(rank, 0.0) < 1.0:
-                continue
-            event = self._unreachable(rank, bound)
-            if event is None:
-                self._answered_at[rank] = time.monotonic()
-            else:
-                lost.append(event)
+        silent, others_heard = self._listener.silent(bound)
+        suspects = [r for r in silent if r not in self._ended and now - self._answered_at.get(r, 0.0) >= 1.0]
+        if not suspects:
+            return []
+        lost = self._unreachable(suspects, bound, others_heard)
+        for rank in set(suspects) - {event.world_rank for event in lost}:
+            self._answered_at[rank] = now
         return lost
 
     def offer(self, rank: int, numbered: list[tuple[int, Event]]) -> None:

@@ -515,15 +515,28 @@ class RayWorkerGroup:
             kind="preempted" if getattr(error, "preempted", False) else "died",
         )
 
-    def _unreachable(self, rank: int, silent_s: float) -> FailedEvent | None:
-        meta = self.workers[rank].metadata
-        if raylet_answers(meta.node_id, timeout_s=min(1.0, silent_s / 2)):
-            return None
-        error = WorkerError(
-            f"rank {rank}'s host {meta.node_ip} was silent for {silent_s:g} s while the other ranks were heard "
-            "(FLOWTRAIN_UNREACHABLE_S), and its raylet does not answer: its link is cut or the host is gone"
-        )
-        return FailedEvent(rank, error, "", kind="unreachable")
+    def _unreachable(self, ranks: list[int], silent_s: float, others_heard: bool) -> list[FailedEvent]:
+        """The failures of those of ``ranks`` (silent for ``silent_s``) whose node's raylet takes
+        no connection either, unless no other node's does: then this process may be the one cut off."""
+        timeout_s = min(1.0, silent_s / 2)
+        nodes = {rank: self.workers[rank].metadata for rank in ranks}
+        lost = [rank for rank, meta in nodes.items() if not raylet_answers(meta.node_id, timeout_s)]
+        if lost and not others_heard:
+            others = {w.metadata.node_id for w in self.workers} - {nodes[rank].node_id for rank in lost}
+            if not any(raylet_answers(node, timeout_s) for node in others):
+                return []
+        return [
+            FailedEvent(
+                rank,
+                WorkerError(
+                    f"rank {rank}'s host {nodes[rank].node_ip} was silent for {silent_s:g} s "
+                    "(FLOWTRAIN_UNREACHABLE_S) and its raylet does not answer: its link is cut or the host is gone"
+                ),
+                "",
+                kind="unreachable",
+            )
+            for rank in lost
+        ]
 
     def _park(self) -> str:
         """Reset the workers and hand those that answer to ``warm_workers``; they leave ``workers``.
