@@ -27,11 +27,9 @@ from conftest import ROOT
 needs_namespaces = pytest.mark.skipif(can_make_namespaces() is not None, reason=str(can_make_namespaces()))
 
 #: The suite's short schedule, one run drawn with the seed below: the path between the driver's
-#: host and a rank's host cut until Ray declares that node dead (about 25 s here with Ray's default
-#: health checks; the rank is replaced on the spare host, Ray started on its host again), a link
-#: blip, a lossy link, a slow one, and a raylet killed while another host's link is cut for 19 s.
-#: The kinds that wait about a minute for Ray (a partition, a host killed) are left to the long
-#: soak. 2-3 minutes on 2 loaded cores.
+#: host and a rank's host cut until the rank is replaced (found silent after 5 s, replaced on the
+#: spare host), a link blip, a lossy link, a slow one, and a raylet killed while another host's
+#: link is cut for 19 s. 1.5-3 minutes on 2 loaded cores.
 SHORT = [
     "--hosts",
     "3",
@@ -265,11 +263,11 @@ def test_a_cut_host_is_replaced_in_seconds_and_a_blip_or_a_slow_link_costs_no_re
 def test_the_short_host_schedule_breaks_no_invariant_and_leaves_nothing_behind(tmp_path):
     table, output = _soak(tmp_path, SHORT)
     assert table["injected"] == 6 and table["survived"] == 6, output[-6000:]
-    # The raylet's death cost its rank: replaced (on the spare host; when its replacement was
-    # placed on the dead node first, every worker restarted after it).
+    # The raylet's death cost its rank: replaced on the spare host, or, when the other rank's host
+    # was found cut meanwhile (two ranks, one host left), every worker restarted.
     raylet = table["kinds"]["raylet-kill"]
-    assert raylet["restarts"] >= 1 and raylet["ranks_replaced"] >= 1, raylet
-    # The cut one's rank too, once Ray declared its node dead.
+    assert raylet["restarts"] >= 1 and raylet["ranks_replaced"] + raylet["full_restarts"] >= 1, raylet
+    # The cut one's rank too, found in seconds (Ray's health checks take 20-35 s for it).
     cut = table["kinds"]["driver-cut"]
     assert cut["restarts"] == 1 and cut["ranks_replaced"] == 1, cut
     assert (tmp_path / "chaos-hosts.md").read_text().startswith("Chaos soak")

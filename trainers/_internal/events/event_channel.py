@@ -357,12 +357,9 @@ class EventListener:
         #: When a frame last came from each rank on an open connection (heartbeats included).
         self._heard: dict[int, float] = {}
 
-    def silent(self, bound_s: float) -> tuple[list[int], bool]:
-        """The ranks whose open connection carried nothing for over ``bound_s``, and whether
-        another rank's did within it (then the silence is theirs, not this process's)."""
-        now = time.monotonic()
-        silent = sorted(rank for rank, heard in self._heard.items() if now - heard > bound_s)
-        return silent, len(silent) < len(self._heard)
+    def heard_at(self, rank: int) -> float | None:
+        """When rank ``rank``'s open connection last carried a frame (None: it has none open)."""
+        return self._heard.get(rank)
 
     def wake(self) -> None:
         try:

@@ -49,6 +49,8 @@ class WorkerInbox:
         #: When each silent rank's host last answered (asked again at most once a second).
         self._answered_at: dict[int, float] = {}
         self._judged_at = 0.0
+        #: When an event of each rank last came by Ray's road.
+        self._ray_heard: dict[int, float] = {}
         #: Since when the controller has listened without a gap (a busy controller hears nobody:
         #: a rank's silence counts only while it listens), and when it last stopped.
         self._listening_since = self._left_at = time.monotonic()
@@ -90,6 +92,7 @@ class WorkerInbox:
                     received.append(self._from_ray.get_nowait())
                 except queue.Empty:
                     break
+                self._ray_heard[received[-1][0]] = time.monotonic()
             events: list[Event] = []
             applied = self._applied
             for rank, number, event in received:
@@ -113,11 +116,17 @@ class WorkerInbox:
             return []
         self._judged_at = now
         assert self._unreachable is not None  # a bound comes with it
-        silent, others_heard = self._listener.silent(bound)
-        suspects = [r for r in silent if r not in self._ended and now - self._answered_at.get(r, 0.0) >= 1.0]
+        # A rank off its socket (not connected yet, or fallen back to Ray's road) is heard by Ray's.
+        heard = {
+            rank: self._listener.heard_at(rank) or self._ray_heard.get(rank, self._listening_since)
+            for rank in range(len(self._actors))
+            if rank not in self._ended
+        }
+        silent = [rank for rank, at in heard.items() if now - at > bound]
+        suspects = [rank for rank in silent if now - self._answered_at.get(rank, 0.0) >= 1.0]
         if not suspects:
             return []
-        lost = self._unreachable(suspects, bound, others_heard)
+        lost = self._unreachable(suspects, bound, len(silent) < len(heard))
         for rank in set(suspects) - {event.world_rank for event in lost}:
             self._answered_at[rank] = now
         return lost

@@ -24,17 +24,18 @@ from trainers._internal.workers.resources import WORKER_GROUP_PREFIX
 NODE_ID_LABEL = "ray.io/node-id"
 
 
-def raylet_answers(node_id: str, timeout_s: float) -> bool:
-    """Whether the raylet of Ray node ``node_id`` takes a TCP connection within ``timeout_s``
-    (True when Ray does not know the node or has declared it dead: Ray places its bundles again)."""
-    node = next((n for n in ray.nodes() if n["NodeID"] == node_id), None)
-    if node is None or not node.get("Alive"):
-        return True
-    try:
-        socket.create_connection((node["NodeManagerAddress"], node["NodeManagerPort"]), timeout=timeout_s).close()
-    except OSError:  # refused (the raylet is gone) or no answer (the host is cut off)
-        return False
-    return True
+def silent_raylets(node_ids: set[str], timeout_s: float) -> set[str]:
+    """Those of Ray nodes ``node_ids`` whose raylet takes no TCP connection within ``timeout_s``
+    (not those Ray does not know or has declared dead: Ray places their bundles again)."""
+    silent = set()
+    for node in ray.nodes():
+        if node["NodeID"] in node_ids and node.get("Alive"):
+            try:
+                address = (node["NodeManagerAddress"], node["NodeManagerPort"])
+                socket.create_connection(address, timeout=timeout_s).close()
+            except OSError:  # refused (the raylet is gone) or no answer (the host is cut off)
+                silent.add(node["NodeID"])
+    return silent
 
 
 class MovedBundles:

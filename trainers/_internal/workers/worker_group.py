@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from trainers._internal.events.messages import Event, FailedEvent
 from trainers._internal.events.worker_inbox import WorkerInbox
 from trainers._internal.workers import warm_workers
-from trainers._internal.workers.placement_away import MovedBundles, raylet_answers
+from trainers._internal.workers.placement_away import MovedBundles, silent_raylets
 from trainers._internal.workers.ranks import Ranks, assign_ranks
 from trainers._internal.workers.resources import (
     WORKER_GROUP_PREFIX,
@@ -520,10 +520,11 @@ class RayWorkerGroup:
         no connection either, unless no other node's does: then this process may be the one cut off."""
         timeout_s = min(1.0, silent_s / 2)
         nodes = {rank: self.workers[rank].metadata for rank in ranks}
-        lost = [rank for rank, meta in nodes.items() if not raylet_answers(meta.node_id, timeout_s)]
+        cut = silent_raylets({meta.node_id for meta in nodes.values()}, timeout_s)
+        lost = [rank for rank, meta in nodes.items() if meta.node_id in cut]
         if lost and not others_heard:
-            others = {w.metadata.node_id for w in self.workers} - {nodes[rank].node_id for rank in lost}
-            if not any(raylet_answers(node, timeout_s) for node in others):
+            others = {w.metadata.node_id for w in self.workers} - cut
+            if not others or silent_raylets(others, timeout_s) == others:
                 return []
         return [
             FailedEvent(
@@ -588,12 +589,10 @@ class RayWorkerGroup:
         }
         # A silent rank's node, and a dead rank's whose raylet is gone: Ray would place the
         # replacement there until its health checks declare the node dead.
-        nodes = {
-            self.workers[rank].metadata.node_id: kind
-            for rank, kind in failed.items()
-            if kind in ("unreachable", "died")
-        }
-        self._avoid = {node for node, kind in nodes.items() if kind == "unreachable" or not raylet_answers(node, 1.0)}
+        node = {rank: self.workers[rank].metadata.node_id for rank in failed}
+        dead = {node[rank] for rank, kind in failed.items() if kind == "died"}
+        self._avoid = {node[rank] for rank, kind in failed.items() if kind == "unreachable"}
+        self._avoid |= silent_raylets(dead, 1.0) if dead else set()
         warm_workers.kill_actors(self.workers[rank].actor for rank in replaced)
         stopping = {
             w.actor.stop.remote(wait_s, failed=True, lost_hosts=lost_hosts): w
