@@ -15,7 +15,6 @@ import concurrent.futures
 import dataclasses
 import errno
 import logging
-import os
 import random
 import re
 import shutil
@@ -305,11 +304,6 @@ def _plan(fs: pafs.FileSystem, root: str) -> dict[str, Any]:
 
 
 def _make_dirs(fs: pafs.FileSystem, dest: str, dirs: list[str]) -> None:
-    if isinstance(fs, pafs.LocalFileSystem):
-        os.makedirs(dest, exist_ok=True)
-        for relative in dirs:
-            os.makedirs(os.path.join(dest, relative), exist_ok=True)
-        return
     fs.create_dir(dest, recursive=True)
     for relative in dirs:  # empty folders of the checkpoint too, as a local copy keeps them
         fs.create_dir(f"{dest.rstrip('/')}/{relative}", recursive=True)
