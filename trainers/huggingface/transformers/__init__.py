@@ -1,14 +1,7 @@
-"""Hugging Face Transformers on flowtrain, under the names of ``ray.train.huggingface.transformers``.
-
-A ``transformers.Trainer`` script runs inside a ``TorchTrainer`` training function with two
-more lines::
-
-    from trainers.huggingface.transformers import RayTrainReportCallback, prepare_trainer
-
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
-                                   callbacks=[RayTrainReportCallback()])  # metrics + checkpoints
-    trainer = prepare_trainer(trainer)
-    trainer.train()
+"""Hugging Face Transformers on flowtrain, under the names of ``ray.train.huggingface.transformers``:
+a ``transformers.Trainer`` script runs inside a ``TorchTrainer`` training function with
+``RayTrainReportCallback`` and ``prepare_trainer`` added (docs/frameworks.md, "Hugging Face
+Transformers", has the example).
 
 Needs the ``transformers`` extra: ``pip install 'flowtrain[transformers]'``.
 """
