@@ -13,15 +13,8 @@ def prepare_trainer(trainer: pl.Trainer) -> pl.Trainer:
     """Check ``trainer`` is set up for flowtrain and return it.
 
     It must use ``RayDDPStrategy``, ``RayFSDPStrategy`` or ``RayDeepSpeedStrategy`` (or a subclass), with
-    ``RayLightningEnvironment`` as its cluster environment, e.g.::
-
-        trainer = pl.Trainer(
-            strategy=RayDDPStrategy(),
-            plugins=[RayLightningEnvironment()],
-            callbacks=[RayTrainReportCallback()],
-            accelerator="auto", devices="auto",
-        )
-        trainer = prepare_trainer(trainer)
+    ``RayLightningEnvironment`` as its cluster environment (``pl.Trainer(strategy=RayDDPStrategy(),
+    plugins=[RayLightningEnvironment()], ...)``; docs/frameworks.md has the whole example).
 
     Raises:
         TypeError: another strategy or cluster environment; Lightning would then start its own
