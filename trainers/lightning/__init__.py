@@ -11,12 +11,12 @@ from trainers._extras import require
 require("lightning.pytorch", extra="lightning")
 
 from trainers.lightning.callback import RayTrainReportCallback  # noqa: E402
-from trainers.lightning.prepare import prepare_trainer  # noqa: E402
 from trainers.lightning.strategies import (  # noqa: E402
     RayDDPStrategy,
     RayDeepSpeedStrategy,
     RayFSDPStrategy,
     RayLightningEnvironment,
+    prepare_trainer,
 )
 
 __all__ = [
