@@ -1,14 +1,16 @@
-"""RayTrainReportCallback for lightgbm: one report per boosting round, the model as a checkpoint."""
+"""RayTrainReportCallback for lightgbm (one report per boosting round, the model as a checkpoint), and
+LightGBMCheckpoint, which reads the same model file."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import lightgbm
 
 from storage import Checkpoint
 from trainers.gbdt.callback import ReportCallback, model_path
+from trainers.gbdt.checkpoint import GBDTCheckpoint
 
 MODEL_FILE = "model.txt"
 
@@ -80,3 +82,19 @@ class RayTrainReportCallback(ReportCallback):
 
 #: ``RayTrainReportCallback.get_model``, as a function.
 get_model = RayTrainReportCallback.get_model
+
+
+class LightGBMCheckpoint(GBDTCheckpoint):
+    """A checkpoint with a LightGBM model: ``LightGBMCheckpoint.from_model(booster)``, then
+    ``checkpoint.get_model()``.
+
+    It uses the same file as ``RayTrainReportCallback`` (``model.txt``), so the checkpoints of
+    ``LightGBMTrainer`` load too: ``LightGBMCheckpoint(result.checkpoint.path,
+    result.checkpoint.filesystem).get_model()``.
+    """
+
+    #: The file ``from_model`` writes (LightGBM's text format).
+    MODEL_FILENAME: ClassVar[str] = MODEL_FILE
+    _BOOSTER = lightgbm.Booster
+    _PASS_A_BOOSTER = "a lightgbm.Booster (for an LGBMClassifier/LGBMRegressor, model.booster_)"
+    _load_model = staticmethod(load_model)
