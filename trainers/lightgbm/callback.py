@@ -9,8 +9,7 @@ from typing import Any, ClassVar
 import lightgbm
 
 from storage import Checkpoint
-from trainers.gbdt.callback import ReportCallback, model_path
-from trainers.gbdt.checkpoint import GBDTCheckpoint
+from trainers.gbdt.callback import GBDTCheckpoint, ReportCallback, model_path
 
 MODEL_FILE = "model.txt"
 

@@ -10,8 +10,7 @@ import xgboost
 from xgboost.callback import TrainingCallback
 
 from storage import Checkpoint
-from trainers.gbdt.callback import ReportCallback, model_path
-from trainers.gbdt.checkpoint import GBDTCheckpoint
+from trainers.gbdt.callback import GBDTCheckpoint, ReportCallback, model_path
 
 MODEL_FILE = "model.ubj"
 
