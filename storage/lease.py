@@ -65,12 +65,11 @@ class Lease:
         try:
             claimed = self._claim()
             holder = self._other_live_claim()
+            if holder is not None:
+                raise self._in_progress(*holder)
         except BaseException:
             self._delete_own()
             raise
-        if holder is not None:
-            self._delete_own()
-            raise self._in_progress(*holder)
         self._renewed = claimed
         self._thread = threading.Thread(target=self._beat, name="flowtrain-lease", daemon=True)
         self._thread.start()
