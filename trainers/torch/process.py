@@ -9,6 +9,7 @@ its training thread has ended, since destroying a group another thread is using 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -64,10 +65,8 @@ class TorchProcess(FrameworkProcess):
         dist = _distributed()
         if dist is None:
             return
-        try:
+        with contextlib.suppress(Exception):  # an aborted group refuses a second teardown; it is gone either way
             dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - an aborted group refuses a second teardown; it is gone either way
-            pass
         shut_group_connections()
 
     @staticmethod
