@@ -10,7 +10,6 @@ from trainers._extras import require
 
 require("transformers", extra="transformers")
 
-from trainers.huggingface.transformers.callback import RayTrainReportCallback  # noqa: E402
-from trainers.huggingface.transformers.prepare import prepare_trainer  # noqa: E402
+from trainers.huggingface.transformers._transformers_utils import RayTrainReportCallback, prepare_trainer  # noqa: E402
 
 __all__ = ["RayTrainReportCallback", "prepare_trainer"]
