@@ -72,11 +72,9 @@ class RayTrainReportCallback(ReportCallback):
         """Report the round LightGBM just finished, with a checkpoint when it is due."""
         metrics = self._round_metrics({f"{e[0]}-{e[1]}": e[2] for e in env.evaluation_result_list or []})
         last = env.iteration == env.end_iteration - 1
-        if self._is_checkpoint_round(env.iteration) or (last and self._checkpoint_at_end):
-            # num_iteration=-1: every round, so that a resumed run counts them all.
-            self._report(metrics, lambda path: env.model.save_model(path, num_iteration=-1))
-        else:
-            self._report(metrics, None)
+        due = self._is_checkpoint_round(env.iteration) or (last and self._checkpoint_at_end)
+        # num_iteration=-1: every round, so that a resumed run counts them all.
+        self._report(metrics, (lambda path: env.model.save_model(path, num_iteration=-1)) if due else None)
 
 
 #: ``RayTrainReportCallback.get_model``, as a function.
