@@ -27,14 +27,8 @@ class RayTrainReportCallback(transformers.TrainerCallback):
 
     The metrics are everything logged so far (later logs override earlier ones), with ``step``
     set to the trainer's global step. Each reported checkpoint holds the Trainer's folder as
-    ``checkpoint/``; to resume, pass it back to the Trainer::
-
-        checkpoint = trainers.get_checkpoint()
-        if checkpoint:
-            with checkpoint.as_directory() as folder:
-                trainer.train(resume_from_checkpoint=os.path.join(folder, RayTrainReportCallback.CHECKPOINT_NAME))
-        else:
-            trainer.train()
+    ``checkpoint/``; to resume, pass that folder back as ``trainer.train(resume_from_checkpoint=
+    os.path.join(folder, RayTrainReportCallback.CHECKPOINT_NAME))``.
 
     Log and evaluate at least as often as you save, so each report carries current metrics.
     """
