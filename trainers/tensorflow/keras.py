@@ -150,11 +150,9 @@ class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]  # a base
                 trainers.report(metrics)
                 return
             checkpoint = Checkpoint.from_directory(folder)
-            saved: dict[str, Any] = {TensorflowCheckpoint.MODEL_FILENAME_KEY: TensorflowCheckpoint.MODEL_FILENAME}
-            saved[KERAS_KEY] = keras_package(self.model)
-            if self._epoch is not None:
-                saved["epoch"] = self._epoch
-            checkpoint.update_metadata(saved)
+            saved = {TensorflowCheckpoint.MODEL_FILENAME_KEY: TensorflowCheckpoint.MODEL_FILENAME}
+            epoch = {} if self._epoch is None else {"epoch": self._epoch}
+            checkpoint.update_metadata({**saved, KERAS_KEY: keras_package(self.model), **epoch})
             trainers.report(metrics, checkpoint=checkpoint)
         finally:
             # report() has copied the folder into the run's storage.
