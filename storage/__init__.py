@@ -11,24 +11,13 @@ from typing import TYPE_CHECKING
 
 from storage.lazy_names import lazy_names
 
-#: Where each public name lives, imported on first use: a training worker needs ``Checkpoint``
-#: and the run's layout, not the driver's ``RunStorage`` (snapshot, lease, commit, retention).
-_HOMES: dict[str, tuple[str, ...]] = {
-    "storage.checkpoint": ("Checkpoint",),
-    "storage.config": ("CheckpointConfig",),
-    "storage.errors": ("RunInProgressError", "SnapshotCorruptError", "StorageError", "StorageNotSharedError"),
-    "storage.filesystem": ("download_directory", "resolve_filesystem"),
-    "storage.layout": ("RunLayout",),
-    "storage.protocol": ("ReportRound", "RunRecord"),
-    "storage.ray_run_format": ("RayRunFormatError",),
-    "storage.run_storage": ("RunStorage", "load_run"),
-    "storage.snapshot": ("RestartRecord", "RunSnapshot"),
-    "storage.upload": ("upload_directory",),
-}
-__all__, __getattr__, __dir__ = lazy_names("storage", _HOMES, globals())
+# Every public name is imported on first use (``storage.lazy_names``, which reads where each lives
+# from the ``TYPE_CHECKING`` block below): a training worker needs ``Checkpoint`` and the run's
+# layout, not the driver's ``RunStorage`` (snapshot, lease, commit, retention).
+__all__, __getattr__, __dir__ = lazy_names(globals())
 
 
-if TYPE_CHECKING:  # what IDEs and type checkers see; at run time the names load on first use
+if TYPE_CHECKING:  # the public names: what IDEs and type checkers see, and what lazy_names loads on first use
     from storage.checkpoint import Checkpoint
     from storage.config import CheckpointConfig
     from storage.errors import RunInProgressError, SnapshotCorruptError, StorageError, StorageNotSharedError

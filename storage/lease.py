@@ -1,11 +1,7 @@
-"""One live owner per run, on stores that cannot create a file only if it is absent.
-
-Without a conditional write, "read the lease, find it free, write it" lets two drivers both find
-it free. So each driver that wants the run writes a claim of its own, ``lease.<id>.json`` in the
-run folder (owner, host, pid, heartbeat), and only then lists the folder: when another live claim
-is there it deletes its own and raises ``RunInProgressError``; else the run is its own, and it
-rewrites its claim every ``stale_after_s / 6`` as its heartbeat. What this promises, on which
-stores, and where clocks come in: docs/design.md, "Storage layout of a run".
+"""One live owner per run, on stores that cannot create a file only if it is absent: each driver
+that wants the run writes a claim of its own (``lease.<id>.json`` in the run folder, its heartbeat
+rewritten every ``stale_after_s / 6``) and only then lists the folder for another live claim. How,
+on which stores, and where clocks come in: docs/design.md, "Storage layout of a run".
 """
 
 from __future__ import annotations
@@ -65,12 +61,11 @@ class Lease:
         try:
             claimed = self._claim()
             holder = self._other_live_claim()
+            if holder is not None:
+                raise self._in_progress(*holder)
         except BaseException:
             self._delete_own()
             raise
-        if holder is not None:
-            self._delete_own()
-            raise self._in_progress(*holder)
         self._renewed = claimed
         self._thread = threading.Thread(target=self._beat, name="flowtrain-lease", daemon=True)
         self._thread.start()

@@ -1,13 +1,11 @@
 """Metric values in run.json: JSON where they are JSON, a tagged form where they are not.
 
-``report()`` takes any picklable value, as Ray Train does (docs/getting-started.md, "Metric
-values"). JSON values are written as they are; a tuple, a datetime or date (ISO text; one in a
-named time zone is pickled), a ``Decimal`` (its text) and anything else picklable (base64, with
-its repr) as a one-key object, ``{"__flowtrain_value__": TYPE, "value": ...}``. A value pickle
-cannot take is written as its repr, and one whose class cannot be imported where it is read comes
-back as its repr, each with a warning: one odd value never costs a run its history. Subclasses of
-int, float and str (a numpy float64, an IntEnum) are written and read as plain numbers and text.
-Reading unpickles what the run wrote: read run.json only from storage you trust.
+``report()`` takes any picklable value, as Ray Train does (what comes back, and why to trust
+run.json as you trust the checkpoints: docs/getting-started.md, "Metric values"). A tuple, a
+datetime or date (ISO text; one in a named time zone is pickled), a ``Decimal`` (its text) and
+anything else picklable (base64, with its repr) is written as ``{"__flowtrain_value__": TYPE,
+"value": ...}``; subclasses of int, float and str (a numpy float64, an IntEnum) as plain numbers
+and text.
 """
 
 from __future__ import annotations

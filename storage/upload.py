@@ -1,12 +1,9 @@
 """Copying a checkpoint's files into the run's storage, retrying the errors that pass.
 
-An upload that meets an error waiting may fix (``is_transient``: an S3 503 or "slow down", a
-dropped connection, a timeout) tries again with exponential backoff and jitter, a bounded number
-of times (``RetryPolicy``); then, or at once for an error waiting cannot fix, it fails with a
-``CheckpointUploadError`` naming where it was copying to and the last error. Any other exception
-(a ``TypeError``, pyarrow's ``ArrowInvalid``) is a mistake, not weather: raised at once, as it is.
-The policy is read from the environment at every upload: the workers' for their uploads, the
-driver's for the commit (docs/checkpoints.md, "Uploads that hold up").
+Which errors those are, how often they are retried and what the run does when the tries run out:
+docs/checkpoints.md, "Uploads that hold up" (``RetryPolicy`` reads its variables at every upload:
+the workers' for their uploads, the driver's for the commit). An exception other than an
+``OSError`` (a ``TypeError``, pyarrow's ``ArrowInvalid``) is a mistake, not weather: raised at once.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ import concurrent.futures
 import dataclasses
 import errno
 import logging
-import os
 import random
 import re
 import shutil
@@ -305,11 +301,6 @@ def _plan(fs: pafs.FileSystem, root: str) -> dict[str, Any]:
 
 
 def _make_dirs(fs: pafs.FileSystem, dest: str, dirs: list[str]) -> None:
-    if isinstance(fs, pafs.LocalFileSystem):
-        os.makedirs(dest, exist_ok=True)
-        for relative in dirs:
-            os.makedirs(os.path.join(dest, relative), exist_ok=True)
-        return
     fs.create_dir(dest, recursive=True)
     for relative in dirs:  # empty folders of the checkpoint too, as a local copy keeps them
         fs.create_dir(f"{dest.rstrip('/')}/{relative}", recursive=True)

@@ -164,12 +164,6 @@ class TrialOutcome(ParamsModel):
     error: str | None = None
 
 
-def _describe_loop(train_loop: str | Callable[..., Any]) -> str:
-    if isinstance(train_loop, str):
-        return train_loop
-    return f"{getattr(train_loop, '__module__', '?')}:{getattr(train_loop, '__qualname__', repr(train_loop))}"
-
-
 def trial_name(
     sweep_name: str,
     train_loop: str | Callable[..., Any],
@@ -179,7 +173,9 @@ def trial_name(
 ) -> str:
     """``<sweep>-<digest>``: the same loop, config, scaling and data (dataset name to URI) always
     get the same run name."""
-    what = {"train_loop": _describe_loop(train_loop), "config": config, "scaling": scaling.identity()}
+    if not isinstance(train_loop, str):  # a function: named as its import path would name it
+        train_loop = f"{getattr(train_loop, '__module__', '?')}:{getattr(train_loop, '__qualname__', repr(train_loop))}"
+    what = {"train_loop": train_loop, "config": config, "scaling": scaling.identity()}
     if data:
         what["data"] = data
     digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()[:12]

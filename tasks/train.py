@@ -7,7 +7,8 @@ with the same run name, which resumes from the run's snapshot.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import importlib
+from typing import Any
 
 from prefect import get_run_logger, task
 
@@ -27,11 +28,16 @@ from tasks.params import (
 )
 from tasks.reporting import PrefectReporter, log_failure, publish_metrics, publish_run_health, without_traceback
 from tasks.tracking import tracking_callbacks
-from trainers import TRAIN_DATASET_KEY, DataConfig, DataParallelTrainer, RunConfig, TrainingFailedError, UserCallback
+from trainers import TRAIN_DATASET_KEY, DataConfig, RunConfig, TrainingFailedError, UserCallback
 
-if TYPE_CHECKING:
-    from trainers.lightgbm import LightGBMTrainer
-    from trainers.xgboost import XGBoostTrainer
+#: The trainer of each ``framework`` the parameters name: (module, class).
+TRAINERS = {
+    "torch": ("trainers.torch", "TorchTrainer"),
+    "tensorflow": ("trainers.tensorflow", "TensorflowTrainer"),
+    "jax": ("trainers.jax", "JaxTrainer"),
+    "xgboost": ("trainers.xgboost", "XGBoostTrainer"),
+    "lightgbm": ("trainers.lightgbm", "LightGBMTrainer"),
+}
 
 
 def reports_already_kept(run: RunSettings) -> int:
@@ -64,13 +70,10 @@ def build_trainer(
     dataset whole on every worker (as the boosting trainers do): an equal split drops the rows
     left over (1 of 113 rows on 2 workers), and a validation set must be scored on all of its rows.
     """
+    module, class_name = TRAINERS[training.framework]
+    trainer_cls = getattr(importlib.import_module(module), class_name)  # only the framework asked for is imported
     if isinstance(training, BoostingTraining):
-        GBDTTrainer: type[XGBoostTrainer | LightGBMTrainer]
-        if training.framework == "xgboost":
-            from trainers.xgboost import XGBoostTrainer as GBDTTrainer
-        else:
-            from trainers.lightgbm import LightGBMTrainer as GBDTTrainer
-        return GBDTTrainer(
+        return trainer_cls(
             datasets=datasets,
             label_column=training.label_column,
             params=dict(training.params),
@@ -78,15 +81,7 @@ def build_trainer(
             scaling_config=scaling.to_config(),
             run_config=run_config,
         )
-    LoopTrainer: type[DataParallelTrainer]
-    if training.framework == "tensorflow":
-        from trainers.tensorflow import TensorflowTrainer as LoopTrainer
-    elif training.framework == "jax":
-        from trainers.jax import JaxTrainer as LoopTrainer
-    else:
-        from trainers.torch import TorchTrainer as LoopTrainer
-
-    return LoopTrainer(
+    return trainer_cls(
         resolve_train_loop(training.train_loop),
         train_loop_config=dict(training.train_loop_config),
         scaling_config=scaling.to_config(),

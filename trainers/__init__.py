@@ -12,56 +12,15 @@ from typing import TYPE_CHECKING
 
 from storage.lazy_names import lazy_names
 
-#: Where each public name lives. They are imported on first use, not here: every worker process
-#: imports this package (its actor class lives in ``trainers._internal``), and loading the whole
-#: driver side (trainer, controller, worker group) there cost each worker ~0.05-0.1 s of CPU,
-#: which is start-up time multiplied by the worker count.
-_HOMES: dict[str, tuple[str, ...]] = {
-    "storage": ("Checkpoint", "CheckpointConfig"),
-    "trainers.backend": ("Backend", "BackendConfig"),
-    "trainers.callback": ("TrainRunContext", "UserCallback"),
-    "trainers.config": (
-        "TRAIN_DATASET_KEY",
-        "DataConfig",
-        "FailureConfig",
-        "LoggingConfig",
-        "RunConfig",
-        "ScalingConfig",
-    ),
-    "trainers.context": ("TrainContext", "get_context"),
-    "trainers.data_parallel_trainer": ("DataParallelTrainer",),
-    "trainers.errors": (
-        "ControllerError",
-        "InsufficientResourcesError",
-        "NCCLHangError",
-        "PreemptionError",
-        "RankFailure",
-        "TrainingFailedError",
-        "WorkerGroupError",
-    ),
-    "trainers.preemption": ("PreemptionInfo",),
-    "trainers.report_config": ("CheckpointUploadMode",),
-    "trainers.result": ("Result",),
-    "trainers.train_fn": (
-        "get_all_reported_checkpoints",
-        "get_checkpoint",
-        "get_dataset_shard",
-        "get_preemption_info",
-        "report",
-    ),
-    "trainers.validation": (
-        "CheckpointConsistencyMode",
-        "ReportedCheckpoint",
-        "ReportedCheckpointStatus",
-        "ValidationConfig",
-        "ValidationFn",
-        "ValidationTaskConfig",
-    ),
-}
-__all__, __getattr__, __dir__ = lazy_names("trainers", _HOMES, globals(), submodules=("collective",))
+# Every public name is imported on first use, not here (``storage.lazy_names``, which reads where
+# each lives from the ``TYPE_CHECKING`` block below): every worker process imports this package
+# (its actor class lives in ``trainers._internal``), and loading the whole driver side (trainer,
+# controller, worker group) there cost each worker ~0.05-0.1 s of CPU, which is start-up time
+# multiplied by the worker count.
+__all__, __getattr__, __dir__ = lazy_names(globals())
 
 
-if TYPE_CHECKING:  # what IDEs and type checkers see; at run time the names load on first use
+if TYPE_CHECKING:  # the public names: what IDEs and type checkers see, and what lazy_names loads on first use
     from storage import Checkpoint, CheckpointConfig
     from trainers import collective
     from trainers.backend import Backend, BackendConfig

@@ -122,9 +122,7 @@ class ScalingConfig:
             )
         interval = self.elastic_resize_monitor_interval_s
         check_number("ScalingConfig.elastic_resize_monitor_interval_s", interval, minimum=0, allowed="seconds >= 0")
-        if self.accelerator_type is not None and (
-            not isinstance(self.accelerator_type, str) or not self.accelerator_type
-        ):
+        if self.accelerator_type is not None and not (isinstance(self.accelerator_type, str) and self.accelerator_type):
             raise ValueError(
                 f"ScalingConfig.accelerator_type={self.accelerator_type!r}: must be a name such as 'A100', or None."
             )
@@ -240,12 +238,8 @@ class ScalingConfig:
         if self._tpu_shape is not None:
             resources = dict(self._tpu_shape[1])  # a whole TPU host and 1 CPU, or resources_per_worker and 1 CPU
         elif self.resources_per_worker is None:
-            if self.use_gpu:
-                resources = {"GPU": 1}  # no CPU, as Ray: GPU nodes often have few CPUs
-            elif self.use_tpu:
-                resources = {"TPU": 1}
-            else:
-                resources = {"CPU": 1}
+            # No CPU beside an accelerator, as Ray: GPU nodes often have few CPUs.
+            resources = {"GPU": 1} if self.use_gpu else {"TPU": 1} if self.use_tpu else {"CPU": 1}
         else:
             resources = dict(self.resources_per_worker)
         if self.use_gpu:

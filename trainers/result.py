@@ -30,10 +30,7 @@ def metrics_frame(history: Iterable[dict[str, Any]]) -> pd.DataFrame:
     """One row per report, nested metrics flattened as ``"outer/inner"`` columns."""
     import pandas as pd
 
-    rows = list(history)
-    if not rows:
-        return pd.DataFrame()
-    return pd.json_normalize(rows, sep="/")
+    return pd.json_normalize(list(history), sep="/")  # no reports: an empty frame
 
 
 class _History:

@@ -1,43 +1,7 @@
-"""Seams for testing flowtrain, and programs built on it, under faults, and for measuring what its
-bookkeeping costs (flowtrain's own; Ray Train has no counterpart). Nothing here does anything until
-a test installs it, and nothing of it reaches the workers.
-
-The event road: every worker writes its reports and other events to one connection that the
-driver reads (see ``docs/design.md``, "the report path"). To see what a broken or half-open
-connection does to a run, install an ``EventTap`` around ``fit()``::
-
-    import socket
-    from trainers.testing import Fate, tap_event_road
-
-    class DropRankOneOnce:
-        def __init__(self):
-            self.fired = False
-
-        def frame_read(self, rank: int, number: int) -> Fate:
-            if rank == 1 and not self.fired:
-                self.fired = True
-                return Fate.CLOSE  # the events rank 1 sent after this one are lost on the socket
-            return Fate.READ
-
-        def detached(self, rank: int, sock: socket.socket) -> None:
-            sock.close()
-
-    with tap_event_road(DropRankOneOnce(), ack_timeout_s=2.0):
-        result = trainer.fit()  # every report still arrives once: rank 1 replays over Ray
-
-The tap runs in the driver's process, on the thread that reads the connections: keep it quick.
-``ack_timeout_s`` shortens how long a worker waits for an acknowledgement before it leaves a
-connection that is never read (``Fate.DETACH``) for Ray (default 15 s).
-
-The data position: each worker counts the rows its Ray Data shards hand to the loop, so that a
-checkpoint resumes at the exact row (``DataConfig(checkpoint_data_position=True)``). A
-``ShardCounter`` does that counting in this process, outside any run, to time it::
-
-    counter = ShardCounter()
-    shard = counter.track(dataset.iterator())
-    for batch in shard.iter_torch_batches(batch_size=1024):
-        ...
-    counter.position()  # what a report() would carry: RankPosition(datasets={"train": ...})
+"""Seams for testing flowtrain, and programs built on it, under faults (``tap_event_road``), and for
+measuring what its bookkeeping costs (``ShardCounter``, ``RankHealthMeter``, ``RoundHealthJudge``);
+flowtrain's own, Ray Train has none. Nothing here does anything until a test installs it, and
+nothing of it reaches the workers. Examples: the API reference's ``trainers.testing`` section.
 """
 
 from __future__ import annotations

@@ -114,15 +114,10 @@ def get_preemption_info() -> PreemptionInfo | None:
     """The preemption coming to a node of this run, or None while there is none.
 
     Call it in the training loop, for example once a step, and save a checkpoint when it stops
-    being None::
-
-        if trainers.get_preemption_info() is not None and not saved:
-            trainers.report(metrics, checkpoint=Checkpoint.from_directory(folder))
-            saved = True
-
-    Every worker must call it the same number of times: it waits for all of them (like
-    ``trainers.collective.barrier()``) so that they all get the same answer, rank 0's, and
-    therefore all take the same branch. Outside ``train_loop_per_worker`` it raises RuntimeError.
+    being None (docs/fault-tolerance.md, "Preemption", shows the loop). Every worker must call it
+    the same number of times: it waits for all of them (like ``trainers.collective.barrier()``) so
+    that they all get the same answer, rank 0's, and therefore all take the same branch. Outside
+    ``train_loop_per_worker`` it raises RuntimeError.
     """
     session = get_session("get_preemption_info")
     return session.synchronize(session.preemption_info, "get_preemption_info")

@@ -1,5 +1,6 @@
-"""What both libraries' ``RayTrainReportCallback`` share: their arguments, which metrics a round
-reports, when it carries a checkpoint (written by rank 0 alone), and reading the model back."""
+"""What both libraries' ``RayTrainReportCallback`` share (their arguments, which metrics a round
+reports, when it carries a checkpoint, written by rank 0 alone, and reading the model back), and
+what ``XGBoostCheckpoint`` and ``LightGBMCheckpoint`` share: a booster in one file."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from storage import Checkpoint
 from trainers._checks import is_metric_choice
+from trainers._internal.session.framework_checkpoint import FrameworkCheckpoint
 from trainers.context import get_context
 from trainers.train_fn import report
 
@@ -91,3 +93,32 @@ def model_path(checkpoint: Checkpoint, filename: str, default: str) -> Iterator[
                 f"get_model: the checkpoint {checkpoint.path} has no {filename!r}; it holds {sorted(os.listdir(folder))}.{hint}"
             )
         yield path
+
+
+class GBDTCheckpoint(FrameworkCheckpoint):
+    """A checkpoint with a boosting library's model: ``from_model(booster)``, then ``get_model()``."""
+
+    _INSTEAD: ClassVar[str] = "trainers.Checkpoint with RayTrainReportCallback.get_model(checkpoint)"
+    #: The library's booster class; what to pass for it, in words; how to read one from its file.
+    _BOOSTER: ClassVar[type[Any]]
+    _PASS_A_BOOSTER: ClassVar[str]
+    _load_model: ClassVar[staticmethod[[str], Any]]
+
+    @classmethod
+    def from_model(
+        cls, booster: Any, *, preprocessor: Any | None = None, path: str | os.PathLike | None = None
+    ) -> Self:
+        """A checkpoint of ``booster`` saved into ``path`` (an existing, preferably empty folder;
+        a new temporary one by default), with ``preprocessor`` if given.
+
+        For a scikit-learn style model pass its booster: ``model.get_booster()`` for xgboost,
+        ``model.booster_`` for LightGBM.
+        """
+        if not isinstance(booster, cls._BOOSTER):
+            raise TypeError(f"{cls.__name__}.from_model(booster={type(booster).__name__}): pass {cls._PASS_A_BOOSTER}.")
+        return cls._from_saved(booster.save_model, preprocessor=preprocessor, path=path, method="from_model")
+
+    def get_model(self) -> Any:
+        """The booster stored in this checkpoint (an ``xgboost.Booster`` or a ``lightgbm.Booster``)."""
+        with self._model_file() as path:
+            return type(self)._load_model(path)

@@ -1,22 +1,51 @@
-"""The parameter form (``datasets=``, ``label_column=``, ``params=``, ...): its arguments, checked
-when the trainer is built, and the datasets' columns, checked on the driver before any worker
-starts."""
+"""The parameter form (``datasets=``, ``label_column=``, ``params=``, ...): the boosting library as
+the form uses it, the form's arguments, checked when the trainer is built, the datasets' columns,
+checked on the driver before any worker starts, and the training function every worker runs."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from trainers.config import DataConfig
+from trainers.context import get_context
 from trainers.data import DatasetError
-from trainers.gbdt.library import Library
+from trainers.train_fn import get_checkpoint, get_dataset_shard
+
+logger = logging.getLogger(__name__)
 
 TRAIN = "train"
+
+#: This worker's part of each dataset, read one at a time: (name, features, labels), "train" first.
+Shards = Iterator[tuple[str, Any, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Library:
+    """One boosting library as the core uses it; it travels to the workers with the parameter form."""
+
+    #: The package's name, as users import it ("xgboost"); the trainer's config argument is ``<name>_config``.
+    name: str
+    #: The library's train function; the parameter form's extra keyword arguments are checked against it.
+    train: Callable[..., Any]
+    #: The arguments of ``train`` the parameter form sets itself.
+    reserved: tuple[str, ...]
+    #: The dtype the workers read features in.
+    feature_dtype: Any
+    #: The library's ``RayTrainReportCallback``; its ``get_model(checkpoint)`` reads a model back.
+    report_callback: type[Any]
+    #: How many boosting rounds a model holds.
+    num_rounds: Callable[[Any], int]
+    #: ``boost(form, shards, booster, num_boost_round, callbacks, train_kwargs)``: build the library's
+    #: datasets from this worker's shards and train ``num_boost_round`` more rounds on top of ``booster``
+    #: (None: from scratch).
+    boost: Callable[[Any, Shards, Any, int, list, dict], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,3 +196,41 @@ def check_columns(datasets: Mapping[str, Any], label_column: str) -> tuple[str, 
             )
     assert features is not None
     return features
+
+
+def train_fn_per_worker(form: ParamForm) -> None:
+    """Boost up to ``form.num_boost_round`` rounds, continuing the latest checkpoint's model, with
+    one report per round (unless ``callbacks=`` holds the library's report callback already)."""
+    library, booster, done = form.library, None, 0
+    if (checkpoint := get_checkpoint()) is not None:
+        booster = library.report_callback.get_model(checkpoint)
+        done = library.num_rounds(booster)
+    if done >= form.num_boost_round:
+        logger.info(
+            "the checkpoint holds %d rounds, num_boost_round=%d: nothing left to train", done, form.num_boost_round
+        )
+        return
+    train_kwargs = dict(form.train_kwargs)
+    callbacks = list(train_kwargs.pop("callbacks", None) or [])
+    if not any(isinstance(c, library.report_callback) for c in callbacks):
+        callbacks.append(library.report_callback(frequency=1))
+    rank = get_context().get_world_rank()
+    # A generator: the library may turn each dataset into its own matrix before the next is read.
+    shards = ((name, *load_shard(get_dataset_shard(name), name, rank, form)) for name in form.dataset_names)
+    library.boost(form, shards, booster, form.num_boost_round - done, callbacks, train_kwargs)
+
+
+def load_shard(shard: Any, name: str, rank: int, form: ParamForm) -> tuple[np.ndarray, np.ndarray]:
+    """Read this worker's part of dataset ``name`` into a feature matrix and a label vector."""
+    xs, ys = [], []
+    for batch in shard.iter_batches(batch_size=None, batch_format="numpy"):
+        if len(batch[form.label_column]) == 0:
+            continue
+        xs.append(np.column_stack([np.asarray(batch[c], dtype=form.library.feature_dtype) for c in form.features]))
+        ys.append(np.asarray(batch[form.label_column], dtype=np.float64))
+    if not ys:
+        raise DatasetError(
+            f"rank {rank} received no rows of datasets[{name!r}]: every worker needs some rows to train on. "
+            "Use fewer workers, or more rows, or repartition the dataset."
+        )
+    return np.concatenate(xs), np.concatenate(ys)

@@ -10,9 +10,16 @@ from storage import Checkpoint
 from trainers.backend import BackendConfig
 from trainers.config import DataConfig
 from trainers.data_parallel_trainer import DataParallelTrainer
-from trainers.gbdt.library import Library
-from trainers.gbdt.loop import train_fn_per_worker
-from trainers.gbdt.param_form import TRAIN, ParamForm, check_columns, check_forms, check_param_form, default_data_config
+from trainers.gbdt.param_form import (
+    TRAIN,
+    Library,
+    ParamForm,
+    check_columns,
+    check_forms,
+    check_param_form,
+    default_data_config,
+    train_fn_per_worker,
+)
 from trainers.result import Result
 
 

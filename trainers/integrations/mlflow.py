@@ -212,12 +212,8 @@ def setup_mlflow(
     rank_zero_only: bool = True,
 ) -> Any:
     """Start (or, after a restart, resume) this run's MLflow run inside the training function and
-    return the ``mlflow`` module to log with, as ``ray.air.integrations.mlflow.setup_mlflow`` does::
-
-        def train_loop(config):
-            mlflow = setup_mlflow(config, experiment_name="mnist", create_experiment_if_not_exists=True)
-            ...
-            mlflow.log_metric("loss", loss, step=epoch)
+    return the ``mlflow`` module to log with, as ``ray.air.integrations.mlflow.setup_mlflow`` does
+    (docs/tracking.md has an example).
 
     On ranks other than 0 it returns a stand-in whose every call does nothing (with
     ``rank_zero_only=False`` every rank logs, each to its own MLflow run). The MLflow run is found

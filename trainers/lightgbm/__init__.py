@@ -12,8 +12,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("trainers.lightgbm needs the lightgbm package: pip install 'flowtrain[lightgbm]'.") from error
 
 from trainers.lightgbm.bins import shared_bins
-from trainers.lightgbm.callback import RayTrainReportCallback, get_model
-from trainers.lightgbm.checkpoint import LightGBMCheckpoint
+from trainers.lightgbm.callback import LightGBMCheckpoint, RayTrainReportCallback, get_model
 from trainers.lightgbm.config import LightGBMBackend, LightGBMConfig, get_network_params
 from trainers.lightgbm.dataframe import normalize_pandas_for_lightgbm
 from trainers.lightgbm.trainer import LightGBMTrainer

@@ -1,14 +1,15 @@
-"""RayTrainReportCallback for lightgbm: one report per boosting round, the model as a checkpoint."""
+"""RayTrainReportCallback for lightgbm (one report per boosting round, the model as a checkpoint), and
+LightGBMCheckpoint, which reads the same model file."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import lightgbm
 
 from storage import Checkpoint
-from trainers.gbdt.callback import ReportCallback, model_path
+from trainers.gbdt.callback import GBDTCheckpoint, ReportCallback, model_path
 
 MODEL_FILE = "model.txt"
 
@@ -71,12 +72,26 @@ class RayTrainReportCallback(ReportCallback):
         """Report the round LightGBM just finished, with a checkpoint when it is due."""
         metrics = self._round_metrics({f"{e[0]}-{e[1]}": e[2] for e in env.evaluation_result_list or []})
         last = env.iteration == env.end_iteration - 1
-        if self._is_checkpoint_round(env.iteration) or (last and self._checkpoint_at_end):
-            # num_iteration=-1: every round, so that a resumed run counts them all.
-            self._report(metrics, lambda path: env.model.save_model(path, num_iteration=-1))
-        else:
-            self._report(metrics, None)
+        due = self._is_checkpoint_round(env.iteration) or (last and self._checkpoint_at_end)
+        # num_iteration=-1: every round, so that a resumed run counts them all.
+        self._report(metrics, (lambda path: env.model.save_model(path, num_iteration=-1)) if due else None)
 
 
 #: ``RayTrainReportCallback.get_model``, as a function.
 get_model = RayTrainReportCallback.get_model
+
+
+class LightGBMCheckpoint(GBDTCheckpoint):
+    """A checkpoint with a LightGBM model: ``LightGBMCheckpoint.from_model(booster)``, then
+    ``checkpoint.get_model()``.
+
+    It uses the same file as ``RayTrainReportCallback`` (``model.txt``), so the checkpoints of
+    ``LightGBMTrainer`` load too: ``LightGBMCheckpoint(result.checkpoint.path,
+    result.checkpoint.filesystem).get_model()``.
+    """
+
+    #: The file ``from_model`` writes (LightGBM's text format).
+    MODEL_FILENAME: ClassVar[str] = MODEL_FILE
+    _BOOSTER = lightgbm.Booster
+    _PASS_A_BOOSTER = "a lightgbm.Booster (for an LGBMClassifier/LGBMRegressor, model.booster_)"
+    _load_model = staticmethod(load_model)

@@ -81,12 +81,9 @@ def get_network_params() -> dict[str, Any]:
     ``num_machines``, as ``ray.train.lightgbm.get_network_params()`` returns them.
 
     Merge them into the parameters of ``lightgbm.train`` inside your training function, with
-    ``tree_learner="data_parallel"`` (LightGBM's default learner does not combine workers)::
-
-        params = {"objective": "binary", "tree_learner": "data_parallel", **get_network_params()}
-        lightgbm.train(params, train_set, ...)
-
-    Call it right before ``lightgbm.train``: it frees the port this worker kept for LightGBM.
+    ``tree_learner="data_parallel"`` (LightGBM's default learner does not combine workers):
+    ``{"objective": "binary", "tree_learner": "data_parallel", **get_network_params()}``. Call it
+    right before ``lightgbm.train``: it frees the port this worker kept for LightGBM.
     With one worker (or ``num_workers=0``) it returns ``{}``: LightGBM then trains alone.
 
     Raises:

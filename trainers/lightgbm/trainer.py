@@ -11,8 +11,7 @@ import numpy as np
 
 from storage import Checkpoint
 from trainers.config import DataConfig, RunConfig, ScalingConfig
-from trainers.gbdt.library import Library, Shards
-from trainers.gbdt.param_form import TRAIN
+from trainers.gbdt.param_form import TRAIN, Library, Shards
 from trainers.gbdt.trainer import GBDTTrainer
 from trainers.lightgbm.bins import shared_bins
 from trainers.lightgbm.callback import RayTrainReportCallback

@@ -16,12 +16,9 @@ class RayTrainReportCallback(pl.callbacks.Callback):
     """At the end of each training epoch, report ``trainer.callback_metrics`` and a checkpoint.
 
     The metrics gain ``epoch`` and ``step`` (Lightning's ``current_epoch`` and ``global_step``).
-    The checkpoint folder holds Lightning's file as ``checkpoint.ckpt``, so after the run::
-
-        with result.checkpoint.as_directory() as folder:
-            model = MyModule.load_from_checkpoint(os.path.join(folder, RayTrainReportCallback.CHECKPOINT_NAME))
-
-    and ``pl.Trainer.fit(..., ckpt_path=...)`` on that file resumes training.
+    The checkpoint folder holds Lightning's file as ``checkpoint.ckpt`` (``CHECKPOINT_NAME``):
+    ``MyModule.load_from_checkpoint`` loads it, and ``pl.Trainer.fit(..., ckpt_path=...)`` on it
+    resumes training.
 
     Args:
         checkpoint_upload_mode: How ``report`` stores each checkpoint (None: ``SYNC``).

@@ -1,12 +1,13 @@
 """Lightning's view of a flowtrain worker group: ranks from ``get_context()``, the device from
 ``trainers.torch``, and the process group flowtrain already set up (Lightning never launches
-processes or opens its own group).
+processes or opens its own group); ``prepare_trainer`` checks a ``pl.Trainer`` uses them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.plugins.environments import LightningEnvironment
@@ -211,3 +212,29 @@ class RayDeepSpeedStrategy(_OnFlowtrainWorker, DeepSpeedStrategy):
             tag="checkpoint",
             exclude_frozen_parameters=self.exclude_frozen_parameters,
         )
+
+
+def prepare_trainer(trainer: pl.Trainer) -> pl.Trainer:
+    """Check ``trainer`` is set up for flowtrain and return it.
+
+    It must use ``RayDDPStrategy``, ``RayFSDPStrategy`` or ``RayDeepSpeedStrategy`` (or a subclass), with
+    ``RayLightningEnvironment`` as its cluster environment (``pl.Trainer(strategy=RayDDPStrategy(),
+    plugins=[RayLightningEnvironment()], ...)``; docs/frameworks.md has the whole example).
+
+    Raises:
+        TypeError: another strategy or cluster environment; Lightning would then start its own
+            processes or process group.
+    """
+    strategy = trainer.strategy
+    if not isinstance(strategy, (RayDDPStrategy, RayFSDPStrategy, RayDeepSpeedStrategy)):
+        raise TypeError(
+            f"prepare_trainer: the trainer's strategy is {type(strategy).__name__}; use "
+            "strategy=RayDDPStrategy(), RayFSDPStrategy() or RayDeepSpeedStrategy() from trainers.lightning."
+        )
+    environment = getattr(strategy, "cluster_environment", None)
+    if environment is not None and not isinstance(environment, RayLightningEnvironment):
+        raise TypeError(
+            f"prepare_trainer: the trainer's cluster environment is {type(environment).__name__}; "
+            "pass plugins=[RayLightningEnvironment()] from trainers.lightning."
+        )
+    return trainer

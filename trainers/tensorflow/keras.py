@@ -150,11 +150,9 @@ class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]  # a base
                 trainers.report(metrics)
                 return
             checkpoint = Checkpoint.from_directory(folder)
-            saved: dict[str, Any] = {TensorflowCheckpoint.MODEL_FILENAME_KEY: TensorflowCheckpoint.MODEL_FILENAME}
-            saved[KERAS_KEY] = keras_package(self.model)
-            if self._epoch is not None:
-                saved["epoch"] = self._epoch
-            checkpoint.update_metadata(saved)
+            saved = {TensorflowCheckpoint.MODEL_FILENAME_KEY: TensorflowCheckpoint.MODEL_FILENAME}
+            epoch = {} if self._epoch is None else {"epoch": self._epoch}
+            checkpoint.update_metadata({**saved, KERAS_KEY: keras_package(self.model), **epoch})
             trainers.report(metrics, checkpoint=checkpoint)
         finally:
             # report() has copied the folder into the run's storage.
@@ -197,18 +195,12 @@ for _when in EVENTS:
 class ReportCheckpointCallback(RayReportCallback):
     """Keras callback that reports ``fit()``'s logs and checkpoints the model, every epoch by default.
 
-    Inside a ``TensorflowTrainer`` training function::
-
-        model.fit(data, epochs=10, callbacks=[ReportCheckpointCallback()])
-
-    reports Keras' logs (``loss``, your metrics, ``val_*``) and ``epoch`` after every epoch, with
-    a checkpoint holding ``model.keras`` (rank 0's copy). To resume after a restart::
-
-        checkpoint = trainers.get_checkpoint()
-        with strategy.scope():
-            model = ReportCheckpointCallback.get_model(checkpoint) if checkpoint else build_model()
-        start = checkpoint.get_metadata()["epoch"] + 1 if checkpoint else 0
-        model.fit(data, initial_epoch=start, epochs=10, callbacks=[ReportCheckpointCallback()])
+    Inside a ``TensorflowTrainer`` training function, ``model.fit(data, epochs=10,
+    callbacks=[ReportCheckpointCallback()])`` reports Keras' logs (``loss``, your metrics,
+    ``val_*``) and ``epoch`` after every epoch, with a checkpoint holding ``model.keras`` (rank 0's
+    copy). To resume after a restart, build the model with ``get_model(checkpoint)`` inside
+    ``strategy.scope()`` and pass ``initial_epoch=checkpoint.get_metadata()["epoch"] + 1``
+    (docs/frameworks.md, "TensorFlow and Keras", has the example).
 
     Args:
         checkpoint_on: Keras hook(s), without ``on_``, at which to report a checkpoint (with the metrics).

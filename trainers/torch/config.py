@@ -113,18 +113,17 @@ def _per_rank_env(workers: list[Any], use_gpu: bool) -> dict[int, dict[str, str]
       instead of looking for a GPU (on GPU workers it finds CUDA itself).
     """
     num_nodes = len({w.ranks.node_rank for w in workers})
-    merged = {
+    accelerate = _accelerate_env(workers, use_gpu)
+    return {
         w.ranks.world_rank: {
             "LOCAL_SIZE": str(w.ranks.local_world_size),
             "CROSS_RANK": str(w.ranks.node_rank),
             "CROSS_SIZE": str(num_nodes),
             **({} if use_gpu else {"DS_ACCELERATOR": "cpu"}),
+            **accelerate.get(w.ranks.world_rank, {}),
         }
         for w in workers
     }
-    for rank, env in _accelerate_env(workers, use_gpu).items():
-        merged[rank].update(env)
-    return merged
 
 
 def init_method_url(init_method: str, master_addr: str, master_port: str) -> str:

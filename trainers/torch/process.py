@@ -9,6 +9,7 @@ its training thread has ended, since destroying a group another thread is using 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -64,10 +65,8 @@ class TorchProcess(FrameworkProcess):
         dist = _distributed()
         if dist is None:
             return
-        try:
+        with contextlib.suppress(Exception):  # an aborted group refuses a second teardown; it is gone either way
             dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - an aborted group refuses a second teardown; it is gone either way
-            pass
         shut_group_connections()
 
     @staticmethod
@@ -84,12 +83,67 @@ class TorchProcess(FrameworkProcess):
 
     @staticmethod
     def reset() -> None:
-        if "torch" in sys.modules:
-            _restore_torch_settings()
+        """torch's process-wide settings as a new process has them (nothing to do where torch was
+        never imported). Grad mode, inference mode and autocast are per thread, and every attempt
+        trains in a new one."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return
+        torch.set_default_dtype(torch.float32)
+        torch.set_default_device(None)
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0:
+            torch.set_num_threads(int(threads))
+        # use_deterministic_algorithms imports torch._inductor's config first (0.8 s of a worker's CPU):
+        # only when there is something to put back.
+        if (
+            torch.are_deterministic_algorithms_enabled()
+            or torch.is_deterministic_algorithms_warn_only_enabled()
+            or "torch._inductor.config" in sys.modules
+        ):
+            torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+        torch.backends.cudnn.benchmark = False
+        torch.set_float32_matmul_precision("highest")
+        torch.autograd.set_detect_anomaly(False)
+        torch.manual_seed(TORCH_START_SEED)  # every CUDA device too, lazily
+        if "torch._dynamo" in sys.modules:
+            torch._dynamo.reset()
 
     @staticmethod
     def probe(use_gpu: bool) -> dict[str, Any] | None:
-        return _probe(use_gpu)
+        """Run in each worker: its compute rate (GFLOP/s), with a process group the group's all-reduce
+        bus bandwidth (GB/s) as this rank saw it, and the interface its collectives use. On a CPU the
+        multiply runs on one thread (the rate of one core, whatever the worker's thread settings),
+        which is put back after."""
+        import torch
+
+        device = torch.device("cuda", torch.cuda.current_device()) if use_gpu and torch.cuda.is_available() else None
+        side, repeats = (GPU_SIDE, GPU_REPEATS) if device is not None else (CPU_SIDE, CPU_REPEATS)
+        threads = torch.get_num_threads()
+        if device is None:
+            torch.set_num_threads(1)
+        try:
+            left = torch.rand(side, side, device=device)
+            right = torch.rand(side, side, device=device)
+            _synchronize(torch, device)
+            left @ right  # warm up: the first multiply loads kernels
+            rates = []
+            # The best round counts: a worker descheduled now and then is not slow, a throttled one is.
+            for _ in range(PROBE_ROUNDS):
+                _synchronize(torch, device)
+                started, multiplies, elapsed = time.perf_counter(), 0, 0.0
+                while elapsed < PROBE_ROUND_S:
+                    for _ in range(repeats):
+                        left @ right
+                    _synchronize(torch, device)
+                    multiplies += repeats
+                    elapsed = time.perf_counter() - started
+                rates.append(2 * side**3 * multiplies / elapsed / 1e9)
+        finally:
+            torch.set_num_threads(threads)
+        interface = os.environ.get(INTERFACE_VARIABLES[0], "")
+        return {"gflops": max(rates), "bus_gbps": _allreduce_gbps(torch, device), "interface": interface}
 
     @staticmethod
     def device_peaks() -> tuple[int, int] | None:
@@ -120,70 +174,6 @@ class TorchProcess(FrameworkProcess):
             return False
         torch.cuda.memory._dump_snapshot(local_path)
         return True
-
-
-def _restore_torch_settings() -> None:
-    """torch's process-wide settings as a new process has them (torch is already imported). Grad
-    mode, inference mode and autocast are per thread, and every attempt trains in a new one."""
-    import torch
-
-    torch.set_default_dtype(torch.float32)
-    torch.set_default_device(None)
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
-    # use_deterministic_algorithms imports torch._inductor's config first (0.8 s of a worker's CPU):
-    # only when there is something to put back.
-    if (
-        torch.are_deterministic_algorithms_enabled()
-        or torch.is_deterministic_algorithms_warn_only_enabled()
-        or "torch._inductor.config" in sys.modules
-    ):
-        torch.use_deterministic_algorithms(False)
-    torch.backends.cudnn.deterministic = False
-    torch.backends.cudnn.benchmark = False
-    torch.set_float32_matmul_precision("highest")
-    torch.autograd.set_detect_anomaly(False)
-    torch.manual_seed(TORCH_START_SEED)  # every CUDA device too, lazily
-    if "torch._dynamo" in sys.modules:
-        torch._dynamo.reset()
-
-
-def _probe(use_gpu: bool) -> dict[str, Any]:
-    """Run in each worker: its compute rate (GFLOP/s), with a process group the group's all-reduce
-    bus bandwidth (GB/s) as this rank saw it, and the interface its collectives use. On a CPU the
-    multiply runs on one thread (the rate of one core, whatever the worker's thread settings),
-    which is put back after."""
-    import os
-
-    import torch
-
-    device = torch.device("cuda", torch.cuda.current_device()) if use_gpu and torch.cuda.is_available() else None
-    side, repeats = (GPU_SIDE, GPU_REPEATS) if device is not None else (CPU_SIDE, CPU_REPEATS)
-    threads = torch.get_num_threads()
-    if device is None:
-        torch.set_num_threads(1)
-    try:
-        left = torch.rand(side, side, device=device)
-        right = torch.rand(side, side, device=device)
-        _synchronize(torch, device)
-        left @ right  # warm up: the first multiply loads kernels
-        rates = []
-        # The best round counts: a worker descheduled now and then is not slow, a throttled one is.
-        for _ in range(PROBE_ROUNDS):
-            _synchronize(torch, device)
-            started, multiplies, elapsed = time.perf_counter(), 0, 0.0
-            while elapsed < PROBE_ROUND_S:
-                for _ in range(repeats):
-                    left @ right
-                _synchronize(torch, device)
-                multiplies += repeats
-                elapsed = time.perf_counter() - started
-            rates.append(2 * side**3 * multiplies / elapsed / 1e9)
-    finally:
-        torch.set_num_threads(threads)
-    interface = os.environ.get(INTERFACE_VARIABLES[0], "")
-    return {"gflops": max(rates), "bus_gbps": _allreduce_gbps(torch, device), "interface": interface}
 
 
 def _allreduce_gbps(torch: Any, device: Any) -> float | None:

@@ -175,9 +175,8 @@ def _with_distributed_sampler(
             stacklevel=3,
         )
     shuffle = isinstance(sampler, RandomSampler)
-    seed = 0
-    if isinstance(sampler, RandomSampler) and sampler.generator is not None:
-        seed = int(sampler.generator.initial_seed())
+    generator = sampler.generator if isinstance(sampler, RandomSampler) else None
+    seed = int(generator.initial_seed()) if generator is not None else 0
     distributed = _sampler(loader.dataset, positions, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
     return _rebuild(loader, distributed)
 

@@ -12,8 +12,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "trainers.xgboost needs the xgboost package: pip install 'flowtrain[xgboost]' (or xgboost-cpu)."
     ) from error
 
-from trainers.xgboost.callback import RayTrainReportCallback, get_model
-from trainers.xgboost.checkpoint import XGBoostCheckpoint
+from trainers.xgboost.callback import RayTrainReportCallback, XGBoostCheckpoint, get_model
 from trainers.xgboost.config import XGBoostBackend, XGBoostConfig
 from trainers.xgboost.trainer import XGBoostTrainer
 

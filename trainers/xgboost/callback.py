@@ -1,15 +1,16 @@
-"""RayTrainReportCallback for xgboost: one report per boosting round, the model as a checkpoint."""
+"""RayTrainReportCallback for xgboost (one report per boosting round, the model as a checkpoint), and
+XGBoostCheckpoint, which reads the same model files."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import xgboost
 from xgboost.callback import TrainingCallback
 
 from storage import Checkpoint
-from trainers.gbdt.callback import ReportCallback, model_path
+from trainers.gbdt.callback import GBDTCheckpoint, ReportCallback, model_path
 
 MODEL_FILE = "model.ubj"
 
@@ -106,3 +107,20 @@ def _latest(evals_log: dict) -> dict[str, Any]:
 
 #: ``RayTrainReportCallback.get_model``, as a function.
 get_model = RayTrainReportCallback.get_model
+
+
+class XGBoostCheckpoint(GBDTCheckpoint):
+    """A checkpoint with an xgboost model: ``XGBoostCheckpoint.from_model(booster)``, then
+    ``checkpoint.get_model()``.
+
+    ``get_model`` also loads the checkpoints ``RayTrainReportCallback`` (and so
+    ``XGBoostTrainer``) writes: ``XGBoostCheckpoint(result.checkpoint.path,
+    result.checkpoint.filesystem).get_model()``.
+    """
+
+    #: The file ``from_model`` writes (xgboost's JSON format).
+    MODEL_FILENAME: ClassVar[str] = "model.json"
+    _OTHER_MODEL_FILENAMES: ClassVar[tuple[str, ...]] = (MODEL_FILE,)
+    _BOOSTER = xgboost.Booster
+    _PASS_A_BOOSTER = "an xgboost.Booster (for an XGBClassifier/XGBRegressor, model.get_booster())"
+    _load_model = staticmethod(load_model)

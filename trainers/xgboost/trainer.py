@@ -11,7 +11,7 @@ import xgboost
 
 from storage import Checkpoint
 from trainers.config import DataConfig, RunConfig, ScalingConfig
-from trainers.gbdt.library import Library, Shards
+from trainers.gbdt.param_form import Library, Shards
 from trainers.gbdt.trainer import GBDTTrainer
 from trainers.xgboost.callback import RayTrainReportCallback
 from trainers.xgboost.config import XGBoostConfig

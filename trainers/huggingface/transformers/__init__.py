@@ -1,14 +1,7 @@
-"""Hugging Face Transformers on flowtrain, under the names of ``ray.train.huggingface.transformers``.
-
-A ``transformers.Trainer`` script runs inside a ``TorchTrainer`` training function with two
-more lines::
-
-    from trainers.huggingface.transformers import RayTrainReportCallback, prepare_trainer
-
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
-                                   callbacks=[RayTrainReportCallback()])  # metrics + checkpoints
-    trainer = prepare_trainer(trainer)
-    trainer.train()
+"""Hugging Face Transformers on flowtrain, under the names of ``ray.train.huggingface.transformers``:
+a ``transformers.Trainer`` script runs inside a ``TorchTrainer`` training function with
+``RayTrainReportCallback`` and ``prepare_trainer`` added (docs/frameworks.md, "Hugging Face
+Transformers", has the example).
 
 Needs the ``transformers`` extra: ``pip install 'flowtrain[transformers]'``.
 """
@@ -17,7 +10,6 @@ from trainers._extras import require
 
 require("transformers", extra="transformers")
 
-from trainers.huggingface.transformers.callback import RayTrainReportCallback  # noqa: E402
-from trainers.huggingface.transformers.prepare import prepare_trainer  # noqa: E402
+from trainers.huggingface.transformers._transformers_utils import RayTrainReportCallback, prepare_trainer  # noqa: E402
 
 __all__ = ["RayTrainReportCallback", "prepare_trainer"]
