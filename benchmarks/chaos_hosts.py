@@ -185,12 +185,20 @@ class HostSoak(Soak):
 
     # -- hosts -----------------------------------------------------------------------------------
 
-    def host_of_rank(self, folder: pathlib.Path, rank: int) -> Host | None:
-        """The host rank ``rank`` of the run in ``folder`` started on last."""
+    def host_of_rank(self, folder: pathlib.Path, rank: int, journal: list[dict[str, Any]]) -> Host | None:
+        """The host rank ``rank`` of the run in ``folder`` started on last; None while it has not
+        started, or has not started again since a restart in ``journal`` (the driver's) moved it."""
         starts = [
             line for line in chaos_journal.read(str(folder / "logs" / f"rank{rank}.jsonl")) if line["e"] == "start"
         ]
-        return self.hosts.net.host_at(starts[-1]["node"]) if starts else None
+        moving = any(
+            line["e"] == "restart"
+            and line["t"] > starts[-1]["t"]
+            and (line.get("full_restart") or str(rank) in {str(r) for r in line.get("replaced") or ()})
+            for line in journal
+            if starts
+        )
+        return self.hosts.net.host_at(starts[-1]["node"]) if starts and not moving else None
 
     def node_alive(self, host: Host) -> bool:
         """Whether Ray has a live node at ``host``'s address."""
@@ -374,9 +382,10 @@ class HostNemesis:
         fault claims it for itself. None when the segment ended first."""
         soak = self.soak
         while not self.closing.is_set():
-            host = soak.host_of_rank(self.folder, fault.rank)
-            if host is None:
-                return None
+            host = soak.host_of_rank(self.folder, fault.rank, self.lines)
+            if host is None:  # not started (again) yet
+                time.sleep(0.2)
+                continue
             slows = fault.kind in SLOW_KINDS
             with soak.state:
                 if host.netns not in soak.ending and not (slows and host.netns in soak.slowed):
