@@ -39,56 +39,76 @@ def silent_raylets(node_ids: set[str], timeout_s: float) -> set[str]:
 
 
 class MovedBundles:
-    """The group's bundles reserved again elsewhere: bundle index -> (its placement group, node)."""
+    """The group's bundles placed elsewhere: bundle index -> (placement group, its bundle index
+    there, node). A bundle moves into a slot of the group that an earlier move left empty, on a
+    node not avoided, else into a one-bundle placement group of its own."""
 
     def __init__(self) -> None:
-        self._moved: dict[int, tuple[PlacementGroup, str]] = {}
+        self._moved: dict[int, tuple[PlacementGroup, int, str]] = {}
+        #: The one-bundle placement groups this made (removed with their bundle's move).
+        self._own: dict[int, PlacementGroup] = {}
 
     def move(
         self,
         bundles: list[int],
+        group: PlacementGroup,
+        slots: dict[int, str],
         resources: dict[str, float],
         avoid: set[str],
         selectors: list[dict[str, str]] | None,
         deadline: float,
     ) -> list[int]:
-        """Reserve each of ``bundles`` again, on a node not in ``avoid`` and matching its label
-        selector (``selectors``, by bundle index, as the group was reserved); returns the bundles
-        that could not be reserved by ``deadline`` (nothing is held for them)."""
-        off = f"!in({','.join(sorted(avoid))})"
-        groups = {}
+        """Place each of ``bundles`` again, on a node not in ``avoid`` and matching its label
+        selector (``selectors``, by bundle index, as ``group`` was reserved); ``slots``: where
+        each of ``group``'s bundles is (bundle -> node). Returns the bundles that could not be
+        placed by ``deadline`` (nothing is held for them)."""
         for bundle in bundles:
             self.release(bundle)
-            selector = {**(selectors[bundle] if selectors else {}), NODE_ID_LABEL: off}
-            groups[bundle] = placement_group(
+        taken = {index for pg, index, _ in self._moved.values() if pg is group}
+        empty = {
+            slot: node
+            for slot, node in slots.items()
+            if slot in self._moved and slot not in taken and node and node not in avoid
+        }
+        off = f"!in({','.join(sorted(avoid))})"
+        reserved = {}
+        for bundle in bundles:
+            selector = selectors[bundle] if selectors else {}
+            slot = next((s for s in empty if not selectors or selectors[s] == selector), None)
+            if slot is not None:
+                self._moved[bundle] = (group, slot, empty.pop(slot))
+                continue
+            reserved[bundle] = placement_group(
                 [dict(resources)],
                 name=f"{WORKER_GROUP_PREFIX}moved-{uuid.uuid4().hex[:8]}",
-                bundle_label_selector=[selector],
+                bundle_label_selector=[{**selector, NODE_ID_LABEL: off}],
             )
         missing = []
-        for bundle, group in groups.items():
-            if group.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):
-                self._moved[bundle] = (group, placement_group_table(group)["bundles_to_node_id"][0])
+        for bundle, own in reserved.items():
+            if own.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):
+                self._moved[bundle] = (own, 0, placement_group_table(own)["bundles_to_node_id"][0])
+                self._own[bundle] = own
             else:
-                remove_placement_group(group)
+                remove_placement_group(own)
                 missing.append(bundle)
         return missing
 
     def nodes(self) -> dict[int, str]:
         """Where each moved bundle is now."""
-        return {bundle: node for bundle, (_, node) in self._moved.items()}
+        return {bundle: node for bundle, (_, _, node) in self._moved.items()}
 
     def placement(self, bundle: int) -> tuple[PlacementGroup, int] | None:
         """The placement group and bundle index a worker of ``bundle`` runs in, when it moved."""
         moved = self._moved.get(bundle)
-        return (moved[0], 0) if moved is not None else None
+        return (moved[0], moved[1]) if moved is not None else None
 
     def release(self, bundle: int | None = None) -> None:
-        """Give back the reservation of ``bundle`` (every moved bundle's when None)."""
+        """Give back the placement of ``bundle`` (every moved bundle's when None)."""
         for index in [bundle] if bundle is not None else list(self._moved):
-            moved = self._moved.pop(index, None)
-            if moved is not None:
+            self._moved.pop(index, None)
+            own = self._own.pop(index, None)
+            if own is not None:
                 try:
-                    remove_placement_group(moved[0])
+                    remove_placement_group(own)
                 except Exception:  # noqa: BLE001 - Ray shutting down: the reservation goes with it
                     pass

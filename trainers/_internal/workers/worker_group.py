@@ -637,15 +637,20 @@ class RayWorkerGroup:
         self._rank(self.workers + fresh)  # the kept workers' environment was reset too
 
     def _place_vacant(self, bundles: list[int], deadline: float) -> None:
-        """Have the vacant ``bundles`` placed: those on a host that stopped answering reserved
-        again away from it (``placement_away``), the others where Ray keeps them (after a node
-        loss, where it places them again), and note where each is."""
+        """Have the vacant ``bundles`` placed: those on a host that stopped answering moved away
+        from it (``placement_away``: into a slot an earlier move emptied, or a reservation of
+        their own), the others where Ray keeps them (after a node loss, where it places them
+        again), and note where each is."""
         away = [b for b in bundles if self._placed.get(b) in self._avoid]
         if len(away) < len(bundles):
             self._wait_for_group(deadline)  # a lost node's bundles are placed again first
         if away:
+            assert self._pg is not None  # start() reserved it
             selectors = self.scaling.label_selector_per_worker(self.world_size)
-            missing = self._moved.move(away, self.scaling.worker_resources, self._avoid, selectors, deadline)
+            slots = dict(placement_group_table(self._pg).get("bundles_to_node_id") or {})
+            missing = self._moved.move(
+                away, self._pg, slots, self.scaling.worker_resources, self._avoid, selectors, deadline
+            )
             if missing:
                 raise WorkerStartError(
                     f"could not reserve {self.scaling.worker_resources} for rank(s) of bundle(s) {missing} away from "
