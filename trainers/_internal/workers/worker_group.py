@@ -587,12 +587,6 @@ class RayWorkerGroup:
             for rank, kind in failed.items()
             if kind in ("died", "hung", "preempted", "unreachable")
         }
-        # A silent rank's node, and a dead rank's whose raylet is gone: Ray would place the
-        # replacement there until its health checks declare the node dead.
-        node = {rank: self.workers[rank].metadata.node_id for rank in failed}
-        dead = {node[rank] for rank, kind in failed.items() if kind == "died"}
-        self._avoid = {node[rank] for rank, kind in failed.items() if kind == "unreachable"}
-        self._avoid |= silent_raylets(dead, 1.0) if dead else set()
         warm_workers.kill_actors(self.workers[rank].actor for rank in replaced)
         stopping = {
             w.actor.stop.remote(wait_s, failed=True, lost_hosts=lost_hosts): w
@@ -612,6 +606,13 @@ class RayWorkerGroup:
             if why:
                 replaced[rank] = why
                 warm_workers.kill_actors([worker.actor])
+        # The nodes of silent ranks, and of replaced ranks whose raylet is gone or cut off (one
+        # that died, or did not answer its stop): Ray would place a replacement there until its
+        # health checks declare the node dead.
+        node = {rank: self.workers[rank].metadata.node_id for rank in replaced}
+        self._avoid = {node[rank] for rank in replaced if failed.get(rank) == "unreachable"}
+        if unjudged := set(node.values()) - self._avoid:
+            self._avoid |= silent_raylets(unjudged, 1.0)
         self._vacant = {rank: self.workers[rank].bundle for rank in replaced}
         self.workers = [w for w in self.workers if w.ranks.world_rank not in replaced]
         return replaced
