@@ -34,6 +34,7 @@ def contrast_with_white(colour: Any) -> float:
 def assert_readable(timeline: Timeline) -> Any:
     """Draw ``timeline`` and check it as a person reads it; return the figure."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.lines import Line2D
     from matplotlib.text import Text
 
     from trainers._internal.health.timeline_picture import figure
@@ -60,6 +61,15 @@ def assert_readable(timeline: Timeline) -> Any:
     kinds = {artist.get_gid() for artist in marks}
     assert None not in kinds, f"a mark without a legend entry: {[a for a in marks if a.get_gid() is None]}"
     assert kinds == labels, f"drawn {sorted(kinds)}, legend {sorted(labels)}"
+    # ... and no two entries look alike: each kind of mark is told by its own marker or colour.
+    looks: dict[tuple, str] = {}
+    for handle, text in zip(legend.legend_handles, legend.get_texts(), strict=True):
+        if isinstance(handle, Line2D):
+            look: tuple = ("line", handle.get_marker(), to_rgb(handle.get_color()), handle.get_linestyle())
+        else:
+            look = ("patch", handle.get_fill(), handle.get_hatch(), tuple(handle.get_facecolor()))
+        assert look not in looks, f"{text.get_text()!r} looks like {looks[look]!r} in the legend"
+        looks[look] = text.get_text()
 
     # Every rank's row has a visible tick for every round.
     ticks: dict[tuple[float, int], list[Any]] = {}

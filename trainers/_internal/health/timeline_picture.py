@@ -34,6 +34,8 @@ CHECKPOINT = ("checkpoint committed", "#555555")
 ROLLED_BACK = ("rolled back (trained again)", "#C0002A")
 STRAGGLER = ("named a straggler", "#AA4499")
 FAILURE_COLOUR = "#000000"
+#: Each failure kind's own marker (a kind not named here: "X"), so that two kinds never share one.
+FAILURE_MARKERS = {"error": "X", "died": "s", "hung": "h", "preempted": "D", "unreachable": "v"}
 #: Failures and stragglers sit this far above their rank's row, clear of its ticks.
 EVENT_LIFT = 0.3
 #: Rank rows labelled at most: past this, every k-th rank is.
@@ -77,7 +79,7 @@ def figure(timeline: Timeline, *, title: str = "") -> Any:
     for mark in (m for m in timeline.marks if m.rank >= 0):
         straggler = mark.what == "straggler"
         label, colour = STRAGGLER if straggler else (f"rank failed: {mark.what}", FAILURE_COLOUR)
-        marker = "^" if straggler else "X"
+        marker = "^" if straggler else FAILURE_MARKERS.get(mark.what, "X")
         axes.scatter(
             [mark.t],
             [mark.rank - EVENT_LIFT],
