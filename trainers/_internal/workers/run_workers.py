@@ -348,10 +348,10 @@ class RayWorkers:
         started = self._first_started_at
         if self.group is None or started is None or time.monotonic() - started < self._spares_after_s:
             return
-        self._spares_due = False
         try:
-            self.group.fill_spares(self._spares_per_node)
+            self._spares_due = not self.group.fill_spares(self._spares_per_node)
         except Exception as error:  # noqa: BLE001 - rank 0 may be failing right now: its failure comes through poll
+            self._spares_due = False
             logger.debug("spare workers not started: %s: %s", type(error).__name__, error)
 
     def lost_a_node(self, node_ids: list[str], wait_s: float = NODE_DEATH_WAIT_S) -> bool:

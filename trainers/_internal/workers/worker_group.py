@@ -125,6 +125,8 @@ class RayWorkerGroup:
         #: Bundles reserved again away from hosts that stopped answering, and the hosts ``refill`` avoids.
         self._moved = MovedBundles()
         self._avoid: set[str] = set()
+        #: Rank 0's answer to "which installed modules did you import?", while it is awaited.
+        self._modules_asked: Any = None
 
     @property
     def world_size(self) -> int:
@@ -671,15 +673,23 @@ class RayWorkerGroup:
         """Send rank ``rank`` the answer to its ``get_all_reported_checkpoints()`` call (no waiting)."""
         self.workers[rank].actor.answer_checkpoints.remote(query_id, answer)
 
-    def fill_spares(self, per_node: int) -> None:
-        """Have ``per_node`` spare workers on each node the group uses (``spares``); the first call
-        asks rank 0 which installed modules its process imported, for the spares to import."""
+    def fill_spares(self, per_node: int) -> bool:
+        """Have ``per_node`` spare workers on each node the group uses (``spares``); False while
+        rank 0 has not yet said which installed modules its process imported, for the spares to
+        import (asked on the first call, not waited for: its host may be cut off right now, and
+        the controller must go on hearing the others)."""
         if not self._beside_group or not self.workers:
-            return
+            return True
         if not self.spares.modules:
-            self.spares.modules = self.execute_single(0, installed_modules)
+            if self._modules_asked is None:
+                self._modules_asked = self.workers[0].actor.execute.remote(installed_modules)
+            if not ray.wait([self._modules_asked], timeout=0)[0]:
+                return False
+            asked, self._modules_asked = self._modules_asked, None
+            self.spares.modules = ray.get(asked)
         nodes = sorted({w.metadata.node_id for w in self.workers})
         warm_workers.kill_actors(self.spares.fill(nodes, per_node))
+        return True
 
     def shutdown(self, keep: bool = False) -> str | None:
         """Kill every actor and release the placement group. Safe to call twice.
