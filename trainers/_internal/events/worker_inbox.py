@@ -2,9 +2,10 @@
 the event channel's sockets (``event_channel``), and one outstanding ``next_events`` long poll per
 worker, watched by a background thread, which carries the events of a worker that left its socket
 and turns a worker's death (or its node's, which closes no socket) into a ``FailedEvent``. A rank
-whose connection stays silent past the unreachable bound while its peers are heard (a host cut
-off, which Ray finds only a minute later) fails as "unreachable". A replayed event comes twice: the inbox applies one only when its number is above the highest it
-applied from that worker, and each new long poll acknowledges what the inbox holds from it.
+heard on neither road for the unreachable bound, whose node's raylet takes no connection either
+(a host cut off, which Ray finds only a minute later), fails as "unreachable". A replayed event
+comes twice: the inbox applies one only when its number is above the highest it applied from
+that worker, and each new long poll acknowledges what the inbox holds from it.
 """
 
 from __future__ import annotations
