@@ -185,6 +185,8 @@ class RayWorkers:
         self._spares_per_node = settings.SPARE_WORKERS.read() if spec.restartable else 0
         self._spares_after_s = settings.SPARE_AFTER_S.read()
         self._unreachable_s = settings.UNREACHABLE_S.read()
+        #: Nodes the next new group stays off: lost hosts found when every worker had to restart.
+        self._avoid_next: frozenset[str] = frozenset()
         #: This attempt's group should get its spare workers once it reports (``_fill_spares``).
         self._spares_due = False
         self._first_started_at: float | None = None
@@ -244,7 +246,9 @@ class RayWorkers:
             reusable=type(self.backend) is Backend or self.backend.reuses_workers,
             backend_name=spec.backend_config.framework or type(self.backend).__name__,
             unreachable_s=self._unreachable_s,
+            avoid=self._avoid_next,
         )
+        self._avoid_next = frozenset()
         self.group.start(on_placed=split)
 
     def _start_training(
@@ -424,6 +428,7 @@ class RayWorkers:
                 logger.info("attempt %d: replacing rank(s) %s, keeping %s", self._attempt, sorted(replaced), list(kept))
                 return RestartRecord(self._attempt, kept=kept, replaced=replaced)
             why = "no rank could be kept: " + "; ".join(f"rank {r} {w}" for r, w in sorted(replaced.items()))
+            self._avoid_next = self.group.avoided
         self.shutdown()
         logger.info("attempt %d: restarting every worker: %s", self._attempt, why)
         return RestartRecord(self._attempt, full_restart=why)

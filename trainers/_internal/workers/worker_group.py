@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from trainers._internal.events.messages import Event, FailedEvent
 from trainers._internal.events.worker_inbox import WorkerInbox
 from trainers._internal.workers import warm_workers
-from trainers._internal.workers.placement_away import MovedBundles, silent_raylets
+from trainers._internal.workers.placement_away import NODE_ID_LABEL, MovedBundles, silent_raylets
 from trainers._internal.workers.ranks import Ranks, assign_ranks
 from trainers._internal.workers.resources import (
     WORKER_GROUP_PREFIX,
@@ -94,6 +94,7 @@ class RayWorkerGroup:
         reusable: bool = False,
         backend_name: str = "data-parallel",
         unreachable_s: float = 0.0,
+        avoid: frozenset[str] = frozenset(),
     ) -> None:
         self.scaling = scaling
         self.backend_name = backend_name
@@ -124,7 +125,9 @@ class RayWorkerGroup:
         self.unreachable_s = unreachable_s
         #: Bundles reserved again away from hosts that stopped answering, and the hosts ``refill`` avoids.
         self._moved = MovedBundles()
-        self._avoid: set[str] = set()
+        #: Nodes ``refill`` places no worker on (a new group: none of its bundles), and after a
+        #: stop, those of the replaced ranks whose raylet took no connection (``avoided``).
+        self._avoid: set[str] = set(avoid)
         #: Rank 0's answer to "which installed modules did you import?", while it is awaited.
         self._modules_asked: Any = None
 
@@ -170,7 +173,7 @@ class RayWorkerGroup:
                     [dict(bundle) for _ in range(self.world_size)],
                     strategy=self.scaling.placement_strategy,
                     name=name,
-                    bundle_label_selector=self.scaling.label_selector_per_worker(self.world_size),
+                    bundle_label_selector=self._selectors_avoiding(),
                 )
             first_bundle, self._owns_pg = 0, True
             if trial_group is None:
@@ -368,6 +371,20 @@ class RayWorkerGroup:
                 f"{error}. Nodes now: {describe_nodes()}."
             ) from error
         return self._slices.placement_group
+
+    def _selectors_avoiding(self) -> list[dict[str, str]] | None:
+        """Each worker's label selector, and off the nodes to avoid (a group started again after
+        hosts stopped answering: Ray would place bundles there until it declares them dead)."""
+        selectors = self.scaling.label_selector_per_worker(self.world_size)
+        if not self._avoid:
+            return selectors
+        off = {NODE_ID_LABEL: f"!in({','.join(sorted(self._avoid))})"}
+        return [{**selector, **off} for selector in selectors or [{}] * self.world_size]
+
+    @property
+    def avoided(self) -> frozenset[str]:
+        """The nodes the last ``stop_training`` found lost (their raylet took no connection)."""
+        return frozenset(self._avoid)
 
     def _wait_for_group(self, deadline: float) -> None:
         assert self._pg is not None  # start() reserved it
