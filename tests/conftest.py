@@ -178,13 +178,19 @@ def live_train_workers() -> list[dict]:
 
 
 def process_alive(pid: int) -> bool:
+    """Whether ``pid`` still runs: a zombie (exited, not yet reaped by its parent, which for a
+    worker is a raylet that may be slow to do it on a loaded machine) holds nothing and runs nothing."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:  # gone meanwhile, or no /proc: os.kill's answer stands
+        return os.path.exists(f"/proc/{pid}") or not os.path.isdir("/proc")
 
 
 def live_placement_groups() -> list[dict]:
