@@ -2,11 +2,12 @@
 
 A rank silent on the event road may be a stopped process or a host cut off, and a rank that died
 may have lost its process or its node's raylet; the node is lost in the second case only, and it
-shows in one TCP connect from the driver to the node's raylet (``raylet_answers``). Ray keeps such a
+shows in one TCP connect from the driver to the node's raylet (``silent_raylets``). Ray keeps such a
 node alive for up to a minute (its health checks), and with it the group's bundles there: a
-replacement put in one never starts. Its bundle is therefore reserved again in a one-bundle
-placement group of its own, with a label selector that keeps it off the lost nodes; the group's own
-bundle stays reserved (Ray cannot shrink a placement group) until the run ends.
+replacement put in one never starts. Its bundle therefore moves (``MovedBundles``): into a slot of
+the group an earlier move emptied, else into a one-bundle placement group of its own with a label
+selector that keeps it off the lost nodes (``off_nodes``); the group's own bundle stays reserved
+(Ray cannot shrink a placement group) until the run ends.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ from trainers._internal.workers.resources import WORKER_GROUP_PREFIX
 
 #: The label Ray gives every node: its id.
 NODE_ID_LABEL = "ray.io/node-id"
+
+
+def off_nodes(node_ids: set[str] | frozenset[str]) -> dict[str, str]:
+    """The label selector that keeps a bundle off the Ray nodes ``node_ids``."""
+    return {NODE_ID_LABEL: f"!in({','.join(sorted(node_ids))})"}
 
 
 def silent_raylets(node_ids: set[str], timeout_s: float) -> set[str]:
@@ -70,7 +76,7 @@ class MovedBundles:
             for slot, node in slots.items()
             if slot in self._moved and slot not in taken and node and node not in avoid
         }
-        off = f"!in({','.join(sorted(avoid))})"
+        off = off_nodes(avoid)
         reserved = {}
         for bundle in bundles:
             selector = selectors[bundle] if selectors else {}
@@ -81,7 +87,7 @@ class MovedBundles:
             reserved[bundle] = placement_group(
                 [dict(resources)],
                 name=f"{WORKER_GROUP_PREFIX}moved-{uuid.uuid4().hex[:8]}",
-                bundle_label_selector=[{**selector, NODE_ID_LABEL: off}],
+                bundle_label_selector=[{**selector, **off}],
             )
         missing = []
         for bundle, own in reserved.items():

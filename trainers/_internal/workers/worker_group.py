@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from trainers._internal.events.messages import Event, FailedEvent
 from trainers._internal.events.worker_inbox import WorkerInbox
 from trainers._internal.workers import warm_workers
-from trainers._internal.workers.placement_away import NODE_ID_LABEL, MovedBundles, silent_raylets
+from trainers._internal.workers.placement_away import MovedBundles, off_nodes, silent_raylets
 from trainers._internal.workers.ranks import Ranks, assign_ranks
 from trainers._internal.workers.resources import (
     WORKER_GROUP_PREFIX,
@@ -378,8 +378,7 @@ class RayWorkerGroup:
         selectors = self.scaling.label_selector_per_worker(self.world_size)
         if not self._avoid:
             return selectors
-        off = {NODE_ID_LABEL: f"!in({','.join(sorted(self._avoid))})"}
-        return [{**selector, **off} for selector in selectors or [{}] * self.world_size]
+        return [{**selector, **off_nodes(self._avoid)} for selector in selectors or [{}] * self.world_size]
 
     @property
     def avoided(self) -> frozenset[str]:
