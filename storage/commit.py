@@ -47,8 +47,12 @@ def commit_folder(
         raise StorageError(f"cannot commit checkpoint: its staged files are missing at {display_path(fs, staged)}")
     if announce is not None:
         announce()
-    if exists(fs, final):  # a half-done commit of a crashed attempt, or a dropped
-        delete_dir(fs, final)  # checkpoint whose deletion failed: never a kept one
+    leftover = exists(fs, final)  # a half-done commit of a crashed attempt, or a dropped checkpoint
+    # whose deletion failed: never a kept one. The lookups above can outlast the lease (answered
+    # once a cut link is back), and the folder may then be the new owner's: check before any change.
+    still_owner()
+    if leftover:
+        delete_dir(fs, final)
     if is_local(fs):
         fs.move(staged, final)  # rename(2): all or nothing
         return 0
@@ -65,14 +69,17 @@ def commit_folder(
     return copied.retries + marked
 
 
-def adopt_folder(fs: pafs.FileSystem, staged: str | None, final: str) -> None:
+def adopt_folder(
+    fs: pafs.FileSystem, staged: str | None, final: str, *, still_owner: Callable[[], None] = lambda: None
+) -> None:
     """Commit a checkpoint a worker wrote into the run folder itself, merging in the staged files
-    of ranks that uploaded theirs (``staged``)."""
+    of ranks that uploaded theirs (``staged``); ``still_owner`` as for ``commit_folder``."""
     if fs.get_file_info(final).type != pafs.FileType.Directory:
         raise StorageError(
             f"cannot record checkpoint {display_path(fs, final)} (CheckpointUploadMode.NO_UPLOAD): "
             "it is not a folder of the run's storage."
         )
+    still_owner()
     if staged is not None and exists(fs, staged):
         pafs.copy_files(staged, final, source_filesystem=fs, destination_filesystem=fs)
         try_delete(fs, staged)

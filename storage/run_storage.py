@@ -240,6 +240,7 @@ class RunStorage:
         """Begin a new attempt and return its id; uploads of older attempts can no longer commit."""
         self.snapshot.attempt += 1
         self._write()
+        self._check_lease()  # as in _delete_dropped: the staging may be the new owner's by now
         try_delete(self.filesystem, self.layout.staging_root)
         return self.snapshot.attempt
 
@@ -290,7 +291,7 @@ class RunStorage:
         seq, name = self._name_checkpoint(dir_name, staging if staged else None)
         final = self.layout.path_of(name)
         if round_.in_place:
-            adopt_folder(self.filesystem, staging if staged else None, final)
+            adopt_folder(self.filesystem, staging if staged else None, final, still_owner=self._check_lease)
         else:
             announce = (lambda: self._announce(name)) if dir_name is not None else None
             commit_retries = commit_folder(
@@ -593,6 +594,7 @@ class RunStorage:
         self._delete_dropped()
 
     def _delete_dropped(self) -> None:
+        self._check_lease()  # the write before it can outlast the lease: a dropped name may be the new owner's now
         self.snapshot.to_delete = [
             d for d in self.snapshot.to_delete if not try_delete(self.filesystem, f"{self.run_path}/{d}")
         ]

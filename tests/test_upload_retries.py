@@ -21,7 +21,7 @@ import pyarrow.fs as pafs
 import pytest
 
 import faulty_s3
-from faulty_fs import faulty_fs
+from faulty_fs import RecordingHandler, faulty_fs
 from faulty_s3 import BUCKET, log_event, read_events
 from faulty_s3 import faulty_s3 as make_faulty_s3
 from storage import Checkpoint, RunInProgressError, figures, load_run, upload_directory
@@ -320,6 +320,34 @@ def test_a_commit_that_outlasts_its_lease_leaves_the_new_owners_folder_alone(tmp
     }
     changes = sorted(op for op, path in handler.ops if path.startswith(str(final)))
     assert changes == ["copy_file", "copy_file", "create_dir"], changes  # the stuck try's, no more
+
+
+def test_a_lookup_that_outlasts_its_lease_deletes_no_folder_of_the_new_owner(tmp_path):
+    """Regression (stop 64's CI, the same namespace-cluster test): the cut driver's look for its
+    staged files was answered only once the link was back, after the rerun had committed its own
+    ``checkpoint_000002``; the cut driver took that folder for a half-done commit of its own and
+    deleted it, leaving run.json naming a folder that was gone. The lease is checked before any
+    change, so the rerun's folder stays whole."""
+    staged = make_folder(tmp_path / "staged", {"rank0.json": b"cut driver's"})
+    final = tmp_path / "checkpoint_000002"
+    lease_lost = threading.Event()
+
+    class AnsweredAfterTheTakeover(RecordingHandler):
+        def get_file_info(self, paths):
+            if not lease_lost.is_set():  # the first lookup, stuck while the rerun commits
+                make_folder(final, {"rank0.json": b"rerun's", COMMIT_MARKER: b""})
+                lease_lost.set()
+            return super().get_file_info(paths)
+
+    def still_owner():
+        if lease_lost.is_set():
+            raise RunInProgressError("this driver lost the run's lease")
+
+    handler = AnsweredAfterTheTakeover()
+    with pytest.raises(RunInProgressError, match="lost the run's lease"):
+        commit_folder(pafs.PyFileSystem(handler), staged, str(final), still_owner=still_owner)
+    assert {p.name: p.read_bytes() for p in final.iterdir()} == {"rank0.json": b"rerun's", COMMIT_MARKER: b""}
+    assert handler.ops == [], handler.ops  # not one change from the driver that lost the lease
 
 
 def test_permanent_errors_are_not_retried_and_a_spent_budget_names_the_destination(tmp_path, monkeypatch):
