@@ -7,8 +7,9 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Protocol
 
 from storage.checkpoint import Checkpoint
-from storage.health import GoodputAccount, MemoryPeak, Timeline
+from storage.health import GoodputAccount, Timeline
 from storage.layout import RunLayout
+from storage.memory_peak import MemoryPeak
 from storage.positions import DataResume, RoundPosition
 from storage.snapshot import CheckpointRecord, RunSnapshot
 from storage.upload import UploadStats

@@ -26,9 +26,10 @@ from storage.commit import adopt_folder, commit_folder, is_committed, try_delete
 from storage.config import CheckpointConfig
 from storage.errors import RunInProgressError, StorageError
 from storage.filesystem import display_path, exists, is_local, read_bytes, resolve_filesystem, write_bytes
-from storage.health import GoodputAccount, MemoryPeak, RunHealth, Timeline, write_health_file
+from storage.health import GoodputAccount, RunHealth, Timeline, write_health_file
 from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name, join_run
 from storage.lease import Lease
+from storage.memory_peak import MemoryPeak
 from storage.metrics_log import KeptRange, MetricsLog, ReportEntry, kept_ranges, last_report, read_history, segments
 from storage.positions import DataResume, RoundPosition
 from storage.protocol import ReportRound

@@ -18,8 +18,9 @@ import pyarrow.fs as pafs
 from storage.codec import UNWRITTEN, Record, from_json, to_json
 from storage.errors import SnapshotCorruptError
 from storage.filesystem import exists, read_bytes, write_bytes
-from storage.health import GoodputAccount, MemoryPeak, PreflightRecord, StragglerRecord
+from storage.health import GoodputAccount, PreflightRecord, StragglerRecord
 from storage.layout import RunLayout
+from storage.memory_peak import MemoryPeak
 from storage.metric_values import decode, encode
 from storage.metrics_log import ReportEntry
 from storage.positions import DataResume, RoundPosition

@@ -20,7 +20,8 @@ import ray
 
 from picture_checks import assert_readable
 from storage import settings
-from storage.health import MemoryPeak, RunHealth, StragglerRecord, Timeline
+from storage.health import RunHealth, StragglerRecord, Timeline
+from storage.memory_peak import MemoryPeak
 from storage.snapshot import RunSnapshot
 from trainers import FailureConfig, RunConfig, ScalingConfig, UserCallback, get_context, report
 from trainers._internal.events.messages import FinishedEvent, ReportEvent

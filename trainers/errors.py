@@ -7,10 +7,11 @@ import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from storage.health import MemoryPeak, PreflightRecord
+from storage.memory_peak import MemoryPeak
 from storage.upload import CheckpointUploadError
 
 if TYPE_CHECKING:
+    from storage.health import PreflightRecord
     from trainers.preemption import PreemptionInfo
 
 

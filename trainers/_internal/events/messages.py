@@ -8,7 +8,7 @@ import dataclasses
 import queue
 from typing import Any
 
-from storage.health import MemoryPeak
+from storage.memory_peak import MemoryPeak
 from storage.positions import RankPosition
 
 #: The rank under which a failure to start the whole group is recorded.

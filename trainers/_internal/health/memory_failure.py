@@ -13,8 +13,8 @@ import tempfile
 
 import pyarrow.fs
 
-from storage.health import MemoryPeak, write_health_file
 from storage.layout import RunLayout
+from storage.memory_peak import MemoryPeak
 from trainers.backend import FrameworkProcess
 
 #: Words of the errors that mean an allocation failed: PyTorch's CUDA and CPU allocators, NCCL's,
@@ -55,6 +55,9 @@ def leave_memory_summary(
     device = framework.device_memory_summary()
     if device is not None:
         lines += ["", device]
+    # Imported here, on the way out of memory: the rest of storage.health is the driver's.
+    from storage.health import write_health_file
+
     try:
         path = write_health_file(filesystem, layout, f"{stem}.txt", "\n".join(lines).encode())
         with tempfile.TemporaryDirectory(prefix="flowtrain-oom-") as folder:

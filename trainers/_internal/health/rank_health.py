@@ -12,7 +12,7 @@ import resource
 import time
 from collections.abc import Iterator
 
-from storage.health import MemoryPeak
+from storage.memory_peak import MemoryPeak
 from trainers.backend import FrameworkProcess
 from trainers.tuning import LIMIT_READ_EVERY_S
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from storage.health import MemoryPeak
+from storage.memory_peak import MemoryPeak
 from trainers._internal.events.messages import LAUNCH, FailedEvent, FinishedEvent, ReportEvent, SyncEvent
 
 

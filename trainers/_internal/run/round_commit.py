@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.health import MemoryPeak
+from storage.memory_peak import MemoryPeak
 from storage.protocol import ReportRound
 from storage.upload import UploadStats
 from trainers._internal.events.messages import ReportEvent, checkpoint_placement

@@ -14,12 +14,15 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from storage import Checkpoint, RunRecord
+from storage import Checkpoint
 from trainers._internal.events.messages import CheckpointsQuery
 from trainers.tuning import STOP_CHECK_S
 from trainers.validation import CheckpointConsistencyMode, ReportedCheckpoint, ReportedCheckpointStatus
+
+if TYPE_CHECKING:  # the driver's side only: a worker keeps the run's records out of its memory
+    from storage import RunRecord
 
 
 class QueryingSession(Protocol):

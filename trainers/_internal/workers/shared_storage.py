@@ -15,7 +15,6 @@ import pyarrow.fs as pafs
 
 from storage.errors import StorageNotSharedError
 from storage.filesystem import display_path
-from trainers._internal.workers.start_failure import node_name
 
 
 def what_this_node_sees(filesystem: pafs.FileSystem, path: str) -> tuple[str, str | None]:
@@ -36,6 +35,9 @@ def check_every_node_sees(
 ) -> None:
     """Raise ``StorageNotSharedError`` naming each node whose workers answered (in ``answers``,
     beside their nodes' ids in ``node_ids``) that they do not see ``marker``."""
+    # Imported here: a worker runs what_this_node_sees, and the cluster's descriptions are the driver's.
+    from trainers._internal.workers.start_failure import node_name
+
     blind: dict[str, str] = {}
     for (host, problem), node_id in zip(answers, node_ids, strict=True):
         if problem is not None:
