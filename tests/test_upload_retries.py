@@ -323,7 +323,7 @@ def test_a_commit_that_outlasts_its_lease_leaves_the_new_owners_folder_alone(tmp
 
 
 def test_a_lookup_that_outlasts_its_lease_deletes_no_folder_of_the_new_owner(tmp_path):
-    """Regression (stop 64's CI, the same namespace-cluster test): the cut driver's look for its
+    """Regression (stop 63's CI, the same namespace-cluster test): the cut driver's look for its
     staged files was answered only once the link was back, after the rerun had committed its own
     ``checkpoint_000002``; the cut driver took that folder for a half-done commit of its own and
     deleted it, leaving run.json naming a folder that was gone. The lease is checked before any
