@@ -79,12 +79,14 @@ def test_the_next_run_of_the_same_shape_gets_the_same_processes_reset(tmp_path):
     assert workers_parked(tmp_path, "first") == ["parked 2 of 2"]
     second = run(tmp_path, "second")
     assert pids(second) == pids(first)
+    loaded_at_first = {row["pid"]: row["numpy_random_loaded"] for row in first}
     for row in second:  # nothing the first run changed is seen by the second
         assert row["left_over"] is None
         assert row["cwd"] == first[0]["cwd"]
         assert row["world"] == 2
-        # Resetting loads nothing a fresh process lacks (numpy.random: a dozen modules, 1.5 MB).
-        assert row["numpy_random_loaded"] is False
+        # Resetting loads nothing the process lacked at its first run (numpy.random reseeded through
+        # numpy loaded a dozen modules, 1.5 MB; a process Ray reused from its pool may hold it already).
+        assert row["numpy_random_loaded"] == loaded_at_first[row["pid"]]
 
 
 def draw_after_seeding_or_not(config):
