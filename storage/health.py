@@ -1,6 +1,7 @@
 """How a run's ranks fared while they trained, as run.json keeps it: each rank's peak memory
-(``storage.memory_peak``, apart since a worker sends it) and every straggler episode. Typed records written and read by ``storage.codec``; the
-workers measure and the controller judges (``trainers/_internal/health/rank_health.py``,
+(``storage.memory_peak``, a module apart since every worker sends it) and every straggler
+episode. Typed records written and read by ``storage.codec``; the workers measure and the
+controller judges (``trainers/_internal/health/rank_health.py``,
 ``trainers/_internal/health/stragglers.py``); these are only what travels and is kept."""
 
 from __future__ import annotations
