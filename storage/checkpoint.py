@@ -10,9 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any, Self
 
-import pyarrow.fs as pafs
-
-from storage.filesystem import absolute, download_directory, is_local, read_bytes, resolve_filesystem, write_bytes
+from storage.filesystem import absolute, download_directory, is_local, pafs, read_bytes, resolve_filesystem, write_bytes
 
 #: Where user metadata lives inside a checkpoint folder.
 METADATA_FILE = ".metadata.json"

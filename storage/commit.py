@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pyarrow.fs as pafs
-
 from storage.errors import StorageError
-from storage.filesystem import delete_dir, display_path, exists, is_local, write_bytes
+from storage.filesystem import delete_dir, display_path, exists, is_local, pafs, write_bytes
 from storage.layout import COMMIT_MARKER
 from storage.upload import CheckpointUploadError, copy_tree, retry
 

@@ -3,10 +3,37 @@
 from __future__ import annotations
 
 import os
+import pickle
 import posixpath
 import shutil
+from typing import TYPE_CHECKING, Any
 
-import pyarrow.fs as pafs
+
+class _PyarrowFs:
+    """``pyarrow.fs``, imported where first used, and only its core for the local disk: a worker
+    that never touches the run's storage never loads pyarrow's filesystems, and a run on local disk
+    never loads the S3, GCS, Azure and HDFS libraries (about 3 MB of memory in each process)."""
+
+    def __getattr__(self, name: str) -> Any:
+        import pyarrow._fs
+
+        if hasattr(pyarrow._fs, name):
+            return getattr(pyarrow._fs, name)
+        return getattr(_full_pyarrow_fs(), name)
+
+
+def _full_pyarrow_fs() -> Any:
+    """All of ``pyarrow.fs``: loaded before any remote filesystem is built or rebuilt, as it
+    registers the S3 library's clean-up at exit."""
+    import pyarrow.fs
+
+    return pyarrow.fs
+
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+else:
+    pafs = _PyarrowFs()
 
 
 def is_uri(path: str | os.PathLike) -> bool:
@@ -40,7 +67,7 @@ def resolve_filesystem(storage_path: str, filesystem: pafs.FileSystem | None = N
             raise ValueError(f"storage path {storage_path!r} is relative: give an absolute path or a URI.")
         return pafs.LocalFileSystem(), os.path.normpath(path)
     try:
-        fs, inner = pafs.FileSystem.from_uri(path)
+        fs, inner = _full_pyarrow_fs().FileSystem.from_uri(path)
         return fs, inner.rstrip("/")
     except ValueError as pyarrow_error:  # pyarrow's ArrowInvalid is a ValueError
         return _fsspec_filesystem(storage_path, path, pyarrow_error)
@@ -79,6 +106,28 @@ def display_path(fs: pafs.FileSystem, path: str) -> str:
     kind = fs.type_name.removeprefix("py::")  # a PyFileSystem says what its handler is after "py::"
     scheme = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs"}.get(kind, kind)
     return f"{scheme}://{path.lstrip('/')}"
+
+
+class ShippedFilesystem:
+    """A filesystem on its way to a worker: pickled on the way, rebuilt there when first used (so
+    that a worker which never touches storage never imports pyarrow). ``local`` says, without
+    rebuilding it, whether it is the worker's own disk."""
+
+    def __init__(self, filesystem: pafs.FileSystem | None) -> None:
+        self._filesystem, self._pickled = filesystem, b""
+        self.local = filesystem is not None and is_local(filesystem)
+
+    def get(self) -> pafs.FileSystem:
+        """The filesystem itself."""
+        if self._pickled:
+            if not self.local:
+                _full_pyarrow_fs()
+            self._filesystem, self._pickled = pickle.loads(self._pickled), b""
+        return self._filesystem
+
+    def __getstate__(self) -> dict[str, Any]:
+        pickled = self._pickled or pickle.dumps(self._filesystem)
+        return {"_filesystem": None, "_pickled": pickled, "local": self.local}
 
 
 def download_directory(fs: pafs.FileSystem, src_path: str, local_dir: str) -> None:

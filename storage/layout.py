@@ -6,9 +6,7 @@ import dataclasses
 import os
 import posixpath
 
-import pyarrow.fs as pafs
-
-from storage.filesystem import is_uri, relative_inside
+from storage.filesystem import is_uri, pafs, relative_inside
 
 #: Where runs go when no storage path is given (Ray Train's is ``~/ray_results``).
 DEFAULT_STORAGE_PATH = "~/flowtrain_results"

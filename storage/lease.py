@@ -14,10 +14,8 @@ import socket
 import threading
 import time
 
-import pyarrow.fs as pafs
-
 from storage.errors import RunInProgressError
-from storage.filesystem import is_local, read_bytes, write_bytes
+from storage.filesystem import is_local, pafs, read_bytes, write_bytes
 from storage.layout import LEASE_PREFIX
 
 #: Tries to read another driver's claim that its owner may be rewriting at that moment.

@@ -17,10 +17,8 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from storage.codec import Record
-from storage.filesystem import is_local, read_bytes, write_bytes
+from storage.filesystem import is_local, pafs, read_bytes, write_bytes
 from storage.layout import RunLayout
 from storage.metric_values import decode, encode
 

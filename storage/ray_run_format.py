@@ -12,10 +12,8 @@ import dataclasses
 import json
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from storage.errors import StorageError
-from storage.filesystem import exists, read_bytes
+from storage.filesystem import exists, pafs, read_bytes
 from storage.layout import check_dir_name
 from storage.metrics_log import ReportEntry
 from storage.snapshot import (

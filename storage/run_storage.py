@@ -19,13 +19,11 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-import pyarrow.fs as pafs
-
 from storage.checkpoint import Checkpoint
 from storage.commit import adopt_folder, commit_folder, is_committed, try_delete
 from storage.config import CheckpointConfig
 from storage.errors import RunInProgressError, StorageError
-from storage.filesystem import display_path, exists, is_local, read_bytes, resolve_filesystem, write_bytes
+from storage.filesystem import display_path, exists, is_local, pafs, read_bytes, resolve_filesystem, write_bytes
 from storage.health import GoodputAccount, RunHealth, Timeline, write_health_file
 from storage.layout import CHECKPOINT_PREFIX, COMMIT_MARKER, RunLayout, check_dir_name, join_run
 from storage.lease import Lease

@@ -13,11 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-import pyarrow.fs as pafs
-
 from storage.codec import UNWRITTEN, Record, from_json, to_json
 from storage.errors import SnapshotCorruptError
-from storage.filesystem import exists, read_bytes, write_bytes
+from storage.filesystem import exists, pafs, read_bytes, write_bytes
 from storage.health import GoodputAccount, PreflightRecord, StragglerRecord
 from storage.layout import RunLayout
 from storage.memory_peak import MemoryPeak

@@ -19,12 +19,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from storage import settings
 from storage.codec import Record, Round6
 from storage.errors import RunInProgressError, StorageError
-from storage.filesystem import display_path, same_filesystem
+from storage.filesystem import display_path, pafs, same_filesystem
 
 logger = logging.getLogger(__name__)
 

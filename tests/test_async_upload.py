@@ -160,7 +160,7 @@ def test_a_loop_that_raises_after_an_async_report_sends_the_report_first(tmp_pat
     the failure waits for the background upload of that report."""
     import trainers
     from trainers._internal.events.messages import FailedEvent
-    from trainers._internal.workers.worker import run_training_function
+    from trainers._internal.session.train_thread import run_training_function
 
     handler = GatedHandler()
     events = []

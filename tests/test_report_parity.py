@@ -53,7 +53,6 @@ def make_session(tmp_path, events):
         context=TrainContext("run", 1, 0, 0, 1, 0, info),
         attempt=1,
         layout=RunLayout(str(tmp_path / "run")),
-        filesystem=pafs.LocalFileSystem(),
         checkpoint=None,
         dataset_shards={},
         emit=events.append,

@@ -140,7 +140,7 @@ def test_a_failed_training_function_leaves_nothing_of_its_frames_alive(tmp_path)
     import pyarrow.fs as pafs
 
     from trainers._internal.events.messages import FailedEvent
-    from trainers._internal.workers.worker import run_training_function
+    from trainers._internal.session.train_thread import run_training_function
     from worker_sessions import make_session
 
     events: list = []

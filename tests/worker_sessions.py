@@ -15,7 +15,6 @@ def make_session(tmp_path, fs, events: list) -> WorkerSession:
         context=TrainContext("run", 1, 0, 0, 1, 0, info),
         attempt=1,
         layout=RunLayout(str(tmp_path / "run")),
-        filesystem=fs,
         checkpoint=None,
         dataset_shards={},
         emit=events.append,

@@ -14,12 +14,10 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
-import pyarrow.fs
-
 from storage import CheckpointConfig
 from storage.config import DEPRECATED
 from storage.config import deprecated as _deprecated
-from storage.filesystem import is_uri
+from storage.filesystem import is_uri, pafs
 from storage.layout import resolve_storage_path
 from trainers._checks import check_bool, check_choice, check_int, check_number, check_resources, is_count
 
@@ -495,7 +493,7 @@ class RunConfig:
     #: Absolute local path or URI (``s3://bucket/prefix``, ``gs://...``). Default ``~/flowtrain_results``.
     storage_path: str | None = None
     #: A ``pyarrow.fs.FileSystem`` to use for ``storage_path`` instead of resolving it from the URI.
-    storage_filesystem: pyarrow.fs.FileSystem | None = None
+    storage_filesystem: pafs.FileSystem | None = None
     #: How many worker failures to survive.
     failure_config: FailureConfig | None = None
     #: Which checkpoints to keep.
@@ -531,7 +529,7 @@ class RunConfig:
                 )
         if self.storage_path is not None:
             self._check_storage_path(self.storage_path)
-        if self.storage_filesystem is not None and not isinstance(self.storage_filesystem, pyarrow.fs.FileSystem):
+        if self.storage_filesystem is not None and not isinstance(self.storage_filesystem, pafs.FileSystem):
             raise TypeError(
                 f"RunConfig.storage_filesystem={self.storage_filesystem!r}: must be a pyarrow.fs.FileSystem "
                 "(wrap an fsspec filesystem with pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)))."

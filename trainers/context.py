@@ -9,10 +9,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import pyarrow.fs
+from storage.filesystem import ShippedFilesystem, pafs
 
 
-@dataclasses.dataclass(frozen=True)
 class StorageInfo:
     """Where the run keeps its checkpoints and state.
 
@@ -21,10 +20,19 @@ class StorageInfo:
     URI or absolute local path a person can paste somewhere.
     """
 
-    storage_path: str
-    experiment_path: str
-    experiment_fs_path: str
-    storage_filesystem: pyarrow.fs.FileSystem
+    def __init__(
+        self, storage_path: str, experiment_path: str, experiment_fs_path: str, storage_filesystem: pafs.FileSystem
+    ) -> None:
+        self.storage_path = storage_path
+        self.experiment_path = experiment_path
+        self.experiment_fs_path = experiment_fs_path
+        #: Travels to the workers pickled, and is rebuilt in one only when it is used there.
+        self.shipped_filesystem = ShippedFilesystem(storage_filesystem)
+
+    @property
+    def storage_filesystem(self) -> pafs.FileSystem:
+        """The ``pyarrow.fs`` filesystem the run's folder is in."""
+        return self.shipped_filesystem.get()
 
     def build_checkpoint_path_from_name(self, name: str) -> str:
         """Where a checkpoint folder called ``name`` sits inside the run folder (a path in

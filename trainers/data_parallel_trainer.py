@@ -292,7 +292,6 @@ class DataParallelTrainer(TuneTrainableAttributes):
                 storage_filesystem=storage.filesystem,
             ),
             layout=storage.layout,
-            filesystem=storage.filesystem,
             metadata=self.metadata,
             start_timeout_s=worker_start_timeout_s(self.scaling_config.max_workers),
             runtime_env=run_config.worker_runtime_env,

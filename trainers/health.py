@@ -14,8 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-import pyarrow.fs
-
+from storage.filesystem import pafs
 from trainers._internal.health.health_settings import PreflightSettings, StragglerSettings
 
 __all__ = ["PreflightSettings", "StragglerSettings", "draw_timeline", "draw_timeline_into", "waiting"]
@@ -40,9 +39,7 @@ def waiting() -> Iterator[None]:
         yield
 
 
-def draw_timeline(
-    run: str | os.PathLike | Result, storage_filesystem: pyarrow.fs.FileSystem | None = None
-) -> str | None:
+def draw_timeline(run: str | os.PathLike | Result, storage_filesystem: pafs.FileSystem | None = None) -> str | None:
     """Draw the timeline picture of the latest ``fit()`` call on ``run`` (its folder, as
     ``Result.path`` or a URI, or the ``Result`` itself) into its ``.health/`` folder; return where
     the PNG is, or None when the run has no timeline (it ended before flowtrain kept one). Needs

@@ -8,10 +8,8 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import pyarrow.fs
-
 from storage import Checkpoint
-from storage.filesystem import display_path
+from storage.filesystem import display_path, pafs
 from storage.health import RunHealth
 from storage.retention import flatten
 from trainers.errors import TrainingFailedError
@@ -93,16 +91,16 @@ class Result:
     path: str
     metrics_dataframe: pd.DataFrame | None = _LazyFrame()  # type: ignore[assignment]  # a descriptor: None until set
     best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] | None = None
-    _storage_filesystem: pyarrow.fs.FileSystem | None = None
+    _storage_filesystem: pafs.FileSystem | None = None
     return_value: Any = None
     #: Each rank's peak memory and the straggler episodes of the run (flowtrain's own; see
     #: ``trainers.health``).
     health: RunHealth = RunHealth()
 
     @property
-    def filesystem(self) -> pyarrow.fs.FileSystem:
+    def filesystem(self) -> pafs.FileSystem:
         """The filesystem ``path`` is on (local disk unless the run used remote storage)."""
-        return self._storage_filesystem or pyarrow.fs.LocalFileSystem()
+        return self._storage_filesystem or pafs.LocalFileSystem()
 
     @property
     def uri(self) -> str:
@@ -154,7 +152,7 @@ class Result:
         return pick(scored, key=lambda pair: pair[0])[1]
 
     @classmethod
-    def from_path(cls, path: str | os.PathLike, storage_filesystem: pyarrow.fs.FileSystem | None = None) -> Result:
+    def from_path(cls, path: str | os.PathLike, storage_filesystem: pafs.FileSystem | None = None) -> Result:
         """Rebuild the Result of a run from its folder, e.g. after the driver died: ``Result.path``
         with ``storage_filesystem=Result.filesystem``, or a URI (``s3://...``) or absolute local path.
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-import pyarrow.fs
-
+from storage.filesystem import pafs
 from storage.layout import RunLayout
 from storage.memory_peak import MemoryPeak
 from trainers.backend import FrameworkProcess
@@ -33,7 +32,7 @@ def is_out_of_memory(error: BaseException | str) -> bool:
 
 def leave_memory_summary(
     layout: RunLayout,
-    filesystem: pyarrow.fs.FileSystem,
+    filesystem: pafs.FileSystem,
     *,
     rank: int,
     attempt: int,
@@ -63,10 +62,10 @@ def leave_memory_summary(
         with tempfile.TemporaryDirectory(prefix="flowtrain-oom-") as folder:
             local = os.path.join(folder, f"{stem}.pickle")
             if framework.save_device_snapshot(local):
-                pyarrow.fs.copy_files(
+                pafs.copy_files(
                     local,
                     layout.health_path(f"{stem}.pickle"),
-                    source_filesystem=pyarrow.fs.LocalFileSystem(),
+                    source_filesystem=pafs.LocalFileSystem(),
                     destination_filesystem=filesystem,
                 )
     except Exception:  # noqa: BLE001 - the failure itself must reach the controller whatever storage does

@@ -17,10 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from storage import Checkpoint, upload_directory
-from storage.filesystem import delete_dir, display_path, is_local, relative_inside
+from storage.filesystem import delete_dir, display_path, is_local, pafs, relative_inside
 from storage.layout import RunLayout, check_dir_name
 from storage.upload import CheckpointUploadError, UploadStats
 

@@ -13,9 +13,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, TypeVar
 
-import pyarrow.fs as pafs
-
 from storage import Checkpoint
+from storage.filesystem import pafs
 
 #: Metadata key of the pickled preprocessor (Ray Train's key, so either side reads the other's).
 PREPROCESSOR_KEY = "preprocessor_pkl"

@@ -34,7 +34,9 @@ class QueryingSession(Protocol):
     num_reports: int
     emit: Callable[[Any], None]
     stop_requested: threading.Event
-    filesystem: Any
+
+    @property
+    def filesystem(self) -> Any: ...
 
 
 #: What the controller sends back: (path inside the run's filesystem, metrics, status) per kept

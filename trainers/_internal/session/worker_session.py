@@ -15,9 +15,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import pyarrow.fs
-
 from storage import Checkpoint
+from storage.filesystem import pafs
 from storage.layout import RunLayout
 from storage.retention import flatten
 from trainers._checks import pickling_error
@@ -45,7 +44,6 @@ class WorkerSession:
         context: TrainContext,
         attempt: int,
         layout: RunLayout,
-        filesystem: pyarrow.fs.FileSystem,
         checkpoint: Checkpoint | None,
         dataset_shards: dict[str, Any],
         emit: Callable[[Event], None],
@@ -59,7 +57,6 @@ class WorkerSession:
         self.framework = framework
         self.attempt = attempt
         self.layout = layout
-        self.filesystem = filesystem
         self.checkpoint = checkpoint
         #: Where this worker's data iterators stand (None: ``DataConfig(checkpoint_data_position=False)``).
         self.data_position = data_position
@@ -89,6 +86,11 @@ class WorkerSession:
         #: Set by the controller when a node of this run is being preempted (``get_preemption_info``).
         self.preemption_info: Any = None
         framework.watch_device_memory()
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        """The filesystem of the run's folder (loaded in this process when first used)."""
+        return self.context.storage.storage_filesystem
 
     def report(
         self,
@@ -216,9 +218,7 @@ class WorkerSession:
 
             def upload_then_report() -> None:
                 try:
-                    placement = checkpoint_upload.persist(
-                        Checkpoint(local_copy, pyarrow.fs.LocalFileSystem()), **persist
-                    )
+                    placement = checkpoint_upload.persist(Checkpoint(local_copy, pafs.LocalFileSystem()), **persist)
                 finally:
                     shutil.rmtree(local_copy, ignore_errors=True)
                 self.emit(

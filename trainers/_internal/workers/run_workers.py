@@ -15,9 +15,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
-
-import pyarrow.fs
+from typing import TYPE_CHECKING, Any
 
 from storage import Checkpoint, settings
 from storage.health import PreflightRecord
@@ -30,7 +28,6 @@ from trainers._internal.health.health_settings import PreflightSettings
 from trainers._internal.ray_private import end_dataset_splits, set_current_data_context
 from trainers._internal.session.data import is_dataset, names_to_split, split_datasets
 from trainers._internal.session.data_position import DataPositions, ResumePlan, plan_resume, position_hooks_problem
-from trainers._internal.session.worker_session import WorkerSession
 from trainers._internal.workers import shared_storage
 from trainers._internal.workers.devices import assign_visible_devices
 from trainers._internal.workers.elastic import ElasticSizer, NodeResources, wait_released
@@ -39,12 +36,14 @@ from trainers._internal.workers.ranks import Ranks
 from trainers._internal.workers.resources import capturing_placement_group
 from trainers._internal.workers.reuse import Reuse, refusal
 from trainers._internal.workers.start_failure import describe_nodes
-from trainers._internal.workers.worker import run_training_function
 from trainers._internal.workers.worker_group import RayWorkerGroup, WorkerStartError
 from trainers.backend import Backend, BackendConfig
 from trainers.config import DataConfig, ScalingConfig
 from trainers.context import StorageInfo, TrainContext
 from trainers.tuning import NODE_DEATH_WAIT_S
+
+if TYPE_CHECKING:
+    from trainers._internal.session.worker_session import WorkerSession
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +62,6 @@ class RunSpec:
     dataset_config: DataConfig
     storage_info: StorageInfo
     layout: RunLayout
-    filesystem: pyarrow.fs.FileSystem
     metadata: dict[str, Any]
     start_timeout_s: float
     runtime_env: dict | None = None
@@ -140,7 +138,6 @@ def _session_args(
         context=context,
         attempt=attempt,
         layout=spec.layout,
-        filesystem=spec.filesystem,
         checkpoint=checkpoint,
         dataset_shards=shards,
         score_attribute=spec.score_attribute,
@@ -276,7 +273,8 @@ class RayWorkers:
             else []
         )
         marker = spec.storage_marker
-        looked = group.execute_async(shared_storage.what_this_node_sees, spec.filesystem, marker) if marker else []
+        shipped = spec.storage_info.shipped_filesystem
+        looked = group.execute_async(shared_storage.what_this_node_sees, shipped, marker) if marker else []
         self._nodes = {w.ranks.world_rank: (w.metadata.node_id, w.metadata.node_ip) for w in group.workers}
         node_to_ranks: dict[str, list[int]] = {}
         for rank, (node_id, _) in self._nodes.items():
@@ -284,7 +282,7 @@ class RayWorkers:
         self._drain = DrainWatch(node_to_ranks)
         if marker:  # before any process group or training: a node that does not share the run's folder
             shared_storage.check_every_node_sees(
-                spec.filesystem,
+                spec.storage_info.storage_filesystem,
                 marker,
                 group.wait_all(looked, timeout_s=spec.start_timeout_s),
                 [w.metadata.node_id for w in group.workers],
@@ -489,6 +487,9 @@ class LocalWorkers:
         shards = split_datasets(spec.datasets, spec.dataset_config, 1)[0]
         plan = _resume_plan(spec, 1, data_position)
         args = _session_args(spec, attempt, checkpoint, shards, plan, Ranks(0, 0, 0, 1), world_size=1)
+        from trainers._internal.session.train_thread import run_training_function  # the worker's own code
+        from trainers._internal.session.worker_session import WorkerSession
+
         self._session = WorkerSession(emit=self._events.put, **args)
         threading.Thread(
             target=run_training_function,

@@ -8,20 +8,22 @@ keeps fresh) before training starts: one ``stat`` each, on local disk and object
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Sequence
 
-import pyarrow.fs as pafs
-
 from storage.errors import StorageNotSharedError
-from storage.filesystem import display_path
+from storage.filesystem import ShippedFilesystem, display_path, pafs
 
 
-def what_this_node_sees(filesystem: pafs.FileSystem, path: str) -> tuple[str, str | None]:
+def what_this_node_sees(filesystem: ShippedFilesystem, path: str) -> tuple[str, str | None]:
     """Run in a worker: this host's name, and why ``path`` is not there for it (None: it is)."""
     host = socket.gethostname()
     try:
-        found = filesystem.get_file_info(path).type == pafs.FileType.File
+        if filesystem.local:  # one stat of this host's disk: no need to load pyarrow for it
+            found = os.path.isfile(path)
+        else:
+            found = filesystem.get().get_file_info(path).type == pafs.FileType.File
     except OSError as error:  # credentials or a route this node lacks
         return host, f"cannot read it ({error})"
     return host, None if found else "does not see it"

@@ -12,28 +12,27 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import pickle
 import socket
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from trainers._internal.events.event_channel import ChannelAddress, Outbox
-from trainers._internal.events.messages import NOT_TRAINING, Event, FailedEvent, FinishedEvent
-from trainers._internal.health.memory_failure import is_out_of_memory, leave_memory_summary
-from trainers._internal.session.worker_session import TrainingInterrupted, WorkerSession, set_session
+from trainers._internal.events.messages import NOT_TRAINING, Event
 from trainers._internal.worker_output import announce, worker_label
-from trainers._internal.workers.connections import cut_connections_to
-from trainers._internal.workers.fresh_process import ProcessBaseline
 from trainers._internal.workers.reuse import process_refusal
 from trainers.backend import FrameworkProcess
-from trainers.errors import WorkerError
 from trainers.tuning import INTERRUPT_EVERY_S, INTERRUPT_GRACE_S
+
+# What runs only in a worker (the session, the training thread, the process reset) is imported by
+# the methods that use it: the driver imports this module for the actor class alone.
+if TYPE_CHECKING:
+    from trainers._internal.session.worker_session import WorkerSession
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,90 +44,6 @@ class WorkerMetadata:
     hostname: str
     pid: int
     gpu_ids: tuple[str, ...]
-
-
-def sendable(error: BaseException) -> BaseException:
-    """The error itself when it pickles, else a WorkerError carrying its type and message."""
-    try:
-        pickle.loads(pickle.dumps(error))
-        return error
-    except Exception:  # noqa: BLE001 - pickling fails in many ways; the stand-in says what the error was
-        return WorkerError(f"{type(error).__module__}.{type(error).__qualname__}: {error}")
-
-
-def _release_locals(error: BaseException) -> None:
-    """Free the local variables of every frame ``error`` (and the errors it was raised from)
-    passed through. The failure event holds the error until the controller acknowledges it; a
-    model left in a frame would keep its torch process group, and a gloo group's sockets open, so
-    the peers waiting in a collective with this rank would wait on instead of failing."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        traceback.clear_frames(current.__traceback__)  # skips the frames still running, this one
-        current = current.__cause__ or current.__context__
-
-
-def _finish_uploads_quietly(session: WorkerSession) -> None:
-    # A report() the loop made before it raised may still be uploading in the background (ASYNC
-    # mode): its report must reach the controller before the failure, or the round is lost.
-    try:
-        session.flush()
-    except BaseException:  # noqa: BLE001 - the training function's own error is the one to report
-        pass
-
-
-def run_training_function(
-    train_fn: Callable[..., Any],
-    config: Any,
-    takes_config: bool,
-    session: WorkerSession,
-    emit: Callable[[Event], None],
-    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-) -> None:
-    """Run the user's function under ``session``, inside the backend's ``context``, and emit how
-    it ended."""
-    rank = session.context.world_rank
-    set_session(session)
-    try:
-        with context():
-            value = train_fn(config) if takes_config else train_fn()
-        session.flush()
-    except TrainingInterrupted:
-        return
-    except BaseException as error:  # noqa: BLE001 - the user's code may raise anything; all of it goes back
-        failure = FailedEvent(rank, sendable(error), traceback.format_exc())
-        if is_out_of_memory(error):
-            memory = session.health.now()
-            summary = leave_memory_summary(
-                session.layout,
-                session.filesystem,
-                rank=rank,
-                attempt=session.attempt,
-                reports=session.num_reports,
-                error=error,
-                memory=memory,
-                framework=session.framework,
-            )
-            failure = dataclasses.replace(failure, memory=memory, memory_summary=summary)
-        _release_locals(error)
-        _finish_uploads_quietly(session)
-        emit(failure)
-        return
-    finally:
-        set_session(None)
-    try:
-        pickle.dumps(value)
-    except Exception as error:  # noqa: BLE001 - pickling fails in many ways; each is reported as the return value's failure
-        emit(
-            FailedEvent(
-                rank,
-                WorkerError(f"the training function returned {type(value).__name__}, which cannot be pickled: {error}"),
-                traceback.format_exc(),
-            )
-        )
-        return
-    emit(FinishedEvent(rank, value))
 
 
 def describe_activity(thread: threading.Thread | None) -> str:
@@ -165,15 +80,6 @@ def _raise_in(thread: threading.Thread, error: type[BaseException]) -> None:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(error))
 
 
-def _train_in_thread(*args: Any) -> None:
-    # The controller may raise TrainingInterrupted in this thread at any instruction, also outside
-    # run_training_function's own handler: it ends the thread quietly wherever it lands.
-    try:
-        run_training_function(*args)
-    except TrainingInterrupted:
-        pass
-
-
 class TrainWorker:
     """One training worker. Methods are called by the controller through Ray."""
 
@@ -189,6 +95,8 @@ class TrainWorker:
             # 1: give it what its bundle reserves, as Ray does for a worker that holds it.
             os.environ["OMP_NUM_THREADS"] = str(omp_num_threads)
         #: The process before any attempt ran: ``stop`` puts it back before it serves again.
+        from trainers._internal.workers.fresh_process import ProcessBaseline
+
         self._baseline = ProcessBaseline.capture()
         #: What the framework of the latest attempt needs when it stops (its backend's).
         self._framework: type[FrameworkProcess] = FrameworkProcess
@@ -221,6 +129,9 @@ class TrainWorker:
         wait on the GPU for a rank that is gone). ``lost_hosts``: addresses of nodes that left the
         cluster, whose connections are shut first (a partitioned host closes none itself).
         """
+        from trainers._internal.session.worker_session import TrainingInterrupted
+        from trainers._internal.workers.connections import cut_connections_to
+
         framework = self._framework
         if self._session is not None:
             self._session.stop_requested.set()
@@ -268,6 +179,9 @@ class TrainWorker:
         channel: ChannelAddress | None = None,
     ) -> bool:
         """Start the training function in a thread; True when its events go over ``channel``."""
+        from trainers._internal.session.train_thread import train_in_thread
+        from trainers._internal.session.worker_session import WorkerSession
+
         run_context = session_args["context"]
         self._label = worker_label(run_context.experiment_name, run_context.world_rank)
         announce(self._label)
@@ -283,7 +197,7 @@ class TrainWorker:
         self._session = WorkerSession(emit=self._outbox.put, **session_args)
         self._framework = self._session.framework
         self._thread = threading.Thread(
-            target=_train_in_thread,
+            target=train_in_thread,
             args=(train_fn, config, takes_config, self._session, self._outbox.put, context),
             name="train_loop_per_worker",
             daemon=True,
