@@ -94,9 +94,11 @@ class TrainWorker:
             # A worker that may be kept holds no CPU of its own, so Ray set its OMP_NUM_THREADS to
             # 1: give it what its bundle reserves, as Ray does for a worker that holds it.
             os.environ["OMP_NUM_THREADS"] = str(omp_num_threads)
-        #: The process before any attempt ran: ``stop`` puts it back before it serves again.
+        # The worker's own code, loaded as the actor starts: the first attempt waits on ``start``.
+        from trainers._internal.session import train_thread  # noqa: F401
         from trainers._internal.workers.fresh_process import ProcessBaseline
 
+        #: The process before any attempt ran: ``stop`` puts it back before it serves again.
         self._baseline = ProcessBaseline.capture()
         #: What the framework of the latest attempt needs when it stops (its backend's).
         self._framework: type[FrameworkProcess] = FrameworkProcess
