@@ -46,6 +46,23 @@ def test_a_workers_storage_stays_unloaded_until_it_is_used(tmp_path):
     assert used["pyarrow._fs"] and not any(used[m] for m in REMOTE)
 
 
+def test_a_metrics_only_report_leaves_the_workers_storage_unloaded(tmp_path):
+    info = StorageInfo(str(tmp_path), str(tmp_path / "run"), str(tmp_path / "run"), pafs.LocalFileSystem())
+    code = (
+        "from storage.layout import RunLayout\n"
+        "from trainers._internal.session.worker_session import WorkerSession\n"
+        "from trainers.context import TrainContext\n"
+        "info, events = pickle.loads(sent), []\n"
+        "session = WorkerSession(context=TrainContext('run', 1, 0, 0, 1, 0, info), attempt=1,\n"
+        "    layout=RunLayout(info.experiment_fs_path), checkpoint=None, dataset_shards={}, emit=events.append)\n"
+        "session.report({'loss': 0.5}, None)\n"
+        "result['reported'] = [type(event).__name__ for event in events]"
+    )
+    reported = loaded_after(code, pickle.dumps(info))
+    assert reported["reported"] == ["ReportEvent"]
+    assert not reported["pyarrow._fs"] and not reported["pyarrow.fs"]
+
+
 def test_a_worker_sees_a_local_marker_without_loading_pyarrow(tmp_path):
     marker = tmp_path / "lease.json"
     marker.write_text("{}")

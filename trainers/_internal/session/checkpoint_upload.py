@@ -47,9 +47,10 @@ def check_request(
     upload_fn: UploadFn | None,
     delete_local: bool,
     layout: RunLayout,
-    filesystem: pafs.FileSystem,
+    filesystem: pafs.FileSystem | None,
 ) -> None:
-    """Refuse a ``report()`` whose checkpoint arguments cannot work, before anything is copied."""
+    """Refuse a ``report()`` whose checkpoint arguments cannot work, before anything is copied
+    (``filesystem``, the run's, is needed only with a checkpoint)."""
     if dir_name is not None:
         check_dir_name(dir_name)
     if upload_fn is not None and not callable(upload_fn):

@@ -174,7 +174,8 @@ class WorkerSession:
             upload_fn=upload_fn,
             delete_local=delete,
             layout=self.layout,
-            filesystem=self.filesystem,
+            # A metrics-only report leaves the run's filesystem unbuilt (and pyarrow unloaded).
+            filesystem=self.filesystem if checkpoint is not None else None,
         )
         if checkpoint is not None and dir_name is not None and not no_upload:
             if dir_name in self._dir_names:
