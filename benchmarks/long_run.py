@@ -164,6 +164,7 @@ def measure(reports: int, checkpoint_every: int, window: int) -> dict[str, Any]:
         "commit_cpu_ms_first_10": 1000 * statistics.mean(commits_cpu[:10]),
         "commit_cpu_ms_last_10": 1000 * statistics.mean(commits_cpu[-10:]),
         "commits": len(commits),
+        "commit_cpu_ms_each": [round(1000 * c, 3) for c in commits_cpu],
         "run_json_bytes": (run_folder / "run.json").stat().st_size,
         "metrics_log_bytes": log_bytes,
         "driver_rss_mb_after_first_window": after_first[0] if after_first else None,

@@ -87,13 +87,24 @@ def _items(origin: Any, args: tuple[Any, ...]) -> Any:
     return itertools.repeat(args[0] if args else Any)
 
 
+@functools.cache
+def _encoding(hint: Any) -> tuple[int | None, Any, tuple[Any, ...], bool]:
+    """What ``_encode`` needs of ``hint``, worked out once per hint (a commit writes hundreds of
+    values): the digits an ``Annotated`` float rounds to, its origin and arguments, and whether it is
+    a record."""
+    if typing.get_origin(hint) is Annotated:
+        return typing.get_args(hint)[1], None, (), False
+    origin, args = _parts(hint)
+    return None, origin, args, dataclasses.is_dataclass(origin)
+
+
 def _encode(hint: Any, value: Any) -> Any:
     if value is None:
         return None
-    if typing.get_origin(hint) is Annotated:
-        return round(value, typing.get_args(hint)[1])
-    origin, args = _parts(hint)
-    if dataclasses.is_dataclass(origin):
+    digits, origin, args, is_record = _encoding(hint)
+    if digits is not None:
+        return round(value, digits)
+    if is_record:
         return to_json(value)
     if origin in (tuple, list, Sequence):
         return [_encode(item, v) for item, v in zip(_items(origin, args), value, strict=False)]
