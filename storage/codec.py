@@ -41,14 +41,27 @@ class Record:
 
 
 def to_json(record: Any) -> Any:
-    """``record`` (a dataclass) as a dict, or a list for a ``JSON_AS_LIST`` class."""
+    """``record`` (a dataclass) as a dict, or a list for a ``JSON_AS_LIST`` class. A
+    ``JSON_ONCE`` class (a frozen record never changed once made) is encoded once and its body
+    kept on it: run.json rewrites such records at every commit."""
     kind: Any = type(record)
+    once = getattr(kind, "JSON_ONCE", False)
+    if once and _ENCODED in record.__dict__:
+        return record.__dict__[_ENCODED]
     values = [(field, hint, getattr(record, field.name)) for field, hint in _fields(kind)]
     if getattr(kind, "JSON_AS_LIST", False):
-        return [_encode(hint, value) for _, hint, value in values]
-    if getattr(kind, "JSON_OMITS_DEFAULTS", False):
-        values = [(field, hint, value) for field, hint, value in values if value != _default(field)]
-    return {field.name: _encode(hint, value) for field, hint, value in values}
+        body: Any = [_encode(hint, value) for _, hint, value in values]
+    else:
+        if getattr(kind, "JSON_OMITS_DEFAULTS", False):
+            values = [(field, hint, value) for field, hint, value in values if value != _default(field)]
+        body = {field.name: _encode(hint, value) for field, hint, value in values}
+    if once:
+        object.__setattr__(record, _ENCODED, body)  # past the frozen dataclass's own __setattr__
+    return body
+
+
+#: Where a ``JSON_ONCE`` record keeps its encoded body (not a field: equality and repr ignore it).
+_ENCODED = "_codec_body"
 
 
 def from_json(kind: type[T], body: Any) -> T:

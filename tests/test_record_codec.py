@@ -226,3 +226,20 @@ def test_the_codecs_rules():
     assert from_json(_Inner, [5, 1.5]) == _Inner(5, 1.5)  # a record written as a list is read by position
     with pytest.raises(TypeError):
         from_json(_Inner, {"x": 1.0})  # a field without a default must be there
+
+
+def test_a_record_that_never_changes_is_encoded_once_and_written_the_same():
+    # run.json rewrites every kept DroppedCheckpoint at each commit: a commit must cost the same
+    # with 32 of them as with none (issue 59), and what is written must not change.
+    metrics = {"loss": 0.25, "epoch": 3, "nested": {"acc": float("nan")}}
+    dropped = DroppedCheckpoint(4, "checkpoint_000004", 41, 0.25, "not among the 2 best", None, metrics)
+    body = to_json(dropped)
+    assert to_json(dropped) is body
+    fresh = to_json(DroppedCheckpoint(4, "checkpoint_000004", 41, 0.25, "not among the 2 best", None, dict(metrics)))
+    assert json.dumps(encode(fresh), sort_keys=True) == json.dumps(encode(body), sort_keys=True)
+    assert dropped == DroppedCheckpoint(4, "checkpoint_000004", 41, 0.25, "not among the 2 best", None, metrics)
+    renamed = dataclasses.replace(dropped, dir_name="epoch_4")
+    assert to_json(renamed)["dir_name"] == "epoch_4" and body["dir_name"] == "checkpoint_000004"
+    plain = DroppedCheckpoint(5, "checkpoint_000005", 51, None, "older", None, {"loss": 0.2})
+    to_json(plain)
+    assert RunSnapshot.from_json(RunSnapshot(name="r", dropped=[plain]).to_json()).dropped == [plain]
