@@ -7,9 +7,10 @@ throughput), metrics only, and every ``--checkpoint-every`` steps with a small c
 in one fit() on a Ray of its own:
 
 - reports per second, and the cost of a report in the first and in the last window of
-  ``--window`` reports: rank 0's wall time per report, and the driver's CPU time per report (every
-  thread of the driver: the event road, the controller, the run's storage), which load from other
-  processes on the machine does not change;
+  ``--window`` reports: rank 0's wall time and its process's CPU time per report, and the driver's
+  CPU time per report (every thread of the driver: the event road, the controller, the run's
+  storage). The CPU times do not move with load from other processes on the machine; rank 0's
+  wall time does (3 busy processes on 2 cores);
 - the driver's time to commit a checkpoint round (``RunStorage.record_report`` of a round that
   commits), wall and CPU (its thread's), over the first and the last 10 commits;
 - the size of ``run.json`` and of the run's metrics log at the end;
@@ -38,14 +39,14 @@ from typing import Any
 from benchmarks.bench import machine
 
 
-def _loop(config: dict[str, Any]) -> list[float]:
+def _loop(config: dict[str, Any]) -> list[tuple[float, float]]:
     """Run on each worker: ``reports`` reports, every ``every``-th with a checkpoint; rank 0
-    returns the time at the end of every ``window`` reports."""
+    returns the time and its process's CPU time at the end of every ``window`` reports."""
     import trainers
 
     rank = trainers.get_context().get_world_rank()
     reports, every, window = config["reports"], config["checkpoint_every"], config["window"]
-    ends = [time.perf_counter()]
+    ends = [(time.perf_counter(), time.process_time())]
     for step in range(reports):
         metrics = {"step": step, "loss": 1.0 / (step + 1), "lr": 0.001, "grad_norm": 0.5, "throughput": 1000.0}
         if (step + 1) % every == 0:
@@ -55,7 +56,7 @@ def _loop(config: dict[str, Any]) -> list[float]:
         else:
             trainers.report(metrics)
         if (step + 1) % window == 0:
-            ends.append(time.perf_counter())
+            ends.append((time.perf_counter(), time.process_time()))
     return ends if rank == 0 else []
 
 
@@ -140,11 +141,12 @@ def measure(reports: int, checkpoint_every: int, window: int) -> dict[str, Any]:
     finally:
         RunStorage.record_report = record_report  # type: ignore[method-assign]
         ray.shutdown()
-    per_report_ms = [1000 * (b - a) / window for a, b in zip(ends, ends[1:], strict=False)]
+    per_report_ms = [1000 * (b[0] - a[0]) / window for a, b in zip(ends, ends[1:], strict=False)]
+    rank0_cpu_us = [1e6 * (b[1] - a[1]) / window for a, b in zip(ends, ends[1:], strict=False)]
     driver_us = [1e6 * (b - a) / window for a, b in zip(driver_cpu.at, driver_cpu.at[1:], strict=False)]
-    first_window_end = ends[1] if len(ends) > 1 else ends[0]
+    first_window_end = ends[1][0] if len(ends) > 1 else ends[0][0]
     after_first = [mb for at, mb in rss.samples if at >= first_window_end]
-    training = [mb for at, mb in rss.samples if at <= ends[-1]]
+    training = [mb for at, mb in rss.samples if at <= ends[-1][0]]
     run_folder = pathlib.Path(storage, "long")
     log_bytes = sum(p.stat().st_size for p in run_folder.glob(".metrics/*") if p.is_file())
     return {
@@ -152,10 +154,13 @@ def measure(reports: int, checkpoint_every: int, window: int) -> dict[str, Any]:
         "checkpoint_every": checkpoint_every,
         "window": window,
         "wall_s": wall_s,
-        "reports_per_s": reports / (ends[-1] - ends[0]),
+        "reports_per_s": reports / (ends[-1][0] - ends[0][0]),
         "report_ms_first_window": per_report_ms[0],
         "report_ms_last_window": per_report_ms[-1],
         "report_ms_windows": per_report_ms,
+        "rank0_cpu_us_per_report_first_window": rank0_cpu_us[0],
+        "rank0_cpu_us_per_report_last_window": rank0_cpu_us[-1],
+        "rank0_cpu_us_windows": rank0_cpu_us,
         "driver_cpu_us_per_report_first_window": driver_us[0],
         "driver_cpu_us_per_report_last_window": driver_us[-1],
         "driver_cpu_us_windows": driver_us,
@@ -197,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         figures["driver_cpu_us_per_report_first_window"],
     )
     print(
-        f"last window / first: {last / first:.2f}x wall on rank 0, {cpu_last / cpu_first:.2f}x the driver's CPU; "
+        f"last window / first: {last / first:.2f}x wall on rank 0, "
+        f"{figures['rank0_cpu_us_per_report_last_window'] / figures['rank0_cpu_us_per_report_first_window']:.2f}x "
+        f"rank 0's CPU, {cpu_last / cpu_first:.2f}x the driver's CPU; "
         f"last 10 commits / first 10: {figures['commit_ms_last_10'] / figures['commit_ms_first_10']:.2f}x wall, "
         f"{figures['commit_cpu_ms_last_10'] / figures['commit_cpu_ms_first_10']:.2f}x CPU"
     )

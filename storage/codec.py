@@ -18,6 +18,9 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, TypeVar
 
+from storage.metric_values import Encoded
+from storage.metric_values import encode as encode_values
+
 T = TypeVar("T")
 
 #: Floats written rounded to 6 and to 4 decimals (the int is the number of decimals).
@@ -56,6 +59,7 @@ def to_json(record: Any) -> Any:
             values = [(field, hint, value) for field, hint, value in values if value != _default(field)]
         body = {field.name: _encode(hint, value) for field, hint, value in values}
     if once:
+        body = Encoded(encode_values(body))  # its metric values tagged once too (``storage.metric_values``)
         object.__setattr__(record, _ENCODED, body)  # past the frozen dataclass's own __setattr__
     return body
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import datetime
 import decimal
+import json
 import logging
 import pickle
 from typing import Any
@@ -21,6 +22,17 @@ from typing import Any
 TAG = "__flowtrain_value__"
 
 logger = logging.getLogger(__name__)
+
+
+class Encoded(dict):
+    """A body already in ``encode``'s form, which ``encode`` passes as it is: a record encoded once
+    (``codec``'s ``JSON_ONCE``) is not walked again at every write."""
+
+    def text(self) -> str:
+        """The body as ``json.dumps`` writes it, made at the first call."""
+        if "_text" not in self.__dict__:
+            self._text = json.dumps(self, allow_nan=True)
+        return self._text
 
 
 def encode(value: Any) -> Any:
@@ -32,6 +44,8 @@ def encode(value: Any) -> Any:
     if type(value) is dict and all(isinstance(key, str) for key in value):
         encoded = {key: encode(item) for key, item in value.items()}
         return {TAG: "dict", "value": encoded} if TAG in value else encoded
+    if type(value) is Encoded:
+        return value
     if type(value) is tuple:
         return {TAG: "tuple", "value": [encode(item) for item in value]}
     # A fixed offset survives ISO text; a named zone (zoneinfo) is pickled to keep its rules.

@@ -175,7 +175,15 @@ class RunSnapshot:
 
     def to_json(self) -> bytes:
         """The snapshot as run.json; metric values JSON cannot hold are tagged (``storage.metric_values``)."""
-        return json.dumps({**encode(to_json(self)), "format": FORMAT}, allow_nan=True).encode()
+        body = {**encode(to_json(self)), "format": FORMAT}
+        # Each dropped record's text is made once: a commit writes the table's 32 without dumping
+        # them again. The fields around the table are written as json.dumps writes the whole.
+        names = list(body)
+        at = names.index("dropped")
+        before = json.dumps({name: body[name] for name in names[:at]}, allow_nan=True)[:-1]
+        after = json.dumps({name: body[name] for name in names[at + 1 :]}, allow_nan=True)[1:]
+        dropped = ", ".join(record.text() for record in body["dropped"])
+        return f'{before}, "dropped": [{dropped}], {after}'.encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> RunSnapshot:

@@ -126,6 +126,27 @@ def test_a_line_cut_off_by_a_crash_is_skipped(tmp_path):
     assert [line["report"] for line in map(json.loads, segment.read_text().splitlines()[1:3])] == [0, 1]
 
 
+def test_local_lines_are_appended_in_batches_and_a_failed_batch_is_written_by_the_next_flush(tmp_path, monkeypatch):
+    monkeypatch.setattr(metrics_log, "APPEND_LINES", 3)
+    fs, layout = pafs.LocalFileSystem(), RunLayout(str(tmp_path / "run"))
+    lease_fails = [False, True, True, True]  # the first batch's check passes, the next three fail
+
+    def lease_check() -> None:
+        if lease_fails and lease_fails.pop(0):
+            raise OSError("the lease could not be checked")
+
+    log = metrics_log.MetricsLog(fs, layout, still_owner=lease_check)
+    for step in range(4):
+        log.append(1, step, {"step": step})
+    # The header and 2 reports made the first batch of 3, written before any flush was asked for.
+    assert steps(entry.metrics for entry in read_history(fs, layout)) == [0, 1]
+    for step in range(4, 7):
+        log.append(1, step, {"step": step})  # each try at the next batch fails: its lines wait
+    assert steps(entry.metrics for entry in read_history(fs, layout)) == [0, 1] and not lease_fails
+    log.flush()
+    assert steps(entry.metrics for entry in read_history(fs, layout)) == list(range(7))
+
+
 def format_1_run(folder: pathlib.Path) -> list[dict]:
     """A run folder as flowtrain wrote it before the metrics log: every report in run.json
     (format 1), a checkpoint at the third report, and one dropped before it."""

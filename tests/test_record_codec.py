@@ -21,7 +21,7 @@ from storage.health import (
     TimelineMark,
     TimelineRound,
 )
-from storage.metric_values import decode, encode
+from storage.metric_values import TAG, decode, encode
 from storage.metrics_log import ReportEntry
 from storage.positions import (
     DataResume,
@@ -243,3 +243,8 @@ def test_a_record_that_never_changes_is_encoded_once_and_written_the_same():
     plain = DroppedCheckpoint(5, "checkpoint_000005", 51, None, "older", None, {"loss": 0.2})
     to_json(plain)
     assert RunSnapshot.from_json(RunSnapshot(name="r", dropped=[plain]).to_json()).dropped == [plain]
+    # Its metric values are tagged once too: a commit's walk over the values passes the body by.
+    tagged = DroppedCheckpoint(6, "c6", 61, (1, 2), "older", None, {"pair": (1, 2), TAG: "a user's key"})
+    assert encode(to_json(tagged)) is to_json(tagged)
+    for _ in range(2):  # the first write encodes it, the second reuses what the first made
+        assert RunSnapshot.from_json(RunSnapshot(name="r", dropped=[tagged]).to_json()).dropped == [tagged]
