@@ -7,10 +7,10 @@ throughput), metrics only, and every ``--checkpoint-every`` steps with a small c
 in one fit() on a Ray of its own:
 
 - reports per second, and the cost of a report in the first and in the last window of
-  ``--window`` reports: rank 0's wall time and its process's CPU time per report, and the driver's
-  CPU time per report (every thread of the driver: the event road, the controller, the run's
-  storage). The CPU times do not move with load from other processes on the machine; rank 0's
-  wall time does (3 busy processes on 2 cores);
+  ``--window`` reports: rank 0's wall time per report; each rank's process CPU time and the
+  driver's (every thread of the driver: the event road, the controller, the run's storage) per
+  report, which load from other processes does not move; and the whole machine's busy CPU time per
+  report, which rank 0's wall time follows where 3 busy processes share 2 cores;
 - the driver's time to commit a checkpoint round (``RunStorage.record_report`` of a round that
   commits), wall and CPU (its thread's), over the first and the last 10 commits;
 - the size of ``run.json`` and of the run's metrics log at the end;
@@ -39,14 +39,24 @@ from typing import Any
 from benchmarks.bench import machine
 
 
-def _loop(config: dict[str, Any]) -> list[tuple[float, float]]:
-    """Run on each worker: ``reports`` reports, every ``every``-th with a checkpoint; rank 0
-    returns the time and its process's CPU time at the end of every ``window`` reports."""
+def _machine_busy_s() -> float:
+    """Every CPU's busy time on this machine so far (Linux's /proc/stat, less idle and iowait)."""
+    try:
+        fields = [int(v) for v in pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return 0.0
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _loop(config: dict[str, Any]) -> None:
+    """Run on each worker: ``reports`` reports, every ``every``-th with a checkpoint; each rank
+    writes to ``marks_dir`` its time, its process's CPU time and the machine's busy CPU time at the
+    end of every ``window`` reports."""
     import trainers
 
     rank = trainers.get_context().get_world_rank()
     reports, every, window = config["reports"], config["checkpoint_every"], config["window"]
-    ends = [(time.perf_counter(), time.process_time())]
+    marks = [(time.perf_counter(), time.process_time(), _machine_busy_s())]
     for step in range(reports):
         metrics = {"step": step, "loss": 1.0 / (step + 1), "lr": 0.001, "grad_norm": 0.5, "throughput": 1000.0}
         if (step + 1) % every == 0:
@@ -56,8 +66,13 @@ def _loop(config: dict[str, Any]) -> list[tuple[float, float]]:
         else:
             trainers.report(metrics)
         if (step + 1) % window == 0:
-            ends.append((time.perf_counter(), time.process_time()))
-    return ends if rank == 0 else []
+            marks.append((time.perf_counter(), time.process_time(), _machine_busy_s()))
+    pathlib.Path(config["marks_dir"], f"rank{rank}.json").write_text(json.dumps(marks))
+
+
+def _per_report(marks: list[list[float]], column: int, window: int) -> list[float]:
+    """Microseconds per report of each window, from one column of a rank's marks."""
+    return [1e6 * (b[column] - a[column]) / window for a, b in zip(marks, marks[1:], strict=False)]
 
 
 class RssSampler:
@@ -127,7 +142,12 @@ def measure(reports: int, checkpoint_every: int, window: int) -> dict[str, Any]:
             started = time.perf_counter()
             result = TorchTrainer(
                 _loop,
-                train_loop_config={"reports": reports, "checkpoint_every": checkpoint_every, "window": window},
+                train_loop_config={
+                    "reports": reports,
+                    "checkpoint_every": checkpoint_every,
+                    "window": window,
+                    "marks_dir": storage,
+                },
                 scaling_config=ScalingConfig(num_workers=2),
                 run_config=RunConfig(
                     name="long",
@@ -137,16 +157,17 @@ def measure(reports: int, checkpoint_every: int, window: int) -> dict[str, Any]:
                 ),
             ).fit()
             wall_s = time.perf_counter() - started
-        ends = result.return_value
+        marks = [json.loads(pathlib.Path(storage, f"rank{rank}.json").read_text()) for rank in (0, 1)]
     finally:
         RunStorage.record_report = record_report  # type: ignore[method-assign]
         ray.shutdown()
-    per_report_ms = [1000 * (b[0] - a[0]) / window for a, b in zip(ends, ends[1:], strict=False)]
-    rank0_cpu_us = [1e6 * (b[1] - a[1]) / window for a, b in zip(ends, ends[1:], strict=False)]
+    ends = [mark[0] for mark in marks[0]]
+    per_report_ms = [us / 1000 for us in _per_report(marks[0], 0, window)]
+    rank0_cpu_us, rank1_cpu_us = (_per_report(rank_marks, 1, window) for rank_marks in marks)
     driver_us = [1e6 * (b - a) / window for a, b in zip(driver_cpu.at, driver_cpu.at[1:], strict=False)]
-    first_window_end = ends[1][0] if len(ends) > 1 else ends[0][0]
+    first_window_end = ends[1] if len(ends) > 1 else ends[0]
     after_first = [mb for at, mb in rss.samples if at >= first_window_end]
-    training = [mb for at, mb in rss.samples if at <= ends[-1][0]]
+    training = [mb for at, mb in rss.samples if at <= ends[-1]]
     run_folder = pathlib.Path(storage, "long")
     log_bytes = sum(p.stat().st_size for p in run_folder.glob(".metrics/*") if p.is_file())
     return {
@@ -154,13 +175,17 @@ def measure(reports: int, checkpoint_every: int, window: int) -> dict[str, Any]:
         "checkpoint_every": checkpoint_every,
         "window": window,
         "wall_s": wall_s,
-        "reports_per_s": reports / (ends[-1][0] - ends[0][0]),
+        "reports_per_s": reports / (ends[-1] - ends[0]),
         "report_ms_first_window": per_report_ms[0],
         "report_ms_last_window": per_report_ms[-1],
         "report_ms_windows": per_report_ms,
         "rank0_cpu_us_per_report_first_window": rank0_cpu_us[0],
         "rank0_cpu_us_per_report_last_window": rank0_cpu_us[-1],
         "rank0_cpu_us_windows": rank0_cpu_us,
+        "rank1_cpu_us_windows": rank1_cpu_us,
+        # The whole machine's busy CPU per report (every process, Ray's and the kernel's too):
+        # rank 0's wall time follows it, 3 busy processes sharing 2 cores.
+        "machine_cpu_us_windows": _per_report(marks[0], 2, window),
         "driver_cpu_us_per_report_first_window": driver_us[0],
         "driver_cpu_us_per_report_last_window": driver_us[-1],
         "driver_cpu_us_windows": driver_us,

@@ -83,3 +83,30 @@ def test_gbdt_raw_peer_trains_both_libraries_in_their_own_distributed_mode(tmp_p
         measure, impls = WORKLOADS[library]
         assert "raw" in impls
         assert measure("raw", str(tmp_path), 0)["wall_s"] > 0
+
+
+def test_long_run_measure_writes_every_window_and_commit_and_keeps_every_report(tmp_path):
+    """``benchmarks.long_run`` in a small form (its own Ray, so in a process of its own): every
+    window and commit measured, on both ranks and the driver, and the history whole."""
+    out = tmp_path / "long-run.json"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT)}
+    args = ["--reports", "6000", "--checkpoint-every", "500", "--window", "1500", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.long_run", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    report = json.loads(out.read_text())
+    assert report["rows_in_metrics_dataframe"] == 6000 and report["commits"] == 12
+    assert len(report["commit_cpu_ms_each"]) == 12 and min(report["commit_cpu_ms_each"]) > 0
+    for name in ("report_ms", "rank0_cpu_us", "rank1_cpu_us", "machine_cpu_us"):
+        windows = report[f"{name}_windows"]
+        assert len(windows) == 4 and min(windows) > 0, name
+    assert len(report["driver_cpu_us_windows"]) == 3  # from the first report on
+    assert 0 < report["run_json_bytes"] < 2**20 and report["driver_rss_mb_peak_training"] > 0
+    assert "last 10 commits / first 10" in done.stdout
