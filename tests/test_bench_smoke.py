@@ -49,11 +49,11 @@ def test_a_default_run_leaves_the_long_gbdt_jobs_out_and_only_runs_them_when_nam
     assert parse(["--only", "xgboost_2m"]).only == ["xgboost_2m"]
 
 
-def test_quick_startup_run_measures_every_implementation_and_writes_its_json(tmp_path):
-    out = tmp_path / "startup.json"
+def run_benchmark(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks.<module> ARGS`` from the checkout, as a user runs it; it must succeed."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench", "--quick", "--only", "startup", "--out", str(out)],
+        [sys.executable, "-m", f"benchmarks.{module}", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -61,6 +61,12 @@ def test_quick_startup_run_measures_every_implementation_and_writes_its_json(tmp
         timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def test_quick_startup_run_measures_every_implementation_and_writes_its_json(tmp_path):
+    out = tmp_path / "startup.json"
+    done = run_benchmark("bench", "--quick", "--only", "startup", "--out", str(out))
 
     report = json.loads(out.read_text())
     assert report["machine"]["cores"] == os.cpu_count()
@@ -89,17 +95,8 @@ def test_long_run_measure_writes_every_window_and_commit_and_keeps_every_report(
     """``benchmarks.long_run`` in a small form (its own Ray, so in a process of its own): every
     window and commit measured, on both ranks and the driver, and the history whole."""
     out = tmp_path / "long-run.json"
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT)}
     args = ["--reports", "6000", "--checkpoint-every", "500", "--window", "1500", "--out", str(out)]
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.long_run", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_benchmark("long_run", *args)
 
     report = json.loads(out.read_text())
     assert report["rows_in_metrics_dataframe"] == 6000 and report["commits"] == 12
