@@ -62,7 +62,7 @@ class Lease:
             if holder is not None:
                 raise self._in_progress(*holder)
         except BaseException:
-            self._delete_own()
+            _delete(self.fs, self.path)
             raise
         self._renewed = claimed
         self._thread = threading.Thread(target=self._beat, name="flowtrain-lease", daemon=True)
@@ -87,7 +87,7 @@ class Lease:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-        self._delete_own()
+        _delete(self.fs, self.path)
 
     def _claim(self) -> float:
         """Write this owner's claim with a fresh heartbeat and return the heartbeat."""
@@ -106,7 +106,7 @@ class Lease:
             with contextlib.suppress(OSError):  # a missed beat is retried; check() stops the run's writes if it lasts
                 claimed = self._claim()
                 if self._stop.is_set():  # released while this write hung: take back what it wrote
-                    self._delete_own()
+                    _delete(self.fs, self.path)
                     return
                 gap_s = time.time() - self._renewed
                 # Others may have judged the claim dead meanwhile: it never owns the run again (docs/design.md).
@@ -116,7 +116,7 @@ class Lease:
                 elif overdue and self._other_live_claim() is not None:
                     self._lost = "another driver took the run over"
                 if self._lost:
-                    self._delete_own()
+                    _delete(self.fs, self.path)
                     return
                 self._renewed = claimed
 
@@ -157,9 +157,6 @@ class Lease:
             if attempt < CLAIM_READS:
                 time.sleep(0.1 * attempt)
         return {"owner": "unknown", "host": None, "pid": None}, time.time() - entry.mtime.timestamp()
-
-    def _delete_own(self) -> None:
-        _delete(self.fs, self.path)
 
     def _in_progress(self, holder: dict, age: float) -> RunInProgressError:
         wait_s = max(0.0, self.stale_after_s - age)

@@ -76,7 +76,6 @@ class MetricsLog:
         """The history keeps its first ``length`` reports (a resume or a restart): lines waiting
         are written, and a segment of ``attempt`` (the attempt that comes next) begins that says
         so (written at the next ``flush``)."""
-        self.flush()
         for _ in range(min(len(self.tail), max(0, self.length - length))):
             self.tail.pop()
         self.length = length

@@ -99,7 +99,6 @@ def _parse(body: Any, name: str) -> RayRun:
     if len(results) != len(indices) or not all(isinstance(i, int) for i in indices):
         raise ValueError("checkpoint_report_indices does not give one report index per checkpoint")
     records = [_record(result) for result in results]
-    ranked = [dir_name for dir_name, _ in records]
 
     status = {dir_name: ended for key, ended in _ENDED_VALIDATIONS.items() for dir_name in body.get(key, [])}
     pending = [_record(result)[0] for result in body.get("pending_training_results", [])]
@@ -121,9 +120,8 @@ def _parse(body: Any, name: str) -> RayRun:
                 validation=validation.get(dir_name, False),
             )
         )
-    snapshot.next_seq = len(records)
-    snapshot.num_reports = len(records)
-    return RayRun(snapshot=snapshot, ranked=ranked)
+    snapshot.next_seq = snapshot.num_reports = len(records)
+    return RayRun(snapshot=snapshot, ranked=[dir_name for dir_name, _ in records])
 
 
 def _record(result: Any) -> tuple[str, dict[str, Any]]:

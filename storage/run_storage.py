@@ -195,15 +195,12 @@ class RunStorage:
         self.log.cut(self.snapshot.num_reports, attempt=self.snapshot.attempt + 1)  # the attempt that follows
 
     def _adopt(self, ray_run: RayRun) -> RunSnapshot:
-        """The ``ray.train`` run in this folder as this run's snapshot.
-
-        Ray's snapshot is its checkpoints' commit point; on object stores they get the commit
-        marker flowtrain's own checkpoints have, so they count as committed from now on.
-        """
+        """The ``ray.train`` run in this folder as this run's snapshot. Ray's snapshot is its
+        checkpoints' commit point; on object stores they get flowtrain's commit marker now."""
         if not is_local(self.filesystem):
-            for record in ray_run.snapshot.checkpoints:
-                if exists(self.filesystem, self.layout.path_of(record.dir_name)):
-                    write_bytes(self.filesystem, f"{self.layout.path_of(record.dir_name)}/{COMMIT_MARKER}", b"")
+            for path in (self.layout.path_of(record.dir_name) for record in ray_run.snapshot.checkpoints):
+                if exists(self.filesystem, path):
+                    write_bytes(self.filesystem, f"{path}/{COMMIT_MARKER}", b"")
         return ray_run.snapshot
 
     @property
@@ -223,7 +220,7 @@ class RunStorage:
         self._lease = lease
 
     def _check_committed(self, dir_name: str) -> None:
-        path = f"{self.run_path}/{dir_name}"
+        path = self.layout.path_of(dir_name)
         if self.filesystem.get_file_info(path).type != pafs.FileType.Directory:
             raise StorageError(
                 f"checkpoint {dir_name} is named in {self.run_uri}/run.json but missing at {display_path(self.filesystem, path)}."
@@ -316,12 +313,9 @@ class RunStorage:
         return Checkpoint(final, self.filesystem)
 
     def _name_checkpoint(self, requested: str | None, staging: str | None) -> tuple[int, str]:
-        """The sequence number and folder name of the next checkpoint.
-
-        A requested name one of the kept checkpoints has is refused (Ray Train asks for unique
-        names and would mix the two checkpoints' files in one folder); the default name skips
-        numbers a requested name already took.
-        """
+        """The sequence number and folder name of the next checkpoint. A requested name one of the
+        kept checkpoints has is refused (Ray Train asks for unique names and would mix the two
+        checkpoints' files in one folder); the default name skips numbers a requested name took."""
         seq = self.snapshot.next_seq
         named = {c.dir_name for c in self.snapshot.checkpoints}
         if requested is None:
@@ -444,15 +438,13 @@ class RunStorage:
                 kept[rank] = peak.at_least(kept[rank])
 
     def record_failure(self) -> int:
-        """Count a worker-group failure in the snapshot (so a driver restart does not reset it);
-        return the count."""
+        """Count a worker-group failure in the snapshot (a driver restart does not reset it); return the count."""
         self.snapshot.num_failures += 1
         self._write()
         return self.snapshot.num_failures
 
     def record_preemption(self) -> int:
-        """Count a restart after a preemption in the snapshot (as ``record_failure`` does for
-        failures); return the count."""
+        """Count a restart after a preemption in the snapshot, as ``record_failure`` does; return the count."""
         self.snapshot.num_preemptions += 1
         self._write()
         return self.snapshot.num_preemptions
@@ -469,11 +461,9 @@ class RunStorage:
 
     @property
     def health(self) -> RunHealth:
-        """Each rank's peak memory and the run's straggler episodes."""
-        snapshot = self.snapshot
-        return RunHealth(
-            tuple(snapshot.peak_memory), tuple(snapshot.stragglers), tuple(snapshot.goodput), tuple(snapshot.preflight)
-        )
+        """Each rank's peak memory, the run's straggler episodes, goodput accounts and pre-flight checks
+        (the snapshot's lists of the same names)."""
+        return RunHealth(*(tuple(getattr(self.snapshot, field.name)) for field in dataclasses.fields(RunHealth)))
 
     @property
     def metrics_history(self) -> MetricsHistory:

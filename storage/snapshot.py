@@ -51,8 +51,8 @@ class CheckpointRecord(Record):
     report: int
     #: COMMITTED, or where its validation stands (PENDING_VALIDATION, VALIDATED, ...).
     status: str = COMMITTED
-    #: The validation asked for in ``report(validation=...)``: False, True, or
-    #: ``{"fn_kwargs": ..., "timeout_s": ...}``; kept so a resumed run can validate it again.
+    #: ``report(validation=...)``: False, True or ``{"fn_kwargs": ..., "timeout_s": ...}``; kept so a
+    #: resumed run can validate it again.
     validation: Any = False
     #: How its files reached the storage, apart from the user's metrics: bytes summed over the
     #: ranks, the slowest rank's seconds, the tries made again (the ranks' and the commit's); None
@@ -67,8 +67,8 @@ class CheckpointRecord(Record):
 class DroppedCheckpoint(Record):
     """What is left of a checkpoint retention dropped: enough for the checkpoints table."""
 
-    #: Never changed once made, and written again by every commit while the run keeps it
-    #: (``DROPPED_KEPT``): encoded once, so a commit costs the same with 0 and with 32 of them.
+    #: Never changed once made, and rewritten by every commit (``DROPPED_KEPT``): encoded once, so a
+    #: commit costs the same with 0 and with 32 of them.
     JSON_ONCE = True
 
     seq: int
@@ -157,8 +157,7 @@ class RunSnapshot:
 
     @property
     def latest(self) -> CheckpointRecord | None:
-        """The newest committed checkpoint's record (the highest ``seq``), or None: the one
-        definition of "the latest checkpoint"."""
+        """The newest committed checkpoint's record (the highest ``seq``), or None: the one "latest"."""
         return max(self.checkpoints, key=lambda c: c.seq, default=None)
 
     #: Reports this snapshot holds that the run's metrics log does not, in order: those of a

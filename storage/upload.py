@@ -66,9 +66,7 @@ _MISSING_BUCKET = re.compile(r"Bucket '[^']*' not found")
 def is_transient(error: BaseException) -> bool:
     """Whether trying again later may succeed: True for I/O errors other than a missing bucket or
     folder, a denied permission, bad credentials or a full or read-only disk."""
-    if not isinstance(error, OSError) or isinstance(error, PERMANENT_TYPES):
-        return False
-    if error.errno in PERMANENT_ERRNOS:
+    if not isinstance(error, OSError) or isinstance(error, PERMANENT_TYPES) or error.errno in PERMANENT_ERRNOS:
         return False
     message = str(error)
     return not (_PERMANENT_CODE.search(message) or _MISSING_BUCKET.search(message))
@@ -223,15 +221,12 @@ def _failure(
 ) -> CheckpointUploadError:
     last = f"{type(error).__name__}: {error}"
     origin = f" from {source}" if source else ""
-    if transient:
-        why = (
-            f"after {attempts} tries over {time.monotonic() - start:.1f} s (FLOWTRAIN_UPLOAD_RETRIES sets the "
-            "budget). Last error"
-        )
-    else:
-        why = (
-            "; not retried, since waiting cannot fix it (a missing bucket or folder, a denied permission, a full disk)"
-        )
+    why = (
+        f"after {attempts} tries over {time.monotonic() - start:.1f} s (FLOWTRAIN_UPLOAD_RETRIES sets the budget). "
+        "Last error"
+        if transient
+        else "; not retried, since waiting cannot fix it (a missing bucket or folder, a denied permission, a full disk)"
+    )
     return CheckpointUploadError(
         f"could not copy the checkpoint{origin} to {destination} {why}: {last}. The checkpoint was not "
         "committed; the run's previous checkpoint is kept.",
@@ -261,6 +256,11 @@ def copy_tree(
     start = time.monotonic()
     plan: dict[str, Any] = {}
     done: set[str] = set()
+    same = same_filesystem(source_fs, dest_fs)
+
+    def copy(relative: str) -> None:
+        _copy_file(source_fs, f"{source.rstrip('/')}/{relative}", dest_fs, f"{dest.rstrip('/')}/{relative}", same)
+        done.add(relative)
 
     def one_pass() -> None:
         # Listing and making folders may fail too: each is part of the try until it has worked.
@@ -270,7 +270,7 @@ def copy_tree(
             _make_dirs(dest_fs, dest, plan["dirs"])
             plan["made"] = True
         remaining = [path for path, _ in plan["files"] if path not in done]
-        _copy_files(source_fs, source, dest_fs, dest, remaining, done, policy.threads)
+        _copy_files(copy, remaining, 1 if isinstance(dest_fs, pafs.LocalFileSystem) else policy.threads)
 
     where, origin = display_path(dest_fs, dest), display_path(source_fs, source)
     retries = retry(one_pass, destination=where, source=origin, policy=policy, before_each_try=before_each_try)
@@ -304,25 +304,11 @@ def _make_dirs(fs: pafs.FileSystem, dest: str, dirs: list[str]) -> None:
         fs.create_dir(f"{dest.rstrip('/')}/{relative}", recursive=True)
 
 
-def _copy_files(
-    source_fs: pafs.FileSystem,
-    source: str,
-    dest_fs: pafs.FileSystem,
-    dest: str,
-    names: list[str],
-    done: set[str],
-    threads: int,
-) -> None:
-    """Copy the files ``names`` (relative paths), adding each to ``done`` once it is in; raise the
-    worst error of the pass (one waiting cannot fix before one it can) after every file was tried."""
-    same = same_filesystem(source_fs, dest_fs)
-
-    def copy(relative: str) -> None:
-        _copy_file(source_fs, f"{source.rstrip('/')}/{relative}", dest_fs, f"{dest.rstrip('/')}/{relative}", same)
-        done.add(relative)
-
+def _copy_files(copy: Callable[[str], None], names: list[str], threads: int) -> None:
+    """Copy the files ``names`` (relative paths) with ``copy``; raise the worst error of the pass
+    (one waiting cannot fix before one it can) after every file was tried."""
     errors: list[BaseException] = []
-    if isinstance(dest_fs, pafs.LocalFileSystem) or threads == 1 or len(names) < 2:
+    if threads == 1 or len(names) < 2:
         for relative in names:
             try:
                 copy(relative)
@@ -334,10 +320,8 @@ def _copy_files(
         with concurrent.futures.ThreadPoolExecutor(
             min(threads, len(names)), thread_name_prefix="flowtrain-copy"
         ) as pool:
-            for future in [pool.submit(copy, relative) for relative in names]:
-                failure = future.exception()
-                if failure is not None:
-                    errors.append(failure)
+            futures = [pool.submit(copy, relative) for relative in names]
+        errors = [failure for future in futures if (failure := future.exception()) is not None]
     if errors:
         permanent = [e for e in errors if not is_transient(e)]
         raise (permanent or errors)[0]
