@@ -42,8 +42,7 @@ MAX_DOTS = 200  # more points than this: the line alone, as dots would hide it
 
 
 def json_safe(value: Any) -> Any:
-    """A value a JSON table or log line can hold (NaN and inf become None, a value JSON has no
-    form for, such as a datetime or a Decimal, its text)."""
+    """``value`` as JSON can hold it: NaN and inf None, a datetime or a Decimal its text."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if value is None or isinstance(value, (int, float, str, list, tuple, dict)):
@@ -52,8 +51,7 @@ def json_safe(value: Any) -> Any:
 
 
 def round_sig(value: Any) -> Any:
-    """``value`` rounded as ``storage.figures`` writes figures when it is a finite float, else as
-    ``json_safe`` makes it (NaN and infinity None, a datetime or a Decimal its text)."""
+    """``value`` rounded as ``storage.figures`` writes figures when a finite float, else ``json_safe(value)``."""
     return rounded(value) if isinstance(value, float) and math.isfinite(value) else json_safe(value)
 
 
@@ -61,8 +59,7 @@ def as_number(value: Any) -> float | None:
     """``value`` as a float a chart can plot, or None (missing, NaN, infinite, bool or not a number)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    number = float(value)
-    return number if math.isfinite(number) else None
+    return float(value) if math.isfinite(value) else None
 
 
 def is_step_key(key: str) -> bool:
@@ -90,9 +87,8 @@ def ordered_columns(keys: Iterable[str], score: str | None = None) -> list[str]:
 
 
 def table_rows(history: Sequence[dict[str, Any]], score: str | None = None) -> list[dict[str, Any]]:
-    """One table row per report: ``report`` (1-based), step, score, then every other metric, all
-    rounded to 4 significant digits; nested metrics become ``outer/inner`` columns. Every row has
-    every column (None where a report lacks the metric), so the columns line up."""
+    """One row per report: ``report`` (1-based), step, score, then every other metric (``outer/inner``
+    when nested), to 4 significant digits; every row has every column (None where not reported)."""
     flat = [flatten(metrics) for metrics in history]
     columns = ordered_columns((k for metrics in flat for k in metrics), score)
     return [
@@ -128,8 +124,7 @@ class Series:
 
 @dataclasses.dataclass(frozen=True)
 class Chart:
-    """Lines sharing one y axis; x is each report's ``x`` value (its epoch, say), or without
-    ``x`` the report number (1-based)."""
+    """Lines sharing one y axis, over each report's ``x`` value (its epoch, say) or its number."""
 
     title: str
     series: tuple[Series, ...]
@@ -148,19 +143,15 @@ class Chart:
         return self.x[report - 1] if self.x else report
 
     def x_text(self, report: int) -> str:
-        """The x value of the report numbered ``report`` as the axis labels it: whole numbers in
-        full (step 120000, not 1.2e+05), others to 4 significant digits."""
+        """``x_of(report)`` as the axis labels it: whole numbers in full (120000, not 1.2e+05)."""
         value = self.x_of(report)
         return str(int(value)) if float(value).is_integer() else number(value)
 
 
 def metric_series(history: Sequence[Sequence[dict[str, Any]]], metric: str) -> list[Series]:
-    """The lines of ``metric`` over ``history`` (per report, one flattened metrics dict per rank).
-
-    One line when every rank reported the same values, else one line per rank. A rank missing
-    from a report (its metrics were not kept) is not counted as a difference; a rank that never
-    reported the metric gets no line.
-    """
+    """The lines of ``metric`` over ``history`` (per report, one flattened metrics dict per rank):
+    one when every rank reported the same values (a rank missing from a report does not differ),
+    else one per rank that reported it."""
     num_ranks = max((len(ranks) for ranks in history), default=0)
     by_rank = [
         [as_number(ranks[rank].get(metric)) if rank < len(ranks) else None for ranks in history]
@@ -177,9 +168,8 @@ def metric_series(history: Sequence[Sequence[dict[str, Any]]], metric: str) -> l
 
 
 def plotted_metrics(keys: Iterable[str], score: str | None = None) -> list[list[str]]:
-    """Which metrics to draw, grouped by chart: every loss together, every accuracy together, the
-    score metric on its own (when it is neither). Without any, each numeric metric gets its own
-    chart (a few at most). Step-like metrics (epoch, step, ...) are never drawn: they are the x axis."""
+    """Metrics to draw, a list per chart: the losses, the accuracies, the score metric (when neither);
+    without any, a few numeric metrics one each. Step-like metrics are the x axis, never drawn."""
     measured = [k for k in dict.fromkeys(keys) if not is_step_key(k)]
     losses = [k for k in measured if is_loss_key(k)]
     accuracies = [k for k in measured if is_accuracy_key(k) and k not in losses]
@@ -190,9 +180,8 @@ def plotted_metrics(keys: Iterable[str], score: str | None = None) -> list[list[
 
 
 def step_axis(history: Sequence[dict[str, Any]]) -> tuple[str, tuple[float, ...]] | None:
-    """The step metric to count a run's reports by (``history``: rank 0's flattened metrics per
-    report) and its value at each report: the first step-like metric (epoch, step, ...) that every
-    report carries as a number, increasing from report to report. None when there is none."""
+    """The first step-like metric (epoch, step, ...) that every report of ``history`` (rank 0's
+    flattened metrics) carries as an increasing number, and its values; None when there is none."""
     if not history:
         return None
     for key in (k for k in history[0] if is_step_key(k)):
@@ -226,12 +215,9 @@ def run_charts(
 
 
 def describe(series: Series, *, best: str | None = None, chart: Chart | None = None, note: str = "") -> str:
-    """A line a person reads instead of the chart: what the figure is (``note``, when the loop
-    says), then the first, last and best value of ``series``, each at the x of ``chart`` (its
-    epoch, say; without a chart, the report number).
-
-    ``best`` ("min"/"max") says which end is best; without it losses are best low, others high.
-    """
+    """A line to read instead of the chart: what the figure is (``note``), then the first, last and
+    best ("min"/"max"; by default low for losses, else high) value of ``series``, each at the x of
+    ``chart`` (its epoch, say; without a chart, the report number)."""
     points = [(i, v) for i, v in enumerate(series.values, start=1) if v is not None]
     label = f"**{series.label}** ({note})" if note else f"**{series.label}**"
     if not points:
@@ -277,8 +263,7 @@ def log_ticks(low: float, high: float, most: int = 7) -> list[float]:
 
 
 def wants_log_scale(values: Sequence[float]) -> bool:
-    """Whether ``values`` span so many orders of magnitude (all positive, max/min >= 1000) that a
-    linear axis would flatten all but the largest into the floor."""
+    """Whether ``values`` are positive and span a factor >= 1000: a linear axis would flatten the small ones."""
     return bool(values) and min(values) > 0 and max(values) / min(values) >= 1000
 
 
@@ -375,8 +360,7 @@ def render_svg(chart: Chart) -> str:
 
 
 def _axes_svg(frame: _Frame, height: float) -> list[str]:
-    """Grid lines and labels of the y ticks, a tick per report (a few at most) on the x axis,
-    labelled with its x value, and the axis captions."""
+    """Grid lines and labels of the y ticks, labelled x ticks (a few reports), the axis captions."""
     parts = []
     for tick in frame.y_ticks:
         y = frame.y_at(tick)
@@ -433,9 +417,7 @@ def charts_markdown(
 ) -> str:
     """A markdown page: ``title``, ``intro``, then per chart the image and a summary line per
     series, saying what the figure is where ``notes`` (metric name to words) has it."""
-    lines = [f"# {title}", ""]
-    if intro:
-        lines += [intro, ""]
+    lines = [f"# {title}", "", *([intro, ""] if intro else [])]
     if not charts:
         lines.append("Nothing numeric was reported, so there is nothing to draw.")
     for chart in charts:

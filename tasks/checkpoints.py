@@ -72,12 +72,10 @@ def best_checkpoint_markdown(
 
 
 def checkpoint_rows(snapshot: RunSnapshot, config: CheckpointConfig) -> list[dict[str, Any]]:
-    """One row per checkpoint the run committed, oldest first: its report (from 1) and step, its
-    score, whether retention kept it and why in one cell ("kept: 2nd best"), as storage's
-    retention decided it (for a kept one, as it ranks now; for a dropped one, as recorded in
-    run.json when it was dropped); last, how long its upload took and how big it was
-    (``UPLOAD_COLUMNS``; blank when nothing was uploaded), so that a narrow window cuts those
-    rather than the reason."""
+    """One row per checkpoint the run committed, oldest first: its report (from 1), step and score,
+    whether retention kept it and why ("kept: 2nd best": a kept one as it ranks now, a dropped one as
+    run.json recorded), and last, so that a narrow window cuts them rather than the reason, its
+    upload's ``UPLOAD_COLUMNS`` (blank when nothing was uploaded)."""
     attribute = config.checkpoint_score_attribute
     decided = decide([(c.seq, c.metrics) for c in snapshot.checkpoints], config)
     found = {
@@ -85,11 +83,10 @@ def checkpoint_rows(snapshot: RunSnapshot, config: CheckpointConfig) -> list[dic
         for c in snapshot.checkpoints
     }
     for dropped in snapshot.dropped:
-        report = dropped.report
         flat = flatten(dropped.metrics) if dropped.metrics is not None else {}
         if attribute is not None:
             flat[attribute] = dropped.score  # its validation's, when the score came from one
-        found[dropped.seq] = (dropped.dir_name, report, flat, dropped.upload, "dropped", dropped.why)
+        found[dropped.seq] = (dropped.dir_name, dropped.report, flat, dropped.upload, "dropped", dropped.why)
     steps = list(dict.fromkeys(k for _, _, flat, *_ in found.values() for k in flat if is_step_key(k)))
     rows = []
     for seq in sorted(found):
@@ -109,9 +106,8 @@ UPLOAD_COLUMNS = ("upload s", "upload MB")
 
 
 def upload_cells(upload: UploadStats | None) -> dict[str, Any]:
-    """The ``UPLOAD_COLUMNS`` cells of a checkpoint whose record holds ``upload`` (None: blank), as
-    ``storage.figures`` writes figures: the seconds as text ("0.012", "<0.001": a sub-millisecond
-    upload is not "0", which reads as not measured), the megabytes to 4 significant digits."""
+    """The ``UPLOAD_COLUMNS`` cells of ``upload`` (None: blank) as ``storage.figures`` writes them: the
+    seconds as text ("<0.001", not "0", which reads as not measured), megabytes to 4 significant digits."""
     seconds, megabytes = UPLOAD_COLUMNS
     if upload is None:
         return {seconds: None, megabytes: None}

@@ -2,12 +2,11 @@
 
 Inside ``run_output()`` Ray Data draws no progress bars and logs no per-execution notices (datasets
 opened inside keep these settings wherever they run, Ray Data's split coordinator included); Ray's
-log records and the Python warnings raised in this thread become log records of the task run, and,
-with ``run_name``, so does what the run's workers print (stderr as warnings;
-``trainers.worker_output``). These settings hold for the whole process while any ``run_output()``
-is open (a sweep trains several runs at once in threads of one process); Ray's defaults come back
-when the last one closes. ``flow_run_ui_lines`` says where to see a run in Prefect's UI.
-"""
+log records, this thread's Python warnings and, with ``run_name``, the run's workers' output (stderr
+as warnings; ``trainers.worker_output``) become the task run's log records. These settings hold for
+the whole process while any ``run_output()`` is open (a sweep trains several runs at once in threads
+of one process); Ray's defaults come back when the last one closes. ``flow_run_ui_lines`` says where
+to see a run in Prefect's UI."""
 
 from __future__ import annotations
 
@@ -66,8 +65,7 @@ _RAY_RECORDS = _RayRecords()
 def _showwarning(message, category, filename, lineno, file=None, line=None) -> None:
     logger = _run_logger.get()
     if logger is None or file is not None:
-        _python_showwarning(message, category, filename, lineno, file, line)
-        return
+        return _python_showwarning(message, category, filename, lineno, file, line)
     logger.warning("%s: %s (%s:%d)", category.__name__, message, os.path.basename(filename), lineno)
 
 
@@ -117,12 +115,10 @@ def run_output(run_name: str | None = None) -> Iterator[None]:
 
 
 def flow_run_ui_lines(flow_run_id: Any, prefect_cli: str = "prefect") -> list[str]:
-    """Where a person sees the flow run ``flow_run_id`` in Prefect's UI, as lines to print after
-    the run: with ``PREFECT_API_URL`` set, the page on that server's UI (``PREFECT_UI_URL``, which
-    Prefect derives from it); unset (the run went to a temporary local server), the command that
-    serves the same local database (``prefect_cli``: the path of the ``prefect`` command) and the
-    page at the address it serves (``PREFECT_SERVER_API_HOST``/``PORT``, 127.0.0.1:4200 by default).
-    """
+    """Lines to print after a run: where to see the flow run ``flow_run_id`` in Prefect's UI. With
+    ``PREFECT_API_URL`` set, its page on that server's UI (``PREFECT_UI_URL``); unset (a temporary
+    local server), the command serving the same local database (``prefect_cli``: the ``prefect``
+    command's path) and the page at its address (``PREFECT_SERVER_API_HOST``/``PORT``)."""
     import prefect.settings
 
     page = f"runs/flow-run/{flow_run_id}"

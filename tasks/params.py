@@ -1,9 +1,7 @@
 """The pipeline's parameters as pydantic models: the Prefect UI shows them as a form, and the server
-checks ``prefect deployment run --param`` against them before a run is created.
-
-Each model turns into the plain config a Ray Train user knows (``ScalingConfig``, ``RunConfig``,
-...) with ``to_config()``; those check themselves too, so a mistake fails before any worker starts.
-"""
+checks ``prefect deployment run --param`` against them before a run is created. ``to_config()`` turns
+each into the config a Ray Train user knows (``ScalingConfig``, ...), which checks itself too, so a
+mistake fails before any worker starts."""
 
 from __future__ import annotations
 
@@ -138,8 +136,8 @@ class Failures(ParamsModel):
     retry_delay_s: float = Field(2.0, ge=0, description="Seconds between Prefect retries of the train task.")
 
     def to_config(self) -> FailureConfig:
-        """The ``FailureConfig`` of ``fit()`` inside the train task. ``controller_failure_limit`` is
-        not in it: Prefect spends it, retrying the task (``tasks.retries.train_task_options``)."""
+        """The ``FailureConfig`` of ``fit()`` in the train task; Prefect spends ``controller_failure_limit``
+        (``tasks.retries.train_task_options``)."""
         return FailureConfig(
             max_failures=self.max_failures,
             report_timeout_s=self.report_timeout_s,
@@ -164,9 +162,7 @@ class RunSettings(ParamsModel):
     @field_validator("callbacks")
     @classmethod
     def _import_paths(cls, paths: list[str]) -> list[str]:
-        for path in paths:
-            check_import_path("callbacks", path)
-        return paths
+        return [check_import_path("callbacks", path) for path in paths]
 
     def completed(self, default_name: str) -> RunSettings:
         """These settings with the blanks filled: ``default_name``, and ``$FLOWTRAIN_STORAGE_PATH``
@@ -176,8 +172,7 @@ class RunSettings(ParamsModel):
 
     @property
     def run_path(self) -> str:
-        """The run's folder: ``{storage_path}/{name}``, the default storage path when it is unset
-        (``name`` must be set)."""
+        """The run's folder, ``{storage_path}/{name}`` (default storage when unset; ``name`` must be set)."""
         assert self.name is not None, "run_path of RunSettings without a name; complete them first"
         return run_folder(self.storage_path, self.name)
 

@@ -55,8 +55,8 @@ def brief(metrics: dict[str, Any]) -> str:
 
 
 def artifact_link(artifact_id: uuid.UUID | str, text: str) -> str:
-    """A markdown link to the artifact ``artifact_id`` itself, on Prefect's UI (its page shows the
-    content; the key's page lists its versions, one more click away)."""
+    """A markdown link to the artifact ``artifact_id`` on Prefect's UI (not its key's page: that
+    lists the versions, one more click away from the content)."""
     import prefect.settings
 
     ui = prefect.settings.PREFECT_UI_URL.value() or ""
@@ -80,11 +80,10 @@ class PrefectReporter(UserCallback):
         #: reporter saw: a long run's driver holds a bounded tail (older reports chart rank 0's).
         self._ranks_by_report: dict[int, list[dict[str, Any]]] = {}
         self.logger = get_run_logger()
+        out_of = f" out of {expected_reports}" if expected_reports else ""
+        description = f"Reports of training run {run_name!r}{out_of}"
         progress_id = create_progress_artifact(
-            progress=self._progress(),
-            key=artifact_key(run_name, "progress"),
-            description=f"Reports of training run {run_name!r}"
-            + (f" out of {expected_reports}" if expected_reports else ""),
+            self._progress(), key=artifact_key(run_name, "progress"), description=description
         )
         # Called from synchronous code, Prefect's dual sync/async function returns the id itself.
         self.progress_id = cast(uuid.UUID, progress_id)
@@ -138,10 +137,8 @@ class PrefectReporter(UserCallback):
 
     def on_resize(self, run_context: TrainRunContext, old_size: int, new_size: int) -> None:
         self._resume_after(self._reports_at_checkpoint)
-        where = "resuming from the latest checkpoint"
-        self.logger.info(
-            "resizing from %d to %d workers after attempt %d; %s", old_size, new_size, run_context.attempt, where
-        )
+        message = "resizing from %d to %d workers after attempt %d; resuming from the latest checkpoint"
+        self.logger.info(message, old_size, new_size, run_context.attempt)
 
     def on_straggler(self, run_context: TrainRunContext, straggler: StragglerRecord) -> None:
         self.logger.warning("straggler in attempt %d: %s", straggler.attempt, straggler.describe())
@@ -161,10 +158,8 @@ class PrefectReporter(UserCallback):
         update_progress_artifact(self.progress_id, 100.0)
 
     def every_rank(self, history: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-        """Per report of ``history`` (rank 0's metrics, as the run stored them), every rank's metrics.
-
-        Reports made before this reporter started (a resumed run) have only rank 0's.
-        """
+        """Per report of ``history`` (rank 0's metrics, as stored), every rank's metrics; only rank 0's
+        for reports made before this reporter started (a resumed run)."""
         return [self._ranks_by_report.get(i, [metrics]) for i, metrics in enumerate(history)]
 
 
@@ -177,16 +172,14 @@ def publish_metrics(
     notes: dict[str, str] | None = None,
     health_artifact: uuid.UUID | None = None,
 ) -> None:
-    """After ``fit()``: a table artifact of every report (the report number, the step and the score
-    metric first, 4 significant digits, nested metrics as ``outer/inner`` columns) and a markdown
-    artifact charting the losses, accuracies and score metric per epoch (the step the reports
-    carry: ``tasks.charts.step_axis``), or per report without one.
+    """After ``fit()``: a table artifact of every report (``tasks.charts.table_rows``) and a markdown
+    artifact charting the losses, accuracies and score metric per step (``tasks.charts.step_axis``)
+    or per report.
 
-    ``history`` is rank 0's metrics per report, as the run stored them; ``reporter`` adds the
-    other ranks' metrics for the reports it saw (where the ranks differ, each gets its own line);
-    ``checkpointing`` names the score metric; ``notes`` says what each figure is (a loop's
-    ``metric_notes``); the chart links to ``health_artifact`` (``publish_run_health``'s).
-    """
+    ``history`` is rank 0's metrics per report, as stored; ``reporter`` adds the other ranks' for the
+    reports it saw (ranks that differ get a line each); ``checkpointing`` names the score metric;
+    ``notes`` says what each figure is (a loop's ``metric_notes``); the chart links to
+    ``health_artifact`` (``publish_run_health``'s)."""
     by_rank = reporter.every_rank(history)
     score, order = checkpointing.score_attribute, checkpointing.score_order
     rows = table_rows([ranks[0] for ranks in by_rank], score)
@@ -200,8 +193,8 @@ def publish_metrics(
     )
     charts = run_charts(by_rank, score, order)
     ranked = f"; checkpoints are ranked by **{score}** ({order})" if score else ""
-    along = charts[0] if charts else None
-    if along is not None and along.x:  # a step the loop reports: its own count
+    if charts and charts[0].x:  # a step the loop reports: its own count
+        along = charts[0]
         intro = (
             f"{len(history)} reports{ranked}. Charted by {along.x_label}, as the loop counts (from {along.x_text(1)})."
         )
@@ -218,10 +211,9 @@ def publish_metrics(
 
 
 def publish_run_health(run_name: str, run_path: str) -> uuid.UUID | None:
-    """A markdown artifact of the run's health (``tasks.health_report``): where the latest fit()
-    call's time went, its timeline picture (drawn now into the run folder), stragglers and peak
-    memory. Works for a failed run too. Returns the artifact's id, or None when the run folder
-    could not be read (the run's own outcome is what matters then)."""
+    """A markdown artifact of the run's health (``tasks.health_report``), a failed run's too, with its
+    timeline picture drawn now into the run folder. Returns the artifact's id, or None when the run
+    folder could not be read (the run's own outcome is what matters then)."""
     from storage import load_run
     from storage.filesystem import read_bytes, resolve_filesystem
     from trainers.health import draw_timeline
@@ -236,8 +228,7 @@ def publish_run_health(run_name: str, run_path: str) -> uuid.UUID | None:
     try:
         where = draw_timeline(run_path) or ""
         if where:
-            filesystem, inner = resolve_filesystem(where)
-            picture = read_bytes(filesystem, inner)
+            picture = read_bytes(*resolve_filesystem(where))
     except Exception as error:  # noqa: BLE001 - the page without its picture beats no page
         logger.warning("the run's timeline picture was not drawn: %s", error)
     artifact_id = create_markdown_artifact(
@@ -259,12 +250,9 @@ def log_failure(error: BaseException) -> None:
 
 
 def without_traceback(error: BaseException) -> BaseException:
-    """``error`` to raise out of the task after ``log_failure``: a ``WorkerGroupError`` with the same
-    failures and a message without the rank's traceback, which the task run's logs now hold.
-
-    Prefect repeats a failed task's message in the task's and the flow's final states and in the
-    flow's exception log, so a traceback inside it would reach the terminal four times.
-    """
+    """``error`` to raise out of the task after ``log_failure``: a ``WorkerGroupError`` without the
+    rank's traceback (the task run's logs hold it). Prefect repeats a failed task's message in the
+    task's and flow's final states and the flow's exception log: a traceback would show four times."""
     message, cut, _ = str(error).partition("\nTraceback of rank ")
     if not isinstance(error, WorkerGroupError) or not cut:
         return error

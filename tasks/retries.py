@@ -1,10 +1,9 @@
 """FailureConfig -> Prefect task options: which failures of the train task Prefect retries.
 
-These are the driver-level rows of the failure budget table in docs/design.md (``RETRY_TABLE``);
-the worker-level rows are the controller's ``FailurePolicy``, inside one task run. A retry calls
-``fit()`` again with the same ``storage_path`` and ``name``, so it resumes from the run's snapshot
-(its latest checkpoint and its failure counts), never from scratch.
-"""
+These are the driver-level rows of the failure budget table in docs/design.md (``RETRY_TABLE``); the
+worker-level rows are the controller's ``FailurePolicy``, inside one task run. A retry calls ``fit()``
+again with the same ``storage_path`` and ``name``: it resumes from the run's snapshot (its latest
+checkpoint and failure counts)."""
 
 from __future__ import annotations
 

@@ -73,11 +73,8 @@ class Distribution(ParamsModel):
 
 
 class Search(ParamsModel):
-    """What the sweep tries and how it ranks the trials.
-
-    Every combination of ``grid``, each with ``num_samples`` draws from ``random`` (one trial per
-    grid point and draw). Draws come from ``seed``, so a rerun proposes the same trials.
-    """
+    """What the sweep tries and how it ranks the trials: one trial per combination of ``grid`` and
+    each of its ``num_samples`` draws from ``random``, drawn from ``seed`` (a rerun proposes the same)."""
 
     metric: str = Field(description='The reported metric that ranks trials (its last value), "outer/inner" for nested.')
     mode: Literal["min", "max"] = Field("min", description="Whether a lower or a higher metric is better.")
@@ -119,9 +116,8 @@ class Search(ParamsModel):
 
 
 class SweepSettings(ParamsModel):
-    """Everything a sweep trains with, built once by the flow and handed to every stage: what to
-    search, the loop and its base config, the checked datasets, and the settings each trial's run
-    gets (its storage is the sweep's folder, its name the trial's)."""
+    """Everything a sweep trains with, built once by the flow for every stage: the search, the loop
+    and its base config, the checked datasets, and each trial's run settings (storage: the sweep's folder)."""
 
     search: Search
     train_loop: str | Callable[..., Any]
@@ -171,8 +167,7 @@ def trial_name(
     scaling: Scaling,
     data: dict[str, str] | None = None,
 ) -> str:
-    """``<sweep>-<digest>``: the same loop, config, scaling and data (dataset name to URI) always
-    get the same run name."""
+    """``<sweep>-<digest>``: the same loop, config, scaling and data (name to URI) get the same name."""
     if not isinstance(train_loop, str):  # a function: named as its import path would name it
         train_loop = f"{getattr(train_loop, '__module__', '?')}:{getattr(train_loop, '__qualname__', repr(train_loop))}"
     what = {"train_loop": train_loop, "config": config, "scaling": scaling.identity()}
@@ -183,9 +178,8 @@ def trial_name(
 
 
 def trials_the_cluster_holds(scaling: Scaling, *, with_data: bool = False) -> int:
-    """How many trials of ``scaling`` the connected Ray cluster can train at once (at least one fits,
-    else ``InsufficientResourcesError`` says what is missing). ``with_data`` keeps one CPU free for
-    the trials' Ray Data pipelines."""
+    """How many trials of ``scaling`` the Ray cluster trains at once (``InsufficientResourcesError``
+    when none fits); ``with_data`` keeps one CPU free for the trials' Ray Data pipelines."""
     from trainers.cluster import bundles_that_fit, check_feasible, cluster_nodes, ensure_ray
 
     config = scaling.to_config()

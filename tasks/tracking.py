@@ -25,9 +25,8 @@ class LinkedMLflowLogger(MLflowLoggerCallback):
 
 
 def flow_run_id() -> str | None:
-    """The id of the Prefect flow run this code runs for, or None: the one place the pipeline
-    reads it (Prefect's own answer: the flow or task run in this thread's context, else the
-    variable Prefect sets in a process it starts)."""
+    """The id of the Prefect flow run this code runs for, or None: the one place the pipeline reads
+    it (from this thread's flow or task run context, else the variable Prefect sets in a process)."""
     return flow_run.get_id() or None
 
 

@@ -66,10 +66,9 @@ def build_trainer(
 ) -> Any:
     """The Ray Train-style trainer for ``training`` (checked here, before any worker starts).
 
-    A training loop gets ``datasets["train"]`` in equal shards, one per worker, and every other
-    dataset whole on every worker (as the boosting trainers do): an equal split drops the rows
-    left over (1 of 113 rows on 2 workers), and a validation set must be scored on all of its rows.
-    """
+    A training loop gets ``datasets["train"]`` in equal shards and every other dataset whole on
+    every worker (as the boosting trainers do): an equal split drops the rows left over (1 of 113
+    on 2 workers), and a validation set must be scored on all of its rows."""
     module, class_name = TRAINERS[training.framework]
     trainer_cls = getattr(importlib.import_module(module), class_name)  # only the framework asked for is imported
     if isinstance(training, BoostingTraining):
@@ -113,7 +112,6 @@ def train(
 
     if not run.name:
         raise ValueError("run.name: the train stage needs the run's name, so that a retry resumes the same run.")
-    logger = get_run_logger()
     reporter = PrefectReporter(
         run.name, expected_reports=training.expected_reports, reports_so_far=reports_already_kept(run)
     )
@@ -143,16 +141,12 @@ def train(
     publish_metrics(
         run.name, history, reporter=reporter, checkpointing=checkpointing, notes=notes, health_artifact=health
     )
-    logger.info(
-        "run %r finished: %d reports, latest checkpoint %s",
-        run.name,
-        len(history),
-        result.checkpoint and result.checkpoint.path,
-    )
+    latest = result.checkpoint.path if result.checkpoint else None
+    get_run_logger().info("run %r finished: %d reports, latest checkpoint %s", run.name, len(history), latest)
     return TrainSummary(
         run_name=run.name,
         run_path=result.uri,  # a URI on object stores: Result.path is inside result.filesystem
         metrics=result.metrics,
-        checkpoint_path=result.checkpoint.path if result.checkpoint else None,
+        checkpoint_path=latest,
         num_reports=len(history),
     )
