@@ -96,7 +96,7 @@ def check_forms(
     return True
 
 
-def check_param_form(
+def param_form(
     trainer: str,
     library: Library,
     datasets: Mapping[str, Any] | None,
@@ -106,8 +106,9 @@ def check_param_form(
     num_boost_round: Any,
     dmatrix_params: Any,
     train_kwargs: Mapping[str, Any],
-) -> None:
-    """Arguments of the parameter form, checked when the trainer is built."""
+) -> ParamForm:
+    """The parameter form's settings, its arguments checked when the trainer is built."""
+    num_boost_round = 10 if num_boost_round is None else num_boost_round  # Ray Train's default
     if not datasets or TRAIN not in datasets:
         names = sorted(datasets or {})
         raise ValueError(
@@ -140,6 +141,9 @@ def check_param_form(
             f"{trainer}: unexpected argument(s) {unknown}. Extra keyword arguments are passed to "
             f"{library.name}.train(), which accepts {sorted(accepted)}."
         )
+    return ParamForm(
+        library, label_column, dict(params or {}), num_boost_round, dict(dmatrix_params or {}), dict(train_kwargs)
+    )
 
 
 def default_data_config(dataset_config: DataConfig | None) -> DataConfig:
@@ -150,12 +154,8 @@ def default_data_config(dataset_config: DataConfig | None) -> DataConfig:
 
 def _is_numeric(column_type: Any) -> bool:
     if isinstance(column_type, pa.DataType):
-        return (
-            pa.types.is_integer(column_type)
-            or pa.types.is_floating(column_type)
-            or pa.types.is_boolean(column_type)
-            or pa.types.is_decimal(column_type)
-        )
+        kinds = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_decimal)
+        return any(is_kind(column_type) for is_kind in kinds)
     try:
         return np.dtype(column_type).kind in "biuf"
     except TypeError:

@@ -16,8 +16,8 @@ from trainers.gbdt.param_form import (
     ParamForm,
     check_columns,
     check_forms,
-    check_param_form,
     default_data_config,
+    param_form,
     train_fn_per_worker,
 )
 from trainers.result import Result
@@ -47,23 +47,13 @@ class GBDTTrainer(DataParallelTrainer):
     ) -> None:
         """``backend_config`` is the subclass's ``<library>_config=`` (``_backend_config_arg``);
         ``trainer_args`` go to ``DataParallelTrainer`` as they are."""
-        library, name = self._library, type(self).__name__
+        name = type(self).__name__
         param_args: dict[str, Any] = dict(
             label_column=label_column, params=params, num_boost_round=num_boost_round, dmatrix_params=dmatrix_params
         )
         self._param_form: ParamForm | None = None
         if check_forms(name, train_loop_per_worker, train_loop_config, param_args, train_kwargs):
-            param_args["num_boost_round"] = 10 if num_boost_round is None else num_boost_round  # Ray Train's default
-            check_param_form(name, library, datasets, train_kwargs=train_kwargs, **param_args)
-            assert label_column is not None  # check_param_form raised otherwise
-            self._param_form = ParamForm(
-                library=library,
-                label_column=label_column,
-                params=dict(params or {}),
-                num_boost_round=param_args["num_boost_round"],
-                dmatrix_params=dict(dmatrix_params or {}),
-                train_kwargs=dict(train_kwargs),
-            )
+            self._param_form = param_form(name, self._library, datasets, train_kwargs=train_kwargs, **param_args)
             train_loop_per_worker = train_fn_per_worker
             dataset_config = default_data_config(dataset_config)
         # On to DataParallelTrainer, as every framework's trainer goes.

@@ -9,6 +9,7 @@ off: every step once, in order. Install them with ``pip install 'flowtrain[track
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from storage.retention import flatten
@@ -19,10 +20,7 @@ def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     flattened to ``outer/inner``; text, lists and other values are left out."""
     scalars = {}
     for key, value in flatten(metrics).items():
-        if isinstance(value, (str, bytes)):
-            continue
-        try:
-            scalars[key] = float(value)
-        except (TypeError, ValueError):
-            continue
+        if not isinstance(value, (str, bytes)):
+            with contextlib.suppress(TypeError, ValueError):
+                scalars[key] = float(value)
     return scalars

@@ -160,20 +160,19 @@ class MLflowLoggerCallback(UserCallback):
         from mlflow.entities import Metric
 
         batch: list[Any] = []
-        batch_last: int | None = None
+        last = self._last_step
         for step, metrics in steps:
-            if step <= (self._last_step if batch_last is None else batch_last):
+            if step <= last:
                 continue
             stamp = int(time.time() * 1000)
             points = [Metric(key, value, stamp, step) for key, value in scalar_metrics(metrics).items()]
             if batch and len(batch) + len(points) > MAX_METRICS_PER_BATCH:
-                assert batch_last is not None  # set with the batch's first points
-                self._send(batch, batch_last)
+                self._send(batch, last)
                 batch = []
             batch += points
-            batch_last = step
-        if batch_last is not None:
-            self._send(batch, batch_last)
+            last = step
+        if last > self._last_step:
+            self._send(batch, last)
 
     def _send(self, points: list[Any], last_step: int) -> None:
         from mlflow.entities import RunTag
@@ -216,13 +215,11 @@ def setup_mlflow(
     (docs/tracking.md has an example).
 
     On ranks other than 0 it returns a stand-in whose every call does nothing (with
-    ``rank_zero_only=False`` every rank logs, each to its own MLflow run). The MLflow run is found
-    again by the run's folder (the ``flowtrain.run_path`` tag) and the rank, so a restarted worker
-    or a rerun of ``fit()`` logs to the same MLflow run; it is the ``MLflowLoggerCallback``'s run
-    when both use the same experiment. After a restart the loop resumes from its checkpoint and
-    logs those steps again: MLflow keeps both values of a step logged twice, so log with the step
-    your checkpoint resumes at, or let the callback log the reports (every step once). Outside a
-    training function it starts a new MLflow run.
+    ``rank_zero_only=False`` every rank logs, each to its own MLflow run). A restarted worker or a
+    rerun of ``fit()`` logs to the same MLflow run (found by the ``flowtrain.run_path`` tag and the
+    rank; the ``MLflowLoggerCallback``'s in the same experiment). MLflow keeps both values of a step
+    logged twice, so log with the step your checkpoint resumes at, or let the callback log the
+    reports. Outside a training function it starts a new MLflow run.
 
     Args:
         config: Logged as the MLflow run's parameters (nested keys as ``outer/inner``); values
@@ -263,9 +260,8 @@ def setup_mlflow(
         run_path = context.get_storage().experiment_path
         found = our_run(client, experiment, run_path, rank)
         run_tags.update({RUN_PATH_TAG: run_path, RANK_TAG: str(rank)})
-        run_name = run_name or (
-            context.get_experiment_name() if rank == 0 else f"{context.get_experiment_name()}-rank{rank}"
-        )
+        name = context.get_experiment_name()
+        run_name = run_name or (name if rank == 0 else f"{name}-rank{rank}")
     if mlflow.active_run() is None:
         if found is not None:
             mlflow.start_run(run_id=found.info.run_id)

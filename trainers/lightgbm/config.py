@@ -80,10 +80,9 @@ def get_network_params() -> dict[str, Any]:
     """LightGBM's network parameters for this worker: ``machines``, ``local_listen_port`` and
     ``num_machines``, as ``ray.train.lightgbm.get_network_params()`` returns them.
 
-    Merge them into the parameters of ``lightgbm.train`` inside your training function, with
-    ``tree_learner="data_parallel"`` (LightGBM's default learner does not combine workers):
-    ``{"objective": "binary", "tree_learner": "data_parallel", **get_network_params()}``. Call it
-    right before ``lightgbm.train``: it frees the port this worker kept for LightGBM.
+    Merge them into ``lightgbm.train``'s parameters with ``tree_learner="data_parallel"`` (the
+    default learner does not combine workers), right before the call (it frees the port kept for
+    LightGBM): ``{"objective": "binary", "tree_learner": "data_parallel", **get_network_params()}``.
     With one worker (or ``num_workers=0``) it returns ``{}``: LightGBM then trains alone.
 
     Raises:

@@ -44,8 +44,7 @@ class RayTrainReportCallback(pl.callbacks.Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Called by Lightning on every rank: save the checkpoint, then report it with the metrics."""
         metrics: dict[str, Any] = {name: value.item() for name, value in trainer.callback_metrics.items()}
-        metrics["epoch"] = trainer.current_epoch
-        metrics["step"] = trainer.global_step
+        metrics.update(epoch=trainer.current_epoch, step=trainer.global_step)
         rank = get_context().get_world_rank()
         folder = tempfile.mkdtemp(prefix=f"flowtrain-lightning-rank{rank}-")
         try:

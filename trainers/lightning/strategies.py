@@ -47,8 +47,7 @@ class RayLightningEnvironment(LightningEnvironment):
         return get_context().get_node_rank()
 
     def set_world_size(self, size: int) -> None:
-        """Ignored: the world size is flowtrain's."""
-        # Lightning computes a world size from devices x num_nodes; ours comes from the context.
+        """Ignored: the world size is flowtrain's (Lightning's comes from devices x num_nodes)."""
 
     def set_global_rank(self, rank: int) -> None:
         """Ignored: the rank is flowtrain's."""
@@ -141,11 +140,10 @@ class RayDeepSpeedStrategy(_OnFlowtrainWorker, DeepSpeedStrategy):
     With ``RayTrainReportCallback`` every rank saves its part of the DeepSpeed checkpoint (a
     folder named ``checkpoint.ckpt``) on its own node, and the report merges the parts into one
     checkpoint; ``pl.Trainer.fit(ckpt_path=...)`` on that folder resumes, optimizer included.
-    Needs the ``deepspeed`` package (``pip install 'flowtrain[deepspeed]'``).
 
     Raises:
-        MissingExtraError: (an ``ImportError``) when deepspeed is not installed, naming the
-            install command; raised when the strategy is built, before training starts.
+        MissingExtraError: (an ``ImportError``) when built without the ``deepspeed`` package
+            (``pip install 'flowtrain[deepspeed]'``), before training starts.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -161,11 +159,11 @@ class RayDeepSpeedStrategy(_OnFlowtrainWorker, DeepSpeedStrategy):
             super().setup_environment()
 
     def setup_distributed(self) -> None:
-        """Lets DeepSpeed wrap the process group; skips Lightning's check of CUDA device indices on CPU."""
+        """Lets DeepSpeed wrap the process group; on CPU skips Lightning's check of device indices
+        (a CPU has none, which it reads as a wrong GPU selection)."""
         if self.root_device.type != "cpu":
             super().setup_distributed()
             return
-        # CPU devices have no index, which Lightning's check reads as a wrong GPU selection.
         reset_seed()
         self.set_world_ranks()
         self._init_deepspeed_distributed()
@@ -178,8 +176,7 @@ class RayDeepSpeedStrategy(_OnFlowtrainWorker, DeepSpeedStrategy):
             return super()._setup_model_and_optimizer(model, optimizer, lr_scheduler)
         import deepspeed
 
-        # Lightning passes the device's index, None on CPU, which DeepSpeed cannot compare; with
-        # no args DeepSpeed takes LOCAL_RANK, which the trainer set.
+        # Lightning passes the device's index (None on CPU); with no args DeepSpeed takes LOCAL_RANK.
         engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
             config=self.config,
             model=model,
@@ -192,12 +189,9 @@ class RayDeepSpeedStrategy(_OnFlowtrainWorker, DeepSpeedStrategy):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         """Every rank writes its part of the DeepSpeed checkpoint into ``filepath`` (a folder) on its
-        own node.
-
-        Lightning would have every rank write into rank 0's path, which on another node is a
-        folder nobody reports; flowtrain merges each rank's folder into one checkpoint instead.
-        So every rank must be given the same path (``RayTrainReportCallback`` does; Lightning's
-        ``ModelCheckpoint`` does when metrics in its file names are logged with ``sync_dist=True``).
+        own node, and flowtrain merges the ranks' folders (Lightning would have every rank write into
+        rank 0's path, on another node a folder nobody reports). So every rank must get the same
+        path (``RayTrainReportCallback`` does; ``ModelCheckpoint`` does with ``sync_dist=True`` metrics).
         """
         if storage_options is not None:
             raise TypeError(

@@ -89,14 +89,11 @@ class TensorflowCheckpoint(FrameworkCheckpoint):
 
     @classmethod
     def _copied(cls, copy: Any, name: str, preprocessor: Any | None) -> TensorflowCheckpoint:
-        import tempfile
-
-        folder = tempfile.mkdtemp(prefix="flowtrain-checkpoint-")
-        copy(folder)
-        checkpoint = cls.from_directory(folder)
+        """A checkpoint of a new temporary folder after ``copy(folder)``, naming ``name`` its model."""
+        checkpoint = cls._from_saved(
+            lambda model_path: copy(os.path.dirname(model_path)), preprocessor=preprocessor, path=None, method="_copied"
+        )
         checkpoint.update_metadata({cls.MODEL_FILENAME_KEY: name})
-        if preprocessor is not None:
-            checkpoint.set_preprocessor(preprocessor)
         return checkpoint
 
     def get_model(self) -> Any:

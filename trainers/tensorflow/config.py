@@ -21,14 +21,12 @@ from trainers.tuning import TENSORFLOW_SETUP_TIMEOUT_S
 class TensorflowConfig(BackendConfig):
     """How the workers of a ``TensorflowTrainer`` find each other. It has no fields.
 
-    Before your training function starts, every worker has ``TF_CONFIG`` set (the cluster of all
-    workers, its task index = its world rank), so ``tf.distribute.MultiWorkerMirroredStrategy()``
-    connects them, across nodes too. ``TF_USE_LEGACY_KERAS=1`` is set as Ray Train sets it, so
-    ``tf.keras`` is Keras 2 (the ``tf-keras`` package), whose ``fit()`` works with that strategy.
-    Keras 3's ``fit()`` does not run under ``MultiWorkerMirroredStrategy``; for data-parallel
-    Keras 3 use ``JaxTrainer`` with ``KERAS_BACKEND=jax`` and ``keras.distribution.DataParallel``.
-    Setting ``TF_USE_LEGACY_KERAS=0`` in the workers' environment keeps Keras 3 as ``tf.keras``.
-    Same name as ``ray.train.tensorflow.TensorflowConfig``.
+    Before your training function starts, every worker has ``TF_CONFIG`` set (all workers, its
+    task index = its world rank), so ``tf.distribute.MultiWorkerMirroredStrategy()`` connects them.
+    ``TF_USE_LEGACY_KERAS=1`` is set as Ray Train sets it (``0`` in the workers' environment keeps
+    Keras 3): ``tf.keras`` is then Keras 2 (``tf-keras``), whose ``fit()`` runs under that strategy
+    and Keras 3's does not (for data-parallel Keras 3 use ``JaxTrainer`` with ``KERAS_BACKEND=jax``
+    and ``keras.distribution.DataParallel``). Same name as ``ray.train.tensorflow.TensorflowConfig``.
     """
 
     #: TensorFlow could not bind the port reserved for it (another process took it after the
@@ -52,8 +50,7 @@ def tf_config(addresses: list[str], index: int) -> str:
 
 def _set_environment(addresses: list[str], index: int) -> None:
     os.environ["TF_CONFIG"] = tf_config(addresses, index)
-    # Keras 3's fit() cannot run under MultiWorkerMirroredStrategy; Keras 2 (tf-keras) can. A
-    # value the user set for the workers wins.
+    # Keras 2 for MultiWorkerMirroredStrategy (see TensorflowConfig); a value the user set wins.
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 

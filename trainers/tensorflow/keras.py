@@ -46,8 +46,7 @@ def _events(field: str, value: Any) -> tuple[str, ...]:
 
 
 def _plain(value: Any) -> Any:
-    """A Keras log value as a plain Python number when it is one (numpy and tensor scalars too),
-    so that it is stored and compared like any reported metric."""
+    """A Keras log value as a plain Python number when it is one (numpy and tensor scalars too)."""
     if hasattr(value, "numpy"):
         value = value.numpy()
     if hasattr(value, "item") and getattr(value, "size", None) == 1:
@@ -56,18 +55,14 @@ def _plain(value: Any) -> Any:
 
 
 class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]  # a base class picked at import time
-    """Reports Keras logs to flowtrain at chosen hooks, with a checkpoint of the model at others.
+    """Reports Keras logs to flowtrain at chosen hooks, with a checkpoint of the model at others
+    (arguments as ``ReportCheckpointCallback``'s).
 
-    ``checkpoint_on`` and ``report_metrics_on`` name Keras hooks without their ``on_`` prefix
-    (``"epoch_end"``, ``"train_batch_end"``, ...). At a checkpoint hook every rank saves the
-    model (``model.keras``, Keras' own format; the strategy needs every rank to take part) and
-    rank 0 reports its copy with the metrics; every other rank reports the same metrics without
-    a checkpoint. At a hook in ``report_metrics_on`` only, every
-    rank reports the metrics. ``metrics`` picks what is reported: None for all of Keras' logs,
-    a log name, a list of names, or a dict ``{reported name: log name}``. At the epoch hooks the
-    Keras epoch index is reported too, as ``epoch``, unless a log already has that name, and
-    each checkpoint's metadata records it, so a resumed run passes ``initial_epoch=epoch + 1``
-    to ``fit()``.
+    At a checkpoint hook every rank saves the model (``model.keras``; the strategy needs every
+    rank to take part) and rank 0 reports its copy with the metrics, the other ranks the metrics
+    alone; at a hook in ``report_metrics_on`` only, every rank reports the metrics. At the epoch
+    hooks the Keras epoch index is reported as ``epoch`` (unless a log has that name) and recorded
+    in each checkpoint's metadata, so a resumed run passes ``initial_epoch=epoch + 1`` to ``fit()``.
     """
 
     def __init__(
@@ -95,8 +90,7 @@ class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]  # a base
         """
         return model_from_checkpoint(checkpoint)
 
-    # Keras 2 skips a callback's batch hooks when these say False: without them every batch would
-    # pay for a call (and for turning its logs into numbers) even when nothing is reported per batch.
+    # Keras 2 skips a callback's batch hooks when these say False: else every batch pays for a call.
     def _implements_train_batch_hooks(self) -> bool:
         return self._wants("train_batch_")
 
@@ -108,8 +102,6 @@ class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]  # a base
 
     def _wants(self, prefix: str) -> bool:
         return any(e.startswith(prefix) for e in self._checkpoint_on + self._report_metrics_on)
-
-    # -- reporting -------------------------------------------------------------------------------
 
     def _handle(self, logs: dict | None, when: str) -> None:
         if when in self._checkpoint_on:
@@ -137,12 +129,10 @@ class RayReportCallback(_keras_callback_base()):  # type: ignore[misc]  # a base
 
     def _save_and_report_checkpoint(self, metrics: dict[str, Any], checkpoint: Checkpoint | None) -> None:
         """Every rank saves the model, rank 0 reports its copy with ``metrics``, the others report
-        ``metrics`` alone."""
+        ``metrics`` alone: under MultiWorkerMirroredStrategy saving reads variables all-reduced on
+        read (metrics, the optimizer's step), so a save on rank 0 alone would hang its collectives."""
         import trainers
 
-        # Under MultiWorkerMirroredStrategy saving reads variables that are all-reduced on read
-        # (metrics, the optimizer's step): a save on rank 0 alone would leave its collectives
-        # unmatched. So every rank writes, as TensorFlow asks, and only rank 0's copy is kept.
         folder = tempfile.mkdtemp(prefix="flowtrain-keras-")
         try:
             self.model.save(os.path.join(folder, TensorflowCheckpoint.MODEL_FILENAME))

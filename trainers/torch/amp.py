@@ -16,11 +16,6 @@ import torch
 from trainers import context as _context
 from trainers.torch.devices import get_device
 
-_DEPRECATION = (
-    "trainers.torch.accelerate, prepare_optimizer and backward are kept for Ray Train scripts "
-    "(Ray deprecated them); prefer torch.autocast with torch.amp.GradScaler in new code."
-)
-
 
 class _SessionAmp:
     """What ``accelerate`` chose for one training session: AMP or not, and its gradient scaler."""
@@ -31,14 +26,18 @@ class _SessionAmp:
         self.scaler = torch.amp.GradScaler(self.device_type) if amp else None
 
 
-# (the TrainContext of the session it belongs to, its choice). The context object identifies the
-# session: a new attempt or a new fit() in this process builds a new one.
+# (the TrainContext of the session, its choice): a new attempt or fit() in this process has a new context.
 _session: tuple[Any, _SessionAmp] | None = None
 
 
 @functools.cache  # once per process
 def _warn_once() -> None:
-    warnings.warn(_DEPRECATION, DeprecationWarning, stacklevel=3)
+    warnings.warn(
+        "trainers.torch.accelerate, prepare_optimizer and backward are kept for Ray Train scripts "
+        "(Ray deprecated them); prefer torch.autocast with torch.amp.GradScaler in new code.",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 def current_amp(create: bool = True) -> _SessionAmp | None:
@@ -118,7 +117,7 @@ def autocast_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _wrapped_attribute(name: str) -> Any:
-    """A property that reads and writes ``name`` of the wrapped ``self.optimizer``."""
+    """A property that reads and writes ``name`` (an attribute or method) of the wrapped ``self.optimizer``."""
     return property(
         lambda self: getattr(self.optimizer, name), lambda self, value: setattr(self.optimizer, name, value)
     )
@@ -139,18 +138,10 @@ class _ScaledOptimizer(torch.optim.Optimizer):
     state = _wrapped_attribute("state")
     param_groups = _wrapped_attribute("param_groups")
     defaults = _wrapped_attribute("defaults")
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        self.optimizer.add_param_group(param_group)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+    add_param_group = _wrapped_attribute("add_param_group")
+    load_state_dict = _wrapped_attribute("load_state_dict")
+    state_dict = _wrapped_attribute("state_dict")
+    zero_grad = _wrapped_attribute("zero_grad")
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         if self.scaler is None:

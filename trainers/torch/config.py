@@ -30,19 +30,21 @@ class TorchConfig(BackendConfig):
 
     #: "gloo" or "nccl"; None picks nccl when training on GPUs and gloo otherwise.
     backend: str | None = None
-    #: Ray Train's choice of ``env://`` ("env") or ``tcp://addr:port`` ("tcp") for the rendezvous.
-    #: Accepted and checked; the ranks always meet at a store one worker hosts
-    #: (``trainers.torch.rendezvous``), which ``MASTER_ADDR``/``MASTER_PORT`` name, so every choice
-    #: gives the same process group.
+    #: Ray Train's choice of ``env://`` ("env") or ``tcp://addr:port`` ("tcp"): checked, but the ranks
+    #: always meet at a store one worker hosts (``MASTER_ADDR``/``MASTER_PORT``; ``trainers.torch.rendezvous``).
     init_method: str = "env"
     #: Seconds a collective (and process-group setup) may wait before failing.
     timeout_s: float = 1800
 
     def __post_init__(self) -> None:
+        self._check_backend()
+        name = type(self).__name__
+        check_choice(f"{name}.init_method", self.init_method, INIT_METHODS)
+        check_number(f"{name}.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0")
+
+    def _check_backend(self) -> None:
         if self.backend is not None:
             check_choice("TorchConfig.backend", self.backend, BACKENDS)
-        check_choice("TorchConfig.init_method", self.init_method, INIT_METHODS)
-        check_number("TorchConfig.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0")
 
     framework = "torch"
 
@@ -66,12 +68,8 @@ class TorchConfig(BackendConfig):
 
 
 def _accelerate_env(workers: list[Any], use_gpu: bool) -> dict[int, dict[str, str]]:
-    """Per world rank: the variables Hugging Face Accelerate reads to treat CPU workers as one job.
-
-    Accelerate (and ``transformers.Trainer``, built on it) treats CPU processes as one distributed
-    job only when ``ACCELERATE_USE_CPU`` is set. GPU workers are told their device by
-    ``_worker_device`` instead, once they know which GPU is theirs.
-    """
+    """Per world rank: ``ACCELERATE_USE_CPU``, without which Accelerate (and ``transformers.Trainer``)
+    does not treat CPU processes as one job. GPU workers are told their device by ``_worker_device``."""
     if use_gpu:
         return {}
     return {w.ranks.world_rank: {"ACCELERATE_USE_CPU": "true", "ACCELERATE_TORCH_DEVICE": "cpu"} for w in workers}
@@ -79,16 +77,9 @@ def _accelerate_env(workers: list[Any], use_gpu: bool) -> dict[int, dict[str, st
 
 @contextlib.contextmanager
 def _worker_device() -> Iterator[None]:
-    """Around the training function: make this worker's own GPU its current CUDA device, and name
-    it to Accelerate.
-
-    As in Ray Train, ``torch.cuda.set_device`` runs in the thread that trains (the current device
-    is per thread), so tensors made with ``device="cuda"`` and NCCL's collectives use the
-    worker's GPU, not ``cuda:0``. Accelerate would take ``cuda:LOCAL_RANK``, which need not be the
-    GPU the trainer gave this worker; ``ACCELERATE_TORCH_DEVICE`` names the first of its
-    ``TrainContext.accelerator_ids`` (indices into its ``CUDA_VISIBLE_DEVICES``). Nothing is set
-    on a CPU worker.
-    """
+    """Around the training function: make this worker's first GPU torch's current CUDA device (per
+    thread, so set in the thread that trains, as in Ray Train) and Accelerate's device (it would take
+    ``cuda:LOCAL_RANK``, which need not be this worker's GPU). Nothing is set on a CPU worker."""
     from trainers.context import get_context
 
     ids = get_context().accelerator_ids
@@ -102,16 +93,10 @@ def _worker_device() -> Iterator[None]:
 
 
 def _per_rank_env(workers: list[Any], use_gpu: bool) -> dict[int, dict[str, str]]:
-    """Per world rank: Accelerate's variables and those DeepSpeed's launcher would have set (torchrun's,
-    ``RANK``, ``LOCAL_RANK``, ..., every worker has), set before the group is joined. Without them
-    DeepSpeed guesses: on CPU it counts NUMA nodes as a node's devices, and it may pick an
-    accelerator the worker does not train on. Harmless to a loop that uses neither; imports neither.
-
-    - ``LOCAL_SIZE``: workers on this worker's node (DeepSpeed's CPU accelerator's device count).
-    - ``CROSS_RANK`` / ``CROSS_SIZE``: this worker's node rank and the number of nodes.
-    - ``DS_ACCELERATOR=cpu`` on CPU workers: DeepSpeed then talks over the trainer's gloo group
-      instead of looking for a GPU (on GPU workers it finds CUDA itself).
-    """
+    """Per world rank: Accelerate's variables and those DeepSpeed's launcher would set beyond
+    torchrun's (``LOCAL_SIZE``, its CPU device count; ``CROSS_RANK``/``CROSS_SIZE``, node rank and
+    count; ``DS_ACCELERATOR=cpu`` on CPU, so it uses the gloo group). Without them DeepSpeed guesses
+    (NUMA nodes as devices, an accelerator the worker does not train on). Harmless to other loops."""
     num_nodes = len({w.ranks.node_rank for w in workers})
     accelerate = _accelerate_env(workers, use_gpu)
     return {

@@ -124,8 +124,7 @@ class TorchProcess(FrameworkProcess):
         if device is None:
             torch.set_num_threads(1)
         try:
-            left = torch.rand(side, side, device=device)
-            right = torch.rand(side, side, device=device)
+            left, right = torch.rand(2, side, side, device=device)
             _synchronize(torch, device)
             left @ right  # warm up: the first multiply loads kernels
             rates = []

@@ -73,9 +73,7 @@ def join_process_group(backend: str, timeout_s: float, **meeting: Any) -> None:
 
     TorchProcess.leave_group()
     pin_collective_interface(ray.util.get_node_ip_address())
-    with _lock:
-        store_port = None if _store is None else int(_store.port)
-    with forming_group(store_port=store_port):
+    with forming_group(store_port=hosted_store_port()):
         dist.init_process_group(
             backend=backend,
             rank=int(os.environ["RANK"]),

@@ -31,13 +31,10 @@ class PositionedSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[Any]:
         indices = super().__iter__()
-        skip = 0
-        if self._resume is not None:
-            # Only the first pass, and only in the epoch saved: a loop that resumes at the next
-            # epoch (its checkpoint came at an epoch's end) skips nothing.
-            if self._resume.epoch == self.epoch:
-                skip = self._resume.samples
-            self._resume = None
+        # Only the first pass, and only in the epoch saved: a loop that resumes at the next
+        # epoch (its checkpoint came at an epoch's end) skips nothing.
+        resume, self._resume = self._resume, None
+        skip = resume.samples if resume is not None and resume.epoch == self.epoch else 0
         self.received = skip
         return itertools.islice(indices, skip, None)
 

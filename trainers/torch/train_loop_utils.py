@@ -48,13 +48,10 @@ def prepare_model(
     wrapped when a single worker trains.
 
     ``parallel_strategy_kwargs`` go to ``DistributedDataParallel`` for "ddp". For "fsdp" they may
-    be ``fully_shard``'s own (``mesh``, ``reshard_after_forward``, ``mp_policy``...) or, as in
-    Ray Train, ``FullyShardedDataParallel``'s: ``sharding_strategy`` (FULL_SHARD, SHARD_GRAD_OP,
-    NO_SHARD, HYBRID_SHARD), ``auto_wrap_policy`` (those submodules are sharded on their own),
-    ``mixed_precision``, ``cpu_offload``, ``process_group``/``device_mesh``,
-    ``ignored_modules``/``ignored_states``, ``sync_module_states``, ``forward_prefetch``, and
-    ``device_id``, ``backward_prefetch``, ``limit_all_gathers``, ``use_orig_params`` where their
-    value is what FSDP2 does anyway. Anything else raises ``ValueError`` naming it.
+    be ``fully_shard``'s own (``mesh``, ``reshard_after_forward``, ``mp_policy``...) or, as in Ray
+    Train, ``FullyShardedDataParallel``'s (``sharding_strategy``, ``auto_wrap_policy``,
+    ``mixed_precision``, ...: ``trainers.torch.fsdp_options`` translates each to FSDP2, or raises
+    ``ValueError`` naming one FSDP2 cannot honour).
 
     After ``accelerate(amp=True)`` the forward runs under ``torch.autocast``.
 
@@ -141,15 +138,8 @@ def prepare_data_loader(
         loader = _with_distributed_sampler(loader, world_size, rank, positions)
     elif positions is not None and type(loader.sampler) is DistributedSampler:
         given = loader.sampler
-        sampler = _sampler(
-            loader.dataset,
-            positions,
-            num_replicas=given.num_replicas,
-            rank=given.rank,
-            shuffle=given.shuffle,
-            seed=given.seed,
-            drop_last=given.drop_last,
-        )
+        settings = {name: getattr(given, name) for name in ("num_replicas", "rank", "shuffle", "seed", "drop_last")}
+        sampler = _sampler(loader.dataset, positions, **settings)
         sampler.set_epoch(given.epoch)
         loader = _rebuild(loader, sampler)
     device = get_device()

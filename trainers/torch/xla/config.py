@@ -13,10 +13,9 @@ import tempfile
 import uuid
 from typing import Any
 
-from trainers._checks import check_choice, check_number
 from trainers._extras import MissingExtraError
 from trainers.backend import Backend, free_port
-from trainers.torch.config import INIT_METHODS, TorchBackend, TorchConfig, init_method_url
+from trainers.torch.config import TorchBackend, TorchConfig, init_method_url
 from trainers.torch.process import TorchProcess
 from trainers.torch.rendezvous import join_process_group
 
@@ -80,17 +79,15 @@ class TorchXLAConfig(TorchConfig):
     #: such a run are not meaningful: run again afterwards to train with the compiled graphs.
     neuron_parallel_compile: bool = False
 
-    def __post_init__(self) -> None:
+    def _check_backend(self) -> None:
         if self.backend not in (None, "xla"):
             raise ValueError(
                 f"TorchXLAConfig.backend={self.backend!r}: the process group is always 'xla'; leave backend "
                 "unset (or use TorchConfig for gloo/nccl)."
             )
-        # Not super().__post_init__(): TorchConfig's backend check knows only gloo and nccl.
-        check_choice("TorchXLAConfig.init_method", self.init_method, INIT_METHODS)
-        check_number(
-            "TorchXLAConfig.timeout_s", self.timeout_s, minimum=0, strict=True, allowed="a number of seconds > 0"
-        )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if not isinstance(self.neuron_parallel_compile, bool):
             raise ValueError(
                 f"TorchXLAConfig.neuron_parallel_compile={self.neuron_parallel_compile!r}: must be True or False."
@@ -123,10 +120,7 @@ def _xla_env(
 
 def _init_xla_process_group(env: dict[str, str], timeout_s: float, init_method: str = "env") -> None:
     # A PJRT device the user chose (runtime_env, image) wins over the default.
-    pjrt = os.environ.get("PJRT_DEVICE")
-    os.environ.update(env)
-    if pjrt:
-        os.environ["PJRT_DEVICE"] = pjrt
+    os.environ.update({k: v for k, v in env.items() if k != "PJRT_DEVICE" or not os.environ.get(k)})
     os.environ["ROLE_RANK"] = os.environ["ROLE_WORLD_RANK"] = os.environ["RANK"]
     try:
         import torch_xla.core.xla_model
