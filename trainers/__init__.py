@@ -12,11 +12,9 @@ from typing import TYPE_CHECKING
 
 from storage.lazy_names import lazy_names
 
-# Every public name is imported on first use, not here (``storage.lazy_names``, which reads where
-# each lives from the ``TYPE_CHECKING`` block below): every worker process imports this package
-# (its actor class lives in ``trainers._internal``), and loading the whole driver side (trainer,
-# controller, worker group) there cost each worker ~0.05-0.1 s of CPU, which is start-up time
-# multiplied by the worker count.
+# Every public name is imported on first use (``storage.lazy_names`` reads where each lives from the
+# ``TYPE_CHECKING`` block below): every worker process imports this package, and loading the whole
+# driver side there cost each worker ~0.05-0.1 s of CPU, start-up time multiplied by the worker count.
 __all__, __getattr__, __dir__ = lazy_names(globals())
 
 

@@ -6,6 +6,7 @@ docs/frameworks.md, "Another framework: write a backend"). A ``BackendConfig`` n
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar
@@ -15,12 +16,10 @@ ConfigT = TypeVar("ConfigT", bound="BackendConfig")
 
 
 class FrameworkProcess:
-    """What a worker's process asks of the framework that trains in it, at the points where only
-    the framework knows the answer: when an attempt stops (its collectives interrupted, its group
-    left, the device checked), when the process is put back as a fresh one, for the pre-flight
-    probe, and for the device's memory. Run in the workers; every method is static, so the class
-    travels to a worker by its name. The default knows no framework: nothing to interrupt, leave,
-    reset or measure, and no probe. A backend names its own (``Backend.process``); torch's is
+    """What a worker's process asks of the framework that trains in it where only the framework
+    knows the answer: stopping an attempt, resetting the process, the pre-flight probe, the
+    device's memory. Run in the workers; every method is static, so the class travels by name.
+    The default knows no framework. A backend names its own (``Backend.process``); torch's is
     ``trainers.torch.process.TorchProcess``."""
 
     @staticmethod
@@ -105,8 +104,6 @@ class BackendConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration's fields as a dict (as Ray's ``BackendConfig.to_dict``)."""
-        import dataclasses
-
         if dataclasses.is_dataclass(self):
             return dataclasses.asdict(self)
         return dict(vars(self))
@@ -122,11 +119,11 @@ class BackendConfig:
         return contextlib.nullcontext
 
     def is_setup_clash(self, error: BaseException) -> bool:
-        """True when ``error`` (raised on a worker) is a clash while the workers connect that a
-        fresh start resolves, such as a port another process took between its reservation and
-        its use. The trainer then restarts the worker group without spending
-        ``FailureConfig.max_failures`` (at most ``SETUP_CLASH_RESTARTS`` times in one ``fit()``).
-        Default: when the error's text holds one of the config's ``_setup_clashes``."""
+        """True when ``error`` (raised on a worker) is a clash while the workers connect that a fresh
+        start resolves (a port another process took between its reservation and its use): the
+        worker group then restarts without spending ``FailureConfig.max_failures`` (at most
+        ``SETUP_CLASH_RESTARTS`` times per ``fit()``). Default: the error's text holds one of
+        ``_setup_clashes``."""
         return any(text in str(error) for text in self._setup_clashes)
 
     #: A short name shown in logs (``"torch"``), or None.

@@ -32,18 +32,16 @@ class TrainRunContext:
 
     @property
     def num_reports(self) -> int:
-        """How many reports the run's history holds as the hook runs. In ``after_report`` the
-        report just made is the last one, so its index in the history (its step) is
-        ``num_reports - 1``. A restart forgets the reports made after the latest checkpoint; the
-        workers make them again with the same indices."""
+        """How many reports the run's history holds as the hook runs (in ``after_report`` the step
+        just reported is ``num_reports - 1``). A restart forgets the reports made after the latest
+        checkpoint; the workers make them again with the same indices."""
         return self._run_record.num_reports if self._run_record is not None else 0
 
     @property
     def restarts(self) -> tuple[RestartRecord, ...]:
         """How the workers were restarted after each failed attempt, oldest first: which ranks kept
-        their processes and which were replaced, or why every worker was restarted. In
-        ``on_restart`` the last one is the restart under way. flowtrain's (Ray Train restarts every
-        worker)."""
+        their processes and which were replaced, or why all were (in ``on_restart``, the last one is
+        the restart under way). flowtrain's own: Ray Train restarts every worker."""
         return tuple(self._run_record.snapshot.restarts) if self._run_record is not None else ()
 
     @property
@@ -63,17 +61,15 @@ class TrainRunContext:
 class UserCallback:
     """Subclass and override the hooks you need; pass instances in ``RunConfig(callbacks=[...])``.
 
-    Hooks run in the driver, between reports, so keep them quick. This is the one way a run tells
-    the outside what happens: the terminal progress line, the Prefect pipeline's reporter and
-    Ray Tune's ``TuneReportCallback`` are callbacks too. ``before_run``, ``after_run`` and
-    ``on_resize`` are flowtrain's (Ray Train's ``UserCallback`` has none of them): experiment
-    trackers use the first two to open and close what they log to.
+    Hooks run in the driver, between reports, so keep them quick. The terminal progress line, the
+    Prefect pipeline's reporter and Ray Tune's ``TuneReportCallback`` are callbacks too.
+    ``before_run``, ``after_run`` and ``on_resize`` are flowtrain's own: experiment trackers use
+    the first two to open and close what they log to.
     """
 
     def before_run(self, run_context: TrainRunContext, history: Sequence[dict[str, Any]]) -> None:
         """The run starts or resumes, before any worker starts: ``history`` holds rank 0's metrics of
-        every report the run already has, in order (empty for a new run). It reads them from the
-        run's storage as it is iterated: a long run's history is not held in memory."""
+        every report the run already has (empty for a new run), read from storage as iterated."""
 
     def after_report(
         self,
@@ -98,7 +94,6 @@ class UserCallback:
         ``trainers.health``): called once per episode, with the rank, its node and the figures."""
 
     def after_run(self, run_context: TrainRunContext, result: Result) -> None:
-        """The run ended: ``result`` is what ``fit()`` returns, or, when it failed, the run as it
-        stands with the error ``fit()`` raises next in ``result.error``. Not called when this process
-        is interrupted or killed. A failed or killed run resumes with the same name, and the rerun
-        starts with ``before_run`` again."""
+        """The run ended: ``result`` is what ``fit()`` returns or, when it failed, the run as it stands
+        with the error ``fit()`` raises next in ``result.error``. Not called when this process is
+        interrupted or killed; a rerun of the run starts with ``before_run`` again."""

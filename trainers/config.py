@@ -14,9 +14,8 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
-# Every run's storage needs pyarrow's core filesystems in the driver: loaded with the trainer's
-# imports, as a script's other libraries are, rather than inside its first fit() (0.1 s). The
-# workers never import this module.
+# Every run's storage needs pyarrow's core filesystems in the driver: load them with the trainer's
+# imports rather than inside its first fit() (0.1 s). The workers never import this module.
 import pyarrow._fs  # noqa: F401
 
 from storage import CheckpointConfig
@@ -175,8 +174,7 @@ class ScalingConfig:
         self._check_tpu_slices()
 
     def _check_tpu_slices(self) -> None:
-        """With a TPU topology, each worker takes a whole host by default, and the workers must fill
-        whole slices."""
+        """With a TPU topology each worker takes a whole host by default, and the workers fill whole slices."""
         shape = None
         if self.use_tpu and self.topology and self.accelerator_type:
             shape = tpu_slice_shape(self.topology, self.accelerator_type, self.resources_per_worker)
@@ -196,8 +194,7 @@ class ScalingConfig:
         selector = self.label_selector
         if selector is None:
             return
-        selectors = selector if isinstance(selector, list) else [selector]
-        for item in selectors:
+        for item in selector if isinstance(selector, list) else [selector]:
             if not isinstance(item, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in item.items()
             ):
@@ -297,9 +294,8 @@ class ScalingConfig:
         return self.tune_bundles({"CPU": 1})
 
     def tune_bundles(self, driver_resources: dict[str, float]) -> Any:
-        """A ``tune.PlacementGroupFactory``: ``driver_resources`` for the trial's own process, then
-        one bundle per worker (``max_workers`` of them: an elastic trainer trains at its maximum
-        inside a trial), placed by ``placement_strategy``."""
+        """A ``tune.PlacementGroupFactory``: ``driver_resources`` for the trial's own process, then one
+        bundle per worker (``max_workers``: an elastic trainer trains at its maximum in a trial)."""
         from ray import tune
 
         workers = [dict(self.worker_resources) for _ in range(self.max_workers)]
@@ -319,12 +315,10 @@ class FailureConfig:
     max_failures: int = 0
     #: A Ray Tune setting that Ray Train V2 dropped; passing it raises DeprecationWarning.
     fail_fast: bool | str = DEPRECATED
-    #: Retries of the whole ``fit()`` after a driver-level failure (a ``ControllerError``: storage,
-    #: Ray or a callback failing under the controller; or the driver process dying), each resuming
-    #: from the run's latest checkpoint; -1 without limit. Made by whatever runs ``fit()``: the
-    #: Prefect pipeline's train task retries this many times. ``fit()`` alone cannot rerun itself
-    #: and warns when this is set. (Ray Train counts a worker group that fails to start here;
-    #: flowtrain counts that against ``max_failures``.)
+    #: Retries of the whole ``fit()`` after a driver-level failure (a ``ControllerError``, or the
+    #: driver dying), each resuming from the latest checkpoint; -1 without limit. Made by whatever
+    #: runs ``fit()`` (the Prefect pipeline's train task); ``fit()`` alone warns when this is set.
+    #: (A worker group that fails to start counts against ``max_failures``, not here as in Ray.)
     controller_failure_limit: int = -1
     #: Restarts allowed after nodes were preempted (drained with a deadline): -1 without limit.
     max_preemption_failures: int = -1
@@ -412,15 +406,14 @@ class DataConfig:
         worker_node_ids: list[str] | None = None,
         **kwargs: Any,
     ) -> list[dict[str, Any]]:
-        """One ``{name: DataIterator}`` per worker rank. Override it in a subclass to decide the
+        """One ``{name: DataIterator}`` per worker rank; override it in a subclass to decide the
         shards yourself, as with Ray Train's ``DataConfig.configure``.
 
-        Each dataset runs on a copy with its own execution options (the dataset you passed is left
-        as it is, except that an unnamed one is named after its key, as Ray Train does). Datasets in
-        ``datasets_to_split`` are streamed in equal shards; with ``enable_shard_locality`` each
-        shard prefers blocks on its worker's node (``worker_node_ids``, in rank order). The others
-        reach every rank whole. ``worker_handles`` and ``kwargs`` are accepted for Ray's signature
-        and not used."""
+        Each dataset runs on a copy with its own execution options (an unnamed dataset you passed
+        is named after its key, as in Ray Train). Datasets in ``datasets_to_split`` are streamed in
+        equal shards, each preferring blocks on its worker's node (``worker_node_ids``, in rank
+        order) with ``enable_shard_locality``; the others reach every rank whole.
+        ``worker_handles`` and ``kwargs`` are accepted for Ray's signature and not used."""
         to_split = set(datasets) if self.datasets_to_split == "all" else set(self.datasets_to_split)
         hints = list(worker_node_ids) if self.enable_shard_locality and worker_node_ids else None
         shards: list[dict[str, Any]] = [{} for _ in range(world_size)]
@@ -442,9 +435,8 @@ class DataConfig:
 
     @staticmethod
     def default_ingest_options() -> Any:
-        """The ``ray.data.ExecutionOptions`` a dataset gets when ``execution_options`` names none
-        for it: a copy of those set in the current ``DataContext`` (resource limits, excluded
-        resources, label selector, ordering, progress verbosity), as in Ray Train."""
+        """The ``ray.data.ExecutionOptions`` of a dataset ``execution_options`` names none for: a
+        copy of the current ``DataContext``'s, as in Ray Train."""
         from ray.data import DataContext
 
         # A copy, not ExecutionOptions(exclude_resources=...): Ray 2.60 warns on every
@@ -452,9 +444,8 @@ class DataConfig:
         return copy.deepcopy(DataContext.get_current().execution_options)
 
     def execution_options_for(self, name: str) -> Any:
-        """A fresh copy of the ``ExecutionOptions`` dataset ``name`` runs with: the one given for
-        all datasets, or the one given for ``name`` in a dict, or else ``default_ingest_options()``
-        (which a subclass may override, as in Ray Train)."""
+        """A fresh copy of the ``ExecutionOptions`` dataset ``name`` runs with: those given for all
+        datasets or for ``name``, else ``default_ingest_options()`` (a subclass may override it)."""
         given = self.execution_options
         if isinstance(given, dict):
             given = given.get(name)
@@ -532,8 +523,18 @@ class RunConfig:
                     f"RunConfig.name={self.name!r}: must be one folder name (letters, digits and . _ - = + @ ,), "
                     "without '/' or spaces; put nesting in storage_path instead."
                 )
-        if self.storage_path is not None:
-            self._check_storage_path(self.storage_path)
+        path = self.storage_path
+        if path is not None:
+            if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+                raise ValueError(
+                    f"RunConfig.storage_path={path!r}: must be a non-empty absolute path or a URI such as 's3://bucket/prefix'."
+                )
+            text = str(path)
+            if not is_uri(text) and self.storage_filesystem is None and not os.path.isabs(os.path.expanduser(text)):
+                raise ValueError(
+                    f"RunConfig.storage_path={text!r}: a relative path means different folders on different "
+                    f"nodes; give an absolute path (e.g. {os.path.abspath(text)!r}) or a URI."
+                )
         if self.storage_filesystem is not None and not isinstance(self.storage_filesystem, pafs.FileSystem):
             raise TypeError(
                 f"RunConfig.storage_filesystem={self.storage_filesystem!r}: must be a pyarrow.fs.FileSystem "
@@ -554,18 +555,6 @@ class RunConfig:
             for callback in self.callbacks:
                 if not isinstance(callback, UserCallback):
                     raise TypeError(f"RunConfig.callbacks: {callback!r} is not a trainers.UserCallback.")
-
-    def _check_storage_path(self, path: Any) -> None:
-        if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
-            raise ValueError(
-                f"RunConfig.storage_path={path!r}: must be a non-empty absolute path or a URI such as 's3://bucket/prefix'."
-            )
-        text = str(path)
-        if not is_uri(text) and self.storage_filesystem is None and not os.path.isabs(os.path.expanduser(text)):
-            raise ValueError(
-                f"RunConfig.storage_path={text!r}: a relative path means different folders on different "
-                f"nodes; give an absolute path (e.g. {os.path.abspath(text)!r}) or a URI."
-            )
 
     @property
     def resolved_storage_path(self) -> str:

@@ -35,9 +35,8 @@ class StorageInfo:
         return self.shipped_filesystem.get()
 
     def build_checkpoint_path_from_name(self, name: str) -> str:
-        """Where a checkpoint folder called ``name`` sits inside the run folder (a path in
-        ``storage_filesystem``): write there yourself and report it with
-        ``checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD``, as in Ray Train."""
+        """Where a checkpoint folder called ``name`` sits in the run folder (in ``storage_filesystem``):
+        write there and report it with ``checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD``."""
         return f"{self.experiment_fs_path.rstrip('/')}/{name}"
 
 
@@ -96,10 +95,9 @@ class TrainContext:
         return dict(self.metadata)
 
     def get_attempt(self) -> int:
-        """Which attempt of the run the training function was called for: 1 the first time, one
-        more after each restart (a failure, a preemption, an elastic resize), counted over reruns of
-        ``fit()`` too, as ``run.json`` counts them. flowtrain's own; Ray Train has no such getter
-        (there, ``get_checkpoint()`` being set is the sign of a restart)."""
+        """Which attempt of the run this is: 1 the first time, one more after each restart (a
+        failure, a preemption, an elastic resize), counted over reruns of ``fit()`` too, as
+        ``run.json`` counts them. flowtrain's own (in Ray Train, ``get_checkpoint()`` tells a restart)."""
         return self.attempt
 
     def get_trial_name(self) -> str:
@@ -139,11 +137,7 @@ def _set_context(context: TrainContext | None) -> None:
 
 
 def get_context() -> TrainContext:
-    """Return the calling worker's :class:`TrainContext`.
-
-    Raises:
-        RuntimeError: when called outside ``train_loop_per_worker``.
-    """
+    """Return the calling worker's :class:`TrainContext`; ``RuntimeError`` outside ``train_loop_per_worker``."""
     if _current is None:
         raise RuntimeError("get_context() works only inside train_loop_per_worker, while a trainer's fit() runs.")
     return _current

@@ -44,8 +44,8 @@ def _takes_config(fn: Callable[..., Any]) -> bool:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return True
-    required = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
     if len(required) > 1:
         raise ValueError(
             f"train_loop_per_worker {getattr(fn, '__name__', fn)!r} takes {len(required)} required arguments; "
@@ -85,8 +85,7 @@ def _restore_removed(cls: type, method: str) -> DeprecationWarning:
 
 
 def _warn_controller_failure_limit(failure_config: FailureConfig | None) -> None:
-    """``FailureConfig.controller_failure_limit`` bounds reruns of ``fit()``, which ``fit()`` cannot
-    make itself: say so when it is set, rather than ignore it silently."""
+    """Say that ``controller_failure_limit`` bounds reruns of ``fit()``, which it cannot make itself."""
     limit = failure_config.controller_failure_limit if failure_config is not None else -1
     if limit != -1:
         warnings.warn(
@@ -126,9 +125,8 @@ class DataParallelTrainer(TuneTrainableAttributes):
     _backend_config_arg: tuple[str, type[BackendConfig]] = ("backend_config", BackendConfig)
 
     def _init_above(self, trainer: type[DataParallelTrainer], arguments: dict[str, Any]) -> None:
-        """Run the ``__init__`` above ``trainer`` (a framework's trainer class) with the arguments
-        its own ``__init__`` got (its ``locals()``), every one as it came: the framework's config
-        (``_backend_config_arg``) as ``backend_config``."""
+        """Run the ``__init__`` above ``trainer`` (a framework's trainer) with its own ``__init__``'s
+        ``locals()``, the framework's config (``_backend_config_arg``) as ``backend_config``."""
         given = {name: value for name, value in arguments.items() if name not in ("self", "__class__")}
         given["backend_config"] = given.pop(self._backend_config_arg[0])
         super(trainer, self).__init__(**given)
@@ -304,14 +302,6 @@ class DataParallelTrainer(TuneTrainableAttributes):
             restartable=(run_config.failure_config or FailureConfig()).max_failures != 0,
         )
 
-    def _failure_policy(self, scaling: ScalingConfig) -> FailurePolicy:
-        """What a failure costs and whether the run may restart after it (``FailureConfig``'s budgets)."""
-        return FailurePolicy(
-            self.run_config.failure_config or FailureConfig(),
-            elastic=scaling.elasticity_enabled,
-            is_setup_clash=self.backend_config.is_setup_clash,
-        )
-
     def _controller_settings(self, name: str, storage: RunStorage, scaling: ScalingConfig) -> ControllerSettings:
         """The run as listeners see it, and the collective backend a hang report names."""
         context = TrainRunContext(
@@ -333,7 +323,11 @@ class DataParallelTrainer(TuneTrainableAttributes):
         controller = Controller(
             LocalWorkers(spec) if scaling.max_workers == 0 else RayWorkers(spec),
             storage=storage,
-            policy=self._failure_policy(scaling),
+            policy=FailurePolicy(  # what a failure costs, and whether the run may restart after it
+                run_config.failure_config or FailureConfig(),
+                elastic=scaling.elasticity_enabled,
+                is_setup_clash=self.backend_config.is_setup_clash,
+            ),
             listeners=[progress, *(run_config.callbacks or [])],  # the driver's own, then Prefect's, Tune's, the user's
             validations=validations,
             settings=self._controller_settings(name, storage, scaling),
@@ -344,7 +338,7 @@ class DataParallelTrainer(TuneTrainableAttributes):
             value = controller.run()
             if validations is not None:
                 validations.wait_all()  # the Result includes every validation's metrics
-        except (WorkerGroupError, PreemptionError, ValueError, TypeError, TrainingFailedError) as error:
+        except (TrainingFailedError, ValueError, TypeError) as error:
             if isinstance(error, (WorkerGroupError, PreemptionError)):
                 storage.finish(error=str(error))
             hooks.failed(error)

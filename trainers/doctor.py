@@ -160,8 +160,7 @@ def _gather(refs: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
     """Each node's task result, or the text of why it has none (an error, or no answer in time)."""
     if not refs:
         return {}
-    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-    done = set(ready)
+    done = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)[0])
     out: dict[str, Any] = {}
     for node_id, ref in refs.items():
         if ref not in done:
@@ -193,15 +192,13 @@ def _check_nodes(
     token = secrets.token_hex(4)
     names = {node["NodeID"]: f"{node['NodeID'][:12]}-{token}" for node in alive}
     storage_problem = _storage_path_problem(storage_path) if storage_path else None
-    if storage_problem is None and storage_path:
-        driver_written = write_probe(storage_path, f"driver-{token}")
-    else:
-        storage_path = None
+    storage_path = None if storage_problem else storage_path
+    # Who wrote which probe file (the driver first), and why one could not be written.
+    written = {driver.label(): (driver, *write_probe(storage_path, f"driver-{token}"))} if storage_path else {}
     probes = _gather({n: _on_node(probe_node, n).remote(storage_path, names[n]) for n in names}, timeout_s)
 
     checks: list[CheckResult] = []
     facts: dict[str, NodeFacts] = {}
-    written: dict[str, tuple[NodeFacts, str, str]] = {}
     for node in alive:
         probe = probes[node["NodeID"]]
         if not isinstance(probe, NodeProbe):
@@ -216,7 +213,6 @@ def _check_nodes(
     if scaling is not None:
         checks.append(_scaling_check(scaling, found))
     if storage_path:
-        written = {driver.label(): (driver, *driver_written), **written}
         checks.extend(_storage_round_trip(storage_path, written, facts, timeout_s))
     else:
         checks.append(storage_problem or CheckResult(name="storage", status="skip", found="no --storage-path given"))
@@ -273,8 +269,7 @@ def _storage_round_trip(
 
     left = set(remove_probes(storage_path, list(paths.values())))
     owners = {n: paths[label] for n, label in labels.items() if paths.get(label) in left}
-    if owners:
-        _gather({n: _on_node(clean_up, n).remote(storage_path, [path]) for n, path in owners.items()}, timeout_s)
+    _gather({n: _on_node(clean_up, n).remote(storage_path, [path]) for n, path in owners.items()}, timeout_s)
     return checks
 
 

@@ -44,8 +44,7 @@ class RankFailure:
     memory_summary: str | None = None
 
     def describe(self) -> str:
-        """One line a person can read: rank, node, cause, and for a rank that ran out of memory,
-        the step and the memory."""
+        """One line: rank, node, cause, and for a rank that ran out of memory, the step and the memory."""
         if self.world_rank < 0:
             return f"the worker group {self.kind}: {self.error_type}: {self.message}"
         where = f"node {self.node_ip or '?'} ({self.node_id[:12] or '?'})"
@@ -92,20 +91,15 @@ class WorkerGroupError(TrainingFailedError):
 
 
 class NCCLHangError(WorkerGroupError):
-    """Workers hung in an NCCL collective (GPU training): some rank stopped reporting while the
-    others waited for it in an all-reduce or barrier.
-
-    Raised instead of a plain ``WorkerGroupError`` when ``FailureConfig.report_timeout_s`` finds
-    a hung rank in a run whose backend is NCCL, so GPU users can catch hangs on their own.
-    """
+    """Workers hung in an NCCL collective (GPU training): a rank stopped reporting while the others
+    waited for it. Raised instead of a plain ``WorkerGroupError`` when ``FailureConfig.report_timeout_s``
+    finds a hung rank in an NCCL run, so GPU users can catch hangs on their own."""
 
 
 def worker_group_error_type(failures: list[RankFailure], collective_backend: str | None) -> type[WorkerGroupError]:
-    """``NCCLHangError`` when a rank hung in a run whose collectives use NCCL, else ``WorkerGroupError``.
-
-    A hang on NCCL needs a GPU-specific fix (NCCL_DEBUG, timeouts, a bad link), so GPU users get a
-    type of its own to catch; on gloo the same hang is an ordinary worker failure.
-    """
+    """``NCCLHangError`` when a rank hung in a run whose collectives use NCCL, else ``WorkerGroupError``:
+    a hang on NCCL needs a GPU-specific fix (NCCL_DEBUG, timeouts, a bad link); on gloo it is an
+    ordinary worker failure."""
     if collective_backend == "nccl" and any(f.kind == "hung" for f in failures):
         return NCCLHangError
     return WorkerGroupError
@@ -114,10 +108,9 @@ def worker_group_error_type(failures: list[RankFailure], collective_backend: str
 class CheckpointUploadFailedError(WorkerGroupError, CheckpointUploadError):
     """``fit()`` ended because a checkpoint could not be uploaded into the run's storage.
 
-    Both a ``WorkerGroupError`` (a worker's ``report()`` raised and the run's failure budget is
-    spent) and a ``storage.upload.CheckpointUploadError``: catch either. ``path``,
-    ``attempts`` and ``last_error`` are those of the first failed upload; ``worker_failures``
-    holds each rank's own error.
+    Both a ``WorkerGroupError`` and a ``storage.upload.CheckpointUploadError``: catch either.
+    ``path``, ``attempts`` and ``last_error`` are those of the first failed upload;
+    ``worker_failures`` holds each rank's own error.
     """
 
     def _first_upload_error(self) -> CheckpointUploadError:
@@ -144,9 +137,8 @@ class CheckpointUploadFailedError(WorkerGroupError, CheckpointUploadError):
 def run_error_type(
     error_type: type[WorkerGroupError], worker_errors: Iterable[BaseException]
 ) -> type[WorkerGroupError]:
-    """The type of the error that ends a run: ``CheckpointUploadFailedError`` when a rank failed
-    because its checkpoint could not be uploaded, so ``except CheckpointUploadError`` around
-    ``fit()`` catches it; otherwise ``error_type`` as it is (an ``NCCLHangError`` stays one)."""
+    """``CheckpointUploadFailedError`` when a rank failed to upload its checkpoint (so ``except
+    CheckpointUploadError`` around ``fit()`` catches it), else ``error_type`` (an ``NCCLHangError`` stays one)."""
     if error_type is WorkerGroupError and any(isinstance(e, CheckpointUploadError) for e in worker_errors):
         return CheckpointUploadFailedError
     return error_type
@@ -154,13 +146,11 @@ def run_error_type(
 
 class PreemptionError(TrainingFailedError):
     """Nodes of the run were preempted (drained with a deadline) once more than
-    ``FailureConfig.max_preemption_failures`` allows.
+    ``FailureConfig.max_preemption_failures`` allows (a budget apart from ``max_failures``).
 
-    Preemptions have a budget of their own, so a spot instance taken back never uses up
-    ``max_failures``, which is kept for real failures. ``preemption_info`` names the preempted
-    nodes, their ranks and the deadline; ``drain_timed_out`` is True when workers were still
-    running at the deadline (plus ``FailureConfig.preemption_grace_s``) and were stopped, False
-    when every worker had already ended.
+    ``preemption_info`` names the preempted nodes, their ranks and the deadline;
+    ``drain_timed_out`` is True when workers were still running at the deadline (plus
+    ``FailureConfig.preemption_grace_s``) and were stopped.
     """
 
     def __init__(self, preemption_info: PreemptionInfo, drain_timed_out: bool = False) -> None:
@@ -198,10 +188,9 @@ class WorkerError(RuntimeError):
 
 
 class PreflightError(TrainingFailedError):
-    """The pre-flight check found a worker far slower than the others, before training began
-    (flowtrain's own; see ``trainers.health``). ``slow_ranks`` are the ranks it names and
-    ``record`` every worker's figures. Nothing of the run was trained or lost: fix or leave out
-    the node, then run ``fit()`` again."""
+    """The pre-flight check found a worker far slower than the others before training began (see
+    ``trainers.health``): ``slow_ranks`` names them, ``record`` holds every worker's figures. Nothing
+    was trained or lost: fix or leave out the node, then run ``fit()`` again."""
 
     def __init__(self, message: str, *, record: PreflightRecord, slow_ranks: tuple[int, ...]) -> None:
         super().__init__(message)

@@ -32,10 +32,7 @@ def waiting() -> Iterator[None]:
     from trainers._internal.session.worker_session import current_session
 
     session = current_session()
-    if session is None:
-        yield
-        return
-    with session.health.waiting():
+    with contextlib.nullcontext() if session is None else session.health.waiting():
         yield
 
 

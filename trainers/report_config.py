@@ -9,11 +9,10 @@ class CheckpointUploadMode(enum.Enum):
     """How ``report()`` moves a checkpoint into the run's storage.
 
     ``SYNC`` uploads before ``report()`` returns. ``ASYNC`` copies the folder to local disk,
-    returns, and uploads in the background (reports stay in order); use it with remote storage
-    so the loop waits only for the local copy. ``NO_UPLOAD`` copies nothing: the checkpoint is
-    a folder you already wrote directly inside the run folder
-    (``get_context().get_storage().build_checkpoint_path_from_name(name)``), and it is recorded
-    there as it is (retention deletes it like any other checkpoint).
+    returns, and uploads in the background (reports stay in order): with remote storage the loop
+    waits only for the local copy. ``NO_UPLOAD`` copies nothing: the checkpoint is a folder you
+    wrote directly inside the run folder (``get_context().get_storage().build_checkpoint_path_from_name(name)``),
+    recorded there as it is (retention deletes it like any other checkpoint).
     """
 
     SYNC = "SYNC"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Iterable
@@ -31,19 +32,11 @@ def metrics_frame(history: Iterable[dict[str, Any]]) -> pd.DataFrame:
     return pd.json_normalize(list(history), sep="/")  # no reports: an empty frame
 
 
-class _History:
-    """A run's report history (read from its storage when iterated), waiting to become
-    ``Result.metrics_dataframe`` when that is first read."""
-
-    def __init__(self, history: Iterable[dict[str, Any]]) -> None:
-        self.history = history
-
-
 class _LazyFrame:
-    """The ``metrics_dataframe`` field: a DataFrame, or a ``_History`` turned into one when first
-    read. Reading the run's history and building the frame (pandas: about 0.3 s and 30 MB in a
-    process that had not imported it) is what a ``fit()`` whose caller never looks at the frame
-    should not pay."""
+    """The ``metrics_dataframe`` field: a DataFrame, or a ``functools.partial`` that builds one from
+    the run's history when first read. Reading the history and building the frame (pandas: about
+    0.3 s and 30 MB in a process that had not imported it) is what a ``fit()`` whose caller never
+    looks at the frame should not pay."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._slot = f"_{name}"
@@ -52,8 +45,8 @@ class _LazyFrame:
         if result is None:
             return None  # the dataclass field's default
         value = result.__dict__.get(self._slot)
-        if isinstance(value, _History):
-            value = result.__dict__[self._slot] = metrics_frame(value.history)
+        if isinstance(value, functools.partial):
+            value = result.__dict__[self._slot] = value()
         return value
 
     def __set__(self, result: Any, value: Any) -> None:
@@ -66,23 +59,19 @@ class Result:
 
     ``metrics`` are rank 0's last reported metrics, ``metrics_dataframe`` holds every report (with
     or without a checkpoint), ``checkpoint`` is the latest committed checkpoint and
-    ``best_checkpoints`` the kept ones with the metrics they were reported with, ordered as Ray
-    Train orders them, the best last: without ``CheckpointConfig.checkpoint_score_attribute`` in
-    report order (oldest first); with it by score, worst first (checkpoints without a numeric
-    score first of all, equal scores in report order), so ``best_checkpoints[-1]`` is the best.
+    ``best_checkpoints`` the kept ones with their reported metrics, the best last, as in Ray
+    Train: without ``CheckpointConfig.checkpoint_score_attribute`` in report order; with it by
+    score, worst first (checkpoints without a numeric score first of all, ties in report order).
     ``return_value`` is what rank 0's training function returned.
 
-    Metric values keep their types (a tuple stays a tuple, a datetime a datetime); in
-    ``metrics_dataframe`` a column of datetimes holds pandas Timestamps (datetime subclasses).
-    ``from_path`` reads them back from run.json, as faithfully as ``storage.metric_values``
-    describes: numbers, text, lists, dicts, tuples, datetimes and Decimals exactly, other values
-    by unpickling them (their repr where their class cannot be imported).
+    Metric values keep their types (a tuple stays a tuple; a datetime column of
+    ``metrics_dataframe`` holds pandas Timestamps). ``from_path`` reads them back from run.json as
+    ``storage.metric_values`` describes: plain values, tuples, datetimes and Decimals exactly,
+    others by unpickling them (their repr where their class cannot be imported).
 
-    ``path`` is the run folder inside ``filesystem``, as in Ray Train: an absolute path on local
-    disk, ``"bucket/prefix/name"`` (no ``s3://``) on object storage. ``uri`` gives the same folder
-    as something to paste into a shell or a browser (``s3://bucket/prefix/name``), and
-    ``Result.from_path(result.path, result.filesystem)`` or ``Result.from_path(result.uri)``
-    reopens it.
+    ``path`` is the run folder inside ``filesystem``, as in Ray Train: an absolute local path, or
+    ``"bucket/prefix/name"`` (no ``s3://``) on object storage. ``uri`` is the same folder to paste
+    into a shell (``s3://bucket/prefix/name``); ``Result.from_path(result.uri)`` reopens it.
     """
 
     metrics: dict[str, Any] | None
@@ -117,14 +106,10 @@ class Result:
         )
 
     def __repr__(self) -> str:
-        shown = {
-            "metrics": self.metrics,
-            "path": self.path,
-            "filesystem": self.filesystem.type_name,
-            "checkpoint": self.checkpoint,
-        }
-        if self.error is not None:
-            shown = {"error": type(self.error).__name__, **shown}
+        shown: dict[str, Any] = {} if self.error is None else {"error": type(self.error).__name__}
+        shown.update(
+            metrics=self.metrics, path=self.path, filesystem=self.filesystem.type_name, checkpoint=self.checkpoint
+        )
         body = ",\n".join(f"  {key}={value!r}" for key, value in shown.items())
         return f"{type(self).__name__}(\n{body}\n)"
 
@@ -157,14 +142,13 @@ class Result:
         with ``storage_filesystem=Result.filesystem``, or a URI (``s3://...``) or absolute local path.
 
         A folder written by ``ray.train`` (Ray 2.60) is read from Ray's snapshot: its kept
-        checkpoints in Ray's order (``best_checkpoints``), the latest one (``checkpoint``) and
-        their metrics, one row per checkpoint in report order (``metrics_dataframe``; Ray keeps
-        no record of metrics-only reports).
+        checkpoints, the latest one and their metrics (one row per checkpoint in
+        ``metrics_dataframe``: Ray keeps no record of metrics-only reports).
 
         Raises ``StorageError`` (an ``OSError`` and a ``RuntimeError``) when the folder holds no run
-        (``"Experiment folder ... doesn't exist"`` when there is no such folder, as in Ray Train),
-        and its subclass ``storage.RayRunFormatError``, naming the Ray version, when Ray's snapshot
-        is in a format flowtrain does not read.
+        (``"Experiment folder ... doesn't exist"``, as in Ray Train), and its subclass
+        ``storage.RayRunFormatError``, naming the Ray version, for a Ray snapshot format flowtrain
+        does not read.
         """
         from storage import load_run
 
@@ -178,7 +162,7 @@ class Result:
             checkpoint=run.committed_checkpoint,
             error=error,
             path=run.run_path,
-            metrics_dataframe=_History(run.history_now()),  # type: ignore[arg-type]  # _LazyFrame makes it a DataFrame when read
+            metrics_dataframe=functools.partial(metrics_frame, run.history_now()),  # type: ignore[arg-type]  # _LazyFrame makes it a DataFrame when read
             best_checkpoints=run.best_checkpoints[::-1],  # storage ranks best first; Ray lists the best last
             _storage_filesystem=run.filesystem,
             return_value=return_value,

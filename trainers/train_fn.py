@@ -25,29 +25,25 @@ def report(
 ) -> None:
     """Report this worker's metrics, and optionally a checkpoint, for the current step.
 
-    Every worker must call ``report`` the same number of times. The metrics of rank 0 become the
-    run's metrics (one row of ``Result.metrics_dataframe`` per call). A checkpoint is copied into
-    the run's storage before ``report`` returns, and is committed once every worker has reported
-    this step; when several workers pass a checkpoint, their files are merged into one.
-    Metrics-only reports cost microseconds: they are pushed to the driver, not polled.
+    Every worker must call ``report`` the same number of times. Rank 0's metrics become the run's
+    (one row of ``Result.metrics_dataframe`` per call). A checkpoint is copied into the run's
+    storage before ``report`` returns and committed once every worker has reported this step;
+    several workers' checkpoints are merged into one. Metrics-only reports cost microseconds.
 
-    With ``checkpoint_upload_mode=CheckpointUploadMode.ASYNC`` the checkpoint is copied to local
-    disk and uploaded in the background, so the loop does not wait for remote storage. With
-    ``NO_UPLOAD`` nothing is copied: the checkpoint must be a folder you wrote directly inside the
-    run folder (``get_context().get_storage().build_checkpoint_path_from_name(name)``), and it is
-    recorded there.
+    ``CheckpointUploadMode.ASYNC`` copies the checkpoint to local disk and uploads it in the
+    background. ``NO_UPLOAD`` copies nothing: the checkpoint must be a folder you wrote directly
+    inside the run folder (``get_context().get_storage().build_checkpoint_path_from_name(name)``).
 
-    ``checkpoint_dir_name`` names the checkpoint's folder in the run folder (rank 0's name counts;
-    default ``checkpoint_NNNNNN`` in commit order). Each checkpoint needs its own name: a name the
-    run already keeps is refused. ``delete_local_checkpoint_after_upload`` deletes the reported
-    folder once it is uploaded; None (the default) deletes it after an ASYNC upload and keeps it
-    after a SYNC one. An ASYNC report takes the folder's files when it is called (the upload
-    works from its own copy) and leaves the folder itself, empty: a loop may write its next
-    checkpoint into the same folder at once, and nothing it writes there is ever deleted. ``checkpoint_upload_fn(checkpoint, checkpoint_dir_name)`` does the upload
-    instead of flowtrain: it writes the files to
-    ``get_context().get_storage().build_checkpoint_path_from_name(checkpoint_dir_name)`` and
-    returns a ``Checkpoint`` of that folder, which is then committed like any other (the name it
-    gets is a staging folder of the run; the final name is ``checkpoint_dir_name``).
+    ``checkpoint_dir_name`` names the checkpoint's folder in the run folder (rank 0's counts;
+    default ``checkpoint_NNNNNN`` in commit order); a name the run already keeps is refused.
+    ``delete_local_checkpoint_after_upload`` deletes the reported folder once uploaded; None (the
+    default) deletes it after an ASYNC upload and keeps it after a SYNC one. An ASYNC report takes
+    the folder's files when called and leaves the folder, empty: the loop may write its next
+    checkpoint there at once, and nothing it writes there is ever deleted.
+    ``checkpoint_upload_fn(checkpoint, checkpoint_dir_name)`` does the upload instead of flowtrain:
+    it writes the files to ``build_checkpoint_path_from_name(checkpoint_dir_name)`` and returns a
+    ``Checkpoint`` of that folder, committed like any other (the name it is given is a staging
+    folder of the run; the final name is ``checkpoint_dir_name``).
 
     ``validation=True`` (or a ``ValidationTaskConfig`` overriding its ``fn_kwargs`` and
     ``timeout_s``) validates the checkpoint with the trainer's ``validation_config`` once it is
@@ -81,16 +77,14 @@ def get_all_reported_checkpoints(
 
 def get_checkpoint() -> Checkpoint | None:
     """The checkpoint to resume from: the run's latest committed one (or the trainer's
-    ``resume_from_checkpoint`` while the run has none), None on a fresh start; after this worker
-    reported a checkpoint with a SYNC (or NO_UPLOAD) ``report()``, that checkpoint, as in Ray
-    Train (a SYNC one once every worker has reported that step and it is committed)."""
+    ``resume_from_checkpoint`` while the run has none), None on a fresh start; after a SYNC (or
+    NO_UPLOAD) ``report()`` with a checkpoint, that checkpoint once committed, as in Ray Train."""
     return get_session("get_checkpoint").current_checkpoint()
 
 
 def get_dataset_shard(dataset_name: str | None = None) -> Any:
     """This worker's part of the dataset passed to the trainer as ``datasets={name: ...}``."""
-    session = get_session("get_dataset_shard")
-    shards = session.dataset_shards
+    shards = get_session("get_dataset_shard").dataset_shards
     if not shards:
         raise ValueError(
             "get_dataset_shard(): this trainer was given no datasets; pass datasets={'train': ds} to the trainer."
@@ -113,11 +107,10 @@ def get_dataset_shard(dataset_name: str | None = None) -> Any:
 def get_preemption_info() -> PreemptionInfo | None:
     """The preemption coming to a node of this run, or None while there is none.
 
-    Call it in the training loop, for example once a step, and save a checkpoint when it stops
-    being None (docs/fault-tolerance.md, "Preemption", shows the loop). Every worker must call it
-    the same number of times: it waits for all of them (like ``trainers.collective.barrier()``) so
-    that they all get the same answer, rank 0's, and therefore all take the same branch. Outside
-    ``train_loop_per_worker`` it raises RuntimeError.
+    Call it in the training loop, e.g. once a step, and save a checkpoint when it stops being None
+    (docs/fault-tolerance.md, "Preemption"). Every worker must call it the same number of times: it
+    waits for all of them, like ``trainers.collective.barrier()``, so all get rank 0's answer and
+    take the same branch. Outside ``train_loop_per_worker`` it raises RuntimeError.
     """
     session = get_session("get_preemption_info")
     return session.synchronize(session.preemption_info, "get_preemption_info")

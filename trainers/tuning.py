@@ -1,15 +1,10 @@
-"""The trainer's timeouts, poll intervals and thresholds, in one place, each with what it bounds
-and why it has that value.
+"""Every timeout, poll interval and threshold of ``trainers``, each with what it bounds and why it
+has that value (``tests/test_settings.py`` fails on a clock defined elsewhere; ``storage``'s one,
+``METRICS_FLUSH_INTERVAL_S``, stays beside its code since ``storage`` imports nothing of ``trainers``).
 
-None of these is a user setting (those are config fields, e.g. ``FailureConfig.report_timeout_s``,
-``TorchConfig.timeout_s``, and the ``FLOWTRAIN_*`` variables of ``storage.settings``, one of which,
-``FLOWTRAIN_WORKER_START_TIMEOUT_S``, overrides the start timeout computed here); they are the
-clocks a change of hardware or of Ray may call for retuning. Modules import the names they use
-from here; this module imports only ``storage.settings``, so any module may.
-
-Every clock of ``trainers`` is here (``tests/test_settings.py`` fails on one defined elsewhere);
-the one of ``storage``, which imports nothing of ``trainers``, is kept beside its code:
-``storage/run_storage.py``'s ``METRICS_FLUSH_INTERVAL_S``.
+None is a user setting (those are config fields and the ``FLOWTRAIN_*`` variables of
+``storage.settings``, e.g. ``FLOWTRAIN_WORKER_START_TIMEOUT_S``): they are the clocks a change of
+hardware or of Ray may call for retuning. This module imports only ``storage.settings``, so any may.
 """
 
 from __future__ import annotations
@@ -79,11 +74,10 @@ SURVIVOR_ANSWER_S = 5.0
 
 #: How long a worker tries to reach the controller before it falls back to the Ray long poll.
 CONNECT_TIMEOUT_S = 5.0
-#: How long an event may stay unacknowledged before its worker gives the connection up and
-#: replays over Ray (the workers ask at half of it). Long, because the kernel finds a dead
-#: network path sooner (``event_channel._TCP_OPTIONS``): this catches a connection the controller never reads,
-#: and a controller busy longer than this (a very slow commit) only moves that worker to the
-#: slower Ray road for the rest of the attempt.
+#: How long an event may stay unacknowledged before its worker gives the connection up and replays
+#: over Ray (the workers ask at half of it). Long, because the kernel finds a dead network path
+#: sooner (``event_channel._TCP_OPTIONS``): this catches a connection the controller never reads; a
+#: controller busy longer (a very slow commit) only moves that worker to the slower Ray road.
 ACK_TIMEOUT_S = 15.0
 #: The controller acknowledges a connection at most this often unless asked. A third of
 #: ``ACK_TIMEOUT_S``: a worker reporting steadily is acknowledged before it would ask, and rounds
@@ -108,9 +102,9 @@ UNAVAILABLE_GRACE_S = 10.0
 STRAGGLER_MIN_GAP_S = 0.05
 #: Seconds between two reads of the memory limit (a cgroup file); a limit rarely changes.
 LIMIT_READ_EVERY_S = 1.0
-#: The least length of a round of the pre-flight compute probe. A CPU quota (a container's or cgroup's CFS limit) lets a process run at
-#: full speed for its share of each 100 ms period and then stops it: a round shorter than that
-#: share can fit inside it and see a throttled worker at full speed, one of 50 ms cannot.
+#: The least length of a round of the pre-flight compute probe. A CPU quota (a cgroup's CFS limit)
+#: lets a process run at full speed for its share of each 100 ms period and then stops it: a round
+#: shorter than that share can see a throttled worker at full speed, one of 50 ms cannot.
 PROBE_ROUND_S = 0.05
 
 # -- workers waiting on the controller -----------------------------------------------------------

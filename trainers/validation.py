@@ -23,14 +23,13 @@ class ValidationFn(Protocol):
 
 @dataclasses.dataclass
 class ValidationTaskConfig:
-    """How to run one validation, passed to ``report(..., validation=ValidationTaskConfig(...))``
-    or as the trainer-wide default in ``ValidationConfig(task_config=...)``.
+    """How to run one validation: ``report(..., validation=ValidationTaskConfig(...))``, or the
+    trainer-wide default in ``ValidationConfig(task_config=...)``.
 
-    ``fn_kwargs`` are keyword arguments for the validation function (the checkpoint always comes
-    first). They are stored in the run's record so a resumed run can run the validation again,
-    so they must be JSON values. Per report they are merged over the ``ValidationConfig``
-    defaults. ``timeout_s`` stops a validation that runs longer (None: no limit); it is then
-    recorded as ``VALIDATION_TIMEOUT``.
+    ``fn_kwargs`` are keyword arguments for the validation function after the checkpoint, merged
+    per report over the ``ValidationConfig`` defaults; they must be JSON values (a resumed run
+    reads them back from its record to validate again). ``timeout_s`` stops a longer validation
+    (None: no limit), recorded as ``VALIDATION_TIMEOUT``.
     """
 
     fn_kwargs: dict[str, Any] | None = None
@@ -65,11 +64,10 @@ class ValidationConfig:
     """Validate reported checkpoints with ``fn``; pass it to the trainer as ``validation_config=``.
 
     ``fn(checkpoint, **fn_kwargs)`` must return a dict of metrics. ``task_config`` holds the
-    default ``fn_kwargs`` and ``timeout_s`` of every validation (a report's own
-    ``ValidationTaskConfig`` overrides them). ``ray_remote_kwargs`` are the Ray task options of the
-    validation task, e.g. ``{"num_cpus": 2}`` or ``{"num_gpus": 1}``; by default it asks for one
-    CPU, or for what the cluster has left beside the training workers (down to none), so that a
-    validation never waits for training to end.
+    default ``fn_kwargs`` and ``timeout_s`` (a report's own ``ValidationTaskConfig`` overrides
+    them). ``ray_remote_kwargs`` are the validation task's Ray options, e.g. ``{"num_gpus": 1}``;
+    by default one CPU, or what the cluster has left beside the training workers (down to none),
+    so that a validation never waits for training to end.
     """
 
     def __init__(
@@ -164,11 +162,8 @@ def check_fn_kwargs(fn: Any, fn_kwargs: dict[str, Any], where: str, *, partial: 
 
 def resolve_request(validation: Any, config: ValidationConfig | None) -> bool | ValidationTaskConfig:
     """Check ``report(validation=...)`` against the trainer's ``validation_config``; return the
-    request as it is recorded (False when none).
-
-    A request without a checkpoint is kept: the controller, which sees every rank's report of
-    the round, refuses it when no rank passed a checkpoint to validate.
-    """
+    request as recorded (False when none). One without a checkpoint is kept: the controller, which
+    sees the whole round, refuses it when no rank passed a checkpoint."""
     if validation is False or validation is None:
         return False
     if validation is not True and not isinstance(validation, ValidationTaskConfig):
