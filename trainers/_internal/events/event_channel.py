@@ -1,13 +1,11 @@
 """A direct line from every worker to the controller for its events, that loses none of them.
 
-Each worker writes numbered, length-prefixed pickled events to one TCP connection (``Outbox``),
-opened with the group's token; the controller reads every connection at once with ``selectors``
-and acknowledges on the same socket (``EventListener``). A worker keeps each event until it is
-acknowledged; a connection that closes, errs or stays unacknowledged for ``ack_timeout_s`` is
-given up, and its events go over the Ray long poll (``TrainWorker.next_events``) instead, where
-``WorkerInbox`` drops replays by number. The protocol, its timers and why it never reconnects:
-docs/design.md, "The report path". A test or the chaos soak plants faults through an ``EventTap``
-(``tap_event_road``) in the controller's process; workers never know about it.
+Each worker writes numbered, pickled events to one TCP connection opened with the group's token
+(``Outbox``); the controller reads them all with ``selectors`` and acknowledges on the same socket
+(``EventListener``). A worker keeps each event until acknowledged; a connection that closes, errs
+or stays unacknowledged for ``ack_timeout_s`` is given up, and its events go over the Ray long poll
+instead, where ``WorkerInbox`` drops replays by number (docs/design.md, "The report path"). Tests
+and the chaos soak plant faults through an ``EventTap`` (``tap_event_road``) in the controller.
 """
 
 from __future__ import annotations
@@ -54,16 +52,15 @@ _TCP_OPTIONS = {"TCP_KEEPIDLE": 4, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3, "TCP_US
 
 
 def _allow_open_files(wanted: int) -> None:
-    """Raise this process's soft limit on open files toward ``wanted`` (within the hard limit):
-    one connection per worker passes the common default of 1,024 near a thousand workers."""
+    """Raise the soft limit on open files toward ``wanted`` (within the hard limit): one connection
+    per worker passes the common default of 1,024 near a thousand workers."""
     try:
         import resource
 
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY and soft < wanted:
-            ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-            if ceiling > soft:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
+        ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if soft != resource.RLIM_INFINITY and soft < ceiling:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
     except (ImportError, ValueError, OSError):
         pass  # not allowed here: workers that cannot connect fall back to the Ray long poll
 
@@ -77,12 +74,9 @@ def _shut(sock: socket.socket) -> None:
 def dumps_event(event: Any) -> bytes:
     """Pickle one event for the wire: the C pickler when that is safe, cloudpickle otherwise.
 
-    Nearly every event holds only importable classes and plain values, which the standard pickler
-    writes several times faster than cloudpickle's Python-level reducer (the larger half of a
-    metrics-only ``report()``). It pickles classes and functions by reference, which is wrong for
-    those defined in the worker's ``__main__`` (the driver's ``__main__`` is another script) and
-    for modules registered to be pickled by value; those, and anything it refuses, go through
-    cloudpickle as before.
+    The standard pickler is several times faster (the larger half of a metrics-only ``report()``)
+    but pickles classes and functions by reference, wrong for the worker's ``__main__`` (the
+    driver's is another script) and for modules registered to be pickled by value.
     """
     if not cloudpickle.list_registry_pickle_by_value():
         try:
@@ -96,14 +90,13 @@ def dumps_event(event: Any) -> bytes:
 
 
 class Fate(enum.Enum):
-    """What a listener does with a connection after a frame, as an ``EventTap`` decides."""
+    """What a listener does with a connection after a frame, as an ``EventTap`` decides: go on
+    reading it; close it now (a dropped connection); or stop reading and answering it without
+    closing it, giving the socket to the tap (half-open: the worker's writes succeed until its
+    buffers fill)."""
 
-    #: Go on reading it (what a listener does without a tap).
     READ = "read"
-    #: Close it now: frames after this one are never read (a dropped connection).
     CLOSE = "close"
-    #: Stop reading and answering it without closing it, and give the socket to the tap (a
-    #: half-open connection: the worker's writes go on succeeding until its buffers fill).
     DETACH = "detach"
 
 
@@ -112,11 +105,9 @@ class EventTap(Protocol):
 
     def frame_read(self, rank: int, number: int) -> Fate:
         """Rank ``rank``'s event ``number`` was just read (and will be delivered)."""
-        ...
 
     def detached(self, rank: int, sock: socket.socket) -> None:
         """The tap now owns ``sock`` (after ``Fate.DETACH``): the listener neither reads nor closes it."""
-        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +123,7 @@ _road = _Road()
 
 @contextlib.contextmanager
 def tap_event_road(tap: EventTap | None, ack_timeout_s: float | None = None) -> Iterator[None]:
-    """Install ``tap`` (and an acknowledgement timeout other than ``ACK_TIMEOUT_S``) for the
-    listeners this process makes until the block ends."""
+    """Install ``tap`` (and another acknowledgement timeout) for the listeners made until the block ends."""
     global _road
     before, _road = _road, _Road(tap, ack_timeout_s)
     try:
@@ -144,8 +134,7 @@ def tap_event_road(tap: EventTap | None, ack_timeout_s: float | None = None) -> 
 
 @dataclasses.dataclass(frozen=True)
 class ChannelAddress:
-    """Where the controller listens, the token a worker proves itself with, and how long the
-    worker waits for an acknowledgement (sent over Ray)."""
+    """Where the controller listens, the workers' token, and their acknowledgement timeout."""
 
     host: str
     port: int
@@ -154,11 +143,9 @@ class ChannelAddress:
 
 
 class Outbox:
-    """One worker's events on their way to the controller, numbered and kept until acknowledged.
-
-    ``put`` sends an event over the connection (``connect``) while it works, else leaves it for
-    ``take``, the Ray long poll. Safe from several threads (the training loop and the background
-    uploader both emit); frames go out whole and in the order of their numbers.
+    """One worker's events on their way to the controller, numbered and kept until acknowledged:
+    ``put`` sends over the connection while it works, else leaves them for ``take`` (the Ray long
+    poll). Safe from several threads (the loop and the uploader emit); frames go out whole, in order.
     """
 
     def __init__(self) -> None:
@@ -179,8 +166,7 @@ class Outbox:
         return self._sock is not None
 
     def connect(self, address: ChannelAddress, rank: int, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-        """Connect and say hello as ``rank``; raises ``OSError`` when the controller is unreachable
-        (events then go through ``take``)."""
+        """Connect and say hello as ``rank``; raises ``OSError`` when the controller is unreachable."""
         self._ack_timeout_s = address.ack_timeout_s
         sock = socket.create_connection((address.host, address.port), timeout=timeout_s)
         sock.settimeout(None)
@@ -218,9 +204,7 @@ class Outbox:
             self._forget(acked)
             if not self._changed.wait_for(lambda: self._closed or (self._sock is None and self._kept), timeout_s):
                 return []
-            if self._closed:
-                return []
-            return [(number, event) for number, _, event in self._kept]
+            return [] if self._closed else [(number, event) for number, _, event in self._kept]
 
     def close(self) -> None:
         """End this outbox's run: its connection closes and a long poll still waiting returns at
@@ -235,8 +219,7 @@ class Outbox:
             self._changed.notify_all()
 
     def unacknowledged(self) -> list[tuple[int, Any]]:
-        """Every event kept (not acknowledged yet), numbered, whichever road it was sent on: what
-        the controller asks for when it must not wait for this worker's acknowledgement clock."""
+        """Every event not acknowledged yet, numbered, whichever road it was sent on."""
         with self._changed:
             return [(number, event) for number, _, event in self._kept]
 
@@ -277,8 +260,7 @@ class Outbox:
         return True
 
     def _watch(self, sock: socket.socket) -> None:
-        """Read acknowledgements, ask for them, send a heartbeat after ``HEARTBEAT_S`` of silence,
-        and give the connection up when it fails."""
+        """Read and ask for acknowledgements, beat after ``HEARTBEAT_S`` of silence, give up on failure."""
         ask_after = self._ack_timeout_s / 2
         asked_at = 0.0
         answer = bytearray()
@@ -320,34 +302,29 @@ class Outbox:
         sock.close()
 
 
+@dataclasses.dataclass(eq=False)
 class _Connection:
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buffer = bytearray()
-        self.rank: int | None = None
-        #: The highest event number read on this connection, and the last one acknowledged (when).
-        self.read = 0
-        self.acked = 0
-        self.acked_at = 0.0
+    sock: socket.socket
+    buffer: bytearray = dataclasses.field(default_factory=bytearray)
+    rank: int | None = None
+    #: The highest event number read on this connection, and the last one acknowledged (when).
+    read: int = 0
+    acked: int = 0
+    acked_at: float = 0.0
 
 
 class EventListener:
-    """The controller's end: accepts the workers' connections, reads their events and
-    acknowledges them.
-
-    ``wake()`` may be called from another thread to end a ``poll`` early (the worker group's Ray
-    watcher uses it when the long poll delivers something). The ``EventTap`` installed when it is
-    made (``tap_event_road``) sees every frame it reads.
-    """
+    """The controller's end: accepts the workers' connections, reads and acknowledges their events.
+    ``wake()``, from another thread, ends a ``poll`` early; the ``EventTap`` installed when it is
+    made (``tap_event_road``) sees every frame it reads."""
 
     def __init__(self, host: str, connections: int = 0) -> None:
         _allow_open_files(connections + 256)
         self.token = secrets.token_bytes(16)
         self._server = socket.create_server((host, 0), backlog=4096)
         self._server.setblocking(False)
-        road = _road
-        self._tap = road.tap
-        ack_timeout_s = road.ack_timeout_s if road.ack_timeout_s is not None else ACK_TIMEOUT_S
+        self._tap = _road.tap
+        ack_timeout_s = _road.ack_timeout_s if _road.ack_timeout_s is not None else ACK_TIMEOUT_S
         self.address = ChannelAddress(host, self._server.getsockname()[1], self.token, ack_timeout_s)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._server, selectors.EVENT_READ, None)
@@ -362,10 +339,8 @@ class EventListener:
         return self._heard.get(rank)
 
     def wake(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # already closed, or full of wake-ups: poll wakes either way
             self._wake_w.send(b"\0")
-        except OSError:
-            pass  # already closed, or the buffer is full of wake-ups: poll wakes either way
 
     def poll(self, timeout_s: float) -> list[tuple[int, int, Any]]:
         """Wait up to ``timeout_s`` (or until ``wake``); return the ``(rank, number, event)`` read."""
@@ -374,11 +349,9 @@ class EventListener:
             if key.data is None:
                 self._accept()
             elif key.data == "wake":
-                try:
+                with contextlib.suppress(BlockingIOError, InterruptedError):
                     while self._wake_r.recv(4096):
                         pass
-                except (BlockingIOError, InterruptedError):
-                    pass
             else:
                 self._read(key.data, events)
         return events
@@ -450,10 +423,8 @@ class EventListener:
                     self._drop(conn)
 
     def _unregister(self, conn: _Connection) -> None:
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass
 
     def _drop(self, conn: _Connection) -> None:
         self._unregister(conn)
@@ -466,9 +437,7 @@ class EventListener:
         if self._selector.get_map() is None:
             return
         for key in list(self._selector.get_map().values()):
-            try:
+            with contextlib.suppress(OSError):
                 cast(socket.socket, key.fileobj).close()  # the server, the wake pipe's end and the connections
-            except OSError:
-                pass
         self._selector.close()
         self._wake_w.close()

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import queue
-from typing import Any
+from typing import Any, TypeVar
 
 from storage.memory_peak import MemoryPeak
 from storage.positions import RankPosition
 
 #: The rank under which a failure to start the whole group is recorded.
 LAUNCH = -1
+_T = TypeVar("_T")
 
 
 # Plain records: what they share with other records (storage's, gbdt's) is the form of a field list.
@@ -50,13 +51,9 @@ class ReportEvent:
 
 
 def checkpoint_placement(round_: list[ReportEvent]) -> dict[str, Any]:
-    """Where the checkpoint of one round (every rank's report of one step) goes, as extra
-    fields of ``storage.ReportRound``: {} for the default name.
-
-    As in Ray Train, the lowest rank's ``checkpoint_dir_name`` names the folder; a checkpoint a
-    rank already put into the run folder is recorded where it is, so all such ranks must name
-    the same folder.
-    """
+    """Where the checkpoint of one round goes, as extra fields of ``storage.ReportRound`` ({} for the
+    default name). As in Ray Train, the lowest rank's ``checkpoint_dir_name`` names the folder; a
+    checkpoint already in the run folder is recorded where it is (all such ranks must agree)."""
     placed = sorted({e.dir_name for e in round_ if e.in_place and e.dir_name})
     if len(placed) > 1:
         raise ValueError(
@@ -121,10 +118,8 @@ class CheckpointsQuery:
 
 
 class TrainingInterrupted(BaseException):
-    """Raised inside the training function when the controller stops the run (restart, Ctrl-C).
-
-    A ``BaseException`` so that a user's ``except Exception`` does not swallow it.
-    """
+    """Raised inside the training function when the controller stops the run (restart, Ctrl-C); a
+    ``BaseException`` so that a user's ``except Exception`` does not swallow it."""
 
 
 Event = ReportEvent | FinishedEvent | FailedEvent | SyncEvent | CheckpointsQuery
@@ -134,9 +129,8 @@ Event = ReportEvent | FinishedEvent | FailedEvent | SyncEvent | CheckpointsQuery
 NOT_TRAINING = "not training"
 
 
-def take_events(events: queue.Queue, timeout_s: float) -> list[Event]:
-    """Wait up to ``timeout_s`` for the next event in ``events``, then return it with any queued
-    behind it ([] when none came)."""
+def take_events(events: queue.Queue[_T] | queue.SimpleQueue[_T], timeout_s: float) -> list[_T]:
+    """Wait up to ``timeout_s`` for the next event in ``events``; return it with any queued behind it."""
     try:
         taken = [events.get(timeout=timeout_s)]
     except queue.Empty:

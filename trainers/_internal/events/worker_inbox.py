@@ -1,11 +1,10 @@
-"""Where the events of one attempt's workers arrive at the controller, by either of two roads:
-the event channel's sockets (``event_channel``), and one outstanding ``next_events`` long poll per
-worker, watched by a background thread, which carries the events of a worker that left its socket
-and turns a worker's death (or its node's, which closes no socket) into a ``FailedEvent``. A rank
-heard on neither road for the unreachable bound, whose node's raylet takes no connection either
-(a host cut off, which Ray finds only a minute later), fails as "unreachable". A replayed event
-comes twice: the inbox applies one only when its number is above the highest it applied from
-that worker, and each new long poll acknowledges what the inbox holds from it.
+"""Where the events of one attempt's workers arrive at the controller, by two roads: the event
+channel's sockets, and one ``next_events`` long poll per worker, watched by a background thread,
+which carries the events of a worker that left its socket and turns a worker's (or its node's)
+death into a ``FailedEvent``. A rank heard on neither road for the unreachable bound, whose raylet
+takes no connection either (a host cut off, which Ray finds a minute later), fails as
+"unreachable". A replayed event is applied only when its number is above the highest applied
+from that worker; each new long poll acknowledges what the inbox holds from it.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from trainers._internal.events.event_channel import ChannelAddress, EventListener
-from trainers._internal.events.messages import Event, FailedEvent, FinishedEvent
+from trainers._internal.events.messages import Event, FailedEvent, FinishedEvent, take_events
 from trainers.tuning import HEARTBEAT_S, LONG_POLL_S, UNAVAILABLE_GRACE_S
 
 
@@ -28,11 +27,9 @@ class WorkerInbox:
     """Events from the workers ``actors`` (indexed by world rank), from the socket and from Ray.
 
     ``died(rank, error)`` turns a Ray error about a worker into its ``FailedEvent``;
-    ``unreachable(ranks, silent_s, others_heard)`` gives the ``FailedEvent`` of each of ``ranks``,
-    not heard for ``unreachable_s`` (0: never: Ray's health checks find a lost host), whose host
-    no longer answers (a stopped process on a live host is ``FailureConfig.report_timeout_s``'s);
-    ``others_heard``: whether other ranks were heard meanwhile (else the driver may be the one
-    cut off, which the callback must rule out).
+    ``unreachable(ranks, silent_s, others_heard)`` gives those of ``ranks`` (silent for
+    ``unreachable_s``; 0: never) whose host no longer answers; ``others_heard``: whether other
+    ranks were heard meanwhile (else the driver may be the one cut off).
     """
 
     def __init__(
@@ -87,20 +84,15 @@ class WorkerInbox:
     def _poll(self, deadline: float) -> list[Event]:
         while True:
             polled = self._listener.poll(max(0.0, deadline - time.monotonic()))
-            received: list[tuple[int, int | None, Any]] = list(polled)  # and Ray's, numbered None
-            while True:
-                try:
-                    received.append(self._from_ray.get_nowait())
-                except queue.Empty:
-                    break
-                self._ray_heard[received[-1][0]] = time.monotonic()
+            from_ray = take_events(self._from_ray, 0.0)
+            for rank, _, _ in from_ray:
+                self._ray_heard[rank] = time.monotonic()
             events: list[Event] = []
-            applied = self._applied
-            for rank, number, event in received:
+            for rank, number, event in [*polled, *from_ray]:
                 if number is None:
                     events.append(event)
-                elif number > applied[rank]:  # else a replay of an event already applied
-                    applied[rank] = number
+                elif number > self._applied[rank]:  # else a replay of an event already applied
+                    self._applied[rank] = number
                     events.append(event)
             events += self._silent_ranks()
             for event in events:

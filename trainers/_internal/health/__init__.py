@@ -1,4 +1,3 @@
-"""Run health: what a rank measures of itself with each report (``rank_health``) and leaves when it
-runs out of memory (``memory_failure``), the driver's judgements of it (``stragglers``,
-``goodput``, ``preflight``), the timeline of a ``fit()`` call and its picture, and their settings.
-Imports the event road only."""
+"""Run health: what a rank measures of itself and leaves when it runs out of memory, the driver's
+judgements (stragglers, goodput, pre-flight), a ``fit()`` call's timeline and picture, and their
+settings. Imports the event road only."""

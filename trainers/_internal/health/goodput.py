@@ -1,10 +1,7 @@
-"""The goodput account of one ``fit()`` call: where its wall time went (the parts:
-docs/health.md, "The goodput account"), kept by the controller as it moves from phase to phase.
-
-Every moment belongs to one phase; then the waits for data (each committed round's slowest rank's:
-the others wait for it at the next collective or commit), the synchronous checkpoint uploads and
-the training a failure or resize threw away are moved out of training, each also counted in
-worker-seconds (its seconds times the workers held then).
+"""The goodput account of one ``fit()`` call: where its wall time went (docs/health.md, "The
+goodput account"), kept by the controller as it moves from phase to phase. Every moment belongs to
+one phase; then the waits for data (each committed round's slowest rank's), the synchronous
+checkpoint uploads and the training a failure or resize threw away are moved out of training.
 """
 
 from __future__ import annotations
@@ -24,8 +21,7 @@ class Phase(enum.Enum):
 
 
 class GoodputClock:
-    """Time per phase, and the parts moved out of training. Not thread-safe: the controller's loop
-    is its only user."""
+    """Time per phase, and the parts moved out of training (not thread-safe: the controller's own)."""
 
     def __init__(self, clock: Callable[[], float], gpus_per_worker: float = 0.0) -> None:
         self._clock = clock

@@ -10,8 +10,7 @@ from storage import settings
 
 @dataclasses.dataclass(frozen=True)
 class StragglerSettings:
-    """When a rank counts as a straggler: ``factor`` times the median rank's step for ``steps``
-    reports in a row."""
+    """A rank is a straggler at ``factor`` times the median rank's step for ``steps`` reports in a row."""
 
     factor: float = settings.STRAGGLER_FACTOR.default
     steps: int = settings.STRAGGLER_STEPS.default

@@ -1,9 +1,7 @@
 """Failures for want of memory (docs/health.md, "Memory"): telling them from others, and the
-summary a rank leaves in the run's ``.health/`` folder when it runs out, with its framework's
-device summary and snapshot (the backend's ``FrameworkProcess``). A rank the kernel or Ray's memory
-monitor killed leaves no error of its own: Ray's death message names the monitor, and for the
-kernel the controller compares the rank's last reported memory with its limit
-(``MemoryPeak.near_limit``).
+summary a rank leaves in the run's ``.health/`` folder when it runs out. A rank the kernel or Ray's
+memory monitor killed leaves no error: Ray's death message names the monitor, and for the kernel
+the controller compares the rank's last reported memory with its limit (``MemoryPeak.near_limit``).
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ _SIGNS = ("out of memory", "outofmemoryerror", "can't allocate memory", "memorye
 
 
 def is_out_of_memory(error: BaseException | str) -> bool:
-    """Whether ``error`` (or an error's text, as a dead worker's message carries it) is a failed
-    allocation."""
+    """Whether ``error`` (or its text, as a dead worker's message carries it) is a failed allocation."""
     if isinstance(error, MemoryError):
         return True
     text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
@@ -41,10 +38,8 @@ def leave_memory_summary(
     memory: MemoryPeak,
     framework: type[FrameworkProcess] = FrameworkProcess,
 ) -> str | None:
-    """Write what rank ``rank``'s memory looked like when ``error`` stopped it (after ``reports``
-    reports of ``attempt``) into the run's ``.health/`` folder, with the device's summary and
-    allocation snapshot when ``framework`` has them; return the summary's path there (None when it
-    could not be written)."""
+    """Write rank ``rank``'s memory when ``error`` stopped it into the run's ``.health/`` folder,
+    with ``framework``'s device summary and snapshot; return the summary's path (None: not written)."""
     stem = f"oom-attempt{attempt:04d}-rank{rank:04d}"
     lines = [
         f"rank {rank}, attempt {attempt}, after {reports} report(s)",

@@ -1,7 +1,6 @@
 """The pre-flight check (docs/health.md): before the first step every worker times a compute probe
-and, with a process group, an all-reduce (the backend's ``FrameworkProcess.probe``); a worker far
-slower than the median fails ``fit()`` with ``PreflightError``. The all-reduce is one figure for
-the group (a collective runs at its slowest link's pace); the compute probe names a bad worker.
+and, with a process group, an all-reduce (one figure for the group: a collective runs at its
+slowest link's pace); a worker far slower than the median fails ``fit()`` with ``PreflightError``.
 """
 
 from __future__ import annotations

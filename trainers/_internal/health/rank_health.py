@@ -1,8 +1,7 @@
-"""What a worker measures of itself for every report, at no extra round trip: how long its step
-took (from the end of its previous ``report()`` to this one, less the time it marked as waiting on
-other ranks), how long of it the loop waited for its next batch (its dataset shards' and prepared
-loaders' iterators add to ``RankHealth.data_wait_s``) and the most memory it has held. The controller judges the steps
-(``trainers._internal.health.stragglers``) and the run's record keeps the memory (``storage.health``)."""
+"""What a worker measures of itself for every report, at no extra round trip: its step (from its
+previous ``report()`` to this one, less its waits on other ranks), how much of it the loop waited
+for batches, and the most memory it has held. The controller judges the steps (``stragglers``)
+and the run's record keeps the memory (``storage.health``)."""
 
 from __future__ import annotations
 
@@ -124,9 +123,8 @@ def peak_memory(limit_bytes: int | None = None, framework: type[FrameworkProcess
 
 
 def _peak(limit_bytes: int | None, device: tuple[int, int] | None) -> MemoryPeak:
-    if device is None:
-        return MemoryPeak(_rss_bytes(), limit_bytes=limit_bytes)
-    return MemoryPeak(_rss_bytes(), *device, limit_bytes)
+    allocated, reserved = device or (None, None)
+    return MemoryPeak(_rss_bytes(), allocated, reserved, limit_bytes)
 
 
 def _rss_bytes() -> int:
@@ -136,14 +134,9 @@ def _rss_bytes() -> int:
 def memory_limit() -> int | None:
     """The tightest limit on this process's memory: its memory cgroup's (v1 ``memory.limit_in_bytes``
     or v2 ``memory.max``) or its ``RLIMIT_AS``; None when neither limits it."""
-    limits = []
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
-        limits.append(soft)
-    cgroup = _cgroup_limit()
-    if cgroup is not None:
-        limits.append(cgroup)
-    return min(limits) if limits else None
+    limits = [limit for limit in (_cgroup_limit(), soft) if limit not in (None, resource.RLIM_INFINITY)]
+    return min(limits, default=None)
 
 
 def _cgroup_limit() -> int | None:
@@ -170,13 +163,9 @@ def _cgroup_limit() -> int | None:
 
 
 def reset_peaks(framework: type[FrameworkProcess] = FrameworkProcess) -> None:
-    """Start the peaks over (a process kept from an earlier attempt or run behaves as a fresh one).
-
-    Linux's ``clear_refs`` 5 resets the process's peak resident set, which ``getrusage`` reads;
-    the framework resets its device's."""
-    try:
+    """Start the peaks over (a process kept from an earlier attempt behaves as a fresh one): Linux's
+    ``clear_refs`` 5 resets the peak resident set ``getrusage`` reads; the framework its device's."""
+    with contextlib.suppress(OSError):  # not Linux, or not allowed: the peak covers the process's life
         with open("/proc/self/clear_refs", "w") as clear_refs:
             clear_refs.write("5")
-    except OSError:
-        pass  # not Linux, or not allowed: the peak covers the process's life
     framework.reset_device_peaks()

@@ -1,8 +1,7 @@
-"""Which rank is a straggler (docs/health.md, "Stragglers"), judged by the controller on every
-committed round from the steps its reports carry (``StepHealth.busy_s``). A rank slower than
-``factor`` times the median rank and ``STRAGGLER_MIN_GAP_S`` more for ``steps`` rounds in a row is
-named once; as many rounds in a row not slow end the episode. The median is the lower median, so
-with two ranks the slower is judged against the faster.
+"""Which rank is a straggler (docs/health.md, "Stragglers"), judged on every committed round's
+steps. A rank slower than ``factor`` times the median rank and ``STRAGGLER_MIN_GAP_S`` more for
+``steps`` rounds in a row is named once; as many rounds not slow end the episode. The median is the
+lower one, so with two ranks the slower is judged against the faster.
 """
 
 from __future__ import annotations
@@ -62,15 +61,12 @@ class StragglerWatch:
                 watch.normal_rounds = 0
                 if len(watch.slow) >= self.settings.steps and not watch.named:
                     watch.named = True
-                    named.append(_straggling(rank, watch.slow))
+                    step_s = statistics.median(step for step, _ in watch.slow)
+                    median_s = statistics.median(median for _, median in watch.slow)
+                    ratio = step_s / median_s if median_s > 0 else float("inf")
+                    named.append(Straggling(rank, len(watch.slow), ratio, step_s, median_s))
             elif watch is not None:
                 watch.normal_rounds += 1
                 if not watch.named or watch.normal_rounds >= self.settings.steps:
                     del self._ranks[rank]  # a slow spell that never became an episode, or one that ended
         return named
-
-
-def _straggling(rank: int, slow: list[tuple[float, float]]) -> Straggling:
-    step_s = statistics.median(step for step, _ in slow)
-    median_s = statistics.median(median for _, median in slow)
-    return Straggling(rank, len(slow), step_s / median_s if median_s > 0 else float("inf"), step_s, median_s)

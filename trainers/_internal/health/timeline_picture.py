@@ -80,20 +80,11 @@ def figure(timeline: Timeline, *, title: str = "") -> Any:
         straggler = mark.what == "straggler"
         label, colour = STRAGGLER if straggler else (f"rank failed: {mark.what}", FAILURE_COLOUR)
         marker = "^" if straggler else FAILURE_MARKERS.get(mark.what, "X")
-        axes.scatter(
-            [mark.t],
-            [mark.rank - EVENT_LIFT],
-            marker=marker,
-            s=90,
-            color=colour,
-            edgecolors="white",
-            zorder=4,
-            gid=label,
-        )
+        y = mark.rank - EVENT_LIFT
+        axes.scatter([mark.t], [y], marker=marker, s=90, color=colour, edgecolors="white", zorder=4, gid=label)
         legend.setdefault(label, Line2D([], [], marker=marker, markersize=9, ls="", color=colour, label=label))
     _name_attempts(axes, timeline)
-    every = math.ceil(ranks / MOST_RANK_LABELS)
-    labelled = [rank for rank in range(ranks) if rank % every == 0]
+    labelled = range(0, ranks, math.ceil(ranks / MOST_RANK_LABELS))
     axes.set_yticks([band, *labelled], ["phases", *(f"rank {rank}" for rank in labelled)], fontsize=FONT_PT)
     axes.set_ylim(ranks - 0.4, band - 0.6)
     axes.set_xlim(0, max((end for _, _, end in timeline.phases), default=1.0) or 1.0)
@@ -144,5 +135,4 @@ def _name_attempts(axes: Any, timeline: Timeline) -> None:
             continue
         ticks.append(t)
         labels.append(label)
-    top = axes.secondary_xaxis("top")
-    top.set_xticks(ticks, labels, fontsize=FONT_PT)
+    axes.secondary_xaxis("top").set_xticks(ticks, labels, fontsize=FONT_PT)

@@ -1,13 +1,11 @@
 """One attempt's bookkeeping: the report rounds and barriers under way, and the ranks that
-finished or failed.
-
-The controller (``trainers._internal.run.controller``) decides what to do; this only records what
-the workers said and answers which round or barrier is complete, which rank lags and which
-ranks a round still waits for. It never talks to workers or storage.
+finished or failed. It only records what the workers said and answers which round or barrier is
+complete and which rank lags; the controller decides, and talks to workers and storage.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from typing import Any
 
@@ -61,8 +59,7 @@ class AttemptBook:
             self.sync_first_seen.setdefault(event.index, self.clock())
 
     def pop_complete_round(self, world_size: int) -> tuple[int, dict[int, ReportEvent]] | None:
-        """The oldest round every rank (but the relaxed ones) reported, taken off the book as
-        committed; None while the oldest round still waits for a rank."""
+        """The oldest round every rank (but the relaxed ones) reported, taken off the book; else None."""
         # Rounds commit in order, so the oldest pending one is the next to commit: no search of
         # the rounds pending (thousands of them while the driver catches up with a fast loop).
         index = self.committed_rounds
@@ -93,24 +90,19 @@ class AttemptBook:
         return index, arrived[0].data
 
     def returned_during_a_barrier(self) -> list[FailedEvent]:
-        """Failures of the ranks whose function returned while the others wait at a barrier they
-        can never reach."""
+        """Failures of the ranks whose function returned while the others wait at a barrier."""
         if not self.syncs or not self.finished or self.failed:
             return []
         index = min(self.syncs)
         waiting = ", ".join(map(str, sorted(self.syncs[index])))
-        return [
-            FailedEvent(
-                rank,
-                RuntimeError(
-                    f"rank {rank}'s training function returned while rank(s) {waiting} wait at barrier {index} "
-                    "of this attempt: every worker must make the same barrier()/broadcast_from_rank_zero() calls."
-                ),
-                "",
+        failed = []
+        for rank in sorted(set(self.finished) - set(self.syncs[index])):
+            error = RuntimeError(
+                f"rank {rank}'s training function returned while rank(s) {waiting} wait at barrier {index} "
+                "of this attempt: every worker must make the same barrier()/broadcast_from_rank_zero() calls."
             )
-            for rank in sorted(self.finished)
-            if rank not in self.syncs[index]
-        ]
+            failed.append(FailedEvent(rank, error, ""))
+        return failed
 
     def laggards(self, world_size: int, timeout_s: float) -> list[FailedEvent]:
         """Hangs: the ranks that have not reported a step, or reached a barrier, ``timeout_s``
@@ -127,24 +119,17 @@ class AttemptBook:
             if waited <= timeout_s:
                 continue
             arrived = ", ".join(map(str, sorted(waiting[index])))
-            hung.extend(
-                FailedEvent(
-                    rank,
-                    TimeoutError(
+            for rank in range(world_size):
+                if rank not in waiting[index] and rank not in self.finished:
+                    error = TimeoutError(
                         f"rank {rank} has not {what} {index} of this attempt {waited:.0f} s after rank(s) "
                         f"{arrived} did (FailureConfig.report_timeout_s={timeout_s:g})"
-                    ),
-                    "",
-                    kind="hung",
-                )
-                for rank in range(world_size)
-                if rank not in waiting[index] and rank not in self.finished
-            )
+                    )
+                    hung.append(FailedEvent(rank, error, "", kind="hung"))
         return hung
 
     def awaited_by_rounds_the_failed_ranks_finished(self, world_size: int) -> set[int]:
-        """Ranks still able to report whose report is all that a round every failed rank
-        reported lacks."""
+        """Ranks still able to report whose report alone a round every failed rank reported lacks."""
         if LAUNCH in self.failed:
             return set()
         failed = {rank for rank in self.failed if rank >= 0}
@@ -158,10 +143,7 @@ class AttemptBook:
                 )
         return missing
 
-    def uneven_reports(self, world_size: int) -> str:
+    def uneven_reports(self) -> str:
         """How many reports of the pending rounds each rank made, e.g. "rank 0: 1 extra"."""
-        counts = {rank: 0 for rank in range(world_size)}
-        for round_ in self.pending.values():
-            for rank in round_:
-                counts[rank] += 1
-        return ", ".join(f"rank {r}: {c} extra" for r, c in counts.items() if c)
+        counts = collections.Counter(rank for round_ in self.pending.values() for rank in round_)
+        return ", ".join(f"rank {r}: {c} extra" for r, c in sorted(counts.items()))

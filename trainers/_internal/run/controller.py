@@ -1,11 +1,9 @@
 """The controller: drives one run's attempts, commits its reports, applies the failure policy.
 
-It is a plain object in the driver process with an explicit state and a ``step()`` that moves to
-the next one, so tests can drive it with a scripted worker group and no Ray. It talks to the
-workers through the small ``Workers`` protocol and to storage through ``storage.RunRecord``
-(what ``RunStorage`` offers it); what the workers of an attempt said is kept in an
-``AttemptBook`` (``trainers._internal.run.attempt_book``), the controller's loop decides. Who pays
-for a failure is ``FailurePolicy``'s answer; what happened is told to ``UserCallback`` listeners.
+A plain object in the driver with an explicit state and a ``step()``, so tests drive it with a
+scripted worker group and no Ray. It talks to the workers through ``Workers``, to storage through
+``storage.RunRecord``; an ``AttemptBook`` keeps what an attempt's workers said, ``FailurePolicy``
+says who pays for a failure, and ``UserCallback`` listeners are told what happened.
 """
 
 from __future__ import annotations
@@ -64,8 +62,7 @@ class Workers(Protocol):
     def launch(
         self, attempt: int, checkpoint: Checkpoint | None, data_position: RoundPosition | None = None
     ) -> DataResume | None:
-        """Start the attempt's workers from ``checkpoint`` and the data position kept with it;
-        return how that position was resumed (for the run's record), or None."""
+        """Start the workers from ``checkpoint`` and its data position; return how that resumed, or None."""
 
     def poll(self, timeout_s: float) -> Sequence[Event | PreemptionNotice]: ...
     def release(self, index: int, data: Any) -> None: ...
@@ -82,12 +79,10 @@ class Workers(Protocol):
         """Stop every worker (the run ends, or restarts every worker)."""
 
     def resize_to(self) -> int | None:
-        """Asked while the group trains: the larger size to restart at now that more workers fit
-        (an elastic run), else None. Groups that never resize always answer None."""
+        """The larger size an elastic run restarts at now that more workers fit, else None."""
 
     def lost_a_node(self, node_ids: list[str]) -> bool:
-        """Whether one of these nodes left the cluster (not only a worker process dying); asked
-        after deaths in an elastic run. Workers without nodes of their own answer False."""
+        """Whether one of these nodes left the cluster (not only a worker process dying)."""
 
 
 #: Failure kinds that are a process or node going away: the likely root cause of other ranks'
@@ -138,9 +133,7 @@ RESIZE = "resize"
 
 class Controller:
     """Runs attempts until the training function returns on every worker or the budget is spent.
-
-    Its own state is the run loop's; every feature that watches the run is one of its
-    ``listeners`` (``RunListener``, ``UserCallback``), the run's health among them
+    Every feature that watches the run is one of its ``listeners``, the run's health among them
     (``RunHealthWatch``, attached from ``settings`` when the listeners bring none)."""
 
     def __init__(
@@ -160,18 +153,15 @@ class Controller:
         self.listeners = list(listeners)
         if not any(isinstance(listener, RunHealthWatch) for listener in self.listeners):
             self.listeners.insert(0, RunHealthWatch(settings.stragglers, settings.gpus_per_worker))
-        #: Runs checkpoint validations, or None without a ValidationConfig.
         self.validations = validations
         self.settings = settings
         self.state = State.LAUNCHING
         self.attempt = 0
         self.return_value: Any = None
         self.error: TrainingFailedError | None = None
-        #: This attempt's rounds, barriers, finished and failed ranks.
         self.book = AttemptBook(settings.clock)
         #: ``get_all_reported_checkpoints()`` calls waiting for rounds or validations.
         self._queries = PendingQueries()
-        #: The preemption under way in this attempt, or None.
         self._preemption: PreemptionUnderWay | None = None
         #: What the restart under way follows: the failures (root cause first), or ``RESIZE``.
         self._restarting_after: list[RankFailure] | str = []
@@ -218,8 +208,7 @@ class Controller:
         return self.state
 
     def run(self) -> Any:
-        """Step until done; return rank 0's return value or raise ``WorkerGroupError`` (or
-        ``PreemptionError`` when preemptions spent their budget)."""
+        """Step until done; return rank 0's return value or raise ``WorkerGroupError``/``PreemptionError``."""
         self._notify("run_started")
         try:
             while self.state not in (State.FINISHED, State.FAILED):
@@ -307,11 +296,9 @@ class Controller:
             self._notify("round_committed", index, round_, checkpoint, arrived_at)
 
     def _refuse_validation_without_checkpoint(self, index: int, round_: dict[int, Any]) -> None:
-        """``report(validation=...)`` on some rank, and no rank of the round passed a checkpoint.
-
-        Ray Train raises in ``report()``; a rank alone cannot tell here (one rank's checkpoint is
-        enough), so the ranks that asked fail now, and nothing they reported later is committed.
-        """
+        """A round asked for a validation and no rank passed a checkpoint. Ray Train raises in
+        ``report()``; a rank alone cannot tell (one rank's checkpoint is enough), so the ranks that
+        asked fail now, and nothing reported later is committed."""
         asked = sorted(rank for rank, event in round_.items() if event.validation)
         for rank in asked:
             error = ValueError(
@@ -324,8 +311,7 @@ class Controller:
         self.book.first_seen.clear()
 
     def _validate_and_answer(self) -> None:
-        """Start and collect checkpoint validations, then answer the ``get_all_reported_checkpoints()``
-        calls whose wait is over."""
+        """Start and collect validations, then answer the checkpoint queries whose wait is over."""
         if self.validations is not None:
             self.validations.poll()
         if self._queries:
@@ -339,11 +325,9 @@ class Controller:
     def _drain_rounds_the_failed_ranks_finished(self, arrived_at: float) -> None:
         """Commit every round the failed ranks completed whose other reports are on their way.
 
-        A rank whose training function has ended (it raised or returned) has every event it will
-        ever send already queued, a report made just before it failed among them: those are
-        waited for (up to ``ENDED_DRAIN_S``), so a round whose ``report()`` returned on every rank
-        is never lost. A rank still running may be finishing an upload: it gets
-        ``ControllerSettings.drain_timeout_s``, then the attempt ends without that round.
+        A rank whose function ended has every event it will send already queued: those are waited
+        for (up to ``ENDED_DRAIN_S``), so a round whose ``report()`` returned on every rank is never
+        lost. A rank still running (maybe uploading) gets ``ControllerSettings.drain_timeout_s``.
         """
         start = time.monotonic()
         while True:
@@ -366,14 +350,11 @@ class Controller:
     def _finish(self) -> None:
         self._notify("training_ended")
         if self.book.pending:
-            self.book.failed[0] = FailedEvent(
-                0,
-                RuntimeError(
-                    "every worker must call report() the same number of times; the training function "
-                    f"returned with reports missing from some ranks ({self.book.uneven_reports(self.workers.world_size)})."
-                ),
-                "",
+            error = RuntimeError(
+                "every worker must call report() the same number of times; the training function "
+                f"returned with reports missing from some ranks ({self.book.uneven_reports()})."
             )
+            self.book.failed[0] = FailedEvent(0, error, "")
             self._fail()
             return
         self.return_value = self.book.finished.get(0)
@@ -393,28 +374,23 @@ class Controller:
             preemption=self._preemption.info if self._preemption else None,
             node_left=self.workers.lost_a_node,
         )
+        ends = charge is Charge.FAILURE and not self.policy.may_restart(charge, self.storage.num_failures)
         restart: RestartRecord | None = None
-        if charge is Charge.PREEMPTION or (
-            charge is Charge.FAILURE and not self.policy.may_restart(charge, self.storage.num_failures)
-        ):
+        if charge is Charge.PREEMPTION or ends:
             self.workers.shutdown()  # the run ends, or a preempted node's ranks restart with the rest
         else:
             restart = self.workers.stop({rank: event.kind for rank, event in self.book.failed.items()})
         self.tell("after_exception", errors)
         if charge is Charge.PREEMPTION:
             self._preempted(drain_timed_out=False, failures=failures)
-            return
-        if charge is Charge.FAILURE:
-            if not self.policy.may_restart(charge, self.storage.num_failures):
-                self.error = self._error(failures, budget_exhausted=self.policy.config.max_failures != 0)
-                self._notify("training_ended")
-                self.state = State.FAILED
-                return
-            self.storage.record_failure()
-        if restart is not None:
-            self.storage.append("restarts", restart)
-        self._restarting_after = failures
-        self.state = State.RESTARTING
+        elif ends:
+            self._end(self._error(failures, budget_exhausted=self.policy.config.max_failures != 0))
+        else:
+            if charge is Charge.FAILURE:
+                self.storage.record_failure()
+            if restart is not None:
+                self.storage.append("restarts", restart)
+            self._restart_after(failures)
 
     def _restart(self) -> None:
         checkpoint = self.storage.rewind_to_latest_checkpoint()
@@ -425,8 +401,7 @@ class Controller:
     # -- preemption and elastic resizing ----------------------------------------------------------
 
     def _check_preemption_or_resize(self) -> None:
-        """While a preemption is under way, end the attempt at its deadline (plus the grace);
-        otherwise let an elastic run grow when more workers fit."""
+        """End the attempt at a preemption's deadline (plus the grace), else let an elastic run grow."""
         if self.state is not State.RUNNING:
             return
         preemption = self._preemption
@@ -441,8 +416,7 @@ class Controller:
             self._notify("attempt_failing")  # it restarts from the latest checkpoint
             self.workers.shutdown()
             self.tell("on_resize", old, size)
-            self._restarting_after = RESIZE
-            self.state = State.RESTARTING
+            self._restart_after(RESIZE)
 
     def _preempted(self, *, drain_timed_out: bool, failures: list[RankFailure] | None = None) -> None:
         """A preemption ended this attempt: restart on the nodes left from the latest checkpoint
@@ -460,10 +434,17 @@ class Controller:
             self.storage.record_preemption()
             preempted = ", ".join(sorted(info.preempted_node_to_ranks)) or "?"
             self.storage.append("restarts", RestartRecord(self.attempt, full_restart=f"node(s) {preempted} preempted"))
-            self._restarting_after = failures or []
-            self.state = State.RESTARTING
-            return
-        self.error = PreemptionError(info, drain_timed_out)
+            self._restart_after(failures or [])
+        else:
+            self._end(PreemptionError(info, drain_timed_out))
+
+    def _restart_after(self, cause: list[RankFailure] | str) -> None:
+        self._restarting_after = cause
+        self.state = State.RESTARTING
+
+    def _end(self, error: TrainingFailedError) -> None:
+        """The run fails for good with ``error``."""
+        self.error = error
         self._notify("training_ended")
         self.state = State.FAILED
 

@@ -1,8 +1,6 @@
-"""Which budget pays for an attempt that failed, and whether the run goes on.
-
-``FailurePolicy`` holds the worker-level rows of the failure budget table in docs/design.md, one
-``Charge`` each (the driver-level rows are ``tasks/retries.py``'s); the run's record keeps the
-counts that outlive a ``fit()`` call, the policy the free restarts of this one.
+"""Which budget pays for an attempt that failed, and whether the run goes on: the worker-level rows
+of the failure budget table in docs/design.md, one ``Charge`` each (the driver-level rows are
+``tasks/retries.py``'s). The run's record keeps the counts, the policy this fit()'s free restarts.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""A run's health, attached to its controller as a listener: where the ``fit()`` call's wall time
-goes (``health/goodput.py``), its timeline (``health/timeline.py``), its stragglers
-(``health/stragglers.py``) and its pre-flight check, each kept in the run's record as it happens;
-a straggler is also told to every listener (``on_straggler``) and the log. ``account`` and
-``timeline`` once the run ended."""
+"""A run's health, attached to its controller as a listener: its goodput account, timeline,
+stragglers (also told to every listener and the log) and pre-flight check (``health/``), each kept
+in the run's record as it happens."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ logger = logging.getLogger(__name__)
 
 
 class RunHealthWatch(RunListener):
-    """The run's health as the controller tells it (see the module's docstring). ``stragglers``:
-    when a rank is named a straggler; ``gpus_per_worker``: for the account's GPU-hours."""
+    """The run's health as the controller tells it; ``gpus_per_worker``: for the account's GPU-hours."""
 
     def __init__(self, stragglers: StragglerSettings, gpus_per_worker: float = 0.0) -> None:
         self.straggler_settings = stragglers

@@ -1,13 +1,10 @@
 """What a feature attached to a run hears from its controller.
 
-The controller keeps the run loop's own state (attempts, rounds, failures, budgets) and tells its
-listeners what happens, in order. Every feature that watches a run is one: its health (goodput,
-timeline, stragglers, the pre-flight check: ``run/health_watch.py``), the driver's terminal line
-(``run/progress.py``), the Prefect reporter, the experiment trackers, Tune's reports and the user's
-``RunConfig(callbacks=...)``. ``UserCallback`` (public, as Ray Train's) hears reports, failures,
-restarts, resizes and stragglers; ``RunListener`` adds what flowtrain's own features need: the
-life of the run and of each attempt, and every committed round with the events it came from.
-Adding a feature adds a listener; the controller does not change.
+The controller keeps the run loop's state and tells its listeners what happens, in order. Every
+feature that watches a run is one (its health, the terminal line, the Prefect reporter, trackers,
+Tune, the user's callbacks). ``UserCallback`` (as Ray Train's) hears reports, failures, restarts,
+resizes and stragglers; ``RunListener`` adds the life of the run and of each attempt, and every
+committed round with its events. Adding a feature adds a listener, not a change to the controller.
 """
 
 from __future__ import annotations

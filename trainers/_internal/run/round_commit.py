@@ -40,20 +40,11 @@ def report_round(round_: dict[int, ReportEvent], *, index: int, attempt: int, wo
 
 
 def round_memory(round_: dict[int, ReportEvent], world_size: int) -> tuple[MemoryPeak | None, ...]:
-    """The peaks the round's ranks sent (a rank sends its peak only when it grew), by world rank;
-    () when none did, as in most rounds."""
-    peaks: list[MemoryPeak | None] = [None] * world_size
-    grown = False
-    for rank, event in round_.items():
-        if event.memory is not None and 0 <= rank < world_size:
-            peaks[rank], grown = event.memory, True
-    return tuple(peaks) if grown else ()
+    """The peaks the round's ranks sent (only grown ones), by world rank; () when none did (most rounds)."""
+    peaks = tuple(round_[rank].memory if rank in round_ else None for rank in range(world_size))
+    return peaks if any(peak is not None for peak in peaks) else ()
 
 
 def round_steps(round_: dict[int, ReportEvent], world_size: int) -> list[float | None]:
     """Each rank's step in the round (``StepHealth.busy_s``), by world rank; None where not measured."""
-    steps: list[float | None] = [None] * world_size
-    for rank, event in round_.items():
-        if 0 <= rank < world_size:
-            steps[rank] = event.busy_s
-    return steps
+    return [round_[rank].busy_s if rank in round_ else None for rank in range(world_size)]

@@ -1,8 +1,5 @@
-"""The start and the end of a run, told to its callbacks (``before_run`` and ``after_run``).
-
-The controller tells listeners what happens during the run; what happens around it (the run
-starts or resumes, the run ended with a result or an error) is the trainer's to tell, since only
-it holds the ``Result``.
+"""The start and the end of a run, told to its callbacks (``before_run`` and ``after_run``): the
+trainer's to tell, not the controller's, since only it holds the ``Result``.
 """
 
 from __future__ import annotations
@@ -21,8 +18,7 @@ logger = logging.getLogger("trainers")
 
 
 class RunHooks:
-    """Calls ``before_run`` and ``after_run`` of ``callbacks`` with the run's context as the
-    controller sees it."""
+    """Calls ``before_run`` and ``after_run`` of ``callbacks`` with the run's context."""
 
     def __init__(self, name: str, callbacks: list[Any], controller: Controller, storage: RunStorage) -> None:
         self.name = name

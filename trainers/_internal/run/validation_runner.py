@@ -1,10 +1,8 @@
 """The driver side of checkpoint validation: start a Ray task per checkpoint, record how it ended.
 
 The controller calls ``poll()`` as it steps. Every checkpoint the run's record marks
-PENDING_VALIDATION is validated, oldest first, one task at a time (as Ray Train does), so a
-validation never competes with another for the CPUs training leaves free. Because the work list
-is the run's record itself, a run resumed after its driver died validates again the checkpoints
-whose validation had not ended: nothing is lost, at the cost of running those again.
+PENDING_VALIDATION is validated, oldest first, one task at a time (as in Ray Train). The work list
+is the run's record, so a run resumed after its driver died validates the unfinished ones again.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ import warnings
 from typing import Any
 
 import ray
+from ray import cloudpickle
 from ray.exceptions import RayError, TaskCancelledError
 
 from storage import Checkpoint, RunRecord
@@ -51,11 +50,8 @@ def _remote() -> Any:
 
 def task_options(config: ValidationConfig, free_cpus: float) -> dict[str, Any]:
     """The Ray options of a validation task: ``ray_remote_kwargs``, with a CPU ask that fits the
-    ``free_cpus`` the cluster has beside the training workers unless the user chose one.
-
-    Without that fit a validation could not start before training ends, and a training function
-    waiting in ``get_all_reported_checkpoints()`` for it would wait forever.
-    """
+    ``free_cpus`` beside the training workers unless the user chose one (else a validation could not
+    start before training ends, and a loop waiting for it would wait forever)."""
     options = dict(config.ray_remote_kwargs)
     if "num_cpus" not in options:
         options["num_cpus"] = max(0.0, min(DEFAULT_NUM_CPUS, free_cpus))
@@ -86,20 +82,13 @@ def settle_without_config(storage: RunRecord) -> None:
 def make_runner(
     config: ValidationConfig | None, storage: RunRecord, scaling: Any, runtime_env: dict | None = None
 ) -> ValidationRunner | None:
-    """The run's validation runner, or None without a ``validation_config`` (then checkpoints a
-    crashed earlier driver left pending are settled, see ``settle_without_config``).
-
-    Validation tasks run in the workers' ``runtime_env`` (``RunConfig.worker_runtime_env``) unless
-    ``ray_remote_kwargs`` names one: they load the same checkpoints with the same packages.
-
-    Called before any worker starts: a validation function that cannot be sent to a Ray task
-    fails here, naming it.
+    """The run's validation runner, or None without a ``validation_config`` (then checkpoints left
+    pending are settled). Tasks run in the workers' ``runtime_env`` unless ``ray_remote_kwargs``
+    names one. Called before any worker starts, so a function that does not pickle fails first.
     """
     if config is None:
         settle_without_config(storage)
         return None
-    from ray import cloudpickle
-
     from trainers._internal.ray_init import ensure_ray
     from trainers._internal.workers.resources import cluster_nodes
 
@@ -111,9 +100,8 @@ def make_runner(
             f"({type(error).__name__}: {error}). Build clients, locks or open files inside the function."
         ) from error
     ensure_ray()
-    total_cpus = sum(node.get("CPU", 0.0) for node in cluster_nodes())
-    workers_cpus = scaling.total_resources.get("CPU", 0.0)
-    options = task_options(config, total_cpus - workers_cpus)
+    free_cpus = sum(node.get("CPU", 0.0) for node in cluster_nodes()) - scaling.total_resources.get("CPU", 0.0)
+    options = task_options(config, free_cpus)
     if runtime_env is not None:
         options.setdefault("runtime_env", runtime_env)
     return ValidationRunner(config, storage, options)
@@ -139,15 +127,13 @@ class ValidationRunner:
     @property
     def busy(self) -> bool:
         """True while a validation runs or waits to start."""
-        return bool(self._running) or bool(self.storage.pending_validations)
+        return bool(self._running or self.storage.pending_validations)
 
     def poll(self) -> bool:
-        """Record the validations that ended or ran out of time, start the next ones; never
-        blocks. True when the run's record changed."""
+        """Record the validations that ended or ran out of time, start the next; never blocks. True on a change."""
         changed = self._stop_late()
-        refs = list(self._running)
-        if refs:
-            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        if self._running:
+            done, _ = ray.wait(list(self._running), num_returns=len(self._running), timeout=0)
             for ref in done:
                 self._record(ref, self._running.pop(ref))
                 changed = True
@@ -170,8 +156,6 @@ class ValidationRunner:
         for ref in self._running:
             ray.cancel(ref, force=True)
         self._running.clear()
-
-    # -- internals --------------------------------------------------------------------------------
 
     def _start_next(self) -> None:
         running = {r.dir_name for r in self._running.values()}

@@ -1,6 +1,3 @@
-"""What runs inside a worker besides the user's loop: the thread the loop runs in (``train_thread``),
-the session behind ``report()``, ``get_checkpoint()`` and ``get_dataset_shard()``
-(``worker_session``), a checkpoint's way into the run's storage (``checkpoint_upload``,
-``uploader``), the data a rank is handed and where it stands in its epoch (``data``,
-``data_position``), and the answers to ``get_all_reported_checkpoints()``. Imports the event road
-and health."""
+"""What runs inside a worker besides the user's loop: its thread, the session behind ``report()``
+and the other in-loop calls, a checkpoint's way into storage, the data a rank is handed and where
+it stands in its epoch. Imports the event road and health."""

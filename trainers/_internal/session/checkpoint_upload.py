@@ -1,13 +1,13 @@
 """How ``report()`` puts a checkpoint into the run's storage, and what it does with the local folder
 (the three ways, as in Ray Train: docs/checkpoints.md). A copy, flowtrain's or the user's
-``checkpoint_upload_fn``'s, lands in the report's staging folder, so the controller still commits
-it all at once; the upload function gets the staging folder's path relative to the run folder as
-its ``checkpoint_dir_name``. flowtrain's own copy retries errors that pass (``storage.upload``); a
-user's function is called once, since only its author knows whether calling it again is safe.
+``checkpoint_upload_fn``'s (given the staging folder relative to the run folder), lands in the
+report's staging folder, so the controller commits it all at once. flowtrain's copy retries errors
+that pass; a user's function is called once: only its author knows whether a retry is safe.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -153,10 +153,8 @@ def _local_bytes(checkpoint: Checkpoint) -> int:
     total = 0
     for folder, _, names in os.walk(checkpoint.path):
         for name in names:
-            try:
+            with contextlib.suppress(OSError):  # removed while we counted: not part of the upload either
                 total += os.path.getsize(os.path.join(folder, name))
-            except OSError:
-                pass  # removed while we counted: it was not part of the upload either
     return total
 
 
@@ -164,21 +162,20 @@ def take_for_upload(checkpoint: Checkpoint, *, release: bool, layout: RunLayout,
     """A private local folder holding the files of ``checkpoint`` as they are now, for an ASYNC
     upload to work from after ``report()`` returned (the caller removes it once uploaded).
 
-    With ``release`` (``delete_local_checkpoint_after_upload``) the files leave the reported folder
-    now, before ``report()`` returns: moved when they can be (no copy at all), else copied and then
-    deleted. The folder itself stays, empty, so a loop that writes every checkpoint into one
-    folder finds it there. Nothing is ever deleted later: a deletion after the upload would meet
-    the files the loop wrote since (the next epoch's checkpoint) and remove those instead.
-    A folder inside the run folder is the run's own: it is copied, never released.
+    With ``release`` the files leave the reported folder before ``report()`` returns (moved, or
+    copied and deleted); the folder stays, empty, for a loop that writes every checkpoint into it.
+    Nothing is deleted later: that would meet the loop's next checkpoint. A folder inside the run
+    folder is the run's own: copied, never released.
     """
+    release = release and relative_inside(checkpoint.filesystem, checkpoint.path, filesystem, layout.run_path) is None
     private = tempfile.mkdtemp(prefix="flowtrain-upload-")
     try:
-        if release and is_local(checkpoint.filesystem) and not _inside_run_folder(checkpoint, layout, filesystem):
+        if release and is_local(checkpoint.filesystem):
             _move_contents(checkpoint.path, private)
             return private
         with checkpoint.as_directory() as folder:
             shutil.copytree(folder, private, dirs_exist_ok=True)
-        if release and not _inside_run_folder(checkpoint, layout, filesystem):
+        if release:
             delete_source(checkpoint)  # a folder on remote storage: gone before report() returns
     except BaseException:
         shutil.rmtree(private, ignore_errors=True)
@@ -211,10 +208,6 @@ def _move_contents(source: str, target: str) -> None:
             except OSError as error:
                 logger.warning("could not move %s back into %s: %s", name, source, error)
         raise
-
-
-def _inside_run_folder(checkpoint: Checkpoint, layout: RunLayout, filesystem: pafs.FileSystem) -> bool:
-    return relative_inside(checkpoint.filesystem, checkpoint.path, filesystem, layout.run_path) is not None
 
 
 def delete_source(checkpoint: Checkpoint, keep: Checkpoint | None = None) -> None:

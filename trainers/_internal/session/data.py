@@ -1,10 +1,9 @@
 """Give each worker its part of the trainer's datasets, the way Ray Train 2.60 does.
 
 Split datasets are streamed to the workers in equal shards (``streaming_split``); the others reach
-every worker whole. Each dataset runs with ``DataConfig.execution_options`` (per dataset, or one
-for all) or else the ingest defaults taken from the driver's ``DataContext``, and that whole
-``DataContext`` is also installed in every worker, so ``ray.data`` inside the training function
-behaves as it does in the driver.
+every worker whole. Each runs with ``DataConfig.execution_options`` or else the driver's
+``DataContext`` defaults, and that ``DataContext`` is installed in every worker too, so ``ray.data``
+in the training function behaves as in the driver.
 """
 
 from __future__ import annotations
@@ -70,14 +69,9 @@ def check_datasets_to_split(datasets: dict[str, Any], config: DataConfig) -> Non
 
 
 def check_row_counts(datasets: dict[str, Any], config: DataConfig, world_size: int) -> None:
-    """Check ``datasets_to_split``, and warn, before any worker starts, about datasets some workers
-    will see no rows of.
-
-    As in Ray Train, neither case is an error: an empty dataset gives every worker an empty
-    iterator, and so does a split dataset with fewer rows than workers (its shards are equal, and
-    Ray Data drops the rows left over). A training loop that expects rows would then see none,
-    so say it now.
-    """
+    """Check ``datasets_to_split``, and warn before any worker starts about datasets some workers
+    will see no rows of: as in Ray Train not an error (an empty dataset, or a split one with fewer
+    rows than workers, gives empty iterators), but a loop that expects rows would see none."""
     check_datasets_to_split(datasets, config)
     to_split = names_to_split(datasets, config)
     for name, dataset in datasets.items():
@@ -100,11 +94,8 @@ def check_row_counts(datasets: dict[str, Any], config: DataConfig, world_size: i
 
 
 def capture_data_context() -> Any | None:
-    """A copy of the driver's current Ray Data ``DataContext``, to install in the workers.
-
-    None when this process never imported Ray Data: then nobody here could have changed the
-    context, the workers' default one is the same, and no worker needs to import Ray Data for it.
-    """
+    """A copy of the driver's current Ray Data ``DataContext``, to install in the workers; None when
+    this process never imported Ray Data (nobody changed it, and workers need not import it)."""
     if "ray.data" not in sys.modules:
         return None
     from ray.data import DataContext

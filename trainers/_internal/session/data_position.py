@@ -1,11 +1,9 @@
 """Where a worker's data stands in its epoch: saved with each checkpoint, resumed from after a
 restart (docs/data.md, "Resuming mid-epoch", says when that is exact).
 
-A worker's dataset shards and the loaders ``prepare_data_loader`` gave count what they handed to
-the training loop in the current epoch; every ``report()`` carries those counts
-(``DataPositions.record``), the controller commits them with the round's checkpoint in run.json,
-and the next attempt gives each rank the position of the checkpoint it resumes from
-(``plan_resume``): the first pass of that epoch skips what was handed out.
+A worker's dataset shards and prepared loaders count what they handed out in the current epoch;
+every ``report()`` carries the counts, the controller commits them with the round's checkpoint,
+and the next attempt's first pass of that epoch skips what was handed out (``plan_resume``).
 """
 
 from __future__ import annotations
@@ -30,11 +28,8 @@ from storage.positions import (
 
 @dataclasses.dataclass
 class ShardPosition:
-    """One dataset shard's place: the epoch (pass) under way and the rows handed out in it.
-
-    Each pass over the shard is one epoch; one that runs to its end moves the position to the
-    start of the next, so a checkpoint saved after an epoch resumes at the next one.
-    """
+    """One dataset shard's place: the epoch (pass) under way and the rows handed out in it. A pass
+    that runs to its end moves to the next epoch's start, where a checkpoint saved then resumes."""
 
     epoch: int = 0
     rows: int = 0
@@ -100,8 +95,7 @@ class DataPositions:
     def next_loader_start(self) -> LoaderRecord | None:
         """Where the next loader the loop prepares resumes (loaders are matched by their order)."""
         saved = self._start.loaders
-        index = len(self.loaders)
-        return saved[index] if index < len(saved) else None
+        return saved[len(self.loaders)] if len(self.loaders) < len(saved) else None
 
     def add_loader(self, loader: LoaderPosition) -> None:
         self.loaders.append(loader)
@@ -139,14 +133,10 @@ class ResumePlan:
 def plan_resume(
     saved: RoundPosition | None, *, world_size: int, ordered: dict[str, bool], split: set[str]
 ) -> ResumePlan:
-    """Each rank's start from the position ``saved`` with a checkpoint.
-
-    ``ordered``: whether each dataset runs with ``preserve_order`` (its rows come in the same
-    order every time); ``split``: the datasets split between the ranks (the others reach every
-    rank whole). With the world size the checkpoint was saved with, each rank resumes its own
-    position. With another, every rank skips an equal part of what all ranks had handed out of a
-    split dataset (of a whole one, what rank 0 had), and of each loader's epoch.
-    """
+    """Each rank's start from the position ``saved`` with a checkpoint (``ordered``: whether each
+    dataset runs with ``preserve_order``; ``split``: the datasets split between the ranks). With
+    the same world size each rank resumes its own position; with another, every rank skips an equal
+    part of what all ranks had handed out of a split dataset (of a whole one, what rank 0 had)."""
     if saved is None or not any(saved.ranks):
         return ResumePlan([None] * world_size)
     ranks = list(saved.ranks)
@@ -220,10 +210,9 @@ _CHECK_ROWS, _CHECK_BLOCKS, _CHECK_BATCH, _CHECK_SKIP = 12, 3, 5, 7
 
 @functools.cache
 def position_hooks_problem() -> str | None:
-    """Whether ``counting_iterator`` counts right with the Ray Data installed here, checked once
-    per process on a tiny known dataset (in memory: no Ray task runs): None when it does, else what
-    it got wrong. A Ray upgrade that iterates around the hooks it relies on would otherwise make a
-    resumed epoch skip the wrong rows without any error."""
+    """Whether ``counting_iterator`` counts right with the Ray Data installed here, checked once per
+    process on a tiny in-memory dataset: None when it does, else what it got wrong. A Ray upgrade
+    that iterates around its hooks would otherwise make a resumed epoch skip the wrong rows silently."""
     import ray.data  # its loggers exist from here on
 
     # Quietly: Ray Data logs each execution and its progress at INFO on loggers of its own, which

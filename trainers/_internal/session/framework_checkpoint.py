@@ -1,8 +1,6 @@
-"""The common part of ``TorchCheckpoint``, ``XGBoostCheckpoint`` and ``LightGBMCheckpoint``.
-
-Each is a ``trainers.Checkpoint`` holding one model file (``MODEL_FILENAME``) and, optionally, a
-fitted Ray Data preprocessor stored in the checkpoint's metadata as Ray Train stores it.
-"""
+"""The common part of ``TorchCheckpoint``, ``XGBoostCheckpoint`` and ``LightGBMCheckpoint``: a
+``trainers.Checkpoint`` holding one model file and, optionally, a fitted Ray Data preprocessor
+stored in its metadata as Ray Train stores it."""
 
 from __future__ import annotations
 
@@ -23,12 +21,8 @@ _Self = TypeVar("_Self", bound="FrameworkCheckpoint")
 
 
 class FrameworkCheckpoint(Checkpoint):
-    """A checkpoint that knows the file its framework's model is saved in.
-
-    Ray Train deprecated these classes in favour of a plain ``Checkpoint`` plus the report
-    callback's ``get_model``; they are kept so Ray Train code keeps working. The first one built
-    of each class says so with a ``DeprecationWarning``.
-    """
+    """A checkpoint that knows the file its framework's model is saved in. Ray Train deprecated
+    these classes; they are kept so its code keeps working (the first built warns)."""
 
     #: The model's file name inside the checkpoint folder.
     MODEL_FILENAME: ClassVar[str] = ""

@@ -1,11 +1,9 @@
 """``get_all_reported_checkpoints()``: a worker asks, the controller answers when it can.
 
-The worker pushes a ``CheckpointsQuery`` event (as it pushes reports), naming how many rounds it
-has reported in this attempt. The controller answers once it has committed that many rounds (and,
-in VALIDATED mode, once no validation is pending), by calling the worker back with the run's kept
-checkpoints; nothing waits on a timer or reads storage. When the caller's ``timeout_s`` passes
-first, the worker asks again for an answer at once and returns what the run has then, as Ray
-Train does.
+The worker pushes a ``CheckpointsQuery`` naming how many rounds it reported in this attempt; the
+controller answers with the run's kept checkpoints once that many rounds are committed (and, in
+VALIDATED mode, no validation is pending). When ``timeout_s`` passes first, the worker asks for
+an answer at once and returns what the run has then, as Ray Train does.
 """
 
 from __future__ import annotations
@@ -33,10 +31,11 @@ class QueryingSession(Protocol):
     context: Any
     num_reports: int
     emit: Callable[[Any], None]
-    stop_requested: threading.Event
 
     @property
     def filesystem(self) -> Any: ...
+
+    def check_stopped(self) -> None: ...
 
 
 #: What the controller sends back: (path inside the run's filesystem, metrics, status) per kept
@@ -106,8 +105,6 @@ class Answers:
 
 def read(session: QueryingSession, consistency_mode: Any, timeout_s: float | None) -> list[ReportedCheckpoint]:
     """The body of ``get_all_reported_checkpoints()`` in a worker."""
-    from trainers._internal.events.messages import TrainingInterrupted
-
     if not isinstance(consistency_mode, CheckpointConsistencyMode):
         raise ValueError(
             f"get_all_reported_checkpoints(consistency_mode={consistency_mode!r}): must be "
@@ -123,27 +120,19 @@ def read(session: QueryingSession, consistency_mode: Any, timeout_s: float | Non
     answers = session.answers
     query_id = answers.next_id
     answers.next_id += 1
-    query = CheckpointsQuery(
-        session.context.world_rank,
-        query_id,
-        session.num_reports,
-        validated=consistency_mode is CheckpointConsistencyMode.VALIDATED,
-    )
+    validated = consistency_mode is CheckpointConsistencyMode.VALIDATED
+    query = CheckpointsQuery(session.context.world_rank, query_id, session.num_reports, validated)
     session.emit(query)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    asked_now = False
     while True:
-        if session.stop_requested.is_set():
-            raise TrainingInterrupted("the controller stopped this attempt")
-        left = (
-            STOP_CHECK_S if deadline is None or asked_now else max(0.0, min(STOP_CHECK_S, deadline - time.monotonic()))
-        )
+        session.check_stopped()
+        left = STOP_CHECK_S if deadline is None else max(0.0, min(STOP_CHECK_S, deadline - time.monotonic()))
         answer = answers.take(query_id, left)
         if answer is not None:
             break
-        if deadline is not None and not asked_now and time.monotonic() >= deadline:
+        if deadline is not None and time.monotonic() >= deadline:
             session.emit(CheckpointsQuery(query.world_rank, query_id, query.num_reports, query.validated, wait=False))
-            asked_now = True
+            deadline = None  # asked for an answer now: wait for it
     return [
         ReportedCheckpoint(Checkpoint(path, session.filesystem), metrics, ReportedCheckpointStatus(status))
         for path, metrics, status in answer

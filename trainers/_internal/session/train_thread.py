@@ -1,7 +1,5 @@
 """The thread a worker runs the user's training function in, and the event that says how it ended.
-
-Imported by the worker when it starts training, not by the driver: what runs only in a worker
-(the session, uploads, memory summaries) stays out of the driver's memory.
+Imported by the worker when it starts training, so what runs only in a worker stays out of the driver.
 """
 
 from __future__ import annotations
@@ -29,25 +27,15 @@ def sendable(error: BaseException) -> BaseException:
 
 
 def _release_locals(error: BaseException) -> None:
-    """Free the local variables of every frame ``error`` (and the errors it was raised from)
-    passed through. The failure event holds the error until the controller acknowledges it; a
-    model left in a frame would keep its torch process group, and a gloo group's sockets open, so
-    the peers waiting in a collective with this rank would wait on instead of failing."""
+    """Free the locals of every frame ``error`` (and the errors it came from) passed through: the
+    failure event holds the error until acknowledged, and a model left in a frame would keep its
+    process group's sockets open, so the peers in a collective with this rank would wait on."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         traceback.clear_frames(current.__traceback__)  # skips the frames still running, this one
         current = current.__cause__ or current.__context__
-
-
-def _finish_uploads_quietly(session: WorkerSession) -> None:
-    # A report() the loop made before it raised may still be uploading in the background (ASYNC
-    # mode): its report must reach the controller before the failure, or the round is lost.
-    try:
-        session.flush()
-    except BaseException:  # noqa: BLE001 - the training function's own error is the one to report
-        pass
 
 
 def run_training_function(
@@ -58,8 +46,7 @@ def run_training_function(
     emit: Callable[[Event], None],
     context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> None:
-    """Run the user's function under ``session``, inside the backend's ``context``, and emit how
-    it ended."""
+    """Run the user's function under ``session``, inside the backend's ``context``; emit how it ended."""
     rank = session.context.world_rank
     set_session(session)
     try:
@@ -84,7 +71,10 @@ def run_training_function(
             )
             failure = dataclasses.replace(failure, memory=memory, memory_summary=summary)
         _release_locals(error)
-        _finish_uploads_quietly(session)
+        # A report() made before it raised may still be uploading (ASYNC): it must reach the
+        # controller before the failure, or the round is lost.
+        with contextlib.suppress(BaseException):  # the training function's own error is the one to report
+            session.flush()
         emit(failure)
         return
     finally:
@@ -92,13 +82,10 @@ def run_training_function(
     try:
         pickle.dumps(value)
     except Exception as error:  # noqa: BLE001 - pickling fails in many ways; each is reported as the return value's failure
-        emit(
-            FailedEvent(
-                rank,
-                WorkerError(f"the training function returned {type(value).__name__}, which cannot be pickled: {error}"),
-                traceback.format_exc(),
-            )
+        unsendable = WorkerError(
+            f"the training function returned {type(value).__name__}, which cannot be pickled: {error}"
         )
+        emit(FailedEvent(rank, unsendable, traceback.format_exc()))
         return
     emit(FinishedEvent(rank, value))
 

@@ -1,8 +1,5 @@
-"""Ordered background work for one worker: checkpoint uploads and the reports queued behind them.
-
-A worker's reports must reach the controller in the order they were made, so once one
-checkpoint upload runs in the background, later reports wait in the same queue behind it.
-"""
+"""Ordered background work for one worker: checkpoint uploads and the reports queued behind them
+(reports must reach the controller in the order they were made)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The state behind ``report()``, ``get_checkpoint()`` and ``get_dataset_shard()`` in a worker.
-
-One ``WorkerSession`` exists per worker process (or per driver in local mode) while the training
-function runs. ``report()`` stages a checkpoint into the run's storage and pushes one event to the
-controller through ``emit``; it never waits on a timer.
+"""The state behind ``report()``, ``get_checkpoint()`` and ``get_dataset_shard()`` in a worker:
+one ``WorkerSession`` per worker process while the training function runs. ``report()`` stages a
+checkpoint into the run's storage and pushes one event through ``emit``; it never waits on a timer.
 """
 
 from __future__ import annotations
@@ -24,13 +22,13 @@ from trainers._internal.events.messages import Event, ReportEvent, SyncEvent, Tr
 from trainers._internal.health.rank_health import RankHealth
 from trainers._internal.session import checkpoint_upload
 from trainers._internal.session.data_position import DataPositions
-from trainers._internal.session.reported_checkpoints import Answer, Answers
+from trainers._internal.session.reported_checkpoints import Answer, Answers, read
 from trainers._internal.session.uploader import OrderedUploader
 from trainers.backend import FrameworkProcess
 from trainers.context import TrainContext, _set_context
 from trainers.report_config import CheckpointUploadMode
 from trainers.tuning import BROADCAST_WARN_BYTES, SYNC_WAKE_S
-from trainers.validation import resolve_request
+from trainers.validation import CheckpointConsistencyMode, resolve_request
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +68,6 @@ class WorkerSession:
         self.score_attribute = score_attribute
         #: The trainer's ``ValidationConfig`` (None: ``report(validation=...)`` is refused).
         self.validation_config = validation_config
-        #: The controller's answers to ``get_all_reported_checkpoints()``.
         self.answers = Answers()
         self.num_reports = 0
         self.stop_requested = threading.Event()
@@ -103,16 +100,12 @@ class WorkerSession:
         delete_local: bool | None = None,
         upload_fn: checkpoint_upload.UploadFn | None = None,
     ) -> None:
-        """What ``trainers.report`` does in this worker: check the request (``_checked``), then send
-        the report to the controller as an event (with the step's health and the data position),
-        after putting ``checkpoint``'s files into the run's staging folder first (SYNC), from a
-        private copy in the background (ASYNC), or not at all (NO_UPLOAD: already in the run
-        folder); see ``_send_with_checkpoint``. Raises ``TrainingInterrupted`` once the controller
-        stopped the attempt."""
+        """What ``trainers.report`` does in this worker: check the request, then send the report as
+        an event (with the step's health and data position), its checkpoint placed first (see
+        ``_send_with_checkpoint``). Raises ``TrainingInterrupted`` once the attempt was stopped."""
         step = self.health.report_starts()
         try:
-            if self.stop_requested.is_set():
-                raise TrainingInterrupted("the controller stopped this attempt")
+            self.check_stopped()
             plain, validation, delete_local = self._checked(
                 metrics, checkpoint, upload_mode, validation, dir_name, delete_local, upload_fn
             )
@@ -131,13 +124,14 @@ class WorkerSession:
                 memory=step.memory,
                 data_wait_s=step.data_wait_s,
             )
-            if checkpoint is None:  # metrics only: the common report, kept short
-                self.uploader.flush()  # earlier background uploads (if any) come first; re-raises their errors
-                self.emit(event)
-            else:
-                self._send_with_checkpoint(event, checkpoint, upload_mode, delete_local, upload_fn)
+            self._send_with_checkpoint(event, checkpoint, upload_mode, delete_local, upload_fn)
         finally:
             self.health.report_ends()
+
+    def check_stopped(self) -> None:
+        """Raise ``TrainingInterrupted`` once the controller stopped this attempt."""
+        if self.stop_requested.is_set():
+            raise TrainingInterrupted("the controller stopped this attempt")
 
     def _checked(
         self,
@@ -149,9 +143,7 @@ class WorkerSession:
         delete_local: bool | None,
         upload_fn: Any,
     ) -> tuple[dict[str, Any], Any, bool]:
-        """A ``report()`` call's arguments checked, each refused with the field and the fix, before
-        anything is sent: the metrics as plain values, the validation asked for, and whether the
-        checkpoint's local folder is deleted after its upload."""
+        """A ``report()`` call's arguments checked: plain metrics, the validation, whether to delete the checkpoint."""
         if not isinstance(metrics, dict):
             raise TypeError(f"report(metrics={metrics!r}): metrics must be a dict of name to value.")
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
@@ -194,14 +186,18 @@ class WorkerSession:
     def _send_with_checkpoint(
         self,
         event: ReportEvent,
-        checkpoint: Checkpoint,
+        checkpoint: Checkpoint | None,
         upload_mode: CheckpointUploadMode,
         delete_local: bool,
         upload_fn: Any,
     ) -> None:
-        """Send ``event`` once ``checkpoint`` is where the controller commits it from: uploaded to
-        the attempt's staging folder now (SYNC), or from a private copy taken now, in the
-        background and in report order (ASYNC), or left where it is (NO_UPLOAD)."""
+        """Send ``event`` once ``checkpoint`` (if any) is where the controller commits it from:
+        uploaded to the attempt's staging folder now (SYNC), or from a private copy taken now, in
+        the background and in report order (ASYNC), or left where it is (NO_UPLOAD)."""
+        if checkpoint is None:  # metrics only: the common report, kept short
+            self.uploader.flush()  # earlier background uploads (if any) come first; re-raises their errors
+            self.emit(event)
+            return
         staging = self.layout.staging_path(self.attempt, event.index)
         persist = dict(
             staging=staging,
@@ -222,15 +218,7 @@ class WorkerSession:
                     placement = checkpoint_upload.persist(Checkpoint(local_copy, pafs.LocalFileSystem()), **persist)
                 finally:
                     shutil.rmtree(local_copy, ignore_errors=True)
-                self.emit(
-                    dataclasses.replace(
-                        event,
-                        dir_name=placement.dir_name,
-                        in_place=placement.in_place,
-                        upload=placement.upload,
-                        uploaded_in_background=True,
-                    )
-                )
+                self.emit(_placed(event, placement, uploaded_in_background=True))
 
             self.uploader.submit(upload_then_report)
             return
@@ -244,25 +232,15 @@ class WorkerSession:
             if delete_local:
                 kept = checkpoint_upload.uploaded(placement, staging, self.layout, self.filesystem)
                 checkpoint_upload.delete_source(checkpoint, keep=kept)
-            event = dataclasses.replace(
-                event, dir_name=placement.dir_name, in_place=placement.in_place, upload=placement.upload
-            )
+            event = _placed(event, placement)
             self._unseen_commit = self.num_reports
         self.emit(event)
 
     def current_checkpoint(self) -> Checkpoint | None:
-        """What ``get_checkpoint()`` returns: the checkpoint this attempt started from, or the
-        newest one this worker reported since.
-
-        As in Ray Train, a SYNC report's checkpoint is returned once it is saved; flowtrain
-        saves a step's checkpoint when every worker has reported that step, so this waits for
-        that commit. A NO_UPLOAD checkpoint is returned at once. An ASYNC report is not waited
-        for: until a later SYNC or NO_UPLOAD report, the previous checkpoint is returned.
-        """
+        """What ``get_checkpoint()`` returns: the checkpoint this attempt started from, or the newest
+        one this worker reported since. As in Ray Train, a SYNC report's checkpoint once its round
+        is committed (this waits for that), a NO_UPLOAD one at once; an ASYNC one is not waited for."""
         if self._unseen_commit is not None:
-            from trainers._internal.session.reported_checkpoints import read
-            from trainers.validation import CheckpointConsistencyMode
-
             kept = read(self, CheckpointConsistencyMode.COMMITTED, None)
             if kept:
                 self.checkpoint = kept[-1].checkpoint  # kept in commit order: the newest is last
@@ -280,8 +258,7 @@ class WorkerSession:
     def synchronize(self, data: Any, caller: str) -> Any:
         """Wait until every rank made its next ``barrier()``/``broadcast_from_rank_zero()`` call,
         then return rank 0's ``data``. The controller gathers the ranks and releases them."""
-        if self.stop_requested.is_set():
-            raise TrainingInterrupted("the controller stopped this attempt")
+        self.check_stopped()
         rank = self.context.world_rank
         if rank != 0:
             data = None
@@ -309,8 +286,7 @@ class WorkerSession:
         self.emit(SyncEvent(rank, point.index, data))
         with self.health.waiting():  # on the other ranks: not this rank's step
             while not point.released.wait(SYNC_WAKE_S):
-                if self.stop_requested.is_set():
-                    raise TrainingInterrupted("the controller stopped this attempt")
+                self.check_stopped()
         self._sync = None
         return point.data
 
@@ -322,26 +298,29 @@ class WorkerSession:
             point.released.set()
 
 
+@dataclasses.dataclass
 class _SyncPoint:
-    """One barrier of one rank: set when the controller has seen every rank arrive."""
+    """One barrier of one rank: released when the controller has seen every rank arrive."""
 
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.released = threading.Event()
-        self.data: Any = None
+    index: int
+    released: threading.Event = dataclasses.field(default_factory=threading.Event)
+    data: Any = None
+
+
+def _placed(event: ReportEvent, placement: checkpoint_upload.Placement, **more: Any) -> ReportEvent:
+    """``event`` saying where its checkpoint went."""
+    return dataclasses.replace(
+        event, dir_name=placement.dir_name, in_place=placement.in_place, upload=placement.upload, **more
+    )
 
 
 def plain_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Check and tidy the metrics of one ``report()`` before they leave the worker.
 
-    As in Ray Train, any picklable value is a metric: a number, a string, a datetime, a
-    Decimal, a tuple (it stays a tuple), an array, a small object. Tensors and numpy scalars of
-    one element become Python numbers; other tensors are detached and copied to the CPU (the
-    driver may have no GPU). Nested dicts are kept (``"val/loss"`` names ``{"val": {"loss": ...}}``).
-    ``storage.metric_values`` says how run.json keeps each kind.
-
-    Raises ``TypeError`` naming the metric only when a value cannot be pickled (a lock, an open
-    file, a generator): it could reach neither the driver nor the run's record.
+    As in Ray Train, any picklable value is a metric. Tensors and numpy scalars of one element
+    become Python numbers; other tensors are detached and copied to the CPU (the driver may have
+    no GPU); nested dicts are kept (``"val/loss"`` names ``{"val": {"loss": ...}}``). Raises
+    ``TypeError`` naming the metric when a value cannot be pickled (a lock, an open file).
     """
     return {str(key): _plain(value, f"{prefix}{key}") for key, value in metrics.items()}
 
@@ -363,11 +342,6 @@ def _plain(value: Any, name: str) -> Any:
         return tuple(_plain(v, f"{name}[{i}]") for i, v in enumerate(value))
     if callable(getattr(value, "detach", None)) and callable(getattr(value, "cpu", None)):
         value = value.detach().cpu()  # a torch tensor: one on a GPU would not unpickle on a driver without one
-    _check_picklable(value, name)
-    return value
-
-
-def _check_picklable(value: Any, name: str) -> None:
     error = pickling_error(value)  # cloudpickle is what carries the report to the driver
     if error is not None:
         raise TypeError(
@@ -375,6 +349,7 @@ def _check_picklable(value: Any, name: str) -> None:
             "must reach the driver and the run's record, so report a value that pickles (a number, a string, "
             "a list, an array, a small object), e.g. str(value) or the number it holds."
         ) from error
+    return value
 
 
 def _describe(value: Any) -> str:
@@ -384,10 +359,8 @@ def _describe(value: Any) -> str:
 
 
 def check_score(metrics: dict[str, Any], attribute: str, *, required: bool) -> None:
-    """The score a checkpoint is ranked by must be a number (NaN ranks last).
-
-    ``required``: rank 0's metrics are the ones recorded, so there the score must be present.
-    """
+    """The score a checkpoint is ranked by must be a number (NaN ranks last); ``required`` (rank 0,
+    whose metrics are recorded): it must be present."""
     flat = flatten(metrics)
     if attribute not in flat:
         if required:
