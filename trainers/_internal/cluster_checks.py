@@ -7,6 +7,7 @@ Facts are gathered by one tiny Ray task pinned to each alive node (``probe_node`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import os
@@ -17,12 +18,12 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import ray
 
 from storage.codec import Record
-from storage.filesystem import exists, read_bytes, resolve_filesystem, write_bytes
+from storage.filesystem import exists, pafs, read_bytes, resolve_filesystem, write_bytes
 from trainers._internal.ray_init import AUTH_FIX
 
 Status = Literal["ok", "FAIL", "skip"]
@@ -185,19 +186,11 @@ def remove_probes(storage_path: str, paths: Sequence[str]) -> list[str]:
             fs.delete_file(path)
         except Exception:  # noqa: BLE001
             left.append(path)
-    try:
+    with contextlib.suppress(Exception):  # a folder left behind is harmless
         folder = probe_folder(storage_path)
-        if exists(fs, folder) and not fs.get_file_info(_selector(folder)):
+        if exists(fs, folder) and not fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
             fs.delete_dir(folder)
-    except Exception:  # noqa: BLE001 - a folder left behind is harmless
-        pass
     return left
-
-
-def _selector(folder: str) -> Any:
-    import pyarrow.fs as pafs
-
-    return pafs.FileSelector(folder, allow_not_found=True)
 
 
 @ray.remote(num_cpus=0, max_retries=0)
@@ -233,6 +226,7 @@ def version_checks(driver: NodeFacts, nodes: Sequence[NodeFacts]) -> list[CheckR
     """One ``versions`` line per node: Ray, Python (to Ray's match level) and flowtrain against the driver's."""
     level = python_match_level()
     parts = 2 if level == "minor" else 3
+    python = driver.python_version
     results = []
     for node in nodes:
         found = f"ray {node.ray_version}, python {node.python_version}"
@@ -242,13 +236,9 @@ def version_checks(driver: NodeFacts, nodes: Sequence[NodeFacts]) -> list[CheckR
         if node.ray_version != driver.ray_version:
             wrong.append(f"ray {node.ray_version} (the driver has {driver.ray_version})")
             fixes.append(f"pip install 'ray[default]=={driver.ray_version}' on that node")
-        if node.python_version.split(".")[:parts] != driver.python_version.split(".")[:parts]:
-            wrong.append(
-                f"python {node.python_version} (the driver has {driver.python_version}; Ray needs the same {level})"
-            )
-            fixes.append(
-                f"run Ray there on Python {driver.python_version} (the same image or environment as the driver)"
-            )
+        if node.python_version.split(".")[:parts] != python.split(".")[:parts]:
+            wrong.append(f"python {node.python_version} (the driver has {python}; Ray needs the same {level})")
+            fixes.append(f"run Ray there on Python {python} (the same image or environment as the driver)")
         if node.flowtrain_version and driver.flowtrain_version and node.flowtrain_version != driver.flowtrain_version:
             wrong.append(f"flowtrain {node.flowtrain_version} (the driver has {driver.flowtrain_version})")
             fixes.append(f"install flowtrain {driver.flowtrain_version} there")
@@ -299,9 +289,7 @@ STORAGE_FIX_READ = (
 
 
 def storage_checks(
-    storage_path: str,
-    written: Mapping[str, tuple[NodeFacts, str, str]],
-    read_errors: Mapping[str, Mapping[str, str]],
+    storage_path: str, written: Mapping[str, tuple[NodeFacts, str, str]], read_errors: Mapping[str, Mapping[str, str]]
 ) -> list[CheckResult]:
     """One ``storage`` line per process (the driver first): whether it wrote its file, and read back
     every file the others wrote.

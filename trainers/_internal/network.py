@@ -1,10 +1,10 @@
 """Which network interface the workers' collectives use.
 
-gloo picks its address from the host name and NCCL's bootstrap its first interface that is up;
-on a host whose name resolves to loopback, or with several interfaces, ranks on different hosts
-then cannot reach each other (gloo's ``connectFullMesh ... remote=[127.0.0.1]``). Ray already
-knows the address each node is reached at: the interface that carries it is the one to use, unless
-the user named one in ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``.
+gloo picks its address from the host name and NCCL its first interface that is up: on a host
+whose name resolves to loopback, or with several interfaces, ranks on different hosts then cannot
+reach each other (gloo's ``connectFullMesh ... remote=[127.0.0.1]``). The interface carrying the
+address Ray reaches the node at is the one to use, unless the user set ``GLOO_SOCKET_IFNAME`` or
+``NCCL_SOCKET_IFNAME``.
 """
 
 from __future__ import annotations

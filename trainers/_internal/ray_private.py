@@ -1,10 +1,8 @@
 """Every part of Ray that Ray does not promise to keep, used through this one module.
 
-Each name below says what flowtrain uses it for, what of Ray's it touches (checked against Ray
-``CHECKED_AGAINST``) and which public API would replace it: Ray 2.60 offers none for any of
-them, and where a public API comes close, its docstring says why it does not answer the same
-question. ``tests/test_ray_private.py`` exercises each against the installed Ray and names the
-one that broke: after upgrading Ray, run it, fix what it names, then move ``CHECKED_AGAINST``.
+Each name says what flowtrain uses it for, what of Ray's it touches (as of ``CHECKED_AGAINST``)
+and why no public API of Ray 2.60 replaces it. ``tests/test_ray_private.py`` exercises each against
+the installed Ray: after upgrading Ray, run it, fix what it names, then move ``CHECKED_AGAINST``.
 """
 
 from __future__ import annotations
@@ -30,11 +28,10 @@ WORKER_LINE_PRINTER = "ray_print_logs"
 
 def actor_name_line(label: str) -> str:
     """The line that, written to an actor's stdout or stderr, makes Ray show the lines after it
-    under ``label`` (``trainers.worker_output.announce``).
+    under ``label`` (``worker_output.announce``).
 
     Uses ``ray._private.ray_constants.LOG_PREFIX_ACTOR_NAME``, the prefix Ray's log monitor looks
-    for. Public replacement: none. An actor's ``__repr__`` names its lines once, when it starts;
-    nothing public renames them later, when the worker learns its run and rank.
+    for. Public replacement: none; an actor's ``__repr__`` names its lines once, when it starts.
     """
     from ray._private import ray_constants
 
@@ -42,14 +39,12 @@ def actor_name_line(label: str) -> str:
 
 
 def wrap_worker_line_printer(wrap: Callable[[Callable[[dict], Any]], Callable[[dict], Any]]) -> None:
-    """Replace the handler that prints forwarded worker lines on the driver by ``wrap(handler)``
-    (``trainers.worker_output.install``); a no-op when this process does not forward them.
+    """Replace the driver's printer of forwarded worker lines by ``wrap(printer)``
+    (``worker_output.install``); a no-op when this process does not forward them.
 
     Uses ``ray._private.ray_logging.global_worker_stdstream_dispatcher``: its ``handlers`` list of
-    ``(name, handler)`` pairs, swapped under its ``_lock`` so no batch of lines passes between
-    removing the printer and adding its wrapper. Public replacement: none;
-    ``ray.init(log_to_driver=False)`` turns worker lines off for the whole process, it does not
-    route them.
+    ``(name, handler)`` pairs, swapped under its ``_lock`` so no batch of lines slips past. Public
+    replacement: none; ``ray.init(log_to_driver=False)`` turns all worker lines off, it does not route them.
     """
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
@@ -60,12 +55,11 @@ def wrap_worker_line_printer(wrap: Callable[[Callable[[dict], Any]], Callable[[d
 
 
 def ray_console_handlers() -> list[logging.Handler]:
-    """The handlers that print Ray's (and Ray Data's) own log records on the terminal, and not
-    those that keep them in Ray's log files (``tasks.console`` filters them).
+    """The handlers that print Ray's (and Ray Data's) log records on the terminal, not those of
+    Ray's log files (``tasks.console`` filters them).
 
-    Uses ``ray._private.log.PlainRayHandler``, the class of those handlers. Public replacement:
-    none; picking ``logging.StreamHandler``s that are no ``FileHandler`` would also pick handlers
-    a user put on Ray's loggers.
+    Uses ``ray._private.log.PlainRayHandler``. Public replacement: none; picking the
+    ``StreamHandler``s would also pick handlers a user put on Ray's loggers.
     """
     from ray._private.log import PlainRayHandler
 
@@ -84,10 +78,9 @@ def available_resources_per_node() -> dict[str, dict[str, float]]:
     """What each live node has free now: node id (hex) -> resource name -> amount (elastic
     sizing, and the "Nodes now" part of start errors).
 
-    Uses ``ray._private.state.available_resources_per_node``. Public replacement: none without
-    the dashboard; ``ray.available_resources()`` sums the whole cluster, ``ray.nodes()`` gives
-    each node's total only, and ``ray.util.state`` needs the dashboard (flowtrain's local Ray
-    starts none) and shows no free amounts.
+    Uses ``ray._private.state.available_resources_per_node``. Public replacement: none;
+    ``ray.available_resources()`` sums the cluster, ``ray.nodes()`` gives totals, and
+    ``ray.util.state`` needs the dashboard (the local Ray starts none) and shows no free amounts.
     """
     from ray._private import state
 
@@ -110,11 +103,9 @@ def draining_nodes() -> dict[str, int]:
 
 
 def set_current_data_context(context: Any) -> None:
-    """Make ``context`` this process's current ``ray.data.DataContext`` (each worker gets the
-    driver's copy, so datasets it opens behave as on the driver).
+    """Make ``context`` this process's ``ray.data.DataContext`` (each worker gets the driver's).
 
-    Uses ``DataContext._set_current``, which Ray Train's workers use too. Public replacement:
-    none; ``DataContext.get_current()`` has no public setter in 2.60.
+    Uses ``DataContext._set_current``, as Ray Train's workers do. Public replacement: none.
     """
     from ray.data import DataContext
 
@@ -122,23 +113,18 @@ def set_current_data_context(context: Any) -> None:
 
 
 def end_dataset_splits(shards: list[dict[str, Any]]) -> int:
-    """Kill the split coordinators behind one attempt's dataset shards (``streaming_split``
-    iterators); returns how many. A rank that finished its share of an epoch waits in the
-    coordinator's epoch barrier (``start_epoch``, a ``ray.get`` in Ray Data's prefetch thread) for
-    every other rank, a dead one too, and nothing raised in its thread reaches it there: with the
-    coordinator gone that call fails, and the rank's loop ends, so it can serve the next attempt.
+    """Kill the split coordinators behind one attempt's dataset shards (``streaming_split``);
+    returns how many. A rank done with its share of an epoch waits in the coordinator's epoch
+    barrier (a ``ray.get`` in Ray Data's prefetch thread, out of reach of anything raised in its
+    thread) for every rank, a dead one too: with the coordinator gone that call fails and the
+    rank's loop ends, so it can serve the next attempt.
 
-    Uses ``StreamSplitDataIterator._coord_actor`` (``ray.data._internal.iterator``). Public
-    replacement: none; a ``DataIterator`` has no way to be cancelled from outside in 2.60.
+    Uses ``StreamSplitDataIterator._coord_actor``. Public replacement: none (no cancelling).
     """
     import ray
 
-    coordinators: dict[Any, Any] = {}
-    for shard in shards:
-        for iterator in shard.values():
-            actor = getattr(iterator, "_coord_actor", None)
-            if actor is not None:
-                coordinators[actor._actor_id] = actor
+    actors = (getattr(iterator, "_coord_actor", None) for shard in shards for iterator in shard.values())
+    coordinators = {actor._actor_id: actor for actor in actors if actor is not None}
     for actor in coordinators.values():
         with contextlib.suppress(Exception):  # already dead, or Ray shut down: gone either way
             ray.kill(actor, no_restart=True)
@@ -147,28 +133,22 @@ def end_dataset_splits(shards: list[dict[str, Any]]) -> int:
 
 def right_size_footer_readers(dataset: Any) -> None:
     """Let every Parquet listing in ``dataset``'s plan start one footer reader per batch of files
-    it reads, at most Ray Data's setting, instead of always Ray Data's 32; and none when its files
-    fit one batch: their footers are read in the listing task itself.
+    it reads (at most Ray Data's setting) instead of always 32, and none when its files fit one
+    batch: their footers are then read in the listing task itself. The read itself is unchanged.
 
     Why: every execution of a ``read_parquet`` dataset (each epoch of a ``streaming_split``, each
-    pass over a dataset a worker gets whole) lists its files with a fresh pool of ``FooterReader``
-    actors, ``RAY_DATA_PARQUET_FOOTER_NUM_ACTORS`` (32) of them, handed 10 files at a time and
-    killed when the listing ends; each is a new process importing Ray Data and pyarrow. With 8
-    files one does all the work and 31 take CPU from the training workers starting beside them (on
-    2 cores a 250k-row epoch waited 2.6-4.0 s for its first batch, against 1.4 s with one). Even
-    one is a process start: the demo's 1-file datasets waited about 1 s for their first batch
-    every epoch, 0.1 s with the footer read in the listing task (issue 62). The read itself is
-    unchanged.
+    pass over a whole dataset) lists its files with a fresh pool of ``FooterReader`` actors,
+    ``RAY_DATA_PARQUET_FOOTER_NUM_ACTORS`` (32) new processes, handed 10 files each. With 8 files
+    31 of them only take CPU from the workers starting beside them (on 2 cores a 250k-row epoch
+    waited 2.6-4.0 s for its first batch, 1.4 s with one); and even one is a process start: 1-file
+    datasets waited 1 s for their first batch every epoch, 0.1 s read in the listing task (issue 62).
 
-    Uses ``Dataset._logical_plan.dag`` (operators' ``input_dependencies`` and ``file_indexer``)
-    and ``ray.data._internal...FooterFileIndexer``: the indexer's class is swapped for a subclass
-    that overrides ``_iter_file_infos_for_list`` (sets ``_num_actors`` from
-    ``_footer_batch_size``) and ``list_files`` (reads one batch with a ``FooterReader`` of its own,
-    built with the indexer's ``_io_concurrency`` and ``_coalesce_bytes``, through its
-    ``read_footers`` and ``_file_chunks_to_manifest``, shutting down its ``pool``; else Ray's own
-    ``list_files``, handed the files already listed). A dataset with no such listing, or indexers
-    without these attributes, is left as it is. Public replacement: none; the pool size is one
-    environment variable for the whole process, read when the dataset is created.
+    Uses ``Dataset._logical_plan.dag`` (``input_dependencies``, ``file_indexer``) and swaps the
+    class of each ``FooterFileIndexer`` for a subclass overriding ``_iter_file_infos_for_list``
+    (sets ``_num_actors`` from ``_footer_batch_size``) and ``list_files`` (one batch: a
+    ``FooterReader`` of its own from ``_io_concurrency`` and ``_coalesce_bytes``, its
+    ``read_footers``, ``_file_chunks_to_manifest`` and ``pool``). Plans or indexers without these
+    are left as they are. Public replacement: none; the pool size is one variable for the process.
     """
     right_sized = _right_sized_footer_indexer()
     if right_sized is None:
@@ -181,36 +161,29 @@ def right_size_footer_readers(dataset: Any) -> None:
 
 
 def counting_iterator(inner: Any, position: Any, waits: Any) -> Any:
-    """``inner`` (a Ray Data ``DataIterator``, a worker's shard) as a ``DataIterator`` that tells
-    ``position`` what it hands to the training loop (``trainers._internal.session.data_position``), and
-    adds the seconds the loop waits for each batch to ``waits.data_wait_s`` (a ``RankHealth``).
+    """``inner`` (a worker's shard) as a ``DataIterator`` that tells ``position``
+    (``session.data_position``) what it hands to the training loop, and adds the seconds the loop
+    waits for each batch to ``waits.data_wait_s`` (a ``RankHealth``).
 
-    Each pass over it (an ``iter_batches``/``iter_torch_batches``/``iter_rows``/``to_tf``...
-    loop, or ``materialize``) calls ``position.start_pass()``, which answers how many rows the
-    pass skips (a resumed epoch); each batch or row handed out calls
-    ``position.handed_out(rows)``; a pass that runs to its end calls ``position.end_pass()``.
-    Skipped rows are dropped before their blocks are fetched: whole blocks by their metadata, and
-    the first rows of one block by slicing it (``skip_rows``). Sent to another process (pickled),
-    it is ``inner`` again.
+    Each pass over it (any ``iter_*``/``to_tf`` loop, or ``materialize``) calls
+    ``position.start_pass()``, which answers how many rows to skip (a resumed epoch), then
+    ``position.handed_out(rows)`` per batch or row, and ``position.end_pass()`` at its end.
+    Skipped rows are dropped before their blocks are fetched (``skip_rows``). Pickled, it is ``inner``.
 
-    Uses ``DataIterator``'s hooks ``_to_ref_bundle_iterator``, ``_iter_batches``,
-    ``_on_iteration_end`` and ``_get_dataset_tag`` (every public iteration method of Ray 2.60
-    goes through the first two). Public replacement: none; Ray Data has no iterator position and
-    no way to start a pass mid-way (Ray's issues 37633 and 46814).
+    Uses ``DataIterator``'s hooks ``_to_ref_bundle_iterator``, ``_iter_batches`` (every public
+    iteration method goes through them), ``_on_iteration_end`` and ``_get_dataset_tag``. Public
+    replacement: none; Ray Data has no iterator position nor mid-way start (Ray's issues 37633, 46814).
     """
     return _counting_iterator_class()(inner, position, waits)
 
 
 def skip_rows(bundles: Iterator[Any], rows: int) -> Iterator[Any]:
-    """The ``RefBundle`` stream ``bundles`` without its first ``rows`` rows.
+    """The ``RefBundle`` stream ``bundles`` without its first ``rows`` rows: whole blocks dropped
+    by their metadata (never fetched), the block the cut falls in fetched, sliced and put back.
+    Counted in whole blocks, as Ray Data's batching reads them (it ignores a bundle's ``slices``).
 
-    Whole blocks are dropped by their metadata's row count (never fetched); the block the cut
-    falls in is fetched, sliced and put back. Counted in whole blocks, as Ray Data's batching
-    reads them (it ignores a bundle's ``slices``).
-
-    Uses ``RefBundle``, ``BlockEntry`` (``ray.data._internal.execution.interfaces.ref_bundle``)
-    and ``BlockAccessor``. Public replacement: none (``Dataset.limit`` keeps the first rows; there
-    is no offset).
+    Uses ``RefBundle``, ``BlockEntry`` and ``BlockAccessor``. Public replacement: none
+    (``Dataset.limit`` keeps the first rows; there is no offset).
     """
     import ray
     from ray.data._internal.execution.interfaces.ref_bundle import BlockEntry, RefBundle
@@ -347,9 +320,7 @@ def _rows_in(batch: Any) -> int:
     if isinstance(rows, int):
         return rows
     shape = getattr(batch, "shape", None)
-    if shape:
-        return int(shape[0])
-    return len(batch)
+    return int(shape[0]) if shape else len(batch)
 
 
 def _operators(op: Any) -> Iterator[Any]:
@@ -371,9 +342,8 @@ def _has_pool_settings(indexer: Any) -> bool:
 
 @functools.cache
 def _right_sized_footer_indexer() -> type | None:
-    """Ray Data's Parquet footer indexer with a pool no larger than its files need, or None for a
-    Ray Data without that indexer. Built on first use: importing this module (every worker does)
-    must not import Ray Data."""
+    """Ray Data's Parquet footer indexer with a pool no larger than its files need (None: no such
+    indexer). Built on first use: importing this module (every worker does) must not import Ray Data."""
     try:
         from ray.data._internal.datasource_v2.formats.parquet.footer_file_indexer import FooterFileIndexer
     except ImportError:
@@ -445,10 +415,8 @@ def in_tune_function_session() -> bool:
     """Whether this code runs inside a Ray Tune trial's function (Tune-only helpers refuse to
     run elsewhere).
 
-    Uses ``ray.tune.trainable.trainable_fn_utils._in_tune_session``. Public replacement: none;
-    ``ray.tune.get_context()`` answers everywhere, and outside a trial its ``get_trial_id()``
-    returns None only after warning that it was called outside one, and inside a Ray Train V1
-    worker it returns the trial's id too.
+    Uses ``trainable_fn_utils._in_tune_session``. Public replacement: none; outside a trial
+    ``ray.tune.get_context().get_trial_id()`` warns, and in a Ray Train V1 worker it answers too.
     """
     from ray.tune.trainable.trainable_fn_utils import _in_tune_session
 
@@ -459,11 +427,9 @@ class TuneTrainableAttributes:
     """The two attributes Ray Tune reads off a callable trainable, for a trainer object given to
     ``tune.Tuner`` (``DataParallelTrainer`` inherits them).
 
-    ``_resources``: what each trial reserves (Tune's ``wrap_function`` reads it,
-    ``tune.with_resources`` sets it); until set, the subclass's ``_default_tune_resources()``.
-    ``_name``: what Tune names the trainable and its trials after (``Experiment.get_trainable_name``);
-    the class name. Public replacement: none for an object; ``tune.with_resources(fn, ...)`` on a
-    function sets the same private attribute.
+    ``_resources``: what each trial reserves (read by Tune's ``wrap_function``, set by
+    ``tune.with_resources``); until set, ``_default_tune_resources()``. ``_name``: what Tune names
+    the trainable after (``Experiment.get_trainable_name``). Public replacement: none for an object.
     """
 
     def _default_tune_resources(self) -> Any:
@@ -471,9 +437,9 @@ class TuneTrainableAttributes:
 
     @property
     def _resources(self) -> Any:
-        if "_tune_resources" in self.__dict__:
-            return self.__dict__["_tune_resources"]
-        return self._default_tune_resources()
+        return (
+            self.__dict__["_tune_resources"] if "_tune_resources" in self.__dict__ else self._default_tune_resources()
+        )
 
     @_resources.setter
     def _resources(self, resources: Any) -> None:

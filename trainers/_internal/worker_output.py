@@ -1,23 +1,21 @@
 """Where the lines a run's workers print go: the terminal (Ray's default) or a caller's sink.
 
-Ray forwards every line a worker process prints to the driver, which prints it under a
-``(TrainWorker(run='name', rank=0) pid=...)`` prefix. A caller that shows the run somewhere else
-(the Prefect tasks log it into the task run) wraps ``fit()`` in ``capture_worker_output``; the
-lines of that run's workers then go to its sink, and not to the terminal::
+Ray forwards every line a worker prints to the driver, which prints it under a
+``(TrainWorker(run='name', rank=0) pid=...)`` prefix. A caller that shows the run elsewhere (the
+Prefect tasks log it into the task run) wraps ``fit()`` in ``capture_worker_output``, and the
+lines of that run's workers go to its sink instead::
 
     with capture_worker_output("my-run", lambda rank, lines, is_err: ...):
         trainer.fit()
 
-Lines are told apart by the worker's label, the name Ray shows them under, which each worker sets
-when it learns its run and rank. So runs that train at once in one process each get their own
-lines. What a worker prints before it starts training (while its framework is set up) keeps going
-to the terminal. Ray delivers lines a moment after they are printed, so lines of a run that arrive
-up to ``LATE_LINES_S`` after its block ended still go to its sink.
+Lines are told apart by the worker's label (the name Ray shows them under, set when the worker
+learns its run and rank), so runs training at once in one process each get their own; what a
+worker prints before it trains still goes to the terminal. Lines Ray delivers up to
+``LATE_LINES_S`` after the block ended still go to its sink.
 
 While a run is captured (and as long after), Ray Data's per-execution notices from its split
-coordinators ("Dataset ... execution finished in 0.9 seconds", one per epoch and dataset, and
-"Progress bars disabled") are not printed either: no Ray Data setting turns them off, and Ray
-Data's own log file keeps them.
+coordinators ("Dataset ... execution finished in 0.9 seconds", "Progress bars disabled") are not
+printed either: no Ray Data setting turns them off, and Ray Data's own log file keeps them.
 """
 
 from __future__ import annotations
@@ -61,12 +59,9 @@ def worker_label(run_name: str, rank: int) -> str:
 
 
 def announce(label: str) -> None:
-    """In a worker actor: show the lines it prints from now on under ``label``.
-
-    Ray names an actor's lines after its ``repr`` once, when the actor starts, by writing a marker
-    line to its stdout and stderr that the log monitor reads; writing it again renames the lines
-    that follow.
-    """
+    """In a worker actor: show the lines it prints from now on under ``label`` (Ray names an
+    actor's lines by a marker line in its stdout and stderr, once at start; written again, it
+    renames the lines that follow)."""
     line = actor_name_line(label)
     for stream in (sys.stdout, sys.stderr):
         stream.write(line)
@@ -110,11 +105,9 @@ class _Router:
         found = _sink_for(data.get("actor_name"))
         if found is not None:
             sink, rank = found
-            try:
+            with contextlib.suppress(Exception):  # raising here would end Ray's log thread: print the lines instead
                 sink(rank, list(data.get("lines") or []), bool(data.get("is_err")))
                 return
-            except Exception:  # noqa: BLE001 - raising here would end Ray's log thread: print the lines instead
-                pass
         elif data.get("actor_name") == _SPLIT_COORDINATOR and _quiet_coordinators():
             lines = [line for line in data.get("lines") or [] if not is_ray_data_notice(line)]
             if not lines:
@@ -125,8 +118,7 @@ class _Router:
 
 def install() -> None:
     """Put the router in front of Ray's printer of worker lines (once per ``ray.init``; a no-op
-    when Ray is not connected or does not forward worker lines). Until a run is captured, the
-    router passes every line on unchanged."""
+    when Ray does not forward worker lines); it passes every line on until a run is captured."""
     wrap_worker_line_printer(lambda printer: printer if isinstance(printer, _Router) else _Router(printer))
 
 

@@ -1,11 +1,10 @@
 """A worker's TCP connections that a stopped attempt must end, whatever framework made them.
 
-Run in the worker. A live rank's gloo sockets close only when its group is freed, which torch does
-not do while anything holds the group (a DDP model the user's code keeps; torch 2.13), so a peer
-blocked in a collective with it would wait on. The connections a group opened when it formed are
-remembered (``forming_group``) and shut when the rank leaves its group (``shut_group_connections``,
-from ``FrameworkProcess.leave_group``); a host cut off from the network closes nothing, so the
-survivors shut their own connections to it (``cut_connections_to``). See docs/design.md, step 8.
+Run in the worker. A live rank's gloo sockets close only when torch frees its group, not while
+anything holds it (a DDP model the user keeps; torch 2.13), so a peer blocked in a collective with
+it would wait on. A group's connections are remembered as it forms (``forming_group``) and shut
+when the rank leaves it (``shut_group_connections``); a host cut off closes nothing, so the
+survivors shut their connections to it (``cut_connections_to``). See docs/design.md, step 8.
 """
 
 from __future__ import annotations

@@ -41,10 +41,8 @@ def _node_labels() -> dict[str, dict[str, str]]:
 
 def count_workers(scaling: ScalingConfig, nodes: NodeResources, labels: dict[str, dict[str, str]] | None = None) -> int:
     """How many of ``scaling``'s workers ``nodes`` hold together, placed by its placement
-    strategy, at most ``max_workers``.
-
-    ``labels`` (node id -> labels) restricts the count to nodes a worker's label selector accepts.
-    """
+    strategy, at most ``max_workers``; ``labels`` (node id -> labels): only on nodes a worker's
+    label selector accepts."""
     bundle = scaling.worker_resources
     if not any(amount > 0 for amount in bundle.values()):
         return scaling.max_workers  # workers that need nothing fit anywhere
@@ -80,10 +78,7 @@ def add(nodes: NodeResources, held: NodeResources) -> NodeResources:
 
 class ElasticSizer:
     """Decides the size of each attempt of an elastic run, and when a running one should grow.
-
-    ``free`` returns the free resources per node (``free_per_node`` on a live cluster) and
-    ``labels`` each node's labels; both are parameters so a test can script the cluster.
-    """
+    ``free`` (free resources per node) and ``labels`` (each node's) are parameters for tests."""
 
     def __init__(
         self,
@@ -102,25 +97,18 @@ class ElasticSizer:
         self._last_check = float("-inf")
 
     def _count(self, held: NodeResources | None = None) -> int:
-        nodes = self.free()
-        if held:
-            nodes = add(nodes, held)
+        nodes = add(self.free(), held) if held else self.free()
         labels = self.labels() if self.labels is not None and self.scaling.label_selector else None
         return count_workers(self.scaling, nodes, labels)
 
     def size_to_start(self, deadline: float) -> int:
         """The size of the next attempt: as many workers as fit now, at most ``max_workers``.
-
-        While fewer than ``min_workers`` fit, waits for nodes to join (or other work to end), saying
-        so in a log line, until ``deadline``; then returns the fewer that fit (the caller fails).
-        """
+        While fewer than ``min_workers`` fit, waits (saying so in a log line) until ``deadline``,
+        then returns the fewer that fit (the caller fails)."""
         waiting = False
         while True:
-            size = self._count()
-            if size >= self.scaling.min_workers:
-                return size
-            now = self.clock()
-            if now >= deadline:
+            size, now = self._count(), self.clock()
+            if size >= self.scaling.min_workers or now >= deadline:
                 return size
             if not waiting:
                 waiting = True
@@ -138,11 +126,8 @@ class ElasticSizer:
 
     def resize_to(self, current: int, held: NodeResources, started_at: float) -> int | None:
         """The larger size a running attempt of ``current`` workers should restart at, or None.
-
-        Counts at most once per ``elastic_resize_monitor_interval_s`` (from the attempt's start
-        or the last count), over the free resources plus ``held``, what the attempt's own workers
-        hold on each node.
-        """
+        Counts at most once per ``elastic_resize_monitor_interval_s`` (since the attempt's start or
+        the last count), over the free resources plus ``held``, what its own workers hold per node."""
         now = self.clock()
         if now - max(started_at, self._last_check) < self.scaling.elastic_resize_monitor_interval_s:
             return None

@@ -1,23 +1,24 @@
 """What a worker process puts back before it serves another attempt, so the user's code finds it
-as a fresh process (the list, and what is not put back: docs/fault-tolerance.md, "A kept process
-is a fresh process to your code").
+as a fresh process (docs/fault-tolerance.md, "A kept process is a fresh process to your code").
 
-What is expensive and shared stays: Python and every installed library already imported. The
-user's own modules (files outside the installed packages, flowtrain's and Ray's) are forgotten, to
-be imported again from disk; the framework's process-wide settings are its backend's to put back
-(``FrameworkProcess.reset``), and its group was left before (``TrainWorker.stop``). Processes of
-libraries that keep process-wide distributed state are never reused (``reuse.KEEPS_PROCESS_STATE``).
+Python and every installed library already imported stay. The user's own modules (files outside
+the installed packages, flowtrain's and Ray's) are forgotten, to be imported again from disk; the
+framework's process-wide settings are its backend's to put back (``FrameworkProcess.reset``).
+Processes of libraries that keep distributed state are never reused (``reuse.KEEPS_PROCESS_STATE``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import os
 import random
 import sys
 import sysconfig
 
+from trainers._internal.log_level import FLOWTRAIN_LOGGERS
+from trainers._internal.ray_private import set_current_data_context
 from trainers.backend import FrameworkProcess
 
 #: Top-level packages whose modules are never forgotten: flowtrain's own (an editable install
@@ -67,8 +68,6 @@ class ProcessBaseline:
         os.environ.update(self.environ)
         os.chdir(self.cwd)
         sys.path[:] = self.sys_path
-        from trainers._internal.log_level import FLOWTRAIN_LOGGERS
-
         for name in FLOWTRAIN_LOGGERS:
             logging.getLogger(name).setLevel(logging.NOTSET)
         forgotten = self.forget_user_modules()
@@ -80,8 +79,6 @@ class ProcessBaseline:
             sys.modules["numpy.random"].seed()
         if "ray.data" in sys.modules:
             from ray.data import DataContext
-
-            from trainers._internal.ray_private import set_current_data_context
 
             set_current_data_context(DataContext())
         return forgotten
@@ -100,7 +97,5 @@ class ProcessBaseline:
         for name in names:
             sys.modules.pop(name, None)
         if names:
-            import importlib
-
             importlib.invalidate_caches()  # a module file created since the last import is found
         return sorted(names)

@@ -1,17 +1,16 @@
 """Hosts the run stopped hearing, and bundles of a worker group reserved again away from them.
 
-A rank silent on the event road may be a stopped process or a host cut off, and a rank that died
-may have lost its process or its node's raylet; the node is lost in the second case only, and it
-shows in one TCP connect from the driver to the node's raylet (``silent_raylets``). Ray keeps such a
-node alive for up to a minute (its health checks), and with it the group's bundles there: a
-replacement put in one never starts. Its bundle therefore moves (``MovedBundles``): into a slot of
-the group an earlier move emptied, else into a one-bundle placement group of its own with a label
-selector that keeps it off the lost nodes (``off_nodes``); the group's own bundle stays reserved
-(Ray cannot shrink a placement group) until the run ends.
+A silent or dead rank may have lost its process or its host; one TCP connect from the driver to
+the node's raylet tells which (``silent_raylets``). Ray keeps a lost node alive for up to a minute
+(its health checks), and with it the group's bundles there: a replacement put in one never starts.
+Its bundle therefore moves (``MovedBundles``): into a slot an earlier move emptied, else into a
+one-bundle placement group of its own kept off the lost nodes (``off_nodes``); the group's own
+bundle stays reserved (Ray cannot shrink a placement group) until the run ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 import uuid
@@ -19,10 +18,7 @@ import uuid
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
-from trainers._internal.workers.resources import WORKER_GROUP_PREFIX
-
-#: The label Ray gives every node: its id.
-NODE_ID_LABEL = "ray.io/node-id"
+from trainers._internal.workers.resources import NODE_ID_LABEL, WORKER_GROUP_PREFIX
 
 
 def off_nodes(node_ids: set[str] | frozenset[str]) -> dict[str, str]:
@@ -46,8 +42,7 @@ def silent_raylets(node_ids: set[str], timeout_s: float) -> set[str]:
 
 class MovedBundles:
     """The group's bundles placed elsewhere: bundle index -> (placement group, its bundle index
-    there, node). A bundle moves into a slot of the group that an earlier move left empty, on a
-    node not avoided, else into a one-bundle placement group of its own."""
+    there, node)."""
 
     def __init__(self) -> None:
         self._moved: dict[int, tuple[PlacementGroup, int, str]] = {}
@@ -114,7 +109,5 @@ class MovedBundles:
             self._moved.pop(index, None)
             own = self._own.pop(index, None)
             if own is not None:
-                try:
+                with contextlib.suppress(Exception):  # Ray shutting down: the reservation goes with it
                     remove_placement_group(own)
-                except Exception:  # noqa: BLE001 - Ray shutting down: the reservation goes with it
-                    pass

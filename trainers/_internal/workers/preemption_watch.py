@@ -1,9 +1,8 @@
 """Noticing that a node of the run is being preempted, and deciding when the wait for it is over.
 
 A cloud that takes a spot instance back first drains its Ray node with a deadline. The driver
-asks Ray which nodes are draining (about once a second, from the controller's poll); when one
-holds workers of the current attempt, every worker is told (``get_preemption_info()`` answers
-from then on) and the controller receives a ``PreemptionNotice``.
+asks Ray which nodes are draining (from the controller's poll); when one holds workers of the
+attempt, every worker is told (``get_preemption_info()``) and the controller gets a ``PreemptionNotice``.
 """
 
 from __future__ import annotations
@@ -36,10 +35,8 @@ def merge(old: PreemptionInfo | None, new: PreemptionInfo) -> PreemptionInfo:
 
 
 def deadline_passed(info: PreemptionInfo, noticed_at_s: float, grace_s: float, now_s: float) -> bool:
-    """Whether the preempted nodes' deadline plus ``grace_s`` has passed (times in UNIX seconds).
-
-    A drain without a deadline gets ``PREEMPTION_DEFAULT_DEADLINE_S`` from when it was noticed.
-    """
+    """Whether the preempted nodes' deadline plus ``grace_s`` has passed (times in UNIX seconds);
+    a drain without a deadline gets ``PREEMPTION_DEFAULT_DEADLINE_S`` from when it was noticed."""
     deadline_s = (
         info.deadline_ms / 1000 if info.deadline_ms is not None else noticed_at_s + PREEMPTION_DEFAULT_DEADLINE_S
     )

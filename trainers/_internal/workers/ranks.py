@@ -20,17 +20,12 @@ def assign_ranks(
 ) -> list[Ranks]:
     """Ranks for workers placed on ``node_ids`` (one entry per worker, in start order).
 
-    Nodes in ``node_order`` come first, in that order (TPU hosts, slice by slice), then
-    ``first_node`` (usually the driver's), then the others by where their first worker stands; workers
-    keep their start order within a node. So local ranks on every node are 0..k-1 and world ranks
-    of one node are consecutive, which is what torch's launchers promise.
+    Nodes in ``node_order`` come first (TPU hosts, slice by slice), then ``first_node`` (usually
+    the driver's), then the others by their first worker; within a node workers keep their start
+    order. So local ranks are 0..k-1 and a node's world ranks consecutive, as torch's launchers promise.
     """
-    order: list[str] = [node for node in node_order or [] if node in node_ids]
-    if first_node is not None and first_node in node_ids and first_node not in order:
-        order.append(first_node)
-    for node in node_ids:
-        if node not in order:
-            order.append(node)
+    first = [first_node] if first_node in node_ids else []
+    order = list(dict.fromkeys([*(node for node in node_order or [] if node in node_ids), *first, *node_ids]))
     sorted_workers = sorted(range(len(node_ids)), key=lambda i: (order.index(node_ids[i]), i))
     per_node = {node: node_ids.count(node) for node in order}
     result: list[Ranks | None] = [None] * len(node_ids)

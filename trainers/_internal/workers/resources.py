@@ -27,14 +27,12 @@ def bundles_that_fit(node: dict[str, float], bundle: dict[str, float]) -> int:
 
 
 def check_feasible(scaling: ScalingConfig, nodes: list[dict[str, float]], *, held: str = "") -> None:
-    """Raise ``InsufficientResourcesError`` when ``nodes`` (each node's total resources) can never
-    hold ``scaling.num_workers`` workers placed by ``scaling.placement_strategy``.
+    """Raise ``InsufficientResourcesError`` (saying what was asked, what the cluster has and what to
+    change) when ``nodes`` (each node's total resources) can never hold ``scaling``'s workers.
 
-    Only total capacity counts here: resources busy now are free later. An elastic run
-    (``num_workers=(min, max)``) waits for nodes to join, as on an autoscaling cluster, so it fails
-    here only when no node of a shape the cluster has could hold its workers, however many joined.
-    The message lists what was requested and what the cluster has, and what to change. ``held``
-    describes what ``nodes`` already leave out (e.g. the Tune trial this runs in), for the message.
+    Only total capacity counts: busy resources free up later. An elastic run waits for nodes to
+    join, so it fails only when no node of a shape the cluster has could hold one of its workers.
+    ``held`` says what ``nodes`` already leave out (e.g. the Tune trial this runs in).
     """
     may_grow = scaling.elasticity_enabled
     elastic = f" (min_workers of num_workers={scaling.num_workers!r})" if may_grow else ""
@@ -82,11 +80,9 @@ def cluster_nodes() -> list[dict[str, float]]:
 def leave_cpu_for_data(scaling: ScalingConfig, nodes: list[dict[str, float]]) -> ScalingConfig:
     """Make room for the Ray Data pipeline beside the training workers.
 
-    Ray Data's read and map tasks need a CPU each; when the workers hold every CPU, those tasks
-    never run and training waits forever. With the default one CPU per worker, the workers here
-    get a fraction of a CPU instead (a warning says so), which leaves one whole CPU to the
-    pipeline; when you set the workers' CPUs yourself and none is left, this fails at once
-    saying what to change.
+    Ray Data's tasks need a CPU each; when the workers hold every CPU, training waits forever. With
+    the default one CPU per worker, the workers get a fraction instead (with a warning), leaving one
+    CPU to the pipeline; when you set the workers' CPUs yourself and none is left, this fails at once.
     """
     total_cpu = sum(node.get("CPU", 0.0) for node in nodes)
     num_workers = scaling.max_workers  # an elastic run may grow to max_workers: leave the CPU beside them too
@@ -115,14 +111,12 @@ def leave_cpu_for_data(scaling: ScalingConfig, nodes: list[dict[str, float]]) ->
 def enclosing_placement_group(scaling: ScalingConfig) -> tuple[PlacementGroup, int] | None:
     """The placement group this process places its children in, and the bundle of worker 0.
 
-    A Ray Tune trial runs in a placement group that captures its children (Tune sets
-    ``placement_group_capture_child_tasks``). When ``trainers.tune.trial_resources`` built it (the
-    trial's own bundle first, then one bundle per worker), the workers take the last
-    ``num_workers`` bundles: a second group would count every worker twice. Returns None when
-    this process captures into no group, or when the group holds only the trial's own process
-    (Ray's ``tune.with_resources(fn, {"CPU": 1})``): then the workers get a group of their own,
-    outside the trial's, as in Ray Train. Raises ``InsufficientResourcesError`` before any worker
-    starts when the group has worker bundles that cannot hold the workers.
+    A Ray Tune trial's group captures its children. When ``trainers.tune.trial_resources`` built
+    it (the trial's bundle, then one per worker), the workers take the last ``num_workers``
+    bundles: a second group would count every worker twice. None when nothing is captured, or the
+    group holds only the trial's process (``tune.with_resources(fn, {"CPU": 1})``): the workers then
+    get a group of their own, as in Ray Train. Raises ``InsufficientResourcesError`` when the
+    group's worker bundles cannot hold the workers.
     """
     import ray
 
@@ -183,12 +177,8 @@ def _take(nodes: dict[str, dict[str, float]], table: dict) -> dict[str, float]:
 
 
 def nodes_beside(group: PlacementGroup) -> tuple[list[dict[str, float]], str]:
-    """Every live node's total resources less what ``group`` (a Tune trial's group) holds on it,
-    and a note saying so for error messages.
-
-    While a trial runs, its own group stays reserved: a worker group of its own can only ever use
-    what is left beside it.
-    """
+    """Every live node's total resources less what ``group`` (a Tune trial's, reserved while it
+    runs) holds on it: all a worker group beside it can ever use; and a note saying so, for errors."""
     from ray.util import placement_group_table
 
     nodes = _live_nodes()
@@ -199,10 +189,9 @@ def nodes_beside(group: PlacementGroup) -> tuple[list[dict[str, float]], str]:
 def stuck_beside_other_groups(scaling: ScalingConfig, own: PlacementGroup) -> str | None:
     """Why ``scaling``'s workers (group ``own``, still pending) can never be placed, or None.
 
-    They can be when a trainer's worker group is placed somewhere (it frees its resources when it
-    finishes), or when they fit beside every other placement group (what holds the rest is plain
-    tasks and actors, which end). Otherwise the resources are held by groups such as other Tune
-    trials' that themselves wait for workers: nobody moves.
+    They can when some trainer's worker group is placed (it frees its resources when done), or when
+    they fit beside every other group (the rest is tasks and actors, which end). Otherwise groups
+    such as other Tune trials' hold the resources and themselves wait for workers: nobody moves.
     """
     from ray.util import placement_group_table
 
@@ -225,8 +214,8 @@ def stuck_beside_other_groups(scaling: ScalingConfig, own: PlacementGroup) -> st
 
 # -- label selectors ------------------------------------------------------------------------------
 
-#: The label every Ray node carries with its own id: left out of messages (it says nothing new).
-_NODE_ID_LABEL = "ray.io/node-id"
+#: The label every Ray node carries with its own id (left out of messages: it says nothing new).
+NODE_ID_LABEL = "ray.io/node-id"
 
 
 def label_matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -244,16 +233,13 @@ def label_matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 
 def _user_labels(node: dict) -> dict[str, str]:
-    return {k: v for k, v in sorted((node.get("Labels") or {}).items()) if k != _NODE_ID_LABEL}
+    return {k: v for k, v in sorted((node.get("Labels") or {}).items()) if k != NODE_ID_LABEL}
 
 
 def check_label_selector(scaling: ScalingConfig, nodes: list[dict] | None = None) -> None:
     """Raise ``InsufficientResourcesError`` when ``ScalingConfig.label_selector`` leaves some worker
-    no live node to run on, or too few for the workers that need it; before anything is reserved.
-
-    ``nodes`` are Ray's node records (``ray.nodes()``, the default). Each distinct selector is
-    checked with the workers that carry it, over the nodes it matches. Only total capacity counts,
-    as in ``check_feasible``.
+    no live node, or too few for the workers that need it: each distinct selector is checked with
+    its workers over the nodes it matches (``check_feasible``). ``nodes``: ``ray.nodes()`` by default.
     """
     selectors = scaling.label_selector_per_worker(scaling.min_workers)
     if not selectors:

@@ -1,11 +1,9 @@
 """Whether a worker group's processes may serve again, and if not, why: the one home of that rule.
 
-Processes are reused within a run (a failed attempt's surviving ranks serve the next attempt,
-``FLOWTRAIN_REPLACE_RANKS``) and between runs (a clean run's CPU workers are parked for the next
-``fit()`` of the same shape, ``warm_workers``), put back as fresh processes first
-(``fresh_process``): either way to skip a new worker's start. ``refusal`` answers for a group, in
-the driver; ``process_refusal`` for one process, in the worker; the reasons are kept in run.json's
-``restarts`` and ``workers_parked``.
+Processes are reused, reset first (``fresh_process``), within a run (a failed attempt's survivors
+serve the next, ``FLOWTRAIN_REPLACE_RANKS``) and between runs (a clean run's CPU workers are parked
+for the next ``fit()`` of the same shape, ``warm_workers``). ``refusal`` answers for a group, in the
+driver; ``process_refusal`` for one process, in the worker (run.json: ``restarts``, ``workers_parked``).
 """
 
 from __future__ import annotations
@@ -58,10 +56,9 @@ class GroupFacts:
 def refusal(facts: GroupFacts, reuse: Reuse) -> str | None:
     """Why the group described by ``facts`` cannot be reused ``reuse``-wise, or None when it can.
 
-    Workers that can be reused between runs are started beside their placement group, holding no
-    resources themselves, so that they can outlive it; whether a clean run's workers are then
-    parked is ``FLOWTRAIN_KEEP_WORKERS_S``'s (0: they are killed). Spare workers
-    (``FLOWTRAIN_SPARE_WORKERS``) need workers started that way too."""
+    Workers reusable between runs start beside their placement group, holding no resources, so
+    they can outlive it (and have spares, ``FLOWTRAIN_SPARE_WORKERS``); a clean run then parks
+    them unless ``FLOWTRAIN_KEEP_WORKERS_S`` is 0."""
     if not facts.backend_reuses:
         return (
             f"the {facts.backend_name} backend has not declared that it can set up again in a process that ran it "
@@ -78,14 +75,10 @@ def refusal(facts: GroupFacts, reuse: Reuse) -> str | None:
     if facts.in_tune_trial:
         return "the workers run in a Ray Tune trial, whose resources end with the trial"
     held = sorted(set(facts.resources) - PARKABLE_RESOURCES)
-    if held:
-        return f"the workers hold {', '.join(held)}, which a parked process could not give back"
-    return None
+    return f"the workers hold {', '.join(held)}, which a parked process could not give back" if held else None
 
 
 def process_refusal() -> str | None:
     """Run in a worker: why this process cannot serve again, or None."""
     loaded = [name for name in KEEPS_PROCESS_STATE if name in sys.modules]
-    if loaded:
-        return f"it loaded {', '.join(loaded)}, which keep process-wide distributed state"
-    return None
+    return f"it loaded {', '.join(loaded)}, which keep process-wide distributed state" if loaded else None

@@ -17,6 +17,8 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import ray
+
 from storage import Checkpoint, settings
 from storage.health import PreflightRecord
 from storage.layout import RunLayout
@@ -25,6 +27,7 @@ from storage.snapshot import RestartRecord
 from trainers._internal.events.messages import LAUNCH, Event, FailedEvent, ReportEvent, take_events
 from trainers._internal.health import preflight
 from trainers._internal.health.health_settings import PreflightSettings
+from trainers._internal.log_level import apply_log_level
 from trainers._internal.ray_private import end_dataset_splits, set_current_data_context
 from trainers._internal.session.data import is_dataset, names_to_split, split_datasets
 from trainers._internal.session.data_position import DataPositions, ResumePlan, plan_resume, position_hooks_problem
@@ -91,8 +94,6 @@ def _resume_plan(spec: RunSpec, world_size: int, saved: RoundPosition | None) ->
     if not config.checkpoint_data_position:
         return None
     if any(map(is_dataset, spec.datasets.values())) and (problem := position_hooks_problem()) is not None:
-        import ray
-
         warnings.warn(
             f"DataConfig(checkpoint_data_position=True) is off for this run: with Ray {ray.__version__} "
             f"flowtrain's count of the rows a dataset shard hands out is wrong ({problem}). A restarted "
@@ -125,14 +126,11 @@ def _session_args(
     context = TrainContext(
         experiment_name=spec.name,
         world_size=world_size,
-        world_rank=ranks.world_rank,
-        local_rank=ranks.local_rank,
-        local_world_size=ranks.local_world_size,
-        node_rank=ranks.node_rank,
         storage=spec.storage_info,
         accelerator_ids=accelerator_ids,
         metadata=spec.metadata,
         attempt=attempt,
+        **dataclasses.asdict(ranks),
     )
     return dict(
         context=context,
@@ -257,7 +255,7 @@ class RayWorkers:
     ) -> DataResume | None:
         """Everything between "the workers are up and ranked" and "the training function runs":
         pin GPUs, let the backend set up communication, hand every worker its session."""
-        spec = self.spec
+        spec, backend_config = self.spec, self.spec.backend_config
         group = self.group
         assert group is not None  # launch started or re-formed it
         self._started_at = time.monotonic()
@@ -265,13 +263,8 @@ class RayWorkers:
         if first_attempt:
             self._first_started_at = self._started_at
         self._spares_due = self._spares_per_node > 0
-        import ray
-
-        installed = (
-            [w.actor.execute.remote(set_current_data_context, spec.data_context) for w in group.workers]
-            if spec.data_context is not None
-            else []
-        )
+        context = spec.data_context
+        installed = group.execute_async(set_current_data_context, context) if context is not None else []
         marker = spec.storage_marker
         shipped = spec.storage_info.shipped_filesystem
         looked = group.execute_async(shared_storage.what_this_node_sees, shipped, marker) if marker else []
@@ -300,10 +293,8 @@ class RayWorkers:
             )
             accelerators = [ids for _, ids in visible]
         if spec.log_level is not None:
-            from trainers._internal.log_level import apply_log_level
-
             group.execute(apply_log_level, spec.log_level)
-        self.backend.on_start(group, spec.backend_config)
+        self.backend.on_start(group, backend_config)
         if first_attempt and spec.preflight.runs(spec.scaling.use_gpu):
             self.preflight = self._preflight(group)  # before step 0: PreflightError names a slow worker
         plan = _resume_plan(spec, self.world_size, data_position)
@@ -312,13 +303,9 @@ class RayWorkers:
             for worker, ids, shard in zip(group.workers, accelerators, shards, strict=True)
         ]
         ray.get(installed)  # the training function must find the driver's DataContext from its first line
-        self.backend.on_training_start(group, spec.backend_config)
+        self.backend.on_training_start(group, backend_config)
         group.start_training(
-            spec.train_fn,
-            spec.train_loop_config,
-            spec.takes_config,
-            session_args,
-            spec.backend_config.train_func_context,
+            spec.train_fn, spec.train_loop_config, spec.takes_config, session_args, backend_config.train_func_context
         )
         return plan.note if plan is not None else None
 
@@ -334,11 +321,13 @@ class RayWorkers:
         return preflight.judge(figures, self._nodes, self.spec.preflight, time.monotonic() - started)
 
     def poll(self, timeout_s: float) -> list[Event | PreemptionNotice]:
-        events: list[Event | PreemptionNotice] = [*self.group.poll(timeout_s)] if self.group is not None else []
+        if self.group is None:
+            return []
+        events: list[Event | PreemptionNotice] = [*self.group.poll(timeout_s)]
         if self._spares_due and any(isinstance(event, ReportEvent) for event in events):
             self._fill_spares()
-        info = self._drain.check() if self._drain is not None and self.group is not None else None
-        if info is not None and self.group is not None:
+        info = self._drain.check() if self._drain is not None else None
+        if info is not None:
             for worker in self.group.workers:
                 worker.actor.mark_preempted.remote(info)  # get_preemption_info() answers it from now on
             events.append(PreemptionNotice(info))
@@ -362,8 +351,6 @@ class RayWorkers:
         Ray marks a node dead a moment after its processes go, so the answer waits up to
         ``wait_s`` for that mark; the controller asks only after workers died.
         """
-        import ray
-
         wanted = {node for node in node_ids if node}
         deadline = time.monotonic() + wait_s
         while True:
@@ -383,12 +370,11 @@ class RayWorkers:
     def _held(self) -> NodeResources:
         """What this attempt's workers hold on each node."""
         held: NodeResources = {}
-        if self.group is None:
-            return held
-        for worker in self.group.workers:
-            node = held.setdefault(worker.metadata.node_id, {})
-            for name, amount in self.group.scaling.worker_resources.items():
-                node[name] = node.get(name, 0.0) + amount
+        if self.group is not None:
+            for worker in self.group.workers:
+                node = held.setdefault(worker.metadata.node_id, {})
+                for name, amount in self.group.scaling.worker_resources.items():
+                    node[name] = node.get(name, 0.0) + amount
         return held
 
     def release(self, index: int, data: Any) -> None:
@@ -433,8 +419,6 @@ class RayWorkers:
 
     def _lost_hosts(self, failed: dict[int, str]) -> frozenset[str]:
         """The addresses of the failed ranks' nodes that Ray has declared dead, or that stopped answering."""
-        import ray
-
         nodes = {self._nodes.get(rank, ("", ""))[0] for rank in failed} - {""}
         dead = {node["NodeID"] for node in ray.nodes() if not node.get("Alive")} & nodes
         dead |= {self._nodes[rank][0] for rank, kind in failed.items() if kind == "unreachable" and rank in self._nodes}
@@ -491,16 +475,10 @@ class LocalWorkers:
         from trainers._internal.session.worker_session import WorkerSession
 
         self._session = WorkerSession(emit=self._events.put, **args)
+        context = spec.backend_config.train_func_context
         threading.Thread(
             target=run_training_function,
-            args=(
-                spec.train_fn,
-                spec.train_loop_config,
-                spec.takes_config,
-                self._session,
-                self._events.put,
-                spec.backend_config.train_func_context,
-            ),
+            args=(spec.train_fn, spec.train_loop_config, spec.takes_config, self._session, self._events.put, context),
             name="train_loop_per_worker",
             daemon=True,
         ).start()

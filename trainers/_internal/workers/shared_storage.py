@@ -30,10 +30,7 @@ def what_this_node_sees(filesystem: ShippedFilesystem, path: str) -> tuple[str, 
 
 
 def check_every_node_sees(
-    filesystem: pafs.FileSystem,
-    marker: str,
-    answers: Sequence[tuple[str, str | None]],
-    node_ids: Sequence[str],
+    filesystem: pafs.FileSystem, marker: str, answers: Sequence[tuple[str, str | None]], node_ids: Sequence[str]
 ) -> None:
     """Raise ``StorageNotSharedError`` naming each node whose workers answered (in ``answers``,
     beside their nodes' ids in ``node_ids``) that they do not see ``marker``."""

@@ -1,11 +1,10 @@
 """Spare workers: processes started and warmed up ahead of a failure, so that replacing a failed
-rank does not wait for a new process to start and import its framework (what they buy and cost:
-docs/fault-tolerance.md, "Spare workers"). A spare starts beside the group's placement group on a
-node the group uses, holding no resources, and imports what rank 0 had imported;
-``RayWorkerGroup.refill`` gives it a failed rank's bundle on its node, and the next spare starts
-once the re-formed group reports, so that it does not compete with the recovery for CPU. Only
-workers started beside their group have spares: a GPU worker must start in its bundle to be given
-its GPU, which the failed worker holds until it is gone.
+rank does not wait for a new process to start and import its framework (docs/fault-tolerance.md,
+"Spare workers"). A spare starts beside the group on a node it uses, holding no resources, and
+imports what rank 0 had imported; ``RayWorkerGroup.refill`` gives it a failed rank's bundle, and
+the next spare starts once the re-formed group reports, not to compete with the recovery for CPU.
+Only workers started beside their group have spares: a GPU worker must start in its bundle to be
+given its GPU, which the failed worker holds until it is gone.
 """
 
 from __future__ import annotations
@@ -45,11 +44,11 @@ def import_quietly(names: list[str]) -> int:
         with contextlib.suppress(OSError):  # not Linux, or not allowed: import at the usual priority
             os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
         for name in names:
-            try:
+            with contextlib.suppress(
+                Exception
+            ):  # a module that imports only in its own context: the worker imports it if needed
                 importlib.import_module(name)
                 loaded += 1
-            except Exception:  # noqa: BLE001 - a module that imports only in its own context: the worker imports it if needed
-                pass
 
     thread = threading.Thread(target=import_all, name="spare-warm-up")
     thread.start()
@@ -87,9 +86,6 @@ class SparePool:
                 del self._spares[i]
                 return actor, warm_up
         return None
-
-    def __len__(self) -> int:
-        return len(self._spares)
 
     def clear(self) -> list[Any]:
         """Forget every spare; returns their actors (to be killed)."""

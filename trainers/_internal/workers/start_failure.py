@@ -1,9 +1,8 @@
 """Why a worker group did not start, in words that name the nodes and the resources.
 
 A group that cannot start shows up as a wait that runs out: the placement group stays pending
-(the resources are busy or gone), or some actors never answer (their node died after the group
-was placed, or their process cannot start). These describe what the cluster looks like at that
-moment, so the error says where to look instead of only "timed out".
+(resources busy or gone), or actors never answer (their node died, or their process cannot
+start). These describe the cluster at that moment, so the error says where to look.
 """
 
 from __future__ import annotations

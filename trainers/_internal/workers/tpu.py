@@ -1,10 +1,9 @@
 """Multi-host TPU slices, placed as Ray Train places them (with Ray's own ``ray.util.tpu``).
 
 With ``ScalingConfig(use_tpu=True, topology=..., accelerator_type=...)`` a worker takes a whole
-TPU host by default, and the workers fill whole slices: a slice is reserved through its head
-host's ``TPU-<pod type>-head`` resource, then its hosts by their ``ray.io/tpu-slice-name`` label.
-Ranks follow the slices (by slice name, then host), and across several slices JAX learns the
-layout from the ``MEGASCALE_*`` variables.
+TPU host by default, and the workers fill whole slices, reserved through their head host's
+``TPU-<pod type>-head`` resource. Ranks follow the slices (by slice name, then host); across
+several slices JAX learns the layout from the ``MEGASCALE_*`` variables.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """The worker processes of the last clean run, kept for the next ``fit()`` in this process.
 
-When a run ends cleanly, its workers are put back as fresh processes (``fresh_process``) and parked
-here, holding no resources: the next group of the same shape on the same nodes takes them instead
-of starting new processes (Ray's worker start and the framework's imports: seconds of CPU each).
-Parked workers are killed after ``FLOWTRAIN_KEEP_WORKERS_S`` (0 turns keeping off), when a group
-of another shape parks, and with the driver. Which workers may be parked is ``reuse``'s rule.
+A clean run's workers are reset (``fresh_process``) and parked here, holding no resources: the
+next group of the same shape on the same nodes takes them instead of starting new processes (Ray's
+worker start and the framework's imports: seconds of CPU each). They are killed after
+``FLOWTRAIN_KEEP_WORKERS_S`` (0: not kept), when another shape parks, and with the driver.
+Which workers may be parked is ``reuse``'s rule.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -50,10 +51,8 @@ _parked: _Parked | None = None
 def kill_actors(actors: Iterable[Any]) -> None:
     """Kill each of ``actors`` for good; one already dead is no error."""
     for actor in actors:
-        try:
+        with contextlib.suppress(Exception):  # already dead, or Ray shut down: the process is gone either way
             ray.kill(actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already dead, or Ray shut down: the process is gone either way
-            pass
 
 
 def _kill(workers: list[tuple[Any, str, str]]) -> None:

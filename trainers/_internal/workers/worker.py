@@ -1,10 +1,10 @@
 """The body of one training worker (a Ray actor).
 
 The user's training function runs in a thread of the actor, so the actor still answers the
-controller while it trains (stop, barriers, hang reports). Its reports and other events go to the
-controller over the event channel's connection (``event_channel.Outbox``), kept until
-acknowledged; ``next_events``, the Ray long poll the controller keeps open, carries them only when
-that connection fails, and its failing is how the controller learns that the worker died.
+controller while it trains (stop, barriers, hang reports). Its events go to the controller over
+the event channel (``event_channel.Outbox``), kept until acknowledged; ``next_events``, the Ray
+long poll the controller keeps open, carries them only when that connection fails, and its
+failing tells the controller that the worker died.
 """
 
 from __future__ import annotations
@@ -117,19 +117,17 @@ class TrainWorker:
         )
 
     def stop(self, wait_s: float = 0.0, failed: bool = False, lost_hosts: frozenset[str] = frozenset()) -> StopAnswer:
-        """End this worker's attempt and make the process ready for another, as a fresh worker
-        would be (``fresh_process``). Answers the actor's id, or why the process cannot serve again.
+        """End this worker's attempt and reset the process as a fresh worker (``fresh_process``).
+        Answers the actor's id, or why the process cannot serve again.
 
-        A training function still running is stopped: ``report()`` and barriers raise
-        ``TrainingInterrupted`` from now on, the framework interrupts its collectives (NCCL's
-        abort: ``FrameworkProcess.interrupt``), and after a moment the same error is raised in the
-        training thread at its next Python instruction, again every ``INTERRUPT_EVERY_S``, for up
-        to ``wait_s`` seconds. A thread still running then (stuck in C code, or swallowing the
-        error) means the process is not reused. Then the framework's group is left (the peers
-        still waiting on this rank fail at once). ``failed``: the attempt failed, so the
-        collectives are interrupted even when the function has ended (its last ones may still
-        wait on the GPU for a rank that is gone). ``lost_hosts``: addresses of nodes that left the
-        cluster, whose connections are shut first (a partitioned host closes none itself).
+        A running training function is stopped: ``report()`` and barriers raise
+        ``TrainingInterrupted``, ``FrameworkProcess.interrupt`` aborts its collectives (NCCL), and
+        from ``INTERRUPT_GRACE_S`` on the same error is raised in the thread every
+        ``INTERRUPT_EVERY_S``, up to ``wait_s``; a thread still running (stuck in C, or
+        swallowing it) means no reuse. Then the framework's group is left, so waiting peers fail
+        at once. ``failed``: interrupt even an ended function (its last collectives may wait on
+        the GPU for a rank that is gone). ``lost_hosts``: nodes that left the cluster, whose
+        connections are shut first (a partitioned host closes none itself).
         """
         from trainers._internal.session.worker_session import TrainingInterrupted
         from trainers._internal.workers.connections import cut_connections_to
@@ -208,16 +206,14 @@ class TrainWorker:
         return self._outbox.connected
 
     def next_events(self, timeout_s: float, acked: int = 0) -> list[tuple[int, Event]]:
-        """The controller's long poll: forget the events it holds (numbered up to ``acked``),
-        then wait up to ``timeout_s`` for events the connection cannot carry, and return them
-        all, numbered."""
+        """The controller's long poll: forget the events it holds (numbered up to ``acked``), then
+        wait up to ``timeout_s`` for events the connection cannot carry; returns them, numbered."""
         return self._outbox.take(timeout_s, acked)
 
     def activity_and_unacknowledged(self) -> tuple[str, list[tuple[int, Event]]]:
-        """Where the training function is right now (file:line and the code, for hang reports), and
-        every event the controller has not acknowledged yet: when an attempt ends, the controller
-        takes what a stalled connection holds now instead of waiting for this worker to give the
-        connection up (``ACK_TIMEOUT_S``) and replay it."""
+        """Where the training function is (file:line and code, for hang reports), and every event
+        not acknowledged yet: at an attempt's end the controller takes what a stalled connection
+        holds instead of waiting ``ACK_TIMEOUT_S`` for this worker to give it up and replay it."""
         return describe_activity(self._thread), self._outbox.unacknowledged()
 
     def release_sync(self, index: int, data: Any) -> None:

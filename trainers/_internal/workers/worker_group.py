@@ -1,14 +1,14 @@
 """N training workers as Ray actors in one placement group, ranked by node.
 
-An attempt (``attempt.RayWorkers``) drives a group through ``start`` (place it, start the actors,
-rank them), ``execute`` (the backend's set-up), ``start_training``, then ``poll`` until
-``shutdown``. The workers' events arrive through a ``WorkerInbox``: each worker's socket to this
-process, behind it one Ray long poll per worker that also notices a dead worker or node, so a
-report reaches the driver the moment a worker makes it.
+An attempt (``run_workers.RayWorkers``) drives a group through ``start`` (place, start and rank
+the actors), ``execute`` (the backend's set-up), ``start_training``, then ``poll`` until
+``shutdown``. Events arrive through a ``WorkerInbox``: each worker's socket to this process, and
+behind it one Ray long poll per worker that also notices a dead worker or node.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -42,7 +42,7 @@ from trainers._internal.workers.reuse import GroupFacts, Reuse, refusal
 from trainers._internal.workers.spares import SparePool, installed_modules
 from trainers._internal.workers.start_failure import describe_nodes, describe_unstarted
 from trainers._internal.workers.tpu import host_order, reserve_slices
-from trainers._internal.workers.worker import TrainWorker, WorkerMetadata
+from trainers._internal.workers.worker import StopAnswer, TrainWorker, WorkerMetadata
 from trainers.config import ScalingConfig
 from trainers.errors import InsufficientResourcesError, WorkerError
 from trainers.tuning import KEPT_WORKER_ANSWER_S, SURVIVOR_ANSWER_S, SURVIVOR_STOP_S, TURN_CHECK_S
@@ -72,6 +72,17 @@ class Worker:
     bundle: int = 0
 
 
+def _answers(refs: list[Any], timeout_s: float, errors: Any = RayError) -> dict[Any, Any]:
+    """What each of ``refs`` that resolved within ``timeout_s`` returned, or raised (of ``errors``)."""
+    answers: dict[Any, Any] = {}
+    for ref in ray.wait(refs, num_returns=len(refs), timeout=timeout_s)[0] if refs else []:
+        try:
+            answers[ref] = ray.get(ref)
+        except errors as error:
+            answers[ref] = error
+    return answers
+
+
 def _kwargs_for_worker(resources: dict[str, float]) -> dict[str, Any]:
     custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU", "memory")}
     options: dict[str, Any] = {"num_cpus": resources.get("CPU", 0), "num_gpus": resources.get("GPU", 0)}
@@ -97,17 +108,13 @@ class RayWorkerGroup:
         avoid: frozenset[str] = frozenset(),
     ) -> None:
         self.scaling = scaling
-        self.backend_name = backend_name
         self.start_timeout_s = start_timeout_s
         self.runtime_env = runtime_env
-        #: Whether the backend can set up again in a process that ran it (``Backend.reuses_workers``).
-        self.reusable = reusable
-        #: Set by ``start``: why these workers cannot outlive the placement group (None: they can,
-        #: so they start beside it holding no resources of their own, may be parked after a clean
-        #: end, and have spares; ``reuse.refusal`` between runs decides it).
+        #: What decides whether these workers are reused (``reuse.refusal``); ``start`` completes it.
+        self.facts = GroupFacts(backend_reuses=reusable, backend_name=backend_name)
+        #: Set by ``start`` (``reuse.refusal`` between runs): why the workers cannot outlive the group;
+        #: None: they start beside it holding no resources, may be parked after a clean end, have spares.
         self._held_in_group: str | None = "not started"
-        #: Set by ``start``: what decides whether these workers are reused (``reuse.refusal``).
-        self.facts = GroupFacts(backend_reuses=reusable, backend_name="")
         #: World rank -> bundle of the workers ``stop_training`` let go, for ``refill`` to replace.
         self._vacant: dict[int, int] = {}
         #: Spare workers beside the group (only for workers started beside it).
@@ -125,8 +132,8 @@ class RayWorkerGroup:
         self.unreachable_s = unreachable_s
         #: Bundles reserved again away from hosts that stopped answering, and the hosts ``refill`` avoids.
         self._moved = MovedBundles()
-        #: Nodes ``refill`` places no worker on (a new group: none of its bundles), and after a
-        #: stop, those of the replaced ranks whose raylet took no connection (``avoided``).
+        #: Nodes ``refill`` (a new group: none of its bundles) places nothing on: after a stop, those
+        #: of the replaced ranks whose raylet took no connection (``avoided``).
         self._avoid: set[str] = set(avoid)
         #: Rank 0's answer to "which installed modules did you import?", while it is awaited.
         self._modules_asked: Any = None
@@ -138,12 +145,9 @@ class RayWorkerGroup:
     # -- starting -----------------------------------------------------------------------------
 
     def start(self, on_placed: Callable[[list[str]], None] | None = None) -> None:
-        """Reserve the placement group, start the actors and assign ranks by node.
-
-        ``on_placed`` is called with the workers' node ids in rank order once the group is
-        reserved, before any actor starts: what it starts (Ray Data's split coordinator) then
-        starts alongside the workers instead of after them.
-        """
+        """Reserve the placement group, start the actors and assign ranks by node. ``on_placed``
+        gets the workers' node ids in rank order before any actor starts, so what it starts (Ray
+        Data's split coordinator) starts alongside the workers, not after them."""
         deadline = time.monotonic() + self.start_timeout_s
         bundle = self.scaling.worker_resources
         enclosing = enclosing_placement_group(self.scaling)
@@ -186,9 +190,8 @@ class RayWorkerGroup:
         self._placed = dict(placement_group_table(self._pg).get("bundles_to_node_id") or {})
         if on_placed is not None:
             on_placed(self._bundle_nodes_by_rank(first_bundle))
-        self.facts = GroupFacts(
-            backend_reuses=self.reusable,
-            backend_name=self.backend_name,
+        self.facts = dataclasses.replace(
+            self.facts,
             tpu_slices=self._slices is not None,
             in_tune_trial=not self._owns_pg or trial_group is not None,
             resources=tuple(sorted(bundle)),
@@ -198,7 +201,8 @@ class RayWorkerGroup:
         if self._beside_group:
             self._shape = warm_workers.shape_key(bundle, self.runtime_env)
         bundles = list(range(first_bundle, first_bundle + self.world_size))
-        parked = warm_workers.take(self._shape, [self._placed[b] for b in bundles]) if self._beside_group else []
+        nodes = [self._placed[b] for b in bundles]
+        parked = warm_workers.take(self._shape, nodes) if self._beside_group else [None] * len(bundles)
         actors = self._start_actors(bundles, parked)
         self._rank(self._wait_for_actors(actors, bundles, deadline))
 
@@ -231,37 +235,23 @@ class RayWorkerGroup:
         self, bundles: list[int], reused: list[Any | None], ready: list[Any] | None = None, wait_s: float = 0.0
     ) -> list[Any]:
         """One worker per bundle of ``bundles``: ``reused[i]`` (a kept process on that bundle's
-        node) where it is given and answers, else a new process. A reused worker answers when its
-        ``ready[i]`` ObjectRef resolves (a spare's warm-up: up to ``wait_s``), or its metadata call
-        returns (up to ``KEPT_WORKER_ANSWER_S``).
+        node) where it is given and answers (its ``ready[i]``, a spare's warm-up, resolves within
+        ``wait_s``, or its metadata call within ``KEPT_WORKER_ANSWER_S``), else a new process.
 
         Workers that may be parked (``_beside_group``) start beside the placement group, on their
-        bundle's node and holding no resources themselves (the group holds them), so that they can
-        outlive it when the run ends cleanly; the others start in their bundle.
+        bundle's node holding no resources (the group holds them), so they can outlive it.
         """
-        actors: list[Any] = list(reused) + [None] * (len(bundles) - len(reused))
-        ready = list(ready or []) + [None] * (len(bundles) - len(ready or []))
+        ready = ready or [None] * len(bundles)
         checks = {
             (ready[i] if ready[i] is not None else actor.metadata.remote()): i
-            for i, actor in enumerate(actors)
+            for i, actor in enumerate(reused)
             if actor is not None
         }
-        timeout = max(KEPT_WORKER_ANSWER_S, wait_s)
-        answered_refs = ray.wait(list(checks), num_returns=len(checks), timeout=timeout)[0] if checks else []
-        answered = set()
-        for ref in answered_refs:
-            try:
-                ray.get(ref)
-                answered.add(checks[ref])
-            except RayError:  # died while kept, or its node left
-                pass
-        for i in set(checks.values()) - answered:
-            warm_workers.kill_actors([actors[i]])
-            actors[i] = None
-        for i, bundle in enumerate(bundles):
-            if actors[i] is None:
-                actors[i] = self._new_worker(bundle)
-        return actors
+        answers = _answers(list(checks), max(KEPT_WORKER_ANSWER_S, wait_s))
+        # Not answered: died while kept, or its node left.
+        answered = {checks[ref] for ref, answer in answers.items() if not isinstance(answer, RayError)}
+        warm_workers.kill_actors(reused[i] for i in set(checks.values()) - answered)
+        return [reused[i] if i in answered else self._new_worker(bundle) for i, bundle in enumerate(bundles)]
 
     @property
     def _beside_group(self) -> bool:
@@ -276,25 +266,16 @@ class RayWorkerGroup:
         assert self._pg is not None  # start() reserved it
         group, index = self._moved.placement(bundle) or (self._pg, bundle)
         strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
-        options = _kwargs_for_worker(self.scaling.worker_resources)
-        return (
-            _remote_worker_class()
-            .options(max_concurrency=4, scheduling_strategy=strategy, runtime_env=self.runtime_env, **options)
-            .remote()
-        )
+        return self._actor(strategy, None, **_kwargs_for_worker(self.scaling.worker_resources))
 
     def _new_worker_beside(self, node_id: str) -> Any:
         """A new worker on ``node_id`` that holds no resources (its bundle does)."""
-        return (
-            _remote_worker_class()
-            .options(
-                max_concurrency=4,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                runtime_env=self.runtime_env,
-                num_cpus=0,
-            )
-            .remote(self._threads_beside())
-        )
+        strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        return self._actor(strategy, self._threads_beside(), num_cpus=0)
+
+    def _actor(self, strategy: Any, omp_num_threads: int | None, **resources: Any) -> Any:
+        options = {"max_concurrency": 4, "scheduling_strategy": strategy, "runtime_env": self.runtime_env}
+        return _remote_worker_class().options(**options, **resources).remote(omp_num_threads)
 
     def _threads_beside(self) -> int | None:
         """``OMP_NUM_THREADS`` for a worker started beside its bundle: Ray would set 1 for a worker
@@ -309,22 +290,16 @@ class RayWorkerGroup:
         """The workers of ``actors`` (unranked) once all have started; a clear ``WorkerStartError``
         naming the workers' nodes when some died while starting or did not answer by ``deadline``."""
         refs = [a.metadata.remote() for a in actors]
-        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=max(0.1, deadline - time.monotonic()))
-        answers: dict[int, Any] = {}
-        failed: dict[int, BaseException] = {}
-        index = {ref: i for i, ref in enumerate(refs)}
-        for ref in ready:
-            try:
-                answers[index[ref]] = ray.get(ref)
-            # Unschedulable: a worker pinned to its bundle's node (one that can be kept) whose node left.
-            except (RayActorError, RayTaskError, ActorUnschedulableError) as error:
-                failed[index[ref]] = error
-        if not pending and not failed:
-            return [Worker(actor, answers[i], Ranks(0, 0, 0, 0), bundles[i]) for i, actor in enumerate(actors)]
-        silent = [index[ref] for ref in pending]
+        # Unschedulable: a worker pinned to its bundle's node (one that can be kept) whose node left.
+        errors = (RayActorError, RayTaskError, ActorUnschedulableError)
+        answers = _answers(refs, max(0.1, deadline - time.monotonic()), errors)
+        failed = {i: answers[ref] for i, ref in enumerate(refs) if isinstance(answers.get(ref), errors)}
+        silent = [i for i, ref in enumerate(refs) if ref not in answers]
+        if not silent and not failed:
+            return [Worker(actor, answers[refs[i]], Ranks(0, 0, 0, 0), bundles[i]) for i, actor in enumerate(actors)]
         where = describe_unstarted(self._placed, bundles, silent, failed)
         warm_workers.kill_actors(actors)
-        waited = f"within {self.start_timeout_s:g} s" if pending else "in time"
+        waited = f"within {self.start_timeout_s:g} s" if silent else "in time"
         raise WorkerStartError(
             f"{len(silent) + len(failed)} of {len(actors)} worker(s) x {self.scaling.worker_resources} did not start "
             f"{waited}: {where}. Nodes now: {describe_nodes()}. A node that left takes its workers with it; "
@@ -335,11 +310,8 @@ class RayWorkerGroup:
         """The node of each worker's bundle, in the rank order ``start`` gives the workers (worker
         i starts in bundle ``first_bundle + i``, so its node is known before it starts)."""
         nodes = [self._placed[first_bundle + i] for i in range(self.world_size)]
-        ranks = self._ranks(nodes)
-        by_rank = [""] * len(nodes)
-        for node, rank in zip(nodes, ranks, strict=True):
-            by_rank[rank.world_rank] = node
-        return by_rank
+        by_rank = {ranks.world_rank: node for ranks, node in zip(self._ranks(nodes), nodes, strict=True)}
+        return [by_rank[rank] for rank in range(len(nodes))]
 
     def _ranks(self, node_ids: list[str]) -> list[Ranks]:
         """Ranks of workers on ``node_ids``: the driver's node first, or TPU hosts slice by slice."""
@@ -389,11 +361,8 @@ class RayWorkerGroup:
         assert self._pg is not None  # start() reserved it
         if not self._pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):
             state = placement_group_table(self._pg).get("state", "?")
-            labels = (
-                f" on nodes matching label_selector {self.scaling.label_selector!r}"
-                if self.scaling.label_selector
-                else ""
-            )
+            selector = self.scaling.label_selector
+            labels = f" on nodes matching label_selector {selector!r}" if selector else ""
             raise WorkerStartError(
                 f"could not reserve {self.world_size} x {self.scaling.worker_resources} ({self.scaling.placement_strategy}){labels} "
                 f"within {self.start_timeout_s:g} s (placement group {state}): other work holds the resources, "
@@ -401,13 +370,10 @@ class RayWorkerGroup:
             )
 
     def _wait_for_turn(self, trial_group: Any) -> None:
-        """Wait, without a time limit, until the cluster holds this trial's workers.
-
-        Concurrent Tune trials take turns: each trainer's group is placed when others finish and
-        free their resources, however long they train, so waiting here is not a failure. Each
-        round checks the request could still ever fit (a node may be gone), and, once the start
-        timeout has passed, that somebody can move: when trials' own groups hold what every trainer
-        waits for and no trainer trains, nothing ever frees, so this fails instead of hanging.
+        """Wait, without a time limit, until the cluster holds this trial's workers: concurrent Tune
+        trials take turns, however long each trains. Each round checks the request could still
+        fit (a node may be gone) and, past the start timeout, that somebody can move: when trials'
+        own groups hold what every trainer waits for and none trains, this fails instead of hanging.
         """
         assert self._pg is not None  # start() reserved it
         waited = 0.0
@@ -466,13 +432,9 @@ class RayWorkerGroup:
         extra = () if context is None else (context,)
         # Only a group of its own can be reserved again away from a silent host; in a Tune trial's
         # or on TPU slices a rank waits for Ray to declare its node dead.
-        movable = self._owns_pg and self._slices is None
+        unreachable_s = self.unreachable_s if self._owns_pg and self._slices is None else 0.0
         self._inbox = inbox = WorkerInbox(
-            [w.actor for w in self.workers],
-            self._died,
-            self.driver_address(),
-            self._unreachable,
-            self.unreachable_s if movable else 0.0,
+            [w.actor for w in self.workers], self._died, self.driver_address(), self._unreachable, unreachable_s
         )
         ray.get(
             [
@@ -491,15 +453,16 @@ class RayWorkerGroup:
             here = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == attached)
         except Exception:  # noqa: BLE001 - a Ray Client driver is on no node: Ray's guess is all there is
             here = ray.util.get_node_ip_address()
-        if all(w.metadata.node_ip == here for w in self.workers):
-            return "127.0.0.1"
-        return here
+        return "127.0.0.1" if all(w.metadata.node_ip == here for w in self.workers) else here
+
+    def _close_inbox(self) -> None:
+        if self._inbox is not None:
+            self._inbox.close()
+            self._inbox = None
 
     def poll(self, timeout_s: float) -> list[Event]:
         """Events that arrived within ``timeout_s``; a dead worker shows up as a ``FailedEvent``."""
-        if self._inbox is None:
-            return []
-        return self._inbox.poll(timeout_s)
+        return self._inbox.poll(timeout_s) if self._inbox is not None else []
 
     def probe(self, ranks: list[int], timeout_s: float = 2.0) -> tuple[list[FailedEvent], dict[int, str]]:
         """Ask ``ranks`` what they are doing: dead ones answer at once with an error.
@@ -508,15 +471,13 @@ class RayWorkerGroup:
         one still busy elsewhere (a hang): one round trip tells which.
         """
         refs = {self.workers[rank].actor.activity_and_unacknowledged.remote(): rank for rank in ranks}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
         dead, activity = [], {}
-        for ref in ready:
+        for ref, answer in _answers(list(refs), timeout_s, (RayActorError, RayTaskError)).items():
             rank = refs[ref]
-            try:
-                activity[rank], kept = ray.get(ref)
-            except (RayActorError, RayTaskError) as error:
-                dead.append(self._died(rank, error))
+            if isinstance(answer, RayError):
+                dead.append(self._died(rank, answer))
                 continue
+            activity[rank], kept = answer
             if kept and self._inbox is not None:
                 self._inbox.offer(rank, kept)  # the next poll applies what had not arrived yet
         return dead, activity
@@ -561,20 +522,16 @@ class RayWorkerGroup:
         """Reset the workers and hand those that answer to ``warm_workers``; they leave ``workers``.
         Returns what became of them, in one line, with the reasons of those not parked."""
         refs = [w.actor.stop.remote() for w in self.workers]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=KEPT_WORKER_ANSWER_S)
-        done = set(ready)
+        answers = _answers(refs, KEPT_WORKER_ANSWER_S)
         keep: list[tuple[Any, str, str]] = []
         why_not: list[str] = []
         for worker, ref in zip(list(self.workers), refs, strict=True):
-            try:
-                answer = ray.get(ref) if ref in done else None
-            except RayError:  # it died as the run ended: nothing to keep
-                answer = None
-            if answer is not None and answer.actor_id is not None:
+            answer = answers.get(ref)  # a RayError: it died as the run ended, nothing to keep
+            if isinstance(answer, StopAnswer) and answer.actor_id is not None:
                 keep.append((worker.actor, worker.metadata.node_id, answer.actor_id))
                 self.workers.remove(worker)
             else:
-                why = answer.why_not if answer is not None else "it did not answer its reset"
+                why = answer.why_not if isinstance(answer, StopAnswer) else "it did not answer its reset"
                 why_not.append(f"rank {worker.ranks.world_rank}: {why}")
         refused = warm_workers.park(self._shape, keep)
         if refused is not None or not keep:
@@ -588,17 +545,14 @@ class RayWorkerGroup:
     ) -> dict[int, str]:
         """End the attempt but keep the processes that can train again: the ranks of ``failed``
         (world rank -> failure kind) whose process died, hung, was preempted or whose host stopped
-        answering are killed (``refill`` places the last away from that host), every
-        other rank's training function is stopped and its process reset (``TrainWorker.stop``).
-        Returns, for each rank to be replaced by ``refill``, why; the others stay in ``workers``.
+        answering are killed (``refill`` places the last away from that host), the others are
+        stopped and reset (``TrainWorker.stop``). Returns why, for each rank ``refill`` replaces.
         ``lost_hosts``: addresses of nodes that left the cluster, which the survivors cut off.
 
-        The failed processes go first: a gloo collective waiting on a dead or killed peer fails
-        as its sockets close, so the survivors blocked in one can stop.
+        The failed go first: a gloo collective waiting on a dead peer fails as its sockets close,
+        so the survivors blocked in one can stop.
         """
-        if self._inbox is not None:
-            self._inbox.close()
-            self._inbox = None
+        self._close_inbox()
         reasons = {"preempted": "its process was preempted", "unreachable": "its host stopped answering"}
         replaced = {
             rank: reasons.get(kind, f"its process {kind}")
@@ -611,18 +565,17 @@ class RayWorkerGroup:
             for w in self.workers
             if w.ranks.world_rank not in replaced
         }
-        ready, _ = ray.wait(list(stopping), num_returns=len(stopping), timeout=wait_s + SURVIVOR_ANSWER_S)
+        answers = _answers(list(stopping), wait_s + SURVIVOR_ANSWER_S)
         for ref, worker in stopping.items():
-            rank = worker.ranks.world_rank
-            why = f"it did not answer within {wait_s + SURVIVOR_ANSWER_S:g} s"
-            if ref in ready:
-                try:
-                    answer = ray.get(ref)
-                    why = answer.why_not if answer.actor_id is None else ""
-                except RayError as error:
-                    why = f"it died while stopping ({type(error).__name__})"
+            answer = answers.get(ref)
+            if answer is None:
+                why = f"it did not answer within {wait_s + SURVIVOR_ANSWER_S:g} s"
+            elif isinstance(answer, RayError):
+                why = f"it died while stopping ({type(answer).__name__})"
+            else:
+                why = answer.why_not if answer.actor_id is None else ""
             if why:
-                replaced[rank] = why
+                replaced[worker.ranks.world_rank] = why
                 warm_workers.kill_actors([worker.actor])
         # The nodes of silent ranks, and of replaced ranks whose raylet is gone or cut off (one
         # that died, or did not answer its stop): Ray would place a replacement there until its
@@ -691,9 +644,8 @@ class RayWorkerGroup:
 
     def fill_spares(self, per_node: int) -> bool:
         """Have ``per_node`` spare workers on each node the group uses (``spares``); False while
-        rank 0 has not yet said which installed modules its process imported, for the spares to
-        import (asked on the first call, not waited for: its host may be cut off right now, and
-        the controller must go on hearing the others)."""
+        rank 0 has not yet said which installed modules the spares should import (asked, not
+        waited for: its host may be cut off, and the controller must go on hearing the others)."""
         if not self._beside_group or not self.workers:
             return True
         if not self.spares.modules:
@@ -708,14 +660,10 @@ class RayWorkerGroup:
         return True
 
     def shutdown(self, keep: bool = False) -> str | None:
-        """Kill every actor and release the placement group. Safe to call twice.
-
-        ``keep``: the run ended cleanly, so workers that can be kept are reset and parked for the
-        next run of the same shape (``warm_workers``) instead of killed; then it returns whether
-        they were, and why not (None when not ``keep``)."""
-        if self._inbox is not None:
-            self._inbox.close()  # first: the actors' deaths below are no news
-            self._inbox = None
+        """Kill every actor and release the placement group. Safe to call twice. ``keep``: the run
+        ended cleanly, so workers that can be kept are reset and parked for the next run of the
+        same shape (``warm_workers``) instead; then returns whether they were, and why not."""
+        self._close_inbox()  # first: the actors' deaths below are no news
         parked = None
         if keep and self.workers:
             parked = self._park() if self._beside_group else f"not parked: {self._held_in_group}"
@@ -726,10 +674,8 @@ class RayWorkerGroup:
         if self._slices is not None:
             self._slices.shutdown()  # the workers' group and the slices' head reservations
         elif self._pg is not None and self._owns_pg:
-            try:
+            with contextlib.suppress(Exception):  # already removed, or Ray shutting down: it is gone either way
                 remove_placement_group(self._pg)
-            except Exception:  # noqa: BLE001 - a group already removed or Ray shutting down: it is gone either way
-                pass
         self._pg = None
         self._slices = None
         return parked
