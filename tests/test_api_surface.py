@@ -112,9 +112,25 @@ PAIRS = [(ray_name, MODULES[ray_name], name) for ray_name, names in RECORDED["na
 
 def _signature(obj: Any) -> inspect.Signature | None:
     try:
-        return inspect.signature(obj)
+        return _options_written_out(obj, inspect.signature(obj))
     except (TypeError, ValueError):
         return None
+
+
+def _options_written_out(obj: Any, signature: inspect.Signature) -> inspect.Signature:
+    """A framework trainer's signature with its ``**options`` (or GBDT's ``**kwargs``) replaced by
+    the keywords they stand for, its config's and ``TrainerOptions``': a keyword Ray takes that
+    neither names is then reported missing, as it would be from a written-out signature."""
+    config_arg = getattr(obj, "_backend_config_arg", None)
+    if not (isinstance(obj, type) and obj.__module__.startswith("trainers.")) or config_arg is None:
+        return signature
+    from trainers.data_parallel_trainer import TrainerOptions
+
+    named = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    keywords = [k for k in (config_arg[0], *TrainerOptions.__annotations__) if k not in signature.parameters]
+    return signature.replace(
+        parameters=named + [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None) for k in keywords]
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -229,6 +245,14 @@ def test_the_comparison_notices_a_missing_parameter_and_a_moved_one():
     assert parameter_problems(ray_style, drops_one, "f") == ["f(checkpoint): missing"]
     assert any("positional #0" in p for p in parameter_problems(ray_style, reorders, "f"))
     assert parameter_problems(ray_style, other_default, "f") == ["f(mode): default 'SYNC' in Ray, 'ASYNC' here"]
+
+    # A trainer's **options count only for the keywords TrainerOptions names.
+    from trainers.torch import TorchTrainer
+
+    def ray_trainer(train_loop_per_worker, *, torch_config=None, run_config=None, new_in_ray=None):
+        pass
+
+    assert parameter_problems(ray_trainer, TorchTrainer, "T") == ["T(new_in_ray): missing"]
 
 
 def test_every_difference_listed_is_still_a_difference():

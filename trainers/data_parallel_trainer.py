@@ -7,7 +7,7 @@ import inspect
 import logging
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 from storage import Checkpoint, CheckpointConfig, RunStorage, settings
 from storage.health import Timeline
@@ -111,6 +111,20 @@ def _caller_stacklevel() -> int:
 logger = logging.getLogger(__name__)
 
 
+class TrainerOptions(TypedDict, total=False):
+    """The keywords every framework's trainer takes as ``DataParallelTrainer`` does, beside its own
+    config (``TorchTrainer(fn, torch_config=..., **options)``); written once, typed for IDEs."""
+
+    train_loop_config: dict[str, Any] | None
+    scaling_config: ScalingConfig | None
+    run_config: RunConfig | None
+    datasets: dict[str, Any] | None
+    dataset_config: DataConfig | None
+    validation_config: Any
+    metadata: dict[str, Any] | None
+    resume_from_checkpoint: Checkpoint | None
+
+
 class DataParallelTrainer(TuneTrainableAttributes):
     """Runs ``train_loop_per_worker`` on ``scaling_config.num_workers`` workers.
 
@@ -123,13 +137,6 @@ class DataParallelTrainer(TuneTrainableAttributes):
     #: The keyword a framework's trainer takes its ``BackendConfig`` under, and that config's class
     #: (``TorchTrainer``: ``("torch_config", TorchConfig)``); ``__init__`` checks it for every trainer.
     _backend_config_arg: tuple[str, type[BackendConfig]] = ("backend_config", BackendConfig)
-
-    def _init_above(self, trainer: type[DataParallelTrainer], arguments: dict[str, Any]) -> None:
-        """Run the ``__init__`` above ``trainer`` (a framework's trainer) with its own ``__init__``'s
-        ``locals()``, the framework's config (``_backend_config_arg``) as ``backend_config``."""
-        given = {name: value for name, value in arguments.items() if name not in ("self", "__class__")}
-        given["backend_config"] = given.pop(self._backend_config_arg[0])
-        super(trainer, self).__init__(**given)
 
     # Ray Train's signature, which must stay exact (tests/test_api_surface.py checks it).
     def __init__(

@@ -7,9 +7,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from storage import Checkpoint
-from trainers.backend import BackendConfig
-from trainers.config import DataConfig
-from trainers.data_parallel_trainer import DataParallelTrainer
+from trainers.data_parallel_trainer import DataParallelTrainer, TrainerOptions
 from trainers.gbdt.param_form import (
     TRAIN,
     Library,
@@ -30,40 +28,37 @@ class GBDTTrainer(DataParallelTrainer):
     #: The library this trainer boosts with.
     _library: Library
 
+    # Ray Train's signature, the parameter form's and ``**kwargs``: the subclass's config
+    # (``<library>_config=``, its ``_backend_config_arg``), ``TrainerOptions``' keywords, and any
+    # other keyword for the library's own ``train``.
     def __init__(
         self,
-        train_loop_per_worker: Callable[..., Any] | None,
+        train_loop_per_worker: Callable[..., Any] | None = None,
         *,
-        train_loop_config: dict[str, Any] | None,
-        backend_config: BackendConfig | None,
-        datasets: dict[str, Any] | None,
-        dataset_config: DataConfig | None,
-        label_column: str | None,
-        params: dict[str, Any] | None,
-        num_boost_round: int | None,
-        dmatrix_params: dict[str, dict[str, Any]] | None,
-        train_kwargs: dict[str, Any],
-        **trainer_args: Any,
+        label_column: str | None = None,
+        params: dict[str, Any] | None = None,
+        num_boost_round: int | None = None,
+        dmatrix_params: dict[str, dict[str, Any]] | None = None,
+        **kwargs: Any,
     ) -> None:
-        """``backend_config`` is the subclass's ``<library>_config=`` (``_backend_config_arg``);
-        ``trainer_args`` go to ``DataParallelTrainer`` as they are."""
         name = type(self).__name__
+        backend_config = kwargs.pop(self._backend_config_arg[0], None)
+        options: dict[str, Any] = {key: kwargs.pop(key) for key in TrainerOptions.__annotations__ if key in kwargs}
         param_args: dict[str, Any] = dict(
             label_column=label_column, params=params, num_boost_round=num_boost_round, dmatrix_params=dmatrix_params
         )
         self._param_form: ParamForm | None = None
-        if check_forms(name, train_loop_per_worker, train_loop_config, param_args, train_kwargs):
-            self._param_form = param_form(name, self._library, datasets, train_kwargs=train_kwargs, **param_args)
+        if check_forms(name, train_loop_per_worker, options.get("train_loop_config"), param_args, kwargs):
+            self._param_form = param_form(
+                name, self._library, options.get("datasets"), train_kwargs=kwargs, **param_args
+            )
             train_loop_per_worker = train_fn_per_worker
-            dataset_config = default_data_config(dataset_config)
+            options["dataset_config"] = default_data_config(options.get("dataset_config"))
         # On to DataParallelTrainer, as every framework's trainer goes.
         super().__init__(
             train_loop_per_worker,  # type: ignore[arg-type]  # None gets DataParallelTrainer's own TypeError, which names the argument
-            train_loop_config=train_loop_config,
             backend_config=backend_config,
-            datasets=datasets,
-            dataset_config=dataset_config,
-            **trainer_args,
+            **options,
         )
 
     def fit(self) -> Result:

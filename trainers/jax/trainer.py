@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 
-from storage import Checkpoint
-from trainers.config import DataConfig, RunConfig, ScalingConfig
-from trainers.data_parallel_trainer import DataParallelTrainer
+from trainers.config import ScalingConfig
+from trainers.data_parallel_trainer import DataParallelTrainer, TrainerOptions
 from trainers.jax.config import JaxConfig
 
 
@@ -25,23 +24,16 @@ class JaxTrainer(DataParallelTrainer):
 
     _backend_config_arg = ("jax_config", JaxConfig)
 
-    # Ray Train's signature, which must stay exact (tests/test_api_surface.py checks it).
+    # Ray Train's keywords: its own config here, the rest in TrainerOptions (tests/test_api_surface.py).
     def __init__(
         self,
         train_loop_per_worker: Callable[..., Any],
         *,
-        train_loop_config: dict[str, Any] | None = None,
         jax_config: JaxConfig | None = None,
-        scaling_config: ScalingConfig | None = None,
-        dataset_config: DataConfig | None = None,
-        run_config: RunConfig | None = None,
-        datasets: dict[str, Any] | None = None,
-        validation_config: Any = None,
-        metadata: dict[str, Any] | None = None,
-        resume_from_checkpoint: Checkpoint | None = None,
+        **options: Unpack[TrainerOptions],
     ) -> None:
-        jax_config = jax_config if jax_config is not None else _config_of(scaling_config)
-        self._init_above(JaxTrainer, locals())
+        jax_config = jax_config if jax_config is not None else _config_of(options.get("scaling_config"))
+        super().__init__(train_loop_per_worker, backend_config=jax_config, **options)
         for flag, kind, also in (("use_gpu", "GPU", ""), ("use_tpu", "TPU", ", topology=..., accelerator_type=...")):
             if getattr(jax_config, flag) and not getattr(self.scaling_config, flag):
                 raise ValueError(

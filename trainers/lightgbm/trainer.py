@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from operator import methodcaller
 from typing import Any
 
 import lightgbm
 import numpy as np
 
-from storage import Checkpoint
-from trainers.config import DataConfig, RunConfig, ScalingConfig
 from trainers.gbdt.param_form import TRAIN, Library, Shards
 from trainers.gbdt.trainer import GBDTTrainer
 from trainers.lightgbm.bins import shared_bins
@@ -58,7 +55,8 @@ class LightGBMTrainer(GBDTTrainer):
     and checkpointed and a restart boosts the remaining rounds; only "train" is split across
     workers (LightGBM's ``training`` metrics cover rank 0's shard only), ``dmatrix_params`` goes to
     a dataset's ``lightgbm.Dataset`` and other keyword arguments to ``lightgbm.train``. Examples:
-    docs/frameworks.md, "XGBoost and LightGBM".
+    docs/frameworks.md, "XGBoost and LightGBM". Ray Train's other arguments (``lightgbm_config=``,
+    ``scaling_config=``, ...) are taken as ``DataParallelTrainer`` takes them.
     """
 
     #: This library as GBDTTrainer uses it (XGBoostTrainer fills in the same fields for xgboost).
@@ -73,27 +71,3 @@ class LightGBMTrainer(GBDTTrainer):
     )
 
     _backend_config_arg = ("lightgbm_config", LightGBMConfig)
-
-    # Ray Train's signature, which XGBoostTrainer shares but for xgboost_config=.
-    def __init__(
-        self,
-        train_loop_per_worker: Callable[..., Any] | None = None,
-        *,
-        # DataParallelTrainer's arguments, as every framework's trainer takes them, and the config:
-        train_loop_config: dict[str, Any] | None = None,
-        lightgbm_config: LightGBMConfig | None = None,
-        scaling_config: ScalingConfig | None = None,
-        run_config: RunConfig | None = None,
-        datasets: dict[str, Any] | None = None,
-        dataset_config: DataConfig | None = None,
-        validation_config: Any = None,
-        metadata: dict[str, Any] | None = None,
-        resume_from_checkpoint: Checkpoint | None = None,
-        # The parameter form's arguments:
-        label_column: str | None = None,
-        params: dict[str, Any] | None = None,
-        num_boost_round: int | None = None,
-        dmatrix_params: dict[str, dict[str, Any]] | None = None,
-        **train_kwargs: Any,
-    ) -> None:
-        self._init_above(LightGBMTrainer, locals())

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 
-from storage import Checkpoint
-from trainers.config import DataConfig, RunConfig, ScalingConfig
-from trainers.data_parallel_trainer import DataParallelTrainer
+from trainers.data_parallel_trainer import DataParallelTrainer, TrainerOptions
 from trainers.tensorflow.config import TensorflowConfig
 
 
@@ -23,19 +21,12 @@ class TensorflowTrainer(DataParallelTrainer):
 
     _backend_config_arg = ("tensorflow_config", TensorflowConfig)
 
-    # Ray Train's signature, which must stay exact (tests/test_api_surface.py checks it).
+    # Ray Train's keywords: its own config here, the rest in TrainerOptions (tests/test_api_surface.py).
     def __init__(
         self,
         train_loop_per_worker: Callable[..., Any],
         *,
-        train_loop_config: dict[str, Any] | None = None,
         tensorflow_config: TensorflowConfig | None = None,
-        scaling_config: ScalingConfig | None = None,
-        dataset_config: DataConfig | None = None,
-        run_config: RunConfig | None = None,
-        datasets: dict[str, Any] | None = None,
-        validation_config: Any = None,
-        metadata: dict[str, Any] | None = None,
-        resume_from_checkpoint: Checkpoint | None = None,
+        **options: Unpack[TrainerOptions],
     ) -> None:
-        self._init_above(TensorflowTrainer, locals())
+        super().__init__(train_loop_per_worker, backend_config=tensorflow_config, **options)

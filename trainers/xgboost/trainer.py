@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from operator import methodcaller
 from typing import Any
 
 import numpy as np
 import xgboost
 
-from storage import Checkpoint
-from trainers.config import DataConfig, RunConfig, ScalingConfig
 from trainers.gbdt.param_form import Library, Shards
 from trainers.gbdt.trainer import GBDTTrainer
 from trainers.xgboost.callback import RayTrainReportCallback
@@ -46,7 +43,8 @@ class XGBoostTrainer(GBDTTrainer):
     ``num_boost_round=``: the form Ray Train removed), every round is reported and checkpointed and
     a restart boosts the remaining rounds; only "train" is split across workers,
     ``dmatrix_params={"train": {...}}`` goes to a dataset's ``xgboost.DMatrix`` and other keyword
-    arguments to ``xgboost.train``. Examples: docs/frameworks.md, "XGBoost and LightGBM".
+    arguments to ``xgboost.train``. Examples: docs/frameworks.md, "XGBoost and LightGBM". Ray Train's other arguments (``xgboost_config=``,
+    ``scaling_config=``, ...) are taken as ``DataParallelTrainer`` takes them.
     """
 
     #: This library as GBDTTrainer uses it (LightGBMTrainer fills in the same fields for LightGBM).
@@ -61,27 +59,3 @@ class XGBoostTrainer(GBDTTrainer):
     )
 
     _backend_config_arg = ("xgboost_config", XGBoostConfig)
-
-    # Ray Train's signature, which LightGBMTrainer shares but for lightgbm_config=.
-    def __init__(
-        self,
-        train_loop_per_worker: Callable[..., Any] | None = None,
-        *,
-        # DataParallelTrainer's arguments, as every framework's trainer takes them, and the config:
-        train_loop_config: dict[str, Any] | None = None,
-        xgboost_config: XGBoostConfig | None = None,
-        scaling_config: ScalingConfig | None = None,
-        run_config: RunConfig | None = None,
-        datasets: dict[str, Any] | None = None,
-        dataset_config: DataConfig | None = None,
-        validation_config: Any = None,
-        metadata: dict[str, Any] | None = None,
-        resume_from_checkpoint: Checkpoint | None = None,
-        # The parameter form's arguments:
-        label_column: str | None = None,
-        params: dict[str, Any] | None = None,
-        num_boost_round: int | None = None,
-        dmatrix_params: dict[str, dict[str, Any]] | None = None,
-        **train_kwargs: Any,
-    ) -> None:
-        self._init_above(XGBoostTrainer, locals())
