@@ -274,8 +274,7 @@ class RunStorage:
     def _commit(self, round_: ReportRound, position: int) -> Checkpoint:
         """Commit ``round_``'s checkpoint (its report is the history's ``position``-th) and return it."""
         metrics, validation, dir_name, upload = round_.metrics, round_.validation, round_.dir_name, round_.upload
-        attempt, report_index, staged = round_.attempt, round_.report_index, round_.staged
-        staging = self.layout.staging_path(attempt, report_index)
+        staged, staging = round_.staged, self.layout.staging_path(round_.attempt, round_.report_index)
         self._check_lease()  # before its commit: the folder it goes to may be another driver's by now
         attribute = self.checkpoint_config.checkpoint_score_attribute
         if attribute is not None and not validation:  # a validation may report the score later
@@ -547,11 +546,8 @@ class RunStorage:
             self._write()
 
     def _forget_missing_checkpoints(self) -> None:
-        """Drop checkpoints named in run.json whose folder is gone, with a warning naming each.
-
-        Checked before any worker starts, so a resume starts from the newest checkpoint that
-        still exists rather than handing workers a folder that is not there.
-        """
+        """Drop, warning of each, the checkpoints run.json names whose folder is gone: checked before any
+        worker starts, so a resume starts from the newest that still exists, not from a missing folder."""
         selector = pafs.FileSelector(self.run_path, allow_not_found=True)
         listed = self._checked("list the run folder", lambda: self.filesystem.get_file_info(selector))
         folders = {entry.base_name for entry in listed if entry.type == pafs.FileType.Directory}
@@ -673,15 +669,14 @@ def load_run(path: str, filesystem: pafs.FileSystem | None = None) -> RunStorage
     does not read raises ``RayRunFormatError``).
     """
     view = RunStorage.at(path, filesystem)
-    fs, name = view.filesystem, view.name
-    if not exists(fs, view.run_path):
+    if not exists(view.filesystem, view.run_path):
         raise StorageError(
             f"Experiment folder {view.run_uri} doesn't exist: there is no run at that path (is this the run "
             "folder, Result.path?)"
         )
-    found = read_snapshot(fs, view.layout, view.run_uri)
+    found = read_snapshot(view.filesystem, view.layout, view.run_uri)
     if found is None:
-        ray_run = read_ray_run(fs, view.run_path, name, view.run_uri)
+        ray_run = read_ray_run(view.filesystem, view.run_path, view.name, view.run_uri)
         if ray_run is None:
             raise StorageError(
                 f"no run at {view.run_uri}: it has no run.json, nor ray.train's {RAY_SNAPSHOT} (is this the "

@@ -193,13 +193,9 @@ def publish_metrics(
     )
     charts = run_charts(by_rank, score, order)
     ranked = f"; checkpoints are ranked by **{score}** ({order})" if score else ""
-    if charts and charts[0].x:  # a step the loop reports: its own count
-        along = charts[0]
-        intro = (
-            f"{len(history)} reports{ranked}. Charted by {along.x_label}, as the loop counts (from {along.x_text(1)})."
-        )
-    else:
-        intro = f"{len(history)} reports{ranked}. Charted by report, counted from 1."
+    along = charts[0] if charts and charts[0].x else None  # a step the loop reports: its own count
+    how = f"{along.x_label}, as the loop counts (from {along.x_text(1)})" if along else "report, counted from 1"
+    intro = f"{len(history)} reports{ranked}. Charted by {how}."
     if health_artifact is not None:
         health = artifact_link(health_artifact, artifact_key(run_name, "health"))
         intro += f" Where the run's time went, and its timeline picture: {health}."

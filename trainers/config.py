@@ -105,10 +105,9 @@ class ScalingConfig:
                 "The driver does no heavy work and reserves nothing; set what each worker needs with "
                 "resources_per_worker.",
             )
+        if isinstance(self.num_workers, list):
+            object.__setattr__(self, "num_workers", tuple(self.num_workers))
         workers = self.num_workers
-        if isinstance(workers, list):
-            workers = tuple(workers)
-            object.__setattr__(self, "num_workers", workers)
         if isinstance(workers, tuple):
             if len(workers) != 2 or not all(is_count(n) for n in workers) or not 1 <= workers[0] <= workers[1]:
                 raise ValueError(
@@ -171,13 +170,10 @@ class ScalingConfig:
                 f"slice with a predefined label. ScalingConfig: drop label_selector={self.label_selector!r}; the "
                 "workers are placed on their TPU slice by its own labels (ray.io/tpu-slice-name)."
             )
-        self._check_tpu_slices()
-
-    def _check_tpu_slices(self) -> None:
-        """With a TPU topology each worker takes a whole host by default, and the workers fill whole slices."""
-        shape = None
+        # With a TPU topology each worker takes a whole host by default, and the workers fill whole slices.
         if self.use_tpu and self.topology and self.accelerator_type:
             shape = tpu_slice_shape(self.topology, self.accelerator_type, self.resources_per_worker)
+            object.__setattr__(self, "_tpu_shape", shape)  # derived once: worker_resources is read often
             per_slice, resources = shape
             for field, count in (("num_workers", self.max_workers), ("min_workers", self.min_workers)):
                 if count % per_slice:
@@ -188,7 +184,6 @@ class ScalingConfig:
                         f"{self.topology} holds {per_slice} workers of {resources}; ask for {per_slice}, "
                         f"{2 * per_slice}, ... workers, or change resources_per_worker['TPU']."
                     )
-        object.__setattr__(self, "_tpu_shape", shape)  # derived once: worker_resources is read often
 
     def _check_label_selector(self) -> None:
         selector = self.label_selector

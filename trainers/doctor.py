@@ -104,8 +104,7 @@ def run_doctor(
     try:
         if joined is not None:
             found, node_checks = _check_nodes(storage_path, scaling, driver, timeout_s)
-            nodes = tuple(found)
-            checks.extend(node_checks)
+            nodes, checks = tuple(found), checks + node_checks
         else:
             for name in ("node", "storage") + (("scaling",) if scaling else ()):
                 checks.append(CheckResult(name=name, status="skip", found="not connected to a cluster"))
@@ -235,12 +234,8 @@ def _scaling_check(scaling: ScalingConfig, nodes: Sequence[NodeFacts]) -> CheckR
     try:
         check_feasible(scaling, [node.resources for node in nodes])
     except InsufficientResourcesError as error:
-        return CheckResult(
-            name="scaling",
-            status="FAIL",
-            found=str(error).rsplit(". ", 1)[0],
-            fix="lower --num-workers or --resources-per-worker, or add nodes with those resources",
-        )
+        fix = "lower --num-workers or --resources-per-worker, or add nodes with those resources"
+        return CheckResult(name="scaling", status="FAIL", found=str(error).rsplit(". ", 1)[0], fix=fix)
     return CheckResult(name="scaling", status="ok", found=f"{asked} fit the {len(nodes)} node(s)")
 
 

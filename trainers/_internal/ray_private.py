@@ -219,11 +219,12 @@ def _counting_iterator_class() -> type:
     """Built on first use: importing this module (every worker does) must not import Ray Data."""
     from ray.data import DataIterator
 
+    def delegate(name: str) -> Any:  # DataIterator's own methods, which __getattr__ is never asked for
+        return lambda self, *args: getattr(self._inner, name)(*args)
+
     class CountingIterator(DataIterator):
         def __init__(self, inner: Any, position: Any, waits: Any) -> None:
-            self._inner = inner
-            self._position = position
-            self._waits = waits
+            self._inner, self._position, self._waits = inner, position, waits
             self._rows_one_by_one = False
 
         def __reduce__(self) -> Any:
@@ -242,20 +243,11 @@ def _counting_iterator_class() -> type:
             bundles, stats, executor = self._inner._to_ref_bundle_iterator()
             return (skip_rows(bundles, skip) if skip else bundles), stats, executor
 
-        def _on_iteration_end(self, executor: Any) -> None:
-            self._inner._on_iteration_end(executor)
-
-        def _get_dataset_tag(self) -> Any:
-            return self._inner._get_dataset_tag()
-
-        def stats(self) -> str:
-            return self._inner.stats()
-
-        def schema(self) -> Any:
-            return self._inner.schema()
-
-        def get_context(self) -> Any:
-            return self._inner.get_context()
+        _on_iteration_end = delegate("_on_iteration_end")
+        _get_dataset_tag = delegate("_get_dataset_tag")
+        stats = delegate("stats")
+        schema = delegate("schema")
+        get_context = delegate("get_context")
 
         def _iter_batches(self, **kwargs: Any) -> Any:
             batches = super()._iter_batches(**kwargs)

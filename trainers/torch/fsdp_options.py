@@ -141,8 +141,7 @@ def plan_fsdp(kwargs: dict[str, Any], device: torch.device) -> FSDPPlan:
             if mesh is None:
                 plan.hybrid = strategy
 
-    offload = kwargs.get("cpu_offload")
-    if offload is not None and getattr(offload, "offload_params", False):
+    if getattr(kwargs.get("cpu_offload"), "offload_params", False):
         shard["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
 
     precision = kwargs.get("mixed_precision")
@@ -279,7 +278,6 @@ def apply_fsdp(model: torch.nn.Module, plan: FSDPPlan, device: torch.device) -> 
     fully_shard(model, **kwargs)
     if plan.forward_prefetch:
         # Modules run in registration order here; each fetches the next one's shards ahead.
-        ordered = list(reversed(sharded))
-        for current, following in itertools.pairwise(ordered):
+        for current, following in itertools.pairwise(reversed(sharded)):
             current.set_modules_to_forward_prefetch([following])
     return model

@@ -79,11 +79,8 @@ def dumps_event(event: Any) -> bytes:
     driver's is another script) and for modules registered to be pickled by value.
     """
     if not cloudpickle.list_registry_pickle_by_value():
-        try:
+        with contextlib.suppress(Exception):  # a lambda, a local class, ...: cloudpickle says what is wrong
             payload = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # noqa: BLE001 - a lambda, a local class, ...: cloudpickle says what is wrong
-            pass
-        else:
             if b"__main__" not in payload:
                 return payload
     return cloudpickle.dumps(event)
@@ -110,22 +107,15 @@ class EventTap(Protocol):
         """The tap now owns ``sock`` (after ``Fate.DETACH``): the listener neither reads nor closes it."""
 
 
-@dataclasses.dataclass(frozen=True)
-class _Road:
-    """What listeners made from now on use: a tap (None: none) and the workers' acknowledgement timeout."""
-
-    tap: EventTap | None = None
-    ack_timeout_s: float | None = None
-
-
-_road = _Road()
+#: What listeners made from now on use: a tap (None: none) and the workers' acknowledgement timeout.
+_road: tuple[EventTap | None, float | None] = (None, None)
 
 
 @contextlib.contextmanager
 def tap_event_road(tap: EventTap | None, ack_timeout_s: float | None = None) -> Iterator[None]:
     """Install ``tap`` (and another acknowledgement timeout) for the listeners made until the block ends."""
     global _road
-    before, _road = _road, _Road(tap, ack_timeout_s)
+    before, _road = _road, (tap, ack_timeout_s)
     try:
         yield
     finally:
@@ -323,8 +313,8 @@ class EventListener:
         self.token = secrets.token_bytes(16)
         self._server = socket.create_server((host, 0), backlog=4096)
         self._server.setblocking(False)
-        self._tap = _road.tap
-        ack_timeout_s = _road.ack_timeout_s if _road.ack_timeout_s is not None else ACK_TIMEOUT_S
+        self._tap, ack_timeout_s = _road
+        ack_timeout_s = ACK_TIMEOUT_S if ack_timeout_s is None else ack_timeout_s
         self.address = ChannelAddress(host, self._server.getsockname()[1], self.token, ack_timeout_s)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._server, selectors.EVENT_READ, None)
@@ -372,8 +362,7 @@ class EventListener:
             return
         except OSError:
             data = b""
-        if data:
-            conn.buffer += data
+        conn.buffer += data
         offset, size = 0, len(conn.buffer)
         if conn.rank is None:
             if size < _HELLO.size:

@@ -262,18 +262,15 @@ class Controller:
         if not book.failed:  # else the attempt ends; its workers are about to be stopped
             while (sync := book.pop_complete_sync(self.workers.world_size)) is not None:
                 self.workers.release(*sync)  # a barrier every rank reached lets them all go
-        for event in book.returned_during_a_barrier():
-            book.failed[event.world_rank] = event
-        if self.policy.config.report_timeout_s is not None and not book.failed:
-            for event in book.laggards(self.workers.world_size, self.policy.config.report_timeout_s):
-                book.failed[event.world_rank] = event
+        book.failed |= {event.world_rank: event for event in book.returned_during_a_barrier()}
+        if (timeout_s := self.policy.config.report_timeout_s) is not None and not book.failed:
+            book.failed |= {event.world_rank: event for event in book.laggards(self.workers.world_size, timeout_s)}
         if book.failed:
             self._notify("attempt_failing")  # from here on the attempt only ends
             self._drain_rounds_the_failed_ranks_finished(arrived_at)
             alive = [r for r in range(self.workers.world_size) if r not in book.failed or book.failed[r].kind == "hung"]
             dead, self._activity = self.workers.probe(alive) if alive else ([], {})
-            for event in dead:
-                book.failed[event.world_rank] = event
+            book.failed |= {event.world_rank: event for event in dead}
             self._fail()
         elif len(book.finished) == self.workers.world_size:
             self._finish()
@@ -283,8 +280,7 @@ class Controller:
         size = self.workers.world_size
         while (complete := self.book.pop_complete_round(size)) is not None:
             index, round_ = complete
-            staged = any(event.staged for event in round_.values())
-            if not staged and any(event.validation for event in round_.values()):
+            if not any(e.staged for e in round_.values()) and any(e.validation for e in round_.values()):
                 self._refuse_validation_without_checkpoint(index, round_)
                 return
             checkpoint = self.storage.record_report(
@@ -410,8 +406,7 @@ class Controller:
             if deadline_passed(preemption.info, preemption.noticed_at, grace_s, self.settings.wall_clock()):
                 self._preempted(drain_timed_out=True)
             return
-        size = self.workers.resize_to()
-        if size is not None:
+        if (size := self.workers.resize_to()) is not None:
             old = self.workers.world_size
             self._notify("attempt_failing")  # it restarts from the latest checkpoint
             self.workers.shutdown()
@@ -471,9 +466,8 @@ class Controller:
 
     def _error(self, failures: list[RankFailure], *, budget_exhausted: bool) -> WorkerGroupError:
         """The error that ends the run; ``failures`` come root cause first, as ``_fail`` sorts them."""
-        used = self.storage.num_failures
         if budget_exhausted:
-            budget = f"the failure budget is spent (FailureConfig.max_failures={self.policy.config.max_failures}, {used} restart(s) used)"
+            budget = f"the failure budget is spent (FailureConfig.max_failures={self.policy.config.max_failures}, {self.storage.num_failures} restart(s) used)"
         else:
             budget = "FailureConfig.max_failures=0, so the run does not restart"
         lines = [f"Training failed in attempt {self.attempt}: {budget}."]

@@ -184,9 +184,8 @@ def take_for_upload(checkpoint: Checkpoint, *, release: bool, layout: RunLayout,
 
 
 def _move_contents(source: str, target: str) -> None:
-    """Move every entry of folder ``source`` into the empty folder ``target``; a rename where the
-    two share a disk, else a copy and a delete. On failure what was moved goes back, then the
-    error is raised: the reported folder is left as the loop wrote it."""
+    """Move every entry of folder ``source`` into the empty folder ``target``; on failure what was
+    moved goes back before the error is raised: the reported folder is left as the loop wrote it."""
     moved: list[str] = []
     try:
         for name in sorted(os.listdir(source)):

@@ -139,18 +139,17 @@ def plan_resume(
     part of what all ranks had handed out of a split dataset (of a whole one, what rank 0 had)."""
     if saved is None or not any(saved.ranks):
         return ResumePlan([None] * world_size)
-    ranks = list(saved.ranks)
     why = []
     if saved.world_size == world_size:
-        starts = list(ranks)
-        missing = [rank for rank, start in enumerate(ranks) if start is None]
+        starts = list(saved.ranks)
+        missing = [rank for rank, start in enumerate(starts) if start is None]
         if missing:
             why.append(
                 f"rank(s) {missing} did not report the step the checkpoint was saved at, so they start "
                 "their epoch from its beginning"
             )
     else:
-        starts = [_divided(ranks, world_size, split)] * world_size
+        starts = [_divided(saved.ranks, world_size, split)] * world_size
         why.append(
             f"the run has {world_size} worker(s) and had {saved.world_size} when the checkpoint was saved, so "
             "each shard holds other rows: every rank skips an equal part of what all ranks had handed out"
@@ -185,7 +184,7 @@ def plan_resume(
     return ResumePlan(starts, note, warning)
 
 
-def _divided(ranks: list[RankPosition | None], world_size: int, split: set[str]) -> RankPosition:
+def _divided(ranks: tuple[RankPosition | None, ...], world_size: int, split: set[str]) -> RankPosition:
     """One rank's share, among ``world_size``, of what the saved ``ranks`` had handed out."""
     known = [rank for rank in ranks if rank is not None]
     datasets: dict[str, ShardRecord] = {}

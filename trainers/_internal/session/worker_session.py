@@ -336,10 +336,8 @@ def _plain(value: Any, name: str) -> Any:
     numel = getattr(value, "numel", None) or getattr(value, "size", None)
     if callable(item) and (numel() if callable(numel) else numel) == 1:
         return _plain(item(), name)
-    if type(value) is list:
-        return [_plain(v, f"{name}[{i}]") for i, v in enumerate(value)]
-    if type(value) is tuple:
-        return tuple(_plain(v, f"{name}[{i}]") for i, v in enumerate(value))
+    if type(value) in (list, tuple):
+        return type(value)(_plain(v, f"{name}[{i}]") for i, v in enumerate(value))
     if callable(getattr(value, "detach", None)) and callable(getattr(value, "cpu", None)):
         value = value.detach().cpu()  # a torch tensor: one on a GPU would not unpickle on a driver without one
     error = pickling_error(value)  # cloudpickle is what carries the report to the driver

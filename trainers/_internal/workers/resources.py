@@ -41,9 +41,7 @@ def check_feasible(scaling: ScalingConfig, nodes: list[dict[str, float]], *, hel
         scaling = scaling.with_num_workers(scaling.min_workers)
     bundle = scaling.worker_resources
     n = scaling.max_workers  # a fixed size by now: num_workers, or an elastic run's min_workers
-    total: collections.Counter[str] = collections.Counter()
-    for node in nodes:
-        total.update(node)
+    total = {name: sum(node.get(name, 0.0) for node in nodes) for name in set().union(*nodes)}
     shown = {name: total.get(name, 0.0) for name in sorted(set(bundle) | {"CPU", "GPU"})}
     request = f"{n} workers{elastic} x {_fmt(bundle)} = {_fmt(scaling.total_resources)}"
     have = f"the cluster has {_fmt(shown)} on {len(nodes)} node(s){held}"
@@ -55,14 +53,13 @@ def check_feasible(scaling: ScalingConfig, nodes: list[dict[str, float]], *, hel
             f"ScalingConfig asks for {request}, but no node has {', '.join(repr(u) for u in unknown)}; {have}. {fix}"
         )
     per_node = [bundles_that_fit(node, bundle) for node in nodes]
-    strategy = scaling.placement_strategy
-    if strategy == "STRICT_PACK":
+    if scaling.placement_strategy == "STRICT_PACK":
         fits = any(bundles_that_fit(node, scaling.total_resources) >= 1 for node in nodes) if n else True
         why = "STRICT_PACK needs every worker on one node"
     elif may_grow:
         fits = any(k >= 1 for k in per_node)
         why = "no node holds one worker, so no node that joins with the same resources would either"
-    elif strategy == "STRICT_SPREAD":
+    elif scaling.placement_strategy == "STRICT_SPREAD":
         fits = sum(1 for k in per_node if k >= 1) >= n
         why = "STRICT_SPREAD needs one node per worker"
     else:

@@ -155,11 +155,8 @@ class RayWorkers:
         self.group: RayWorkerGroup | None = None
         # An elastic run sizes each attempt by what is free, except inside a Tune trial, whose
         # group already holds max_workers bundles for it.
-        self.sizer = (
-            ElasticSizer(spec.scaling)
-            if spec.scaling.elasticity_enabled and capturing_placement_group() is None
-            else None
-        )
+        elastic = spec.scaling.elasticity_enabled and capturing_placement_group() is None
+        self.sizer = ElasticSizer(spec.scaling) if elastic else None
         self._started_at = 0.0
         #: What the last stopped group held per node: the next elastic count waits to see it free.
         self._released: NodeResources = {}
@@ -167,7 +164,6 @@ class RayWorkers:
         self._nodes: dict[int, tuple[str, str]] = {}
         #: The backend was torn down after a clean end: the workers may be kept for the next run.
         self._clean = False
-        #: After a clean end: whether the workers were parked for the next ``fit()``, and why not.
         self.workers_parked: str | None = None
         #: The attempt under way (for the restart record).
         self._attempt = 0
@@ -175,7 +171,6 @@ class RayWorkers:
         self._shards: list[dict[str, Any]] = []
         #: ``launch`` is re-forming the group around kept workers: a failure now restarts them all.
         self._reforming = False
-        #: The first attempt's pre-flight check, when it ran (the controller keeps it in run.json).
         self.preflight: PreflightRecord | None = None
         self._spares_per_node = settings.SPARE_WORKERS.read() if spec.restartable else 0
         self._spares_after_s = settings.SPARE_AFTER_S.read()
@@ -268,6 +263,7 @@ class RayWorkers:
         marker = spec.storage_marker
         shipped = spec.storage_info.shipped_filesystem
         looked = group.execute_async(shared_storage.what_this_node_sees, shipped, marker) if marker else []
+        node_ids = [w.metadata.node_id for w in group.workers]
         self._nodes = {w.ranks.world_rank: (w.metadata.node_id, w.metadata.node_ip) for w in group.workers}
         node_to_ranks: dict[str, list[int]] = {}
         for rank, (node_id, _) in self._nodes.items():
@@ -278,19 +274,13 @@ class RayWorkers:
                 spec.storage_info.storage_filesystem,
                 marker,
                 group.wait_all(looked, timeout_s=spec.start_timeout_s),
-                [w.metadata.node_id for w in group.workers],
+                node_ids,
             )
         accelerators: list[tuple[int, ...]] = [() for _ in group.workers]
         if spec.scaling.use_gpu:
-            visible = assign_visible_devices(
-                [list(w.metadata.gpu_ids) for w in group.workers], [w.metadata.node_id for w in group.workers]
-            )
-            ray.get(
-                [
-                    w.actor.set_env.remote({"CUDA_VISIBLE_DEVICES": v})
-                    for w, (v, _) in zip(group.workers, visible, strict=True)
-                ]
-            )
+            visible = assign_visible_devices([list(w.metadata.gpu_ids) for w in group.workers], node_ids)
+            envs = [{"CUDA_VISIBLE_DEVICES": devices} for devices, _ in visible]
+            ray.get([w.actor.set_env.remote(env) for w, env in zip(group.workers, envs, strict=True)])
             accelerators = [ids for _, ids in visible]
         if spec.log_level is not None:
             group.execute(apply_log_level, spec.log_level)
@@ -326,8 +316,7 @@ class RayWorkers:
         events: list[Event | PreemptionNotice] = [*self.group.poll(timeout_s)]
         if self._spares_due and any(isinstance(event, ReportEvent) for event in events):
             self._fill_spares()
-        info = self._drain.check() if self._drain is not None else None
-        if info is not None:
+        if self._drain is not None and (info := self._drain.check()) is not None:
             for worker in self.group.workers:
                 worker.actor.mark_preempted.remote(info)  # get_preemption_info() answers it from now on
             events.append(PreemptionNotice(info))

@@ -84,11 +84,10 @@ def _answers(refs: list[Any], timeout_s: float, errors: Any = RayError) -> dict[
 
 
 def _kwargs_for_worker(resources: dict[str, float]) -> dict[str, Any]:
-    custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU", "memory")}
     options: dict[str, Any] = {"num_cpus": resources.get("CPU", 0), "num_gpus": resources.get("GPU", 0)}
     if "memory" in resources:
         options["memory"] = resources["memory"]
-    if custom:
+    if custom := {k: v for k, v in resources.items() if k not in ("CPU", "GPU", "memory")}:
         options["resources"] = custom
     return options
 
@@ -163,7 +162,6 @@ class RayWorkerGroup:
                     "their own with the selector.",
                     stacklevel=2,
                 )
-            self._wait_for_group(deadline)
         else:
             trial_group = capturing_placement_group()
             beside = nodes_beside(trial_group) if trial_group is not None else None
@@ -180,16 +178,19 @@ class RayWorkerGroup:
                     bundle_label_selector=self._selectors_avoiding(),
                 )
             first_bundle, self._owns_pg = 0, True
-            if trial_group is None:
-                self._wait_for_group(deadline)
-            else:
-                self._wait_for_turn(trial_group)
-                deadline = time.monotonic() + self.start_timeout_s  # the turn's wait is not start-up time
+        if trial_group is None:
+            self._wait_for_group(deadline)
+        else:
+            self._wait_for_turn(trial_group)
+            deadline = time.monotonic() + self.start_timeout_s  # the turn's wait is not start-up time
         # Where each bundle was reserved: if a node dies before its worker starts, the group's
         # table forgets it, and the error must still say which node it was.
         self._placed = dict(placement_group_table(self._pg).get("bundles_to_node_id") or {})
-        if on_placed is not None:
-            on_placed(self._bundle_nodes_by_rank(first_bundle))
+        bundles = list(range(first_bundle, first_bundle + self.world_size))
+        nodes = [self._placed[b] for b in bundles]
+        if on_placed is not None:  # worker i starts in bundle first_bundle + i: its node is known now
+            ranks = [r.world_rank for r in self._ranks(nodes)]
+            on_placed([node for _, node in sorted(zip(ranks, nodes, strict=True))])
         self.facts = dataclasses.replace(
             self.facts,
             tpu_slices=self._slices is not None,
@@ -200,47 +201,37 @@ class RayWorkerGroup:
         logger.debug("workers may be parked after a clean end: %s", self._held_in_group or "yes")
         if self._beside_group:
             self._shape = warm_workers.shape_key(bundle, self.runtime_env)
-        bundles = list(range(first_bundle, first_bundle + self.world_size))
-        nodes = [self._placed[b] for b in bundles]
         parked = warm_workers.take(self._shape, nodes) if self._beside_group else [None] * len(bundles)
         actors = self._start_actors(bundles, parked)
         self._rank(self._wait_for_actors(actors, bundles, deadline))
 
     def _rank(self, workers: list[Worker]) -> None:
-        """Rank ``workers`` (in bundle order) by node, make them this group's workers in rank
-        order, and give each its ranks' environment variables."""
+        """Rank ``workers`` by node (in bundle order): they become ``workers``, with their ranks' environment."""
         workers = sorted(workers, key=lambda w: w.bundle)
         ranks = self._ranks([w.metadata.node_id for w in workers])
         self.workers = sorted(
             (dataclasses.replace(w, ranks=r) for w, r in zip(workers, ranks, strict=True)),
             key=lambda w: w.ranks.world_rank,
         )
-        ray.get(
-            [
-                w.actor.set_env.remote(
-                    {
-                        "RANK": str(w.ranks.world_rank),
-                        "WORLD_SIZE": str(self.world_size),
-                        "LOCAL_RANK": str(w.ranks.local_rank),
-                        "LOCAL_WORLD_SIZE": str(w.ranks.local_world_size),
-                        "NODE_RANK": str(w.ranks.node_rank),
-                        "GROUP_RANK": str(w.ranks.node_rank),
-                    }
-                )
-                for w in self.workers
-            ]
-        )
+        envs = [
+            {
+                "RANK": str(w.ranks.world_rank),
+                "WORLD_SIZE": str(self.world_size),
+                "LOCAL_RANK": str(w.ranks.local_rank),
+                "LOCAL_WORLD_SIZE": str(w.ranks.local_world_size),
+                "NODE_RANK": str(w.ranks.node_rank),
+                "GROUP_RANK": str(w.ranks.node_rank),
+            }
+            for w in self.workers
+        ]
+        ray.get([w.actor.set_env.remote(env) for w, env in zip(self.workers, envs, strict=True)])
 
     def _start_actors(
         self, bundles: list[int], reused: list[Any | None], ready: list[Any] | None = None, wait_s: float = 0.0
     ) -> list[Any]:
         """One worker per bundle of ``bundles``: ``reused[i]`` (a kept process on that bundle's
         node) where it is given and answers (its ``ready[i]``, a spare's warm-up, resolves within
-        ``wait_s``, or its metadata call within ``KEPT_WORKER_ANSWER_S``), else a new process.
-
-        Workers that may be parked (``_beside_group``) start beside the placement group, on their
-        bundle's node holding no resources (the group holds them), so they can outlive it.
-        """
+        ``wait_s``, or its metadata call within ``KEPT_WORKER_ANSWER_S``), else ``_new_worker``."""
         ready = ready or [None] * len(bundles)
         checks = {
             (ready[i] if ready[i] is not None else actor.metadata.remote()): i
@@ -259,7 +250,7 @@ class RayWorkerGroup:
         return self._held_in_group is None
 
     def _new_worker(self, bundle: int) -> Any:
-        """A new worker for placement-group bundle ``bundle``: beside it when it may be parked,
+        """A new worker for bundle ``bundle``: beside it (able to outlive it) when it may be parked,
         else in it, holding the bundle's resources."""
         if self._beside_group:
             return self._new_worker_beside(self._placed[bundle])
@@ -305,13 +296,6 @@ class RayWorkerGroup:
             f"{waited}: {where}. Nodes now: {describe_nodes()}. A node that left takes its workers with it; "
             "raise FLOWTRAIN_WORKER_START_TIMEOUT_S if workers only start slowly (large images, many workers per node)."
         )
-
-    def _bundle_nodes_by_rank(self, first_bundle: int) -> list[str]:
-        """The node of each worker's bundle, in the rank order ``start`` gives the workers (worker
-        i starts in bundle ``first_bundle + i``, so its node is known before it starts)."""
-        nodes = [self._placed[first_bundle + i] for i in range(self.world_size)]
-        by_rank = {ranks.world_rank: node for ranks, node in zip(self._ranks(nodes), nodes, strict=True)}
-        return [by_rank[rank] for rank in range(len(nodes))]
 
     def _ranks(self, node_ids: list[str]) -> list[Ranks]:
         """Ranks of workers on ``node_ids``: the driver's node first, or TPU hosts slice by slice."""
@@ -676,6 +660,5 @@ class RayWorkerGroup:
         elif self._pg is not None and self._owns_pg:
             with contextlib.suppress(Exception):  # already removed, or Ray shutting down: it is gone either way
                 remove_placement_group(self._pg)
-        self._pg = None
-        self._slices = None
+        self._pg = self._slices = None
         return parked
