@@ -104,7 +104,8 @@ def run_doctor(
     try:
         if joined is not None:
             found, node_checks = _check_nodes(storage_path, scaling, driver, timeout_s)
-            nodes, checks = tuple(found), checks + node_checks
+            nodes = tuple(found)
+            checks.extend(node_checks)
         else:
             for name in ("node", "storage") + (("scaling",) if scaling else ()):
                 checks.append(CheckResult(name=name, status="skip", found="not connected to a cluster"))

@@ -79,8 +79,12 @@ def dumps_event(event: Any) -> bytes:
     driver's is another script) and for modules registered to be pickled by value.
     """
     if not cloudpickle.list_registry_pickle_by_value():
-        with contextlib.suppress(Exception):  # a lambda, a local class, ...: cloudpickle says what is wrong
+        # On every report: a try costs nothing in Python 3.11 where a context manager is a call.
+        try:
             payload = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001 - a lambda, a local class, ...: cloudpickle says what is wrong
+            pass
+        else:
             if b"__main__" not in payload:
                 return payload
     return cloudpickle.dumps(event)

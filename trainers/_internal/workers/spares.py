@@ -44,9 +44,8 @@ def import_quietly(names: list[str]) -> int:
         with contextlib.suppress(OSError):  # not Linux, or not allowed: import at the usual priority
             os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
         for name in names:
-            with contextlib.suppress(
-                Exception
-            ):  # a module that imports only in its own context: the worker imports it if needed
+            # A module that imports only in its own context: the worker imports it if needed.
+            with contextlib.suppress(Exception):
                 importlib.import_module(name)
                 loaded += 1
 
