@@ -1,7 +1,8 @@
 """One live owner per run, on stores that cannot create a file only if it is absent: each driver
 that wants the run writes a claim of its own (``lease.<id>.json`` in the run folder, its heartbeat
-rewritten every ``stale_after_s / 6``) and only then lists the folder for another live claim. How,
-on which stores, and where clocks come in: docs/design.md, "Storage layout of a run".
+rewritten every ``stale_after_s / 6``) and only then lists the folder for another live claim; one
+that takes a stale claim over marks it ``lease.<id>.taken`` first. How, on which stores, and
+where clocks come in: docs/design.md, "Storage layout of a run".
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 import time
 
 from storage.errors import RunInProgressError
-from storage.filesystem import is_local, pafs, read_bytes, write_bytes
+from storage.filesystem import exists, is_local, pafs, read_bytes, write_bytes
 from storage.layout import LEASE_PREFIX
 
 #: Tries to read another driver's claim that its owner may be rewriting at that moment.
@@ -44,6 +45,8 @@ class Lease:
         self.owner = owner
         self.name = f"{LEASE_PREFIX}{hashlib.sha1(owner.encode()).hexdigest()[:16]}.json"
         self.path = f"{folder}/{self.name}"
+        #: What a driver that takes this claim over as stale writes before it deletes the claim.
+        self.taken_path = _taken_path(self.path)
         self.stale_after_s = stale_after_s
         self.display = display
         #: The heartbeat (wall clock, as others judge it; a suspended machine's too) of the newest
@@ -101,7 +104,9 @@ class Lease:
         return heartbeat
 
     def _beat(self) -> None:
-        while not self._stop.wait(self.stale_after_s / 6):
+        interval_s = wait_s = self.stale_after_s / 6
+        while not self._stop.wait(wait_s):
+            wait_s = interval_s
             overdue = time.time() - self._renewed >= self.stale_after_s / 2
             with contextlib.suppress(OSError):  # a missed beat is retried; check() stops the run's writes if it lasts
                 claimed = self._claim()
@@ -109,16 +114,18 @@ class Lease:
                     _delete(self.fs, self.path)
                     return
                 gap_s = time.time() - self._renewed
-                # Others may have judged the claim dead meanwhile: it never owns the run again (docs/design.md).
-                if gap_s >= self.stale_after_s:
-                    self._lost = f"its heartbeat was not renewed for {gap_s:.0f} s, long enough for another driver to take the run over"
-                # Quiet long enough to be taken over: go on only if nobody did (claim, then list).
-                elif overdue and self._other_live_claim() is not None:
+                # Quiet long enough to be taken over: go on only if nobody did (claim, then list; then,
+                # once the claim was stale, the mark a taker leaves first, as it may be done by now).
+                if (overdue or gap_s >= self.stale_after_s) and self._other_live_claim() is not None:
                     self._lost = "another driver took the run over"
+                elif gap_s >= self.stale_after_s and exists(self.fs, self.taken_path):
+                    self._lost = f"its heartbeat was not renewed for {gap_s:.0f} s, and another driver took the run over meanwhile"
                 if self._lost:
                     _delete(self.fs, self.path)
                     return
                 self._renewed = claimed
+                if time.time() - claimed >= interval_s:  # a slow write landed an old heartbeat: a fresh one now
+                    wait_s = 0
 
     def _other_live_claim(self) -> tuple[dict, float] | None:
         """The freshest live claim other than ours and its age; dead claims are removed on the way."""
@@ -130,8 +137,13 @@ class Lease:
             if found is None:
                 continue  # given up or released since the listing
             claim, age = found
-            if age >= self.stale_after_s or _holder_is_dead(claim):
+            if _holder_is_dead(claim):
                 _delete(self.fs, entry.path)  # its owner is gone and will never remove it
+                continue
+            if age >= self.stale_after_s:
+                # Its owner may only be stalled: the mark tells it, once it wakes, that it lost the run.
+                write_bytes(self.fs, _taken_path(entry.path), json.dumps({"by": self.owner}).encode())
+                _delete(self.fs, entry.path)
                 continue
             live.append((claim, age))
         return min(live, key=lambda found: found[1], default=None)
@@ -168,6 +180,10 @@ class Lease:
         )
         error.holder_host, error.holder_pid, error.retry_after_s = holder.get("host"), holder.get("pid"), wait_s
         return error
+
+
+def _taken_path(claim_path: str) -> str:
+    return f"{claim_path.removesuffix('.json')}.taken"
 
 
 def _is_claim(name: str) -> bool:

@@ -33,6 +33,7 @@ import pytest
 
 from faulty_s3 import BUCKET, FaultyS3, log_event, moto_s3, read_events
 from loops import resume_after_checkpoint
+from prefect_server import wait_until
 from storage import RunInProgressError, RunStorage
 from storage.filesystem import read_bytes, write_bytes
 
@@ -362,6 +363,43 @@ def test_an_owner_whose_heartbeat_stalled_past_staleness_never_writes_again_even
     assert claims(where) == []
     record = json.loads(read(where, "run.json"))
     assert record["attempt"] == 2 and record["finished"] is True
+
+
+def test_an_owner_whose_heartbeat_stalled_past_staleness_keeps_the_run_when_nobody_took_it(where, tmp_path):
+    """Regression (CI, a Tune trial on a loaded machine): A's heartbeat could not land for longer
+    than stale_after_s, but no other driver came for the run meanwhile. A gave the run up anyway,
+    deleting its claim, so its workers found no lease file and the trial failed with
+    StorageNotSharedError. With no other claim and no mark of a takeover, A keeps the run."""
+    paused = HeldLeaseWrites(where["fs"], str(tmp_path / "fs.log"))
+    a = RunStorage(where["root"], RUN, filesystem=pafs.PyFileSystem(paused), lease_stale_after_s=STALE_AFTER_S)
+    a.open("a")
+    first = a.start_attempt()
+    lease = a._lease
+    paused.stall()
+    assert paused.waiting.wait(60)  # a heartbeat is stuck in its write
+    stuck_since = lease._renewed
+    wait_until(
+        lambda: time.time() - stuck_since > STALE_AFTER_S, timeout_s=60, what="A's claim going stale", interval_s=0.05
+    )
+    resumed_at = time.time()
+    paused.resume()  # the stuck write lands; a fresh heartbeat follows it at once
+    wait_until(lambda: lease._renewed >= resumed_at, timeout_s=60, what="A's fresh heartbeat", interval_s=0.05)
+
+    assert lease._lost is None and lease._thread is not None and lease._thread.is_alive()
+    assert a.start_attempt() == first + 1
+    assert [claim["owner"] for claim in claims(where)] == ["a"]
+    a.finish()
+    assert claims(where) == []
+
+
+def test_workers_missing_a_lease_the_driver_lost_name_the_lost_lease_not_unshared_storage(tmp_path):
+    """The workers' look for the driver's lease file before training: when the driver cannot see
+    it either, the lease was lost (the error says so), not the storage unshared."""
+    from trainers._internal.workers.shared_storage import check_every_node_sees
+
+    fs, marker = pafs.LocalFileSystem(), str(tmp_path / "lease.0123.json")
+    with pytest.raises(RunInProgressError, match=f"no longer holds the run's lease: its file {marker} is gone"):
+        check_every_node_sees(fs, marker, [("host", "does not see it")], ["node"])
 
 
 class RereadLeaseClaims(FaultyS3):

@@ -12,8 +12,8 @@ import os
 import socket
 from collections.abc import Sequence
 
-from storage.errors import StorageNotSharedError
-from storage.filesystem import ShippedFilesystem, display_path, pafs
+from storage.errors import RunInProgressError, StorageNotSharedError
+from storage.filesystem import ShippedFilesystem, display_path, exists, pafs
 
 
 def what_this_node_sees(filesystem: ShippedFilesystem, path: str) -> tuple[str, str | None]:
@@ -33,10 +33,18 @@ def check_every_node_sees(
     filesystem: pafs.FileSystem, marker: str, answers: Sequence[tuple[str, str | None]], node_ids: Sequence[str]
 ) -> None:
     """Raise ``StorageNotSharedError`` naming each node whose workers answered (in ``answers``,
-    beside their nodes' ids in ``node_ids``) that they do not see ``marker``."""
+    beside their nodes' ids in ``node_ids``) that they do not see ``marker``, or
+    ``RunInProgressError`` when the driver does not see it either."""
     # Imported here: a worker runs what_this_node_sees, and the cluster's descriptions are the driver's.
     from trainers._internal.workers.start_failure import node_name
 
+    if any(problem for _, problem in answers) and not exists(filesystem, marker):
+        # Gone for the driver too: not a storage that is not shared, but a lease this driver lost.
+        raise RunInProgressError(
+            f"this driver no longer holds the run's lease: its file {display_path(filesystem, marker)} is gone "
+            "(another driver took the run over, or the storage failed the lease's heartbeat: the log above says "
+            "which). Nothing was trained; rerun, and the run resumes from its last committed checkpoint."
+        )
     blind: dict[str, str] = {}
     for (host, problem), node_id in zip(answers, node_ids, strict=True):
         if problem is not None:
