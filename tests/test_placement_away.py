@@ -40,6 +40,26 @@ def test_a_bundle_moves_off_the_avoided_node_then_a_second_one_into_the_slot_the
     assert _held() == 0
 
 
+def test_a_bundle_ray_placed_again_in_its_group_stays_there_instead_of_waiting_for_room():
+    """The lost node was declared dead while the bundle was being moved, and Ray placed the group's
+    own bundle again, in the room the move waited for (here: a reservation that never fits)."""
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+    here, lost = ray.get_runtime_context().get_node_id(), "f" * 56
+    group = placement_group([{"CPU": 0.1}])
+    assert group.wait(60)
+    moved = MovedBundles()
+    try:
+        # Without the check it waits out the deadline and reports the bundle missing: [0].
+        assert moved.move([0], group, {0: lost}, {"CPU": 10_000}, {lost}, None, time.monotonic() + 60) == []
+        assert moved.placement(0) is None and moved.nodes() == {}
+        assert _held() == 1 and placement_group_table(group)["bundles_to_node_id"][0] == here  # nothing else held
+    finally:
+        moved.release()
+        remove_placement_group(group)
+
+
 def _held() -> int:
     """Placement groups not removed."""
     import ray

@@ -376,6 +376,9 @@ class Controller:
             self.workers.shutdown()  # the run ends, or a preempted node's ranks restart with the rest
         else:
             restart = self.workers.stop({rank: event.kind for rank, event in self.book.failed.items()})
+            if restart.full_restart is not None and (start := self.book.failed.get(LAUNCH)) is not None:
+                why = f"{restart.full_restart}: {type(start.error).__name__}: {start.error}"  # the start's own error
+                restart = dataclasses.replace(restart, full_restart=why)
         self.tell("after_exception", errors)
         if charge is Charge.PREEMPTION:
             self._preempted(drain_timed_out=False, failures=failures)

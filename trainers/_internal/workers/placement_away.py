@@ -62,7 +62,7 @@ class MovedBundles:
         """Place each of ``bundles`` again, on a node not in ``avoid`` and matching its label
         selector (``selectors``, by bundle index, as ``group`` was reserved); ``slots``: where
         each of ``group``'s bundles is (bundle -> node). Returns the bundles that could not be
-        placed by ``deadline`` (nothing is held for them)."""
+        placed by ``deadline`` (nothing is held for them), nor were placed again in ``group``."""
         for bundle in bundles:
             self.release(bundle)
         taken = {index for pg, index, _ in self._moved.values() if pg is group}
@@ -86,12 +86,21 @@ class MovedBundles:
             )
         missing = []
         for bundle, own in reserved.items():
-            if own.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):
+            while True:
+                placed = own.wait(timeout_seconds=min(1.0, max(0.0, deadline - time.monotonic())))
+                # Ray declared the lost node dead meanwhile and placed the group's own bundle again (its slot
+                # lent to no other move), maybe in the very room this waits for: the bundle stays in the group.
+                again = None if placed else placement_group_table(group)["bundles_to_node_id"].get(bundle)
+                back = bool(again) and again not in avoid and bundle not in taken
+                if placed or back or time.monotonic() >= deadline:
+                    break
+            if placed:
                 self._moved[bundle] = (own, 0, placement_group_table(own)["bundles_to_node_id"][0])
                 self._own[bundle] = own
             else:
                 remove_placement_group(own)
-                missing.append(bundle)
+                if not back:
+                    missing.append(bundle)
         return missing
 
     def nodes(self) -> dict[int, str]:
