@@ -45,8 +45,6 @@ class Lease:
         self.owner = owner
         self.name = f"{LEASE_PREFIX}{hashlib.sha1(owner.encode()).hexdigest()[:16]}.json"
         self.path = f"{folder}/{self.name}"
-        #: What a driver that takes this claim over as stale writes before it deletes the claim.
-        self.taken_path = _taken_path(self.path)
         self.stale_after_s = stale_after_s
         self.display = display
         #: The heartbeat (wall clock, as others judge it; a suspended machine's too) of the newest
@@ -118,7 +116,7 @@ class Lease:
                 # once the claim was stale, the mark a taker leaves first, as it may be done by now).
                 if (overdue or gap_s >= self.stale_after_s) and self._other_live_claim() is not None:
                     self._lost = "another driver took the run over"
-                elif gap_s >= self.stale_after_s and exists(self.fs, self.taken_path):
+                elif gap_s >= self.stale_after_s and exists(self.fs, _taken_path(self.path)):
                     self._lost = f"its heartbeat was not renewed for {gap_s:.0f} s, and another driver took the run over meanwhile"
                 if self._lost:
                     _delete(self.fs, self.path)
@@ -183,6 +181,7 @@ class Lease:
 
 
 def _taken_path(claim_path: str) -> str:
+    """What a driver that takes the claim at ``claim_path`` over as stale writes before deleting it."""
     return f"{claim_path.removesuffix('.json')}.taken"
 
 
