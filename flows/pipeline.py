@@ -72,10 +72,7 @@ def _pipeline(
     )
     kept = checkpoints(summary, checkpointing)
     return {
-        "run_name": summary.run_name,
-        "run_path": summary.run_path,
-        "metrics": summary.metrics,
-        "num_reports": summary.num_reports,
+        **summary.model_dump(exclude={"checkpoint_path"}),  # run_name, run_path, metrics, num_reports
         "best_checkpoint": kept.best_path,
         "best_metrics": kept.best_metrics,
         "kept_checkpoints": kept.kept,

@@ -76,6 +76,5 @@ def sweep(
     plan = plan_sweep(name, settings)
     runner: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=plan.max_concurrent_trials)
     trials = sweep_trials.with_options(task_runner=runner)  # type: ignore[arg-type]  # Prefect's TaskRunner is invariant in its future type, so no runner matches the parameter (Prefect casts its own)
-    outcomes = trials(plan.trials, settings)
-    ranked = rank_trials(name, search, outcomes)
+    ranked = rank_trials(name, search, trials(plan.trials, settings))
     return {"sweep": name, "trials": [o.model_dump() for o in ranked], "best": ranked[0].model_dump()}

@@ -10,6 +10,7 @@ docs/design.md, "Storage layout of a run". Metric values are in ``storage.metric
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import math
@@ -93,10 +94,8 @@ class MetricsLog:
         self.length += 1
         self.tail.append(metrics)
         if self._appends and self._unwritten >= APPEND_LINES:
-            try:
+            with contextlib.suppress(OSError):  # early and optional: the run's next flush writes them, with its retries
                 self.flush()
-            except OSError:  # early and optional: the run's next flush writes them, with its retries
-                pass
         return position
 
     def _begin(self, attempt: int) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from storage import settings
 from storage.codec import Record, Round6
 from storage.errors import RunInProgressError, StorageError
-from storage.filesystem import display_path, pafs, same_filesystem
+from storage.filesystem import display_path, is_local, pafs, same_filesystem
 
 logger = logging.getLogger(__name__)
 
@@ -259,7 +259,15 @@ def copy_tree(
     same = same_filesystem(source_fs, dest_fs)
 
     def copy(relative: str) -> None:
-        _copy_file(source_fs, f"{source.rstrip('/')}/{relative}", dest_fs, f"{dest.rstrip('/')}/{relative}", same)
+        source_file, dest_file = f"{source.rstrip('/')}/{relative}", f"{dest.rstrip('/')}/{relative}"
+        if is_local(source_fs) and is_local(dest_fs):
+            shutil.copy2(source_file, dest_file)  # as shutil.copytree did; truncates what a failed try left
+        elif same:
+            dest_fs.copy_file(source_file, dest_file)  # the store copies (S3 CopyObject): nothing goes through us
+        else:
+            with source_fs.open_input_stream(source_file) as reader, dest_fs.open_output_stream(dest_file) as writer:
+                while chunk := reader.read(CHUNK_BYTES):
+                    writer.write(chunk)
         done.add(relative)
 
     def one_pass() -> None:
@@ -267,10 +275,12 @@ def copy_tree(
         if not plan:
             plan.update(_plan(source_fs, source))
         if "made" not in plan:
-            _make_dirs(dest_fs, dest, plan["dirs"])
+            dest_fs.create_dir(dest, recursive=True)
+            for relative in plan["dirs"]:  # empty folders of the checkpoint too, as a local copy keeps them
+                dest_fs.create_dir(f"{dest.rstrip('/')}/{relative}", recursive=True)
             plan["made"] = True
         remaining = [path for path, _ in plan["files"] if path not in done]
-        _copy_files(copy, remaining, 1 if isinstance(dest_fs, pafs.LocalFileSystem) else policy.threads)
+        _copy_files(copy, remaining, 1 if is_local(dest_fs) else policy.threads)
 
     where, origin = display_path(dest_fs, dest), display_path(source_fs, source)
     retries = retry(one_pass, destination=where, source=origin, policy=policy, before_each_try=before_each_try)
@@ -298,12 +308,6 @@ def _plan(fs: pafs.FileSystem, root: str) -> dict[str, Any]:
     return {"dirs": sorted(dirs), "files": sorted(files)}
 
 
-def _make_dirs(fs: pafs.FileSystem, dest: str, dirs: list[str]) -> None:
-    fs.create_dir(dest, recursive=True)
-    for relative in dirs:  # empty folders of the checkpoint too, as a local copy keeps them
-        fs.create_dir(f"{dest.rstrip('/')}/{relative}", recursive=True)
-
-
 def _copy_files(copy: Callable[[str], None], names: list[str], threads: int) -> None:
     """Copy the files ``names`` (relative paths) with ``copy``; raise the worst error of the pass
     (one waiting cannot fix before one it can) after every file was tried."""
@@ -325,14 +329,3 @@ def _copy_files(copy: Callable[[str], None], names: list[str], threads: int) -> 
     if errors:
         permanent = [e for e in errors if not is_transient(e)]
         raise (permanent or errors)[0]
-
-
-def _copy_file(source_fs: pafs.FileSystem, source: str, dest_fs: pafs.FileSystem, dest: str, same: bool) -> None:
-    if isinstance(source_fs, pafs.LocalFileSystem) and isinstance(dest_fs, pafs.LocalFileSystem):
-        shutil.copy2(source, dest)  # as shutil.copytree did; truncates what a failed try left
-    elif same:
-        dest_fs.copy_file(source, dest)  # the store copies (S3 CopyObject): nothing goes through us
-    else:
-        with source_fs.open_input_stream(source) as reader, dest_fs.open_output_stream(dest) as writer:
-            while chunk := reader.read(CHUNK_BYTES):
-                writer.write(chunk)

@@ -182,12 +182,9 @@ def plotted_metrics(keys: Iterable[str], score: str | None = None) -> list[list[
 def step_axis(history: Sequence[dict[str, Any]]) -> tuple[str, tuple[float, ...]] | None:
     """The first step-like metric (epoch, step, ...) that every report of ``history`` (rank 0's
     flattened metrics) carries as an increasing number, and its values; None when there is none."""
-    if not history:
-        return None
-    for key in (k for k in history[0] if is_step_key(k)):
-        values = [as_number(metrics.get(key)) for metrics in history]
-        numbers = [v for v in values if v is not None]
-        if len(numbers) == len(values) and all(a < b for a, b in zip(numbers, numbers[1:], strict=False)):
+    for key in filter(is_step_key, history[0] if history else ()):
+        numbers = [v for metrics in history if (v := as_number(metrics.get(key))) is not None]
+        if len(numbers) == len(history) and all(a < b for a, b in zip(numbers, numbers[1:], strict=False)):
             return key, tuple(numbers)
     return None
 
@@ -214,20 +211,20 @@ def run_charts(
     return charts
 
 
-def describe(series: Series, *, best: str | None = None, chart: Chart | None = None, note: str = "") -> str:
-    """A line to read instead of the chart: what the figure is (``note``), then the first, last and
-    best ("min"/"max"; by default low for losses, else high) value of ``series``, each at the x of
-    ``chart`` (its epoch, say; without a chart, the report number)."""
+def describe(series: Series, chart: Chart, note: str = "") -> str:
+    """A line to read instead of ``chart``: what the figure is (``note``), then the first, last and
+    best (``chart.best``; by default low for losses, else high) value of ``series``, each at the x of
+    ``chart`` (its epoch, say, or the report number)."""
     points = [(i, v) for i, v in enumerate(series.values, start=1) if v is not None]
     label = f"**{series.label}** ({note})" if note else f"**{series.label}**"
     if not points:
         return f"{label}: not reported"
-    lower = best == "min" or (best is None and is_loss_key(series.metric))
+    lower = chart.best == "min" or (chart.best is None and is_loss_key(series.metric))
     top_at, top = (min if lower else max)(points, key=lambda p: p[1])
     (first_at, first), (last_at, last) = points[0], points[-1]
 
     def at(report: int) -> str:
-        return f"at {chart.x_label} {chart.x_text(report)}" if chart is not None else f"at report {report}"
+        return f"at {chart.x_label} {chart.x_text(report)}"
 
     return (
         f"{label}: {number(first)} {at(first_at)} → {number(last)} {at(last_at)}; "
@@ -307,9 +304,6 @@ class _Frame:
     def bottom(self) -> float:
         return self.top + PLOT_HEIGHT
 
-    def scale(self, value: float) -> float:
-        return math.log10(value) if self.log else value
-
     def x_at(self, report: int) -> float:
         """Where the report numbered ``report`` (1-based) sits: by its x value, first to last."""
         if self.chart.num_reports <= 1:
@@ -318,8 +312,8 @@ class _Frame:
         return self.left + (self.chart.x_of(report) - first) * (self.right - self.left) / (last - first)
 
     def y_at(self, value: float) -> float:
-        low, high = self.scale(self.y_ticks[0]), self.scale(self.y_ticks[-1])
-        return self.bottom - (self.scale(value) - low) * PLOT_HEIGHT / (high - low)
+        low, high, y = (math.log10(v) if self.log else v for v in (self.y_ticks[0], self.y_ticks[-1], value))
+        return self.bottom - (y - low) * PLOT_HEIGHT / (high - low)
 
 
 def render_svg(chart: Chart) -> str:
@@ -422,9 +416,7 @@ def charts_markdown(
         lines.append("Nothing numeric was reported, so there is nothing to draw.")
     for chart in charts:
         lines += [svg_image_markdown(render_svg(chart), chart.title), ""]
-        lines += [
-            f"- {describe(s, best=chart.best, chart=chart, note=(notes or {}).get(s.metric, ''))}" for s in chart.series
-        ]
+        lines += [f"- {describe(s, chart, (notes or {}).get(s.metric, ''))}" for s in chart.series]
         lines.append("")
     return "\n".join(lines)
 

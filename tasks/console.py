@@ -37,29 +37,24 @@ _ray_data_defaults: dict[str, Any] = {}
 _python_showwarning = warnings.showwarning
 
 
-class _RayRecords(logging.Filter):
-    """On Ray's console handlers while a ``run_output()`` is open: drops Ray Data's notices, and
-    hands the records of a task run's thread to that run's logger."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not _open or not (record.name == "ray" or record.name.startswith("ray.")):
-            return True
-        message = record.getMessage()
-        if record.name.startswith("ray.data") and (record.levelno < logging.WARNING or is_ray_data_notice(message)):
-            return False  # Ray Data's log file keeps them
-        logger = _run_logger.get()
-        if logger is None:
-            return True
-        level = record.levelno
-        if level == logging.WARNING and message.startswith(RAY_NOTICES):
-            level = logging.DEBUG
-        if record.exc_info:
-            message += "\n" + logging.Formatter().formatException(record.exc_info)
-        logger.log(level, "%s", message)
-        return False
-
-
-_RAY_RECORDS = _RayRecords()
+def _ray_records(record: logging.LogRecord) -> bool:
+    """The filter on Ray's console handlers while a ``run_output()`` is open: drops Ray Data's
+    notices, and hands the records of a task run's thread to that run's logger."""
+    if not _open or not (record.name == "ray" or record.name.startswith("ray.")):
+        return True
+    message = record.getMessage()
+    if record.name.startswith("ray.data") and (record.levelno < logging.WARNING or is_ray_data_notice(message)):
+        return False  # Ray Data's log file keeps them
+    logger = _run_logger.get()
+    if logger is None:
+        return True
+    level = record.levelno
+    if level == logging.WARNING and message.startswith(RAY_NOTICES):
+        level = logging.DEBUG
+    if record.exc_info:
+        message += "\n" + logging.Formatter().formatException(record.exc_info)
+    logger.log(level, "%s", message)
+    return False
 
 
 def _showwarning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -98,8 +93,8 @@ def run_output(run_name: str | None = None) -> Iterator[None]:
         if warnings.showwarning is not _showwarning:
             _python_showwarning, warnings.showwarning = warnings.showwarning, _showwarning
         for handler in ray_console_handlers():  # Ray's file handlers keep everything
-            if _RAY_RECORDS not in handler.filters:
-                handler.addFilter(_RAY_RECORDS)
+            if _ray_records not in handler.filters:
+                handler.addFilter(_ray_records)
     token = _run_logger.set(logger)
     try:
         with capture_worker_output(run_name, _worker_lines_to(logger)) if run_name else contextlib.nullcontext():

@@ -33,17 +33,11 @@ def health_markdown(run_name: str, health: RunHealth, timeline_png: bytes | None
         lines += ["## Timeline", "", f"![timeline of {run_name}](data:image/png;base64,{encoded})", ""]
         if timeline_path:
             lines += [f"The picture is in the run folder: `{timeline_path}`.", ""]
-    lines += ["## Stragglers", ""]
-    if health.stragglers:
-        lines += [f"- attempt {s.attempt}'s report {s.report_index + 1}: {s.describe()}" for s in health.stragglers]
-    else:
-        lines.append("No rank trained persistently slower than the others.")
+    stragglers = [f"- attempt {s.attempt}'s report {s.report_index + 1}: {s.describe()}" for s in health.stragglers]
+    lines += ["## Stragglers", "", *(stragglers or ["No rank trained persistently slower than the others."])]
+    peaks = [f"| {rank} | {peak.describe() if peak else '-'} |" for rank, peak in enumerate(health.peak_memory)]
     lines += ["", "## Peak memory per rank", ""]
-    if health.peak_memory:
-        lines += ["| rank | peak |", "|---:|---|"]
-        lines += [f"| {rank} | {peak.describe() if peak else '-'} |" for rank, peak in enumerate(health.peak_memory)]
-    else:
-        lines.append("No rank reported its memory.")
+    lines += ["| rank | peak |", "|---:|---|", *peaks] if peaks else ["No rank reported its memory."]
     lines += ["", "## Pre-flight check", ""]
     if health.preflight:
         lines.append(f"The latest: {health.preflight[-1].describe()}.")

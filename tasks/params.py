@@ -242,8 +242,6 @@ class TorchTraining(ParamsModel):
     """A training loop to run on every worker: ``TorchTrainer`` by default, ``TensorflowTrainer`` or
     ``JaxTrainer`` with ``framework``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
-
     #: The trainer the loop runs under: TorchTrainer, TensorflowTrainer (Keras) or JaxTrainer.
     framework: Literal["torch", "tensorflow", "jax"] = "torch"
     #: ``package.module:function`` (deployments), or the function itself (ad hoc calls).

@@ -49,6 +49,10 @@ def run_resource(run_name: str, run_path: str) -> dict[str, str]:
     }
 
 
+def _emit(event: str, run_context: TrainRunContext, payload: dict[str, Any]) -> None:
+    emit_event(event, resource=run_resource(run_context.name, run_context.run_path), payload=payload)
+
+
 def brief(metrics: dict[str, Any]) -> str:
     """``loss=0.06249, epoch=3``: names and values on one line, floats as ``storage.figures`` writes them."""
     return ", ".join(f"{k}={number(v)}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
@@ -103,11 +107,8 @@ class PrefectReporter(UserCallback):
         update_progress_artifact(self.progress_id, self._progress())
         if checkpoint is not None:
             self._reports_at_checkpoint = self.num_reports
-            emit_event(
-                "flowtrain.checkpoint.committed",
-                resource=run_resource(run_context.name, run_context.run_path),
-                payload={"checkpoint": checkpoint.path, "metrics": shown, "attempt": run_context.attempt},
-            )
+            payload = {"checkpoint": checkpoint.path, "metrics": shown, "attempt": run_context.attempt}
+            _emit("flowtrain.checkpoint.committed", run_context, payload)
 
     def after_exception(self, run_context: TrainRunContext, worker_exceptions: dict[int, BaseException]) -> None:
         for rank, error in sorted(worker_exceptions.items()):
@@ -122,18 +123,15 @@ class PrefectReporter(UserCallback):
         restart = run_context.restarts[-1] if run_context.restarts else None
         how = restart.describe() if restart is not None else "restarting the workers"
         self.logger.warning("attempt %d failed (%s); %s; resuming from %s", run_context.attempt, causes, how, where)
-        emit_event(
-            "flowtrain.run.restarted",
-            resource=run_resource(run_context.name, run_context.run_path),
-            payload={
-                "attempt": run_context.attempt,
-                "failures": causes,
-                "resume_from": resume_from.path if resume_from else None,
-                "replaced_ranks": sorted(restart.replaced) if restart is not None else None,
-                "kept_ranks": list(restart.kept) if restart is not None else None,
-                "full_restart": restart.full_restart if restart is not None else None,
-            },
-        )
+        payload = {
+            "attempt": run_context.attempt,
+            "failures": causes,
+            "resume_from": resume_from.path if resume_from else None,
+            "replaced_ranks": sorted(restart.replaced) if restart is not None else None,
+            "kept_ranks": list(restart.kept) if restart is not None else None,
+            "full_restart": restart.full_restart if restart is not None else None,
+        }
+        _emit("flowtrain.run.restarted", run_context, payload)
 
     def on_resize(self, run_context: TrainRunContext, old_size: int, new_size: int) -> None:
         self._resume_after(self._reports_at_checkpoint)
@@ -142,11 +140,7 @@ class PrefectReporter(UserCallback):
 
     def on_straggler(self, run_context: TrainRunContext, straggler: StragglerRecord) -> None:
         self.logger.warning("straggler in attempt %d: %s", straggler.attempt, straggler.describe())
-        emit_event(
-            "flowtrain.rank.straggling",
-            resource=run_resource(run_context.name, run_context.run_path),
-            payload=straggler.to_json(),
-        )
+        _emit("flowtrain.rank.straggling", run_context, straggler.to_json())
 
     def _resume_after(self, num_reports: int) -> None:
         """The run goes on from its report ``num_reports``: the later ones are made again."""

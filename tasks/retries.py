@@ -40,10 +40,7 @@ def should_retry(error: BaseException | None) -> bool:
     """Whether a failed train stage is worth another try, by ``RETRY_TABLE``; unknown errors are not."""
     if error is None:
         return False
-    for error_type, retry, _why in RETRY_TABLE:
-        if isinstance(error, error_type):
-            return retry
-    return _is_ray_system_error(error)
+    return next((retry for kind, retry, _why in RETRY_TABLE if isinstance(error, kind)), _is_ray_system_error(error))
 
 
 def _is_ray_system_error(error: BaseException) -> bool:

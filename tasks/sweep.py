@@ -107,12 +107,11 @@ class Search(ParamsModel):
         """The parameters of every trial, in a fixed order."""
         rng = random.Random(self.seed)
         names = sorted(self.grid)
-        configs = []
-        for point in itertools.product(*(self.grid[name] for name in names)):
-            for _ in range(self.num_samples):
-                drawn = {name: self.random[name].sample(rng) for name in sorted(self.random)}
-                configs.append({**dict(zip(names, point, strict=True)), **drawn})
-        return configs
+        return [
+            {**dict(zip(names, point, strict=True)), **{n: self.random[n].sample(rng) for n in sorted(self.random)}}
+            for point in itertools.product(*(self.grid[name] for name in names))
+            for _ in range(self.num_samples)
+        ]
 
 
 class SweepSettings(ParamsModel):

@@ -201,16 +201,10 @@ def probe_node(storage_path: str | None, name: str) -> NodeProbe:
     return NodeProbe(facts=facts, written=written, write_error=error)
 
 
-@ray.remote(num_cpus=0, max_retries=0)
-def read_back(storage_path: str, paths: list[str]) -> dict[str, str]:
-    """Run on one node: ``read_probes`` there."""
-    return read_probes(storage_path, paths)
-
-
-@ray.remote(num_cpus=0, max_retries=0)
-def clean_up(storage_path: str, paths: list[str]) -> list[str]:
-    """Run on one node: ``remove_probes`` there."""
-    return remove_probes(storage_path, paths)
+#: Run on one node: ``read_probes`` there.
+read_back = ray.remote(num_cpus=0, max_retries=0)(read_probes)
+#: Run on one node: ``remove_probes`` there.
+clean_up = ray.remote(num_cpus=0, max_retries=0)(remove_probes)
 
 
 # -- judging ---------------------------------------------------------------------------------
@@ -242,10 +236,8 @@ def version_checks(driver: NodeFacts, nodes: Sequence[NodeFacts]) -> list[CheckR
         if node.flowtrain_version and driver.flowtrain_version and node.flowtrain_version != driver.flowtrain_version:
             wrong.append(f"flowtrain {node.flowtrain_version} (the driver has {driver.flowtrain_version})")
             fixes.append(f"install flowtrain {driver.flowtrain_version} there")
-        fix = ""
-        if wrong:
-            found = "; ".join(wrong)
-            fix = "; ".join(fixes) + ", then restart Ray on it (ray stop; ray start --address=...)."
+        found = "; ".join(wrong) or found
+        fix = "; ".join(fixes) + ", then restart Ray on it (ray stop; ray start --address=...)." if fixes else ""
         results.append(
             CheckResult(name="versions", status="FAIL" if fix else "ok", found=found, fix=fix, where=node.label())
         )

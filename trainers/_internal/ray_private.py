@@ -153,10 +153,11 @@ def right_size_footer_readers(dataset: Any) -> None:
     right_sized = _right_sized_footer_indexer()
     if right_sized is None:
         return
+    settings = ("_num_actors", "_footer_batch_size", "_io_concurrency", "_coalesce_bytes", "_iter_file_infos_for_list")
     plan = getattr(dataset, "_logical_plan", None)
     for op in _operators(getattr(plan, "dag", None)):
         indexer = getattr(op, "file_indexer", None)
-        if type(indexer) is right_sized.__base__ and _has_pool_settings(indexer):
+        if type(indexer) is right_sized.__base__ and all(hasattr(indexer, name) for name in settings):
             indexer.__class__ = right_sized
 
 
@@ -325,11 +326,6 @@ def _operators(op: Any) -> Iterator[Any]:
         seen.add(id(current))
         yield current
         pending.extend(getattr(current, "input_dependencies", None) or [])
-
-
-def _has_pool_settings(indexer: Any) -> bool:
-    names = ("_num_actors", "_footer_batch_size", "_io_concurrency", "_coalesce_bytes", "_iter_file_infos_for_list")
-    return all(hasattr(indexer, name) for name in names)
 
 
 @functools.cache

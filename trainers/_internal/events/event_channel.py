@@ -405,15 +405,13 @@ class EventListener:
         del conn.buffer[:offset]
         if not data:
             self._drop(conn)
-        elif asked or conn.read > conn.acked:
-            now = time.monotonic()
-            if asked or now - conn.acked_at >= ACK_EVERY_S:
-                conn.acked, conn.acked_at = conn.read, now
-                try:
-                    if conn.sock.send(_ACK.pack(conn.read)) != _ACK.size:
-                        raise OSError("a partial acknowledgement")
-                except OSError:  # the worker does not read: it gives the connection up by itself
-                    self._drop(conn)
+        elif asked or (conn.read > conn.acked and time.monotonic() - conn.acked_at >= ACK_EVERY_S):
+            conn.acked, conn.acked_at = conn.read, time.monotonic()
+            try:
+                if conn.sock.send(_ACK.pack(conn.read)) != _ACK.size:
+                    raise OSError("a partial acknowledgement")
+            except OSError:  # the worker does not read: it gives the connection up by itself
+                self._drop(conn)
 
     def _unregister(self, conn: _Connection) -> None:
         with contextlib.suppress(KeyError, ValueError):

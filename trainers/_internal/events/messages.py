@@ -4,6 +4,7 @@ failures the controller finds itself (a hang, a group that did not start) in the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import queue
 from typing import Any, TypeVar
@@ -131,12 +132,9 @@ NOT_TRAINING = "not training"
 
 def take_events(events: queue.Queue[_T] | queue.SimpleQueue[_T], timeout_s: float) -> list[_T]:
     """Wait up to ``timeout_s`` for the next event in ``events``; return it with any queued behind it."""
-    try:
-        taken = [events.get(timeout=timeout_s)]
-    except queue.Empty:
-        return []
-    while True:
-        try:
+    taken: list[_T] = []
+    with contextlib.suppress(queue.Empty):
+        taken.append(events.get(timeout=timeout_s))
+        while True:
             taken.append(events.get_nowait())
-        except queue.Empty:
-            return taken
+    return taken

@@ -59,7 +59,6 @@ class WorkerInbox:
         self._applied = [0] * len(actors)
         self._ended: set[int] = set()
         self._stopped = False
-        self._thread: threading.Thread | None = None
 
     @property
     def address(self) -> ChannelAddress:
@@ -68,8 +67,7 @@ class WorkerInbox:
 
     def listen(self) -> None:
         """Start the Ray long polls (after the training functions started)."""
-        self._thread = threading.Thread(target=self._watch, name="flowtrain-worker-watch", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._watch, name="flowtrain-worker-watch", daemon=True).start()
 
     def poll(self, timeout_s: float) -> list[Event]:
         """Events that arrived within ``timeout_s`` (returns as soon as there is one)."""

@@ -83,11 +83,12 @@ def figure(timeline: Timeline, *, title: str = "") -> Any:
         y = mark.rank - EVENT_LIFT
         axes.scatter([mark.t], [y], marker=marker, s=90, color=colour, edgecolors="white", zorder=4, gid=label)
         legend.setdefault(label, Line2D([], [], marker=marker, markersize=9, ls="", color=colour, label=label))
-    _name_attempts(axes, timeline)
+    span = max((end for _, _, end in timeline.phases), default=1.0) or 1.0
+    _name_attempts(axes, timeline, span)
     labelled = range(0, ranks, math.ceil(ranks / MOST_RANK_LABELS))
     axes.set_yticks([band, *labelled], ["phases", *(f"rank {rank}" for rank in labelled)], fontsize=FONT_PT)
     axes.set_ylim(ranks - 0.4, band - 0.6)
-    axes.set_xlim(0, max((end for _, _, end in timeline.phases), default=1.0) or 1.0)
+    axes.set_xlim(0, span)
     axes.tick_params(axis="x", labelsize=FONT_PT)
     axes.set_xlabel("seconds since the run's controller started", fontsize=FONT_PT)
     axes.set_title(title or f"{timeline.run_name}: timeline", fontsize=FONT_PT + 1, loc="left")
@@ -118,13 +119,10 @@ def _round_ticks(timeline: Timeline) -> dict[tuple[str, str], tuple[list[float],
     return ticks
 
 
-def _name_attempts(axes: Any, timeline: Timeline) -> None:
-    """Each attempt's number above the plot, at its first round; one that would run into the
-    previous label is left out (its restart shows in the phase band)."""
-    firsts: dict[int, float] = {}
-    for row in timeline.rounds:
-        firsts.setdefault(row.attempt, row.t)
-    span = max((end for _, _, end in timeline.phases), default=1.0) or 1.0
+def _name_attempts(axes: Any, timeline: Timeline, span: float) -> None:
+    """Each attempt's number above the plot (``span`` seconds wide), at its first round; one that
+    would run into the previous label is left out (its restart shows in the phase band)."""
+    firsts = {row.attempt: row.t for row in reversed(timeline.rounds)}  # each attempt's first round wins
     # A label's width in seconds: about 0.6 em a character, over the plot's ~0.82 of the figure's width.
     per_char_s = 0.6 * FONT_PT / 72 / (0.82 * WIDTH_IN) * span
     ticks: list[float] = []

@@ -326,19 +326,16 @@ class Controller:
         lost. A rank still running (maybe uploading) gets ``ControllerSettings.drain_timeout_s``.
         """
         start = time.monotonic()
-        while True:
-            missing = self.book.awaited_by_rounds_the_failed_ranks_finished(self.workers.world_size)
-            if not missing:
-                return
+        while missing := self.book.awaited_by_rounds_the_failed_ranks_finished(self.workers.world_size):
             dead, activity = self.workers.probe(sorted(missing))
             for event in dead:
                 self.book.failed.setdefault(event.world_rank, event)
             ended = all(activity.get(rank) == NOT_TRAINING for rank in missing)
             limit = start + (ENDED_DRAIN_S if ended else self.settings.drain_timeout_s)
-            if dead or time.monotonic() >= limit:
-                if not dead:
-                    return
+            if dead:
                 continue  # a dead rank never reports: the rounds it missed are no longer awaited
+            if time.monotonic() >= limit:
+                return
             for arrived in self.workers.poll(min(DRAIN_POLL_S, max(0.0, limit - time.monotonic()))):
                 self.book.add(arrived)  # barriers and questions no longer matter: the attempt ends
             self._commit_complete_rounds(arrived_at)
@@ -370,25 +367,23 @@ class Controller:
             preemption=self._preemption.info if self._preemption else None,
             node_left=self.workers.lost_a_node,
         )
-        ends = charge is Charge.FAILURE and not self.policy.may_restart(charge, self.storage.num_failures)
-        restart: RestartRecord | None = None
-        if charge is Charge.PREEMPTION or ends:
-            self.workers.shutdown()  # the run ends, or a preempted node's ranks restart with the rest
+        if charge is Charge.PREEMPTION:
+            self.workers.shutdown()  # a preempted node's ranks restart with the rest
+            self.tell("after_exception", errors)
+            self._preempted(drain_timed_out=False, failures=failures)
+        elif charge is Charge.FAILURE and not self.policy.may_restart(charge, self.storage.num_failures):
+            self.workers.shutdown()  # the run ends
+            self.tell("after_exception", errors)
+            self._end(self._error(failures, budget_exhausted=self.policy.config.max_failures != 0))
         else:
             restart = self.workers.stop({rank: event.kind for rank, event in self.book.failed.items()})
             if restart.full_restart is not None and (start := self.book.failed.get(LAUNCH)) is not None:
                 why = f"{restart.full_restart}: {type(start.error).__name__}: {start.error}"  # the start's own error
                 restart = dataclasses.replace(restart, full_restart=why)
-        self.tell("after_exception", errors)
-        if charge is Charge.PREEMPTION:
-            self._preempted(drain_timed_out=False, failures=failures)
-        elif ends:
-            self._end(self._error(failures, budget_exhausted=self.policy.config.max_failures != 0))
-        else:
+            self.tell("after_exception", errors)
             if charge is Charge.FAILURE:
                 self.storage.record_failure()
-            if restart is not None:
-                self.storage.append("restarts", restart)
+            self.storage.append("restarts", restart)
             self._restart_after(failures)
 
     def _restart(self) -> None:

@@ -15,11 +15,11 @@ import warnings
 from typing import Any
 
 import ray
-from ray import cloudpickle
 from ray.exceptions import RayError, TaskCancelledError
 
 from storage import Checkpoint, RunRecord
 from storage.snapshot import VALIDATED, VALIDATION_FAILED, VALIDATION_TIMEOUT, CheckpointRecord
+from trainers._checks import pickling_error
 from trainers.validation import ValidationConfig, ValidationTaskConfig, request_from_json
 
 logger = logging.getLogger(__name__)
@@ -92,9 +92,7 @@ def make_runner(
     from trainers._internal.ray_init import ensure_ray
     from trainers._internal.workers.resources import cluster_nodes
 
-    try:
-        cloudpickle.dumps(config.fn)
-    except Exception as error:
+    if (error := pickling_error(config.fn)) is not None:
         raise TypeError(
             f"ValidationConfig(fn={config.fn!r}) cannot be sent to its Ray task: it does not pickle "
             f"({type(error).__name__}: {error}). Build clients, locks or open files inside the function."
@@ -129,16 +127,14 @@ class ValidationRunner:
         """True while a validation runs or waits to start."""
         return bool(self._running or self.storage.pending_validations)
 
-    def poll(self) -> bool:
-        """Record the validations that ended or ran out of time, start the next; never blocks. True on a change."""
-        changed = self._stop_late()
+    def poll(self) -> None:
+        """Record the validations that ended or ran out of time, start the next; never blocks."""
+        self._stop_late()
         if self._running:
             done, _ = ray.wait(list(self._running), num_returns=len(self._running), timeout=0)
             for ref in done:
                 self._record(ref, self._running.pop(ref))
-                changed = True
         self._start_next()
-        return changed
 
     def wait_all(self) -> None:
         """Wait until every validation has ended (each bounded by its ``timeout_s``)."""
@@ -175,7 +171,7 @@ class ValidationRunner:
         self._running[ref] = _Running(record.dir_name, time.monotonic(), task.timeout_s)
         logger.info("validating checkpoint %s", record.dir_name)
 
-    def _stop_late(self) -> bool:
+    def _stop_late(self) -> None:
         now = time.monotonic()
         late = [ref for ref, r in self._running.items() if r.timeout_s is not None and now - r.started >= r.timeout_s]
         for ref in late:
@@ -188,7 +184,6 @@ class ValidationRunner:
                 stacklevel=2,
             )
             self.storage.record_validation(running.dir_name, {}, VALIDATION_TIMEOUT)
-        return bool(late)
 
     def _record(self, ref: Any, running: _Running) -> None:
         try:

@@ -15,7 +15,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
 
 from storage import Checkpoint, upload_directory
 from storage.filesystem import delete_dir, display_path, is_local, pafs, relative_inside
@@ -220,18 +219,3 @@ def delete_source(checkpoint: Checkpoint, keep: Checkpoint | None = None) -> Non
         pass  # already gone: the loop's own temporary folder was cleaned up first
     except OSError as error:  # e.g. another worker on this node shares the folder and deleted it first
         logger.warning("could not delete the local checkpoint %s after its upload: %s", checkpoint.path, error)
-
-
-def resolve_delete(delete_local: Any, *, asynchronous: bool, no_upload: bool) -> Any:
-    """``delete_local_checkpoint_after_upload=None`` means: delete after an ASYNC upload, keep
-    after a SYNC one (Ray Train's rule); NO_UPLOAD never deletes (nothing was uploaded)."""
-    if no_upload:
-        return False
-    return asynchronous if delete_local is None else delete_local
-
-
-def uploaded(placement: Placement, staging: str, layout: RunLayout, filesystem: pafs.FileSystem) -> Checkpoint:
-    """The uploaded copy of a checkpoint (where delete_source must not reach)."""
-    if placement.in_place and placement.dir_name:
-        return Checkpoint(layout.path_of(placement.dir_name), filesystem)
-    return Checkpoint(staging, filesystem)

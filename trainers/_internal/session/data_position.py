@@ -172,16 +172,14 @@ def plan_resume(
                 "are not exactly the rows trained on (some may be seen twice, others not at all)"
             )
     note = DataResume(exact=not why, why=tuple(why), datasets=rows, loaders=tuple(samples))
-    warning = None
-    if why:
-        warning = (
-            "The data position saved with the checkpoint is resumed, but not exactly: "
-            + "; ".join(why)
-            + ". For an exact resume run the datasets with ray.data.ExecutionOptions(preserve_order=True) in "
-            "DataConfig(execution_options=...) and keep the number of workers; to replay the epoch from its start "
-            "instead, pass DataConfig(checkpoint_data_position=False)."
-        )
-    return ResumePlan(starts, note, warning)
+    warning = (
+        "The data position saved with the checkpoint is resumed, but not exactly: "
+        + "; ".join(why)
+        + ". For an exact resume run the datasets with ray.data.ExecutionOptions(preserve_order=True) in "
+        "DataConfig(execution_options=...) and keep the number of workers; to replay the epoch from its start "
+        "instead, pass DataConfig(checkpoint_data_position=False)."
+    )
+    return ResumePlan(starts, note, warning if why else None)
 
 
 def _divided(ranks: tuple[RankPosition | None, ...], world_size: int, split: set[str]) -> RankPosition:
@@ -194,8 +192,7 @@ def _divided(ranks: tuple[RankPosition | None, ...], world_size: int, split: set
         rows = [shard.rows for shard in shards if shard.epoch == epoch]
         datasets[name] = ShardRecord(epoch, sum(rows) // world_size if name in split else rows[0])
     loaders = []
-    for index in range(min(len(rank.loaders) for rank in known)):
-        at_index = [rank.loaders[index] for rank in known]
+    for at_index in zip(*(rank.loaders for rank in known), strict=False):  # the loaders every rank had
         epoch = max(loader.epoch for loader in at_index)
         samples = sum(loader.samples for loader in at_index if loader.epoch == epoch)
         loaders.append(LoaderRecord(epoch, samples // world_size))

@@ -17,18 +17,12 @@ class OrderedUploader:
 
     def submit(self, job: Callable[[], None]) -> None:
         """Queue ``job`` behind the earlier ones; first re-raise the error of one that failed."""
-        self.raise_failure()
+        for future in [future for future in self._pending if future.done()]:
+            future.result()  # a failed job's error, raised (and kept for flush)
+            self._pending.remove(future)
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowtrain-upload")
-        self._pending = [future for future in self._pending if not future.done()]
         self._pending.append(self._pool.submit(job))
-
-    def raise_failure(self) -> None:
-        """Re-raise the error of a job that failed."""
-        for future in self._pending:
-            error = future.exception() if future.done() else None
-            if error is not None:
-                raise error
 
     def flush(self) -> None:
         """Wait for every submitted job; raise the first failure, if any."""

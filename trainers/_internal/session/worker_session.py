@@ -156,9 +156,8 @@ class WorkerSession:
                 "(flowtrain copies the checkpoint), or NO_UPLOAD (it is already in the run folder)."
             )
         no_upload = upload_mode is CheckpointUploadMode.NO_UPLOAD
-        delete = checkpoint_upload.resolve_delete(
-            delete_local, asynchronous=upload_mode is CheckpointUploadMode.ASYNC, no_upload=no_upload
-        )
+        # None deletes after an ASYNC upload, keeps after a SYNC one (Ray Train's rule); NO_UPLOAD uploads nothing.
+        delete = not no_upload and (upload_mode is CheckpointUploadMode.ASYNC if delete_local is None else delete_local)
         checkpoint_upload.check_request(
             checkpoint,
             no_upload=no_upload,
@@ -230,8 +229,8 @@ class WorkerSession:
         else:
             placement = checkpoint_upload.persist(checkpoint, **persist)
             if delete_local:
-                kept = checkpoint_upload.uploaded(placement, staging, self.layout, self.filesystem)
-                checkpoint_upload.delete_source(checkpoint, keep=kept)
+                kept = self.layout.path_of(placement.dir_name) if placement.in_place and placement.dir_name else staging
+                checkpoint_upload.delete_source(checkpoint, keep=Checkpoint(kept, self.filesystem))
             event = _placed(event, placement)
             self._unseen_commit = self.num_reports
         self.emit(event)

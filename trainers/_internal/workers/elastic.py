@@ -11,8 +11,7 @@ import time
 from collections.abc import Callable
 
 from trainers._internal.ray_private import available_resources_per_node, draining_nodes
-from trainers._internal.workers.resources import _fmt as format_resources
-from trainers._internal.workers.resources import bundles_that_fit, label_matches
+from trainers._internal.workers.resources import bundles_that_fit, format_resources, label_matches
 from trainers.config import ScalingConfig
 from trainers.tuning import RELEASE_WAIT_S, WAIT_POLL_S
 

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
 
 
-def _fmt(resources: Mapping[str, float]) -> str:
+def format_resources(resources: Mapping[str, float]) -> str:
+    """``{CPU: 2, GPU: 1}``: resources as every message shows them."""
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) + "}"
 
 
@@ -43,8 +44,8 @@ def check_feasible(scaling: ScalingConfig, nodes: list[dict[str, float]], *, hel
     n = scaling.max_workers  # a fixed size by now: num_workers, or an elastic run's min_workers
     total = {name: sum(node.get(name, 0.0) for node in nodes) for name in set().union(*nodes)}
     shown = {name: total.get(name, 0.0) for name in sorted(set(bundle) | {"CPU", "GPU"})}
-    request = f"{n} workers{elastic} x {_fmt(bundle)} = {_fmt(scaling.total_resources)}"
-    have = f"the cluster has {_fmt(shown)} on {len(nodes)} node(s){held}"
+    request = f"{n} workers{elastic} x {format_resources(bundle)} = {format_resources(scaling.total_resources)}"
+    have = f"the cluster has {format_resources(shown)} on {len(nodes)} node(s){held}"
     fix = "Lower ScalingConfig.num_workers or resources_per_worker, or add nodes (RAY_ADDRESS)."
 
     unknown = [name for name in bundle if total.get(name, 0) <= 0]
@@ -132,8 +133,8 @@ def enclosing_placement_group(scaling: ScalingConfig) -> tuple[PlacementGroup, i
     small = [i for i, b in enumerate(bundles[max(first, 0) :], start=max(first, 0)) if bundles_that_fit(b, worker) < 1]
     if first < own or small:
         raise InsufficientResourcesError(
-            f"This trainer runs inside a placement group (a Ray Tune trial) with bundles {[_fmt(b) for b in bundles]}, "
-            f"which cannot hold ScalingConfig's {n} workers x {_fmt(worker)} (one bundle each, after the trial's own). "
+            f"This trainer runs inside a placement group (a Ray Tune trial) with bundles {[format_resources(b) for b in bundles]}, "
+            f"which cannot hold ScalingConfig's {n} workers x {format_resources(worker)} (one bundle each, after the trial's own). "
             "Give the trial its resources with trainers.tune.with_resources(fn, scaling_config) "
             "(or trainers.tune.trial_resources(scaling_config)), passing the same ScalingConfig the trainer uses."
         )
@@ -180,7 +181,7 @@ def nodes_beside(group: PlacementGroup) -> tuple[list[dict[str, float]], str]:
 
     nodes = _live_nodes()
     held = _take(nodes, placement_group_table(group))
-    return list(nodes.values()), f" beside the {_fmt(held)} this Tune trial holds for itself"
+    return list(nodes.values()), f" beside the {format_resources(held)} this Tune trial holds for itself"
 
 
 def stuck_beside_other_groups(scaling: ScalingConfig, own: PlacementGroup) -> str | None:
@@ -205,7 +206,7 @@ def stuck_beside_other_groups(scaling: ScalingConfig, own: PlacementGroup) -> st
     try:
         check_feasible(scaling, list(nodes.values()))
     except InsufficientResourcesError:
-        return f"{others} other placement group(s) (Tune trials' own included) hold {_fmt(held)} and no trainer is training"
+        return f"{others} other placement group(s) (Tune trials' own included) hold {format_resources(held)} and no trainer is training"
     return None
 
 

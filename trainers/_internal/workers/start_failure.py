@@ -8,7 +8,7 @@ start). These describe the cluster at that moment, so the error says where to lo
 from __future__ import annotations
 
 from trainers._internal.ray_private import available_resources_per_node
-from trainers._internal.workers.resources import _fmt as format_resources
+from trainers._internal.workers.resources import format_resources
 
 
 def _fmt(resources: dict[str, float]) -> str:

@@ -153,7 +153,6 @@ class RayWorkerGroup:
         trial_group = None
         if enclosing is not None:  # a Tune trial's group: its bundles are already ours, Tune removes it
             self._pg, first_bundle = enclosing
-            self._owns_pg = False
             if self.scaling.label_selector:
                 warnings.warn(
                     f"ScalingConfig.label_selector={self.scaling.label_selector!r} is not applied: the workers run in "
@@ -524,9 +523,7 @@ class RayWorkerGroup:
 
     # -- replacing failed ranks -------------------------------------------------------------------
 
-    def stop_training(
-        self, failed: dict[int, str], wait_s: float = SURVIVOR_STOP_S, lost_hosts: frozenset[str] = frozenset()
-    ) -> dict[int, str]:
+    def stop_training(self, failed: dict[int, str], lost_hosts: frozenset[str] = frozenset()) -> dict[int, str]:
         """End the attempt but keep the processes that can train again: the ranks of ``failed``
         (world rank -> failure kind) whose process died, hung, was preempted or whose host stopped
         answering are killed (``refill`` places the last away from that host), the others are
@@ -545,15 +542,15 @@ class RayWorkerGroup:
         }
         warm_workers.kill_actors(self.workers[rank].actor for rank in replaced)
         stopping = {
-            w.actor.stop.remote(wait_s, failed=True, lost_hosts=lost_hosts): w
+            w.actor.stop.remote(SURVIVOR_STOP_S, failed=True, lost_hosts=lost_hosts): w
             for w in self.workers
             if w.ranks.world_rank not in replaced
         }
-        answers = _answers(list(stopping), wait_s + SURVIVOR_ANSWER_S)
+        answers = _answers(list(stopping), SURVIVOR_STOP_S + SURVIVOR_ANSWER_S)
         for ref, worker in stopping.items():
             answer = answers.get(ref)
             if answer is None:
-                why = f"it did not answer within {wait_s + SURVIVOR_ANSWER_S:g} s"
+                why = f"it did not answer within {SURVIVOR_STOP_S + SURVIVOR_ANSWER_S:g} s"
             elif isinstance(answer, RayError):
                 why = f"it died while stopping ({type(answer).__name__})"
             else:
