@@ -77,15 +77,20 @@ def resume_after_checkpoint(file_name: str) -> int:
 
 def checkpointing_loop(config: dict) -> None:
     """Counts steps, checkpointing every ``every`` steps; resumes from get_checkpoint(). With
-    ``report_where``, every report also names the rank's process and node ("pid", "node")."""
+    ``report_where``, every report also names the rank's process and node ("pid", "node"). An
+    attempt that starts when the file ``steps_file`` exists reads how many steps to count there."""
     start = resume_after_checkpoint("step.txt")
+    steps = config["steps"]
+    if config.get("steps_file") and os.path.exists(config["steps_file"]):
+        with open(config["steps_file"]) as f:
+            steps = int(f.read())
     rank = get_context().get_world_rank()
     where = {}
     if config.get("report_where"):
         import ray
 
         where = {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
-    for step in range(start, config["steps"]):
+    for step in range(start, steps):
         if config.get("sleep_s"):
             import time
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
@@ -195,3 +196,104 @@ def test_a_worker_kept_on_a_node_that_left_is_replaced_and_the_other_reused(two_
     second = _pids_by_node(tmp_path, "kept-second")
     assert second[cluster.head_node.node_id] == first[cluster.head_node.node_id]
     assert second[new.node_id] != first[spare.node_id]
+
+
+def test_a_group_that_cannot_place_a_lost_bundle_again_still_starts_workers_in_the_others(two_nodes):
+    """After a node loss Ray places the lost node's bundles again; while one cannot be (here: no
+    room left; in a run, a bundle moved away took it) the group never becomes ready, yet its
+    placed bundles take workers, so replacing a rank elsewhere waits only for that rank's bundle."""
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from prefect_server import wait_until
+    from trainers._internal.workers.placement_away import wait_for_bundles
+
+    @ray.remote(num_cpus=1)
+    class NodeProbe:
+        def node(self):
+            return ray.get_runtime_context().get_node_id()
+
+    cluster, spare = two_nodes
+    group = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+    assert group.wait(60)
+    slots = placement_group_table(group)["bundles_to_node_id"]
+    lost = next(bundle for bundle, node in slots.items() if node == spare.node_id)
+    kept = 1 - lost
+    probe = None
+    try:
+        cluster.remove_node(spare)
+        wait_until(lambda: placement_group_table(group)["state"] == "RESCHEDULING", timeout_s=60, what="the loss")
+        assert not group.wait(0) and not placement_group_table(group)["bundles_to_node_id"][lost]
+        # Without it, the wait for the whole group: not ready within the deadline.
+        assert wait_for_bundles(group, [kept], time.monotonic() + 60)
+        assert not wait_for_bundles(group, [lost], time.monotonic() + 2)
+        in_kept = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=kept)
+        probe = NodeProbe.options(scheduling_strategy=in_kept).remote()
+        assert ray.get(probe.node.remote(), timeout=60) == slots[kept]
+    finally:
+        if probe is not None:
+            ray.kill(probe)
+        remove_placement_group(group)
+
+
+def test_a_rank_on_a_live_host_is_replaced_while_ray_cannot_place_a_moved_bundle_again(two_nodes, tmp_path):
+    """A killed host's rank moves to a third node before Ray declares the host dead; Ray then
+    tries to place the group's bundle there again and finds no room (the move took it). A rank
+    that dies next, on a live host, is still replaced alone: the refill waits for its own bundle,
+    not for the group that can no longer be whole (which waited out the start timeout, then
+    restarted every worker)."""
+    import signal
+
+    from ray.util.placement_group import placement_group_table
+
+    from multinode import RecordedReports
+    from prefect_server import wait_until
+    from trainers._internal.workers.resources import WORKER_GROUP_PREFIX
+
+    cluster, spare = two_nodes
+    steps_file = tmp_path / "steps"
+    record = RecordedReports()
+    fit = TorchTrainer(
+        loops.checkpointing_loop,
+        train_loop_config={
+            "steps": 10**6,
+            "every": 5,
+            "sleep_s": 0.1,
+            "report_where": True,
+            "steps_file": str(steps_file),
+        },
+        scaling_config=ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"),
+        run_config=RunConfig(
+            name="moved-then-lost",
+            storage_path=str(tmp_path),
+            failure_config=FailureConfig(max_failures=3),
+            callbacks=[record],
+        ),
+    )
+    thread, outcome = fit_in_background(fit)
+    try:
+        record.wait_for(lambda r: r["step"] >= 3)
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        cluster.remove_node(spare, allow_graceful=False)  # its raylet refuses at once; Ray's verdict takes ~16 s
+        wait_until(lambda: len(record.restarts) == 1, timeout_s=120, what="the first replacement")
+
+        def group_state():
+            groups = placement_group_table().values()
+            return {
+                g["state"] for g in groups if g["name"].startswith(WORKER_GROUP_PREFIX) and "moved" not in g["name"]
+            }
+
+        wait_until(lambda: group_state() == {"RESCHEDULING"}, timeout_s=120, what="Ray placing the lost bundle again")
+        after = len(record.reports)
+        latest = record.reports[record.wait_for(lambda r: True, after=after)]
+        steps_file.write_text(str(latest["step"] + 20))  # the attempt after the next failure ends soon
+        os.kill(latest["pid"], signal.SIGKILL)
+    finally:
+        thread.join(240)
+    assert not thread.is_alive()
+    assert "error" not in outcome, outcome.get("error")
+    first, second = result_record(outcome["result"])["restarts"]
+    assert first["full_restart"] is None and list(first["replaced"]) == ["1"], first
+    assert second["full_restart"] is None and list(second["replaced"]) == ["0"], second

@@ -40,6 +40,19 @@ def silent_raylets(node_ids: set[str], timeout_s: float) -> set[str]:
     return silent
 
 
+def wait_for_bundles(group: PlacementGroup, bundles: list[int], deadline: float) -> bool:
+    """Whether ``group``'s ``bundles`` are placed by ``deadline``. While Ray places a lost node's
+    bundles again the group as a whole is not ready (forever, when a bundle moved away took their
+    room), yet its placed bundles take workers."""
+    while not group.wait(timeout_seconds=min(1.0, max(0.0, deadline - time.monotonic()))):
+        slots = placement_group_table(group).get("bundles_to_node_id") or {}
+        if all(slots.get(bundle) for bundle in bundles):  # an unplaced bundle's node is ""
+            return True
+        if time.monotonic() >= deadline:
+            return False
+    return True
+
+
 class MovedBundles:
     """The group's bundles placed elsewhere: bundle index -> (placement group, its bundle index
     there, node)."""

@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from trainers._internal.events.messages import Event, FailedEvent
 from trainers._internal.events.worker_inbox import WorkerInbox
 from trainers._internal.workers import warm_workers
-from trainers._internal.workers.placement_away import MovedBundles, off_nodes, silent_raylets
+from trainers._internal.workers.placement_away import MovedBundles, off_nodes, silent_raylets, wait_for_bundles
 from trainers._internal.workers.ranks import Ranks, assign_ranks
 from trainers._internal.workers.resources import (
     WORKER_GROUP_PREFIX,
@@ -340,9 +340,14 @@ class RayWorkerGroup:
         """The nodes the last ``stop_training`` found lost (their raylet took no connection)."""
         return frozenset(self._avoid)
 
-    def _wait_for_group(self, deadline: float) -> None:
+    def _wait_for_group(self, deadline: float, bundles: list[int] | None = None) -> None:
+        """Wait until the group (``bundles``: those of its bundles) is placed, or fail at ``deadline``."""
         assert self._pg is not None  # start() reserved it
-        if not self._pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):
+        if bundles is not None:
+            placed = wait_for_bundles(self._pg, bundles, deadline)
+        else:
+            placed = self._pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic()))
+        if not placed:
             state = placement_group_table(self._pg).get("state", "?")
             selector = self.scaling.label_selector
             labels = f" on nodes matching label_selector {selector!r}" if selector else ""
@@ -595,8 +600,8 @@ class RayWorkerGroup:
         their own), the others where Ray keeps them (after a node loss, where it places them
         again), and note where each is."""
         away = [b for b in bundles if self._placed.get(b) in self._avoid]
-        if len(away) < len(bundles):
-            self._wait_for_group(deadline)  # a lost node's bundles are placed again first
+        if kept := [b for b in bundles if b not in away and self._moved.placement(b) is None]:
+            self._wait_for_group(deadline, kept)  # a lost node's bundles are placed again first
         if away:
             assert self._pg is not None  # start() reserved it
             selectors = self.scaling.label_selector_per_worker(self.world_size)
