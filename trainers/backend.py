@@ -104,9 +104,7 @@ class BackendConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration's fields as a dict (as Ray's ``BackendConfig.to_dict``)."""
-        if dataclasses.is_dataclass(self):
-            return dataclasses.asdict(self)
-        return dict(vars(self))
+        return dataclasses.asdict(self) if dataclasses.is_dataclass(self) else dict(vars(self))
 
     @property
     def backend_cls(self) -> type[Backend[Any]]:

@@ -535,12 +535,11 @@ class RunConfig:
                 f"RunConfig.storage_filesystem={self.storage_filesystem!r}: must be a pyarrow.fs.FileSystem "
                 "(wrap an fsspec filesystem with pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)))."
             )
-        configs = (
+        for field, kind in (
             ("failure_config", FailureConfig),
             ("checkpoint_config", CheckpointConfig),
             ("logging_config", LoggingConfig),
-        )
-        for field, kind in configs:
+        ):
             value = getattr(self, field)
             if value is not None and not isinstance(value, kind):
                 raise TypeError(f"RunConfig.{field}={value!r}: must be a {kind.__name__}.")

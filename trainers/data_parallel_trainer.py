@@ -239,7 +239,6 @@ class DataParallelTrainer(TuneTrainableAttributes):
         scaling, run_config = self.scaling_config, self.run_config
         settings.check_all()  # a bad FLOWTRAIN_* value fails here, before anything starts
         _warn_controller_failure_limit(run_config.failure_config)
-        datasets: dict[str, Any] = {}
         name = run_config.name or f"{type(self).__name__}_{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
         storage = RunStorage(  # resolves the URI only: a bad storage_path fails before Ray starts
             run_config.resolved_storage_path,
@@ -268,8 +267,8 @@ class DataParallelTrainer(TuneTrainableAttributes):
             check_label_selector(scaling)
             if self.datasets:
                 scaling = leave_cpu_for_data(scaling, nodes)
-        if self.datasets:
-            datasets = resolve_datasets(self.datasets)
+        datasets = resolve_datasets(self.datasets) if self.datasets else {}
+        if datasets:
             check_row_counts(datasets, self.dataset_config, max(1, scaling.max_workers))
         storage.open(owner=new_owner())
         try:

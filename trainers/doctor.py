@@ -103,8 +103,7 @@ def run_doctor(
     nodes: tuple[NodeFacts, ...] = ()
     try:
         if joined is not None:
-            found, node_checks = _check_nodes(storage_path, scaling, driver, timeout_s)
-            nodes = tuple(found)
+            nodes, node_checks = _check_nodes(storage_path, scaling, driver, timeout_s)
             checks.extend(node_checks)
         else:
             for name in ("node", "storage") + (("scaling",) if scaling else ()):
@@ -187,7 +186,7 @@ def _node_failure(label: str, why: str) -> CheckResult:
 
 def _check_nodes(
     storage_path: str | None, scaling: ScalingConfig | None, driver: NodeFacts, timeout_s: float
-) -> tuple[list[NodeFacts], list[CheckResult]]:
+) -> tuple[tuple[NodeFacts, ...], list[CheckResult]]:
     alive = [node for node in ray.nodes() if node.get("Alive")]
     token = secrets.token_hex(4)
     names = {node["NodeID"]: f"{node['NodeID'][:12]}-{token}" for node in alive}
@@ -207,7 +206,7 @@ def _check_nodes(
             continue
         facts[node["NodeID"]] = dataclasses.replace(probe.facts, resources=dict(node["Resources"]))
         written[probe.facts.label()] = (probe.facts, probe.written, probe.write_error)
-    found = list(facts.values())
+    found = tuple(facts.values())
     checks.extend(version_checks(driver, found))
     checks.extend(resource_checks(found))
     if scaling is not None:

@@ -133,8 +133,7 @@ class Result:
                 f"Invalid metric name {metric}! get_best_checkpoint({metric!r}): no kept checkpoint reported it; "
                 f"reported keys: {keys}."
             )
-        pick = max if mode == "max" else min
-        return pick(scored, key=lambda pair: pair[0])[1]
+        return (max if mode == "max" else min)(scored, key=lambda pair: pair[0])[1]
 
     @classmethod
     def from_path(cls, path: str | os.PathLike, storage_filesystem: pafs.FileSystem | None = None) -> Result:
@@ -152,8 +151,7 @@ class Result:
         """
         from storage import load_run
 
-        run = load_run(os.fspath(path), storage_filesystem)
-        return cls._from_run(run, return_value=None, error=None)
+        return cls._from_run(load_run(os.fspath(path), storage_filesystem), return_value=None, error=None)
 
     @classmethod
     def _from_run(cls, run: Any, *, return_value: Any, error: TrainingFailedError | None) -> Result:

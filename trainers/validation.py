@@ -95,12 +95,8 @@ class ValidationConfig:
         self.task_config = task_config
         self.ray_remote_kwargs = ray_remote_kwargs
         # Partial: a report's own fn_kwargs may supply the rest.
-        check_fn_kwargs(
-            fn,
-            task_config.fn_kwargs or {},
-            "ValidationConfig(task_config=ValidationTaskConfig(fn_kwargs=...))",
-            partial=True,
-        )
+        where = "ValidationConfig(task_config=ValidationTaskConfig(fn_kwargs=...))"
+        check_fn_kwargs(fn, task_config.fn_kwargs or {}, where, partial=True)
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", repr(self.fn))

@@ -179,8 +179,7 @@ class MLflowLoggerCallback(UserCallback):
 
         # A step with more metrics than one request takes is split; the tag moves with its last part.
         for start in range(0, max(len(points), 1), MAX_METRICS_PER_BATCH):
-            final = start + MAX_METRICS_PER_BATCH >= len(points)
-            tags = [RunTag(LAST_STEP_TAG, str(last_step))] if final else []
+            tags = [RunTag(LAST_STEP_TAG, str(last_step))] if start + MAX_METRICS_PER_BATCH >= len(points) else []
             self._client.log_batch(
                 self.run_id, metrics=points[start : start + MAX_METRICS_PER_BATCH], tags=tags, synchronous=True
             )

@@ -69,15 +69,15 @@ class JaxConfig(BackendConfig):
 # -- worker side --------------------------------------------------------------------------------
 
 
-def _initialize(coordinator: str, num_processes: int, process_id: int, platform: str, timeout_s: float) -> None:
+def _initialize(coordinator: str, platform: str, timeout_s: float) -> None:
     # A platform the user chose for the workers (runtime_env) wins over the config's.
     os.environ.setdefault("JAX_PLATFORMS", platform)
     import jax
 
     jax.distributed.initialize(
         coordinator_address=coordinator,
-        num_processes=num_processes,
-        process_id=process_id,
+        num_processes=int(os.environ["WORLD_SIZE"]),
+        process_id=int(os.environ["RANK"]),
         initialization_timeout=int(timeout_s),
     )
 
@@ -99,8 +99,7 @@ class JaxBackend(Backend[JaxConfig]):
 
         workers = worker_group.workers
         host = workers[0].metadata.node_ip
-        port = ray.get(workers[0].actor.execute.remote(free_port), timeout=60)
-        coordinator = host_port(host, port)
+        coordinator = host_port(host, ray.get(workers[0].actor.execute.remote(free_port), timeout=60))
         per_slice = worker_group.scaling.tpu_workers_per_slice
         if backend_config.use_tpu and per_slice:
             # Across several slices libtpu learns the layout from these, as Ray Train sets them; they
@@ -109,19 +108,12 @@ class JaxBackend(Backend[JaxConfig]):
             if any(envs):
                 ray.get([w.actor.set_env.remote(env) for w, env in zip(workers, envs, strict=True)], timeout=60)
         # Every worker at once: initialize() returns only when all of them have joined.
-        ray.get(
-            [
-                w.actor.execute.remote(
-                    _initialize,
-                    coordinator,
-                    len(workers),
-                    w.ranks.world_rank,
-                    backend_config.platform(),
-                    backend_config.timeout_s,
-                )
-                for w in workers
-            ],
-            timeout=backend_config.timeout_s + 30,
+        worker_group.execute(
+            _initialize,
+            coordinator,
+            backend_config.platform(),
+            backend_config.timeout_s,
+            timeout_s=backend_config.timeout_s + 30,
         )
 
     def on_shutdown(self, worker_group: Any, backend_config: JaxConfig) -> None:

@@ -32,16 +32,13 @@ class JaxTrainer(DataParallelTrainer):
         jax_config: JaxConfig | None = None,
         **options: Unpack[TrainerOptions],
     ) -> None:
-        jax_config = jax_config if jax_config is not None else _config_of(options.get("scaling_config"))
+        if jax_config is None:  # GPUs and TPUs as the scaling_config reserves them
+            scaling = options.get("scaling_config")
+            scaling = scaling if isinstance(scaling, ScalingConfig) else ScalingConfig()
+            jax_config = JaxConfig(use_tpu=scaling.use_tpu, use_gpu=scaling.use_gpu)
         super().__init__(train_loop_per_worker, backend_config=jax_config, **options)
         for flag, kind, also in (("use_gpu", "GPU", ""), ("use_tpu", "TPU", ", topology=..., accelerator_type=...")):
             if getattr(jax_config, flag) and not getattr(self.scaling_config, flag):
                 raise ValueError(
                     f"JaxConfig({flag}=True) needs {kind}s reserved: set ScalingConfig({flag}=True{also}), or {flag}=False."
                 )
-
-
-def _config_of(scaling_config: Any) -> JaxConfig:
-    """The ``JaxConfig`` a trainer without one gets: GPUs and TPUs as ``scaling_config`` reserves them."""
-    scaling = scaling_config if isinstance(scaling_config, ScalingConfig) else ScalingConfig()
-    return JaxConfig(use_tpu=scaling.use_tpu, use_gpu=scaling.use_gpu)

@@ -50,10 +50,9 @@ def _reserve_port() -> int:
     """Bind a free port on this node and keep it bound; return it."""
     global _held
     _release_port()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("", 0))
-    _held = sock
-    return sock.getsockname()[1]
+    _held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    _held.bind(("", 0))
+    return _held.getsockname()[1]
 
 
 def _release_port() -> None:
@@ -67,10 +66,9 @@ def _set_network(addresses: list[tuple[str, int]], rendezvous: str) -> None:
     """Remember the network parameters; this worker is the entry whose port it holds."""
     global _network, _rendezvous
     assert _held is not None, "a port is reserved before the network is set"
-    port = _held.getsockname()[1]
     _network = {
         "machines": ",".join(f"{ip}:{p}" for ip, p in addresses),
-        "local_listen_port": port,
+        "local_listen_port": _held.getsockname()[1],
         "num_machines": len(addresses),
     }
     _rendezvous = rendezvous

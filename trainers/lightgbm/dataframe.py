@@ -34,10 +34,6 @@ def normalize_pandas_for_lightgbm(df: pd.DataFrame) -> pd.DataFrame:
     """
     import pandas as pd
 
-    targets = {}
-    for column, dtype in df.dtypes.items():
-        if isinstance(dtype, pd.ArrowDtype):
-            target = _nullable_dtype(dtype.pyarrow_dtype)
-            if target is not None:
-                targets[column] = target
+    arrow = {column: dtype.pyarrow_dtype for column, dtype in df.dtypes.items() if isinstance(dtype, pd.ArrowDtype)}
+    targets = {column: target for column, type_ in arrow.items() if (target := _nullable_dtype(type_)) is not None}
     return df.astype(targets) if targets else df  # copy-on-write (pandas 3): the other columns are not copied

@@ -48,8 +48,8 @@ def tf_config(addresses: list[str], index: int) -> str:
     return json.dumps({"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}})
 
 
-def _set_environment(addresses: list[str], index: int) -> None:
-    os.environ["TF_CONFIG"] = tf_config(addresses, index)
+def _set_environment(addresses: list[str]) -> None:
+    os.environ["TF_CONFIG"] = tf_config(addresses, int(os.environ["RANK"]))
     # Keras 2 for MultiWorkerMirroredStrategy (see TensorflowConfig); a value the user set wins.
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
@@ -61,13 +61,6 @@ class TensorflowBackend(Backend[TensorflowConfig]):
     """Writes ``TF_CONFIG`` (and ``TF_USE_LEGACY_KERAS``) on every worker before the loop starts."""
 
     def on_start(self, worker_group: Any, backend_config: TensorflowConfig) -> None:
-        import ray
-
-        workers = worker_group.workers
         ports = worker_group.execute(free_port, timeout_s=TENSORFLOW_SETUP_TIMEOUT_S)
-        addresses = [host_port(w.metadata.node_ip, port) for w, port in zip(workers, ports, strict=True)]
-        # One call per worker with its own index, all sent before waiting on any.
-        ray.get(
-            [w.actor.execute.remote(_set_environment, addresses, w.ranks.world_rank) for w in workers],
-            timeout=TENSORFLOW_SETUP_TIMEOUT_S,
-        )
+        addresses = [host_port(w.metadata.node_ip, port) for w, port in zip(worker_group.workers, ports, strict=True)]
+        worker_group.execute(_set_environment, addresses, timeout_s=TENSORFLOW_SETUP_TIMEOUT_S)

@@ -40,16 +40,17 @@ FSDP1_KWARGS = (
     "ignored_states",
     "device_mesh",
 )
-# FSDP1 arguments that overlap an FSDP2 one: giving both is ambiguous.
-_SAME_SETTING = {
-    "process_group": "mesh",
-    "device_mesh": "mesh",
-    "sharding_strategy": "reshard_after_forward",
-    "cpu_offload": "offload_policy",
-    "mixed_precision": "mp_policy",
-    "ignored_modules": "ignored_params",
-    "ignored_states": "ignored_params",
-}
+# Arguments that set the same thing (an FSDP1 one and an FSDP2 one, or two FSDP1 ones): giving both is ambiguous.
+_SAME_SETTING = (
+    ("process_group", "mesh"),
+    ("device_mesh", "mesh"),
+    ("process_group", "device_mesh"),
+    ("sharding_strategy", "reshard_after_forward"),
+    ("cpu_offload", "offload_policy"),
+    ("mixed_precision", "mp_policy"),
+    ("ignored_modules", "ignored_params"),
+    ("ignored_states", "ignored_params"),
+)
 
 
 @dataclasses.dataclass
@@ -100,11 +101,9 @@ def plan_fsdp(kwargs: dict[str, Any], device: torch.device) -> FSDPPlan:
             f"Accepted: fully_shard's {', '.join(FSDP2_KWARGS)}, or FullyShardedDataParallel's "
             f"{', '.join(FSDP1_KWARGS)}."
         )
-    for old, new in _SAME_SETTING.items():
+    for old, new in _SAME_SETTING:
         if old in kwargs and new in kwargs:
             raise _error(old, kwargs[old], f"sets the same thing as {new!r}, which is also given: pass one of them.")
-    if "process_group" in kwargs and "device_mesh" in kwargs:
-        raise _error("process_group", kwargs["process_group"], "give process_group or device_mesh, not both.")
 
     plan = FSDPPlan({name: kwargs[name] for name in FSDP2_KWARGS if name in kwargs})
     shard = plan.fully_shard_kwargs

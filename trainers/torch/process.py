@@ -176,9 +176,8 @@ class TorchProcess(FrameworkProcess):
 
 
 def _allreduce_gbps(torch: Any, device: Any) -> float | None:
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+    dist = _distributed()
+    if dist is None or dist.get_world_size() < 2:
         return None
     size = GPU_ALLREDUCE_BYTES if device is not None else CPU_ALLREDUCE_BYTES
     payload = torch.ones(size // 4, dtype=torch.float32, device=device)

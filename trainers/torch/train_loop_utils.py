@@ -110,8 +110,7 @@ class _DeviceLoader:
         return item
 
     def __iter__(self):
-        for batch in self._loader:
-            yield self._move(batch)
+        return map(self._move, self._loader)
 
 
 def prepare_data_loader(

@@ -49,9 +49,8 @@ class TuneReportCallback(UserCallback):
     ) -> None:
         from ray import tune
 
-        reported = dict(metrics[0])
-        reported[CHECKPOINT_PATH_KEY] = checkpoint.path if checkpoint is not None else None
-        reported[RUN_PATH_KEY] = run_context.run_path
+        path = checkpoint.path if checkpoint is not None else None
+        reported = {**metrics[0], CHECKPOINT_PATH_KEY: path, RUN_PATH_KEY: run_context.run_path}
         # Once Tune has decided to stop this trial, report() raises SystemExit(0) here; it unwinds
         # fit(), whose controller shuts the workers down on the way out.
         tune.report(reported)

@@ -76,8 +76,7 @@ TRAINER_CONFIG_KEYS = ("train_loop_config",)
 def trainer_trial_resources(trainer: Any) -> Any:
     """What one trial of ``trainer`` reserves: one bundle per worker of its ScalingConfig, and none
     for the trial's process (it only drives the workers), as Ray Train's trainers did."""
-    workers = trainer.scaling_config.num_workers
-    return trial_resources(trainer.scaling_config, driver_resources={} if workers else None)
+    return trial_resources(trainer.scaling_config, driver_resources={} if trainer.scaling_config.num_workers else None)
 
 
 def _check_trial_config(trainer: Any, config: dict[str, Any]) -> dict[str, Any]:

@@ -46,10 +46,8 @@ class RayTrainReportCallback(transformers.TrainerCallback):
         source = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         rank = get_context().get_world_rank()
         with tempfile.TemporaryDirectory(prefix=f"flowtrain-transformers-rank{rank}-") as folder:
-            if _copy_own_files(source, os.path.join(folder, self.CHECKPOINT_NAME), rank):
-                report(metrics, checkpoint=Checkpoint.from_directory(folder))
-            else:
-                report(metrics)
+            copied = _copy_own_files(source, os.path.join(folder, self.CHECKPOINT_NAME), rank)
+            report(metrics, checkpoint=Checkpoint.from_directory(folder) if copied else None)
 
 
 def _copy_own_files(source: str, target: str, rank: int) -> bool:

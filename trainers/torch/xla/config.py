@@ -158,14 +158,12 @@ class TorchXLABackend(Backend[TorchXLAConfig]):
     process = TorchProcess  # an xla group is a torch.distributed group
 
     def on_start(self, worker_group: Any, backend_config: TorchXLAConfig) -> None:
-        master = worker_group.workers[0]
-        port = worker_group.execute_single(0, free_port)
         env = _xla_env(
             worker_group.world_size,
             len({w.metadata.node_id for w in worker_group.workers}),
             {
-                "MASTER_ADDR": master.metadata.node_ip,
-                "MASTER_PORT": str(port),
+                "MASTER_ADDR": worker_group.workers[0].metadata.node_ip,
+                "MASTER_PORT": str(worker_group.execute_single(0, free_port)),
                 # torch elastic's run id; XLA's runtime groups the processes by it.
                 "TORCHELASTIC_RUN_ID": uuid.uuid4().hex,
             },
