@@ -156,8 +156,9 @@ class WorkerSession:
                 "(flowtrain copies the checkpoint), or NO_UPLOAD (it is already in the run folder)."
             )
         no_upload = upload_mode is CheckpointUploadMode.NO_UPLOAD
-        # None deletes after an ASYNC upload, keeps after a SYNC one (Ray Train's rule); NO_UPLOAD uploads nothing.
-        delete = not no_upload and (upload_mode is CheckpointUploadMode.ASYNC if delete_local is None else delete_local)
+        if delete_local is None:
+            delete_local = upload_mode.default_delete_local_checkpoint_after_upload()
+        delete = not no_upload and delete_local  # NO_UPLOAD uploads nothing, so deletes nothing
         checkpoint_upload.check_request(
             checkpoint,
             no_upload=no_upload,
