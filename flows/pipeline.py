@@ -32,9 +32,6 @@ from tasks.retries import train_task_options
 from tasks.tracking import flow_run_id
 from tasks.train import train
 
-#: Keys of ``train_loop_config`` that say how many reports a run makes (for the progress artifact).
-_REPORT_COUNT_KEYS = ("epochs", "num_epochs", "num_boost_round")
-
 
 def flow_run_name(default: str | None = None) -> str:
     """What the flow run is called in the UI: its ``run.name`` parameter (the training run's or the
@@ -105,12 +102,9 @@ def training_pipeline(
     report to MLflow (``{"mlflow": {"tracking_uri": ..., "experiment": ...}}``, the MLflow run linked
     from the train task run) and/or to TensorBoard event files in the run folder.
     """
-    config = dict(train_loop_config or {})
-    expected = next((config[k] for k in _REPORT_COUNT_KEYS if isinstance(config.get(k), int)), None)
     training = TorchTraining(
         train_loop=train_loop,
-        train_loop_config=config,
-        expected_reports=expected,
+        train_loop_config=dict(train_loop_config or {}),
         validation=validation,
         framework=framework,
     )

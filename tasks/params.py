@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from storage import settings
 from storage.filesystem import is_uri
@@ -247,10 +247,22 @@ class TorchTraining(ParamsModel):
     #: ``package.module:function`` (deployments), or the function itself (ad hoc calls).
     train_loop: str | Callable[..., Any]
     train_loop_config: dict[str, Any] = Field(default_factory=dict)
-    #: How many reports a full run makes (e.g. epochs), for the progress artifact; None: unknown.
+    #: How many reports a full run makes, for the progress artifact. Unset: the loop config's
+    #: ``epochs``, ``num_epochs`` or ``num_boost_round`` when it is a whole number, else unknown.
     expected_reports: int | None = None
     #: How the checkpoints the loop asks to validate are validated; None: no validation.
     validation: Validation | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count_reports(cls, fields: Any) -> Any:
+        config = fields.get("train_loop_config") if isinstance(fields, dict) else None
+        if isinstance(config, dict) and fields.get("expected_reports") is None:
+            counts = (
+                config[key] for key in ("epochs", "num_epochs", "num_boost_round") if isinstance(config.get(key), int)
+            )
+            fields = {**fields, "expected_reports": next(counts, None)}
+        return fields
 
 
 class BoostingTraining(ParamsModel):

@@ -244,9 +244,7 @@ def train_trial(trial: Trial, settings: SweepSettings) -> TrialOutcome:
     found = _finished_run(trial_run)
     status = "reused"
     if found is None:
-        config = settings.trial_config(trial.params)
-        epochs = config.get("epochs") if isinstance(config.get("epochs"), int) else None
-        training = TorchTraining(train_loop=settings.train_loop, train_loop_config=config, expected_reports=epochs)
+        training = TorchTraining(train_loop=settings.train_loop, train_loop_config=settings.trial_config(trial.params))
         # The pipeline's train stage, run inside this task run: same reporting, same resume.
         train.fn(
             training,

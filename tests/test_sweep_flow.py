@@ -7,12 +7,13 @@ import pathlib
 
 import pytest
 import ray
+from pydantic import ValidationError
 
 import pipeline_loops
 import tune_loops
 from conftest import train_worker_actors
 from run_history import recorded_reports
-from tasks.params import Scaling
+from tasks.params import Scaling, TorchTraining
 from tasks.sweep import Search, trial_name, trials_the_cluster_holds
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_local")
@@ -154,6 +155,19 @@ def test_search_proposes_the_same_trials_every_time():
     assert Scaling(accelerator_type="A100").to_config().worker_resources["accelerator_type:A100"] == 0.001
     with pytest.raises(ValueError, match=r"search.num_samples=2: a grid without random parameters"):
         Search(metric="loss", grid={"lr": [0.1]}, num_samples=2)
+
+
+def test_a_sweep_trial_and_a_pipeline_run_read_the_number_of_reports_from_the_same_config_keys():
+    """The progress artifact's "out of N": a sweep trial built its training from ``epochs`` alone
+    while the pipeline also read ``num_epochs`` and ``num_boost_round``; both now build it through
+    ``TorchTraining``, which holds the one rule."""
+    for key in ("epochs", "num_epochs", "num_boost_round"):
+        assert TorchTraining(train_loop="m:f", train_loop_config={key: 3, "lr": 0.1}).expected_reports == 3
+    assert TorchTraining(train_loop="m:f", train_loop_config={"epochs": 2.5}).expected_reports is None
+    assert TorchTraining(train_loop="m:f").expected_reports is None
+    assert TorchTraining(train_loop="m:f", train_loop_config={"epochs": 3}, expected_reports=7).expected_reports == 7
+    with pytest.raises(ValidationError, match="train_loop_config"):  # a bad config is still pydantic's clear error
+        TorchTraining(train_loop="m:f", train_loop_config=[("epochs", 3)])
 
 
 def test_elastic_trials_are_counted_at_their_max_workers():
