@@ -104,7 +104,7 @@ def training_pipeline(
     """
     training = TorchTraining(
         train_loop=train_loop,
-        train_loop_config=dict(train_loop_config or {}),
+        train_loop_config=train_loop_config or {},
         validation=validation,
         framework=framework,
     )
