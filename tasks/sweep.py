@@ -57,6 +57,8 @@ class Distribution(ParamsModel):
             raise ValueError(f"kind={self.kind!r} needs low < high; got low={self.low!r}, high={self.high!r}.")
         if self.kind == "loguniform" and self.low <= 0:
             raise ValueError(f"kind='loguniform' needs low > 0; got low={self.low!r}.")
+        if self.kind == "randint" and not (self.low.is_integer() and self.high.is_integer()):
+            raise ValueError(f"kind='randint' needs whole numbers; got low={self.low!r}, high={self.high!r}.")
         return self
 
     def sample(self, rng: random.Random) -> Any:
@@ -66,7 +68,7 @@ class Distribution(ParamsModel):
             return rng.choice(self.values)
         assert self.low is not None and self.high is not None  # checked when the model was built
         if self.kind == "randint":
-            return rng.randrange(math.ceil(self.low), math.ceil(self.high))
+            return rng.randrange(int(self.low), int(self.high))
         if self.kind == "loguniform":
             return math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
         return rng.uniform(self.low, self.high)
