@@ -223,3 +223,31 @@ def test_a_failed_trial_is_ranked_last_with_its_error_and_the_others_still_count
     )
     table = _table("half-bad-trials")
     assert [row["status"] for row in table] == ["trained", "failed"] and table[1]["rank"] is None
+
+
+@pytest.mark.filterwarnings("ignore:Artifact creation outside of a flow or task run")  # the task called as a function
+def test_a_sweep_fails_naming_why_when_no_trial_can_be_ranked():
+    """The ranking still publishes the table (a reader sees every trial's error), then fails the
+    flow: when every trial failed, with the first error, and when none reported the metric, with the
+    metrics they did report."""
+    from tasks.sweep import SweepError, TrialOutcome, rank_trials
+
+    search = Search(**SEARCH)
+    failed = [TrialOutcome(name=f"t{i}", params={"lr": i}, status="failed", error=f"boom {i}") for i in range(2)]
+    with pytest.raises(SweepError, match=r"sweep 'all-failed': all 2 trial\(s\) failed; the first: boom 0"):
+        rank_trials.fn("all-failed", search, failed)
+    assert [row["error"] for row in _table("all-failed-trials")] == ["boom 0", "boom 1"]
+    unscored = [
+        TrialOutcome(name="t", params={"lr": 0.1}, status="trained", metrics={"accuracy": 0.9, "epoch": 2}),
+        failed[0],
+    ]
+    with pytest.raises(
+        SweepError, match=r"search.metric='loss': no trial reported it; they reported \['accuracy', 'epoch'\]"
+    ):
+        rank_trials.fn("no-metric", search, unscored)
+    ranked = rank_trials.fn(
+        "ranked",
+        search,
+        [failed[0], *[TrialOutcome(name=f"s{v}", params={}, status="trained", score=v) for v in (0.3, 0.1)]],
+    )
+    assert [o.name for o in ranked] == ["s0.1", "s0.3", "t0"]
