@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from trainers import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+from trainers import (
+    CheckpointConfig,
+    DataConfig,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    ValidationConfig,
+    ValidationTaskConfig,
+)
 from trainers.torch import TorchConfig, TorchTrainer
 
 
@@ -20,6 +28,8 @@ from trainers.torch import TorchConfig, TorchTrainer
         ({"resources_per_worker": {"GPU": 1}}, r"use_gpu=False"),
         ({"use_gpu": "yes"}, r"ScalingConfig.use_gpu='yes': must be True or False"),
         ({"placement_strategy": "PACKED"}, r"placement_strategy='PACKED': must be one of 'PACK', 'SPREAD'"),
+        ({"use_gpu": True, "use_tpu": True}, r"use_gpu=True and use_tpu=True together; a worker trains on one kind"),
+        ({"label_selector": {"zone": 1}}, r"label_selector=\{'zone': 1\}: must be a dict of label name to value"),
     ],
 )
 def test_scaling_config_rejects(kwargs, message):
@@ -69,6 +79,7 @@ def test_failure_config_rejects(kwargs, message):
         ({"num_to_keep": 0}, r"num_to_keep=0"),
         ({"num_to_keep": True}, r"num_to_keep=True"),
         ({"checkpoint_score_order": "best"}, r"checkpoint_score_order='best'"),
+        ({"checkpoint_score_attribute": ""}, r"checkpoint_score_attribute='': must be None or a metric name"),
     ],
 )
 def test_checkpoint_config_rejects(kwargs, message):
@@ -116,6 +127,8 @@ def test_torch_config_rejects():
 def test_data_config_rejects():
     with pytest.raises(TypeError, match=r"DataConfig.datasets_to_split=3"):
         DataConfig(datasets_to_split=3)
+    with pytest.raises(TypeError, match=r"DataConfig.execution_options=\{0: None\}: a dict must map dataset names"):
+        DataConfig(execution_options={0: None})
 
 
 def test_trainer_rejects_bad_arguments():
@@ -130,6 +143,31 @@ def test_trainer_rejects_bad_arguments():
         TorchTrainer(lambda: None, scaling_config={"num_workers": 2})
     with pytest.raises(TypeError, match=r"train_loop_per_worker=3: must be a function"):
         TorchTrainer(3)
+    with pytest.raises(TypeError, match=r"torch_config=DataConfig\(.*\): must be a trainers.torch.TorchConfig"):
+        TorchTrainer(lambda: None, torch_config=DataConfig())
+    with pytest.raises(TypeError, match=r"datasets=\[\]: must be a dict of name to ray.data.Dataset"):
+        TorchTrainer(lambda: None, datasets=[])
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: ValidationConfig(3), r"ValidationConfig\(fn=3\): must be a function taking the checkpoint"),
+        (
+            lambda: ValidationConfig(dict, task_config={}),
+            r"task_config=\{\}\): must be a trainers.ValidationTaskConfig",
+        ),
+        (
+            lambda: ValidationConfig(dict, ray_remote_kwargs=1),
+            r"ray_remote_kwargs=1\): must be a dict of Ray task options",
+        ),
+        (lambda: ValidationTaskConfig(fn_kwargs=[1]), r"fn_kwargs=\[1\]\): must be a dict of argument name to value"),
+        (lambda: ValidationTaskConfig(timeout_s=0), r"timeout_s=0\): must be None \(no limit\) or a number of seconds"),
+    ],
+)
+def test_validation_config_rejects(build, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        build()
 
 
 def test_configs_are_frozen_and_take_ray_s_positional_order():
