@@ -404,7 +404,7 @@ def test_setup_clashes_restart_without_spending_the_budget_a_few_times():
     store = MemoryStore()
     controller = Controller(workers=workers, storage=store, policy=policy(is_clash, max_failures=0))
     assert controller.run() == "done"
-    assert len(workers.launched) == 3 and store.num_failures == 0 and controller.setup_clash_restarts == 2
+    assert len(workers.launched) == 3 and store.num_failures == 0 and controller.policy.setup_clashes == 2
 
     # A clash beside a real error is a real failure; and free restarts are limited.
     mixed = [[FailedEvent(0, OSError("Binding port 1 failed"), "tb"), FailedEvent(1, ValueError("boom"), "tb")]]

@@ -173,11 +173,6 @@ class Controller:
         """The run as listeners see it now."""
         return dataclasses.replace(self.settings.run_context, attempt=self.attempt)
 
-    @property
-    def setup_clash_restarts(self) -> int:
-        """Free restarts after the backend's set-up clash in this fit() call (``FailurePolicy``)."""
-        return self.policy.setup_clashes
-
     def tell(self, hook: str, *args: Any) -> None:
         """Call the ``UserCallback`` hook ``hook`` of every listener, in order, with the run's context."""
         context = self.run_context
